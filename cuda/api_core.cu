@@ -1,0 +1,345 @@
+// api_core.cu — the core C API: version, devices, qtypes, contexts, buffers, weights.
+// Every extern "C" entry validates its arguments, then delegates; pf::guard keeps C++
+// exceptions from crossing the boundary.
+#include <cstring>
+#include <new>
+
+#include "context.h"
+#include "cuda_check.cuh"
+
+namespace {
+
+constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // cuBLASLt wants >= 32 MiB on Hopper
+
+pf_status context_teardown(pf_context *ctx) {
+    pf::scratch_release(ctx, ctx->scratch_f32);
+    pf::scratch_release(ctx, ctx->scratch_f16_w);
+    pf::scratch_release(ctx, ctx->scratch_f16_x);
+    if (ctx->lt) cublasLtDestroy(ctx->lt);
+    if (ctx->blas_tc) cublasDestroy(ctx->blas_tc);
+    if (ctx->blas_f32) cublasDestroy(ctx->blas_f32);
+    pf::device_free(ctx, ctx->workspace, ctx->workspace_bytes);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    return PF_STATUS_OK;
+}
+
+pf_status context_init(pf_context *ctx, const pf_context_options &o) {
+    ctx->device = o.device;
+    ctx->workspace_bytes = o.workspace_bytes ? o.workspace_bytes : kDefaultWorkspaceBytes;
+    PF_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    PF_TRY(pf::device_alloc(ctx, ctx->workspace_bytes, &ctx->workspace, "cuBLAS workspace"));
+    PF_CUBLAS_TRY(cublasCreate(&ctx->blas_f32));
+    PF_CUBLAS_TRY(cublasCreate(&ctx->blas_tc));
+    PF_CUBLAS_TRY(cublasLtCreate(&ctx->lt));
+    for (cublasHandle_t h : {ctx->blas_f32, ctx->blas_tc}) {
+        PF_CUBLAS_TRY(cublasSetStream(h, ctx->stream));
+        PF_CUBLAS_TRY(cublasSetWorkspace(h, ctx->workspace, ctx->workspace_bytes));
+    }
+    // The exact leg: fp32 everywhere, no TF32 down-conversion even where the GPU could.
+    PF_CUBLAS_TRY(cublasSetMathMode(ctx->blas_f32, CUBLAS_PEDANTIC_MATH));
+    // The tensor-op leg: fp16 inputs on tensor cores, fp32 compute chosen per call.
+    PF_CUBLAS_TRY(cublasSetMathMode(ctx->blas_tc, CUBLAS_DEFAULT_MATH));
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" PF_API uint32_t pf_version(void) {
+    return PF_VERSION_MAJOR * 10000u + PF_VERSION_MINOR * 100u + PF_VERSION_PATCH;
+}
+
+extern "C" PF_API pf_status pf_device_count(int32_t *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_device_count: out is NULL");
+        int n = 0;
+        const cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {  // no driver, no device: not an error for this question
+            (void)cudaGetLastError();
+            n = 0;
+        }
+        *out = n;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API const char *pf_qtype_name(int32_t qtype) {
+    switch (qtype) {
+        case PF_QTYPE_F32: return "F32";
+        case PF_QTYPE_F16: return "F16";
+        case PF_QTYPE_BF16: return "BF16";
+        case PF_QTYPE_Q4_0: return "Q4_0";
+        case PF_QTYPE_Q8_0: return "Q8_0";
+        case PF_QTYPE_Q4_K: return "Q4_K";
+        case PF_QTYPE_Q5_K: return "Q5_K";
+        case PF_QTYPE_Q6_K: return "Q6_K";
+        case PF_QTYPE_IQ4_XS: return "IQ4_XS";
+        default: return "?";
+    }
+}
+
+extern "C" PF_API pf_status pf_qtype_matrix_bytes(int32_t qtype, int64_t n, int64_t k,
+                                                 size_t *out_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out_bytes != nullptr, "pf_qtype_matrix_bytes: out_bytes is NULL");
+        *out_bytes = 0;
+        return pf::matrix_bytes(qtype, n, k, out_bytes, "pf_qtype_matrix_bytes");
+    });
+}
+
+// ------------------------------------------------------------------------------ contexts
+
+extern "C" PF_API pf_status pf_context_options_init(pf_context_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(opts != nullptr, "pf_context_options_init: opts is NULL");
+        if (struct_size != sizeof(pf_context_options))
+            return pf::fail(PF_STATUS_ABI_MISMATCH,
+                            "pf_context_options_init: struct_size=%zu but this library's "
+                            "pf_context_options has %zu bytes (header and library differ)",
+                            struct_size, sizeof(pf_context_options));
+        std::memset(opts, 0, sizeof *opts);
+        opts->struct_size = sizeof *opts;
+        opts->device = 0;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_context_create(pf_context **out, const pf_context_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_context_create: out is NULL");
+        *out = nullptr;
+        pf_context_options o;
+        PF_TRY(pf_context_options_init(&o, sizeof o));
+        if (opts) {
+            if (opts->struct_size != sizeof(pf_context_options))
+                return pf::fail(PF_STATUS_ABI_MISMATCH,
+                                "pf_context_create: opts->struct_size=%zu, expected %zu (fill "
+                                "opts with pf_context_options_init)",
+                                opts->struct_size, sizeof(pf_context_options));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.flags == 0, "pf_context_create: flags=%u, must be 0", o.flags);
+        int n = 0;
+        const cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0) {
+            (void)cudaGetLastError();
+            return pf::fail(PF_STATUS_NO_DEVICE, "pf_context_create: no CUDA device found (%s)",
+                            e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+        }
+        if (o.device < 0 || o.device >= n)
+            return pf::fail(PF_STATUS_NO_DEVICE,
+                            "pf_context_create: device=%d does not exist (%d device(s) found)",
+                            o.device, n);
+        pf::DeviceGuard dg(o.device);
+        PF_TRY(dg.status());
+        pf_context *ctx = new pf_context();
+        const pf_status s = context_init(ctx, o);
+        if (s != PF_STATUS_OK) {
+            context_teardown(ctx);
+            delete ctx;
+            return s;
+        }
+        *out = ctx;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API void pf_context_destroy(pf_context *ctx) {
+    if (!ctx) return;
+    pf::DeviceGuard dg(ctx->device);
+    (void)cudaStreamSynchronize(ctx->stream);
+    context_teardown(ctx);
+    delete ctx;
+}
+
+extern "C" PF_API pf_status pf_context_synchronize(pf_context *ctx) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(ctx != nullptr, "pf_context_synchronize: ctx is NULL");
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        PF_CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_context_memory(pf_context *ctx, size_t *free_bytes,
+                                             size_t *total_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(ctx != nullptr, "pf_context_memory: ctx is NULL");
+        PF_CHECK_ARG(free_bytes && total_bytes, "pf_context_memory: free_bytes/total_bytes is NULL");
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        PF_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_context_allocated(pf_context *ctx, size_t *out_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(ctx != nullptr, "pf_context_allocated: ctx is NULL");
+        PF_CHECK_ARG(out_bytes != nullptr, "pf_context_allocated: out_bytes is NULL");
+        *out_bytes = ctx->allocated;
+        return PF_STATUS_OK;
+    });
+}
+
+// ------------------------------------------------------------------------------ buffers
+
+extern "C" PF_API pf_status pf_buffer_create(pf_buffer **out, pf_context *ctx, size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_buffer_create: out is NULL");
+        *out = nullptr;
+        PF_CHECK_ARG(ctx != nullptr, "pf_buffer_create: ctx is NULL");
+        PF_CHECK_ARG(bytes > 0, "pf_buffer_create: bytes must be > 0");
+        PF_CHECK_ARG(bytes <= (size_t(1) << 50), "pf_buffer_create: bytes=%zu is absurdly large", bytes);
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        void *p = nullptr;
+        PF_TRY(pf::device_alloc(ctx, bytes, &p, "pf_buffer_create"));
+        pf_buffer *b = new (std::nothrow) pf_buffer();
+        if (!b) {
+            pf::device_free(ctx, p, bytes);
+            return pf::fail(PF_STATUS_OUT_OF_MEMORY, "pf_buffer_create: host allocation failed");
+        }
+        b->ctx = ctx;
+        b->ptr = p;
+        b->bytes = bytes;
+        ctx->live_objects++;
+        *out = b;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API void pf_buffer_destroy(pf_buffer *buf) {
+    if (!buf) return;
+    pf::DeviceGuard dg(buf->ctx->device);
+    (void)cudaStreamSynchronize(buf->ctx->stream);  // no kernel may still read it
+    pf::device_free(buf->ctx, buf->ptr, buf->bytes);
+    buf->ctx->live_objects--;
+    delete buf;
+}
+
+extern "C" PF_API pf_status pf_buffer_size(const pf_buffer *buf, size_t *out_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(buf != nullptr, "pf_buffer_size: buf is NULL");
+        PF_CHECK_ARG(out_bytes != nullptr, "pf_buffer_size: out_bytes is NULL");
+        *out_bytes = buf->bytes;
+        return PF_STATUS_OK;
+    });
+}
+
+namespace {
+pf_status check_range(const pf_buffer *buf, size_t offset, size_t bytes, const char *fn) {
+    PF_CHECK_ARG(buf != nullptr, "%s: buf is NULL", fn);
+    PF_CHECK_ARG(offset <= buf->bytes && bytes <= buf->bytes - offset,
+                 "%s: range [%zu, %zu + %zu) is outside the buffer of %zu bytes", fn, offset,
+                 offset, bytes, buf->bytes);
+    return PF_STATUS_OK;
+}
+}  // namespace
+
+extern "C" PF_API pf_status pf_buffer_upload(pf_buffer *buf, size_t offset, const void *src,
+                                            size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(check_range(buf, offset, bytes, "pf_buffer_upload"));
+        if (bytes == 0) return PF_STATUS_OK;
+        PF_CHECK_ARG(src != nullptr, "pf_buffer_upload: src is NULL");
+        pf::DeviceGuard dg(buf->ctx->device);
+        PF_TRY(dg.status());
+        PF_CUDA_TRY(cudaMemcpyAsync(static_cast<char *>(buf->ptr) + offset, src, bytes,
+                                    cudaMemcpyHostToDevice, buf->ctx->stream));
+        PF_CUDA_TRY(cudaStreamSynchronize(buf->ctx->stream));
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_buffer_download(const pf_buffer *buf, size_t offset, void *dst,
+                                              size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(check_range(buf, offset, bytes, "pf_buffer_download"));
+        if (bytes == 0) return PF_STATUS_OK;
+        PF_CHECK_ARG(dst != nullptr, "pf_buffer_download: dst is NULL");
+        pf::DeviceGuard dg(buf->ctx->device);
+        PF_TRY(dg.status());
+        PF_CUDA_TRY(cudaMemcpyAsync(dst, static_cast<const char *>(buf->ptr) + offset, bytes,
+                                    cudaMemcpyDeviceToHost, buf->ctx->stream));
+        PF_CUDA_TRY(cudaStreamSynchronize(buf->ctx->stream));
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_buffer_fill(pf_buffer *buf, size_t offset, uint8_t value,
+                                          size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(check_range(buf, offset, bytes, "pf_buffer_fill"));
+        if (bytes == 0) return PF_STATUS_OK;
+        pf::DeviceGuard dg(buf->ctx->device);
+        PF_TRY(dg.status());
+        PF_CUDA_TRY(cudaMemsetAsync(static_cast<char *>(buf->ptr) + offset, value, bytes,
+                                    buf->ctx->stream));
+        return PF_STATUS_OK;
+    });
+}
+
+// ------------------------------------------------------------------------------ weights
+
+extern "C" PF_API pf_status pf_weight_create(pf_weight **out, pf_context *ctx, int32_t qtype,
+                                            int64_t n, int64_t k, const void *data, size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_weight_create: out is NULL");
+        *out = nullptr;
+        size_t expect = 0;
+        PF_TRY(pf::matrix_bytes(qtype, n, k, &expect, "pf_weight_create"));
+        PF_CHECK_ARG(bytes == expect,
+                     "pf_weight_create: bytes=%zu but a %s matrix of n=%lld x k=%lld needs %zu",
+                     bytes, pf_qtype_name(qtype), (long long)n, (long long)k, expect);
+        PF_CHECK_ARG(data != nullptr, "pf_weight_create: data is NULL");
+        PF_CHECK_ARG(ctx != nullptr, "pf_weight_create: ctx is NULL");
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        void *p = nullptr;
+        PF_TRY(pf::device_alloc(ctx, bytes, &p, "pf_weight_create"));
+        cudaError_t e = cudaMemcpyAsync(p, data, bytes, cudaMemcpyHostToDevice, ctx->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+        if (e != cudaSuccess) {
+            pf::device_free(ctx, p, bytes);
+            return pf::cuda_fail(e, __FILE__, __LINE__, "pf_weight_create: upload");
+        }
+        pf_weight *w = new (std::nothrow) pf_weight();
+        if (!w) {
+            pf::device_free(ctx, p, bytes);
+            return pf::fail(PF_STATUS_OUT_OF_MEMORY, "pf_weight_create: host allocation failed");
+        }
+        w->ctx = ctx;
+        w->qtype = qtype;
+        w->n = n;
+        w->k = k;
+        w->data = p;
+        w->bytes = bytes;
+        ctx->live_objects++;
+        *out = w;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API void pf_weight_destroy(pf_weight *w) {
+    if (!w) return;
+    pf::DeviceGuard dg(w->ctx->device);
+    (void)cudaStreamSynchronize(w->ctx->stream);
+    pf::device_free(w->ctx, w->f16, size_t(w->n) * size_t(w->k) * sizeof(__half));
+    pf::device_free(w->ctx, w->data, w->bytes);
+    w->ctx->live_objects--;
+    delete w;
+}
+
+extern "C" PF_API pf_status pf_weight_info_get(const pf_weight *w, pf_weight_info *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(w != nullptr, "pf_weight_info_get: w is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_weight_info_get: out is NULL");
+        out->qtype = w->qtype;
+        out->n = w->n;
+        out->k = w->k;
+        out->bytes = w->bytes;
+        out->f16_bytes = w->f16 ? size_t(w->n) * size_t(w->k) * sizeof(__half) : 0;
+        return PF_STATUS_OK;
+    });
+}

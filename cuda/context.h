@@ -1,0 +1,86 @@
+// context.h — the internals of pf_context, pf_buffer and pf_weight, shared by every op family.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "error.h"
+
+namespace pf {
+
+// A device allocation that grows on demand (never shrinks); used for per-context scratch.
+struct Scratch {
+    void *ptr = nullptr;
+    size_t bytes = 0;
+};
+
+// Makes `ctx->device` current for the scope (contexts of several devices in one thread).
+class DeviceGuard {
+  public:
+    explicit DeviceGuard(int device);
+    ~DeviceGuard();
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+    pf_status status() const { return status_; }
+
+  private:
+    int previous_ = -1;
+    pf_status status_ = PF_STATUS_OK;
+};
+
+}  // namespace pf
+
+struct pf_context {
+    int32_t device = 0;
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas_f32 = nullptr;  // CUBLAS_PEDANTIC_MATH: fp32 in and out, no TF32
+    cublasHandle_t blas_tc = nullptr;   // tensor-op math, fp32 compute (fp16 inputs)
+    cublasLtHandle_t lt = nullptr;
+    void *workspace = nullptr;  // cuBLAS / cuBLASLt workspace, shared by both handles
+    size_t workspace_bytes = 0;
+    size_t allocated = 0;       // device bytes held by this context (buffers, weights, scratch)
+    int64_t live_objects = 0;   // buffers + weights + models not yet destroyed
+    pf::Scratch scratch_f32;    // f32 leg: dequantized weight
+    pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight
+    pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16
+};
+
+struct pf_buffer {
+    pf_context *ctx = nullptr;
+    void *ptr = nullptr;
+    size_t bytes = 0;
+};
+
+struct pf_weight {
+    pf_context *ctx = nullptr;
+    int32_t qtype = 0;
+    int64_t n = 0, k = 0;
+    void *data = nullptr;  // raw GGUF blocks, [n][k]
+    size_t bytes = 0;
+    __half *f16 = nullptr;  // cached fp16 copy [n][k], or nullptr
+};
+
+namespace pf {
+
+// cudaMalloc with accounting; OUT_OF_MEMORY leaves the context usable.
+pf_status device_alloc(pf_context *ctx, size_t bytes, void **out, const char *what);
+void device_free(pf_context *ctx, void *ptr, size_t bytes);
+// Ensures scratch `s` holds at least `bytes` (reallocating, contents lost).
+pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what);
+void scratch_release(pf_context *ctx, Scratch &s);
+
+// Block geometry of a GGML type: elements and bytes per block. False for unsupported ids.
+bool qtype_block(int32_t qtype, int64_t *elems, int64_t *bytes);
+// Validates (qtype, n, k) and returns the matrix byte count; fails with a message naming `what`.
+pf_status matrix_bytes(int32_t qtype, int64_t n, int64_t k, size_t *out, const char *what);
+
+// Checks that buffer `b` (non-null, of this context) holds at least `bytes` from its start.
+pf_status check_buffer(const pf_context *ctx, const pf_buffer *b, size_t bytes, const char *fn,
+                       const char *arg);
+
+}  // namespace pf

@@ -1,0 +1,24 @@
+"""pyprefill: prompt prefill of GGUF-quantized LLMs (qwen3, qwen35) on CUDA GPUs.
+
+The binding to libprefill (Context, Buffer, Weight, Model, ...) loads lazily, so that the
+pure-Python parts (pyprefill.formats, pyprefill.reference) work where no library is built.
+"""
+from .errors import (AbiMismatchError, CudaError, GGUFError, InvalidArgumentError, NoDeviceError,
+                     OutOfMemoryError, PrefillError, UnsupportedError)
+
+__version__ = "0.1.0"
+
+_LAZY = {"Context": "core", "Buffer": "core", "Weight": "core", "device_count": "core",
+         "Model": "model", "Session": "model"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'pyprefill' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "PrefillError", "InvalidArgumentError", "UnsupportedError",
+           "OutOfMemoryError", "GGUFError", "CudaError", "NoDeviceError", "AbiMismatchError",
+           *_LAZY]

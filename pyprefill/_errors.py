@@ -1,0 +1,30 @@
+"""One `_check` for every pf_* call: a failing status becomes a typed exception that carries
+the status name and the library's own message (pf_last_error, read right after the call)."""
+from __future__ import annotations
+
+from ._ffi import ffi, lib
+from .errors import (AbiMismatchError, CudaError, GGUFError, InvalidArgumentError, NoDeviceError,
+                     OutOfMemoryError, PrefillError, UnsupportedError)
+
+_BY_STATUS = {
+    lib.PF_STATUS_INVALID_ARGUMENT: InvalidArgumentError,
+    lib.PF_STATUS_UNSUPPORTED: UnsupportedError,
+    lib.PF_STATUS_OUT_OF_MEMORY: OutOfMemoryError,
+    lib.PF_STATUS_CUDA_ERROR: CudaError,
+    lib.PF_STATUS_CUBLAS_ERROR: CudaError,
+    lib.PF_STATUS_IO_ERROR: GGUFError,
+    lib.PF_STATUS_ABI_MISMATCH: AbiMismatchError,
+    lib.PF_STATUS_NO_DEVICE: NoDeviceError,
+}
+
+
+def last_error() -> str:
+    return ffi.string(lib.pf_last_error()).decode("utf-8", "replace")
+
+
+def _check(status: int) -> None:
+    """Raise the matching PrefillError if a pf_* call failed. Call it right after the call."""
+    if status == lib.PF_STATUS_OK:
+        return
+    name = ffi.string(lib.pf_status_name(status)).decode()
+    raise _BY_STATUS.get(status, PrefillError)(f"{name}: {last_error()}", status)

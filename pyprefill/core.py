@@ -1,0 +1,207 @@
+"""Owner classes over the core C API: Context, Buffer, Weight.
+
+Each owns one handle; `close()` frees it now (and is idempotent), the context-manager form
+closes on exit, and an ffi.gc destructor is the safety net. A Buffer or Weight keeps its
+Context alive, and closing a Context first closes what it still owns.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ._errors import _check
+from ._ffi import ffi, lib
+from .errors import InvalidArgumentError, PrefillError
+
+QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+          "IQ4_XS": 23, "BF16": 30}
+
+
+def device_count() -> int:
+    n = ffi.new("int32_t *")
+    _check(lib.pf_device_count(n))
+    return int(n[0])
+
+
+def version() -> str:
+    v = lib.pf_version()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def qtype_id(qtype) -> int:
+    """A GGML type id from an int or a name ("Q4_K")."""
+    if isinstance(qtype, str):
+        try:
+            return QTYPES[qtype.upper()]
+        except KeyError:
+            raise InvalidArgumentError(f"unknown qtype name {qtype!r} (known: {', '.join(QTYPES)})")
+    return int(qtype)
+
+
+def matrix_bytes(qtype, n: int, k: int) -> int:
+    out = ffi.new("size_t *")
+    _check(lib.pf_qtype_matrix_bytes(qtype_id(qtype), n, k, out))
+    return int(out[0])
+
+
+def as_carray(arr, name: str, dtype=None, *, writable: bool = False):
+    """Check that `arr` is a C-contiguous NumPy array (of `dtype` if given) and return a cffi
+    view of it that keeps the array alive. Errors name the argument and what was received."""
+    if not isinstance(arr, np.ndarray):
+        raise InvalidArgumentError(f"{name}: expected a numpy array, got {type(arr).__name__}")
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        raise InvalidArgumentError(f"{name}: expected dtype {np.dtype(dtype)}, got {arr.dtype} "
+                                   f"(shape {arr.shape})")
+    if not arr.flags.c_contiguous:
+        raise InvalidArgumentError(f"{name}: array of shape {arr.shape} is not C-contiguous "
+                                   "(use np.ascontiguousarray)")
+    if writable and not arr.flags.writeable:
+        raise InvalidArgumentError(f"{name}: array is read-only")
+    return ffi.from_buffer("char[]", arr, require_writable=writable)
+
+
+class _Owner:
+    """One C handle with an idempotent close()."""
+
+    _ptr = None
+
+    def _adopt(self, ptr, destroy):
+        self._ptr = ffi.gc(ptr, destroy)
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise InvalidArgumentError(f"{type(self).__name__} is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            ffi.release(self._ptr)           # runs the destroy function now
+            self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Context(_Owner):
+    """One CUDA device, one stream, cuBLAS handles and a workspace.
+
+    >>> with Context(device=0) as ctx:
+    ...     buf = ctx.upload(np.arange(10, dtype=np.float32))
+    """
+
+    def __init__(self, device: int = 0, *, workspace_bytes: int = 0):
+        opts = ffi.new("pf_context_options *")
+        _check(lib.pf_context_options_init(opts, ffi.sizeof("pf_context_options")))
+        opts.device = device
+        opts.workspace_bytes = workspace_bytes
+        out = ffi.new("pf_context **")
+        _check(lib.pf_context_create(out, opts))
+        self._adopt(out[0], lib.pf_context_destroy)
+        self.device = device
+        self._children: weakref.WeakSet = weakref.WeakSet()
+
+    def close(self) -> None:
+        for child in list(self._children):      # buffers and weights go before their context
+            child.close()
+        super().close()
+
+    def synchronize(self) -> None:
+        _check(lib.pf_context_synchronize(self.ptr))
+
+    def memory(self) -> tuple[int, int]:
+        """(free, total) bytes of the device now."""
+        f, t = ffi.new("size_t *"), ffi.new("size_t *")
+        _check(lib.pf_context_memory(self.ptr, f, t))
+        return int(f[0]), int(t[0])
+
+    def allocated(self) -> int:
+        """Device bytes held by this context (buffers, weights, caches, scratch)."""
+        out = ffi.new("size_t *")
+        _check(lib.pf_context_allocated(self.ptr, out))
+        return int(out[0])
+
+    def buffer(self, nbytes: int) -> "Buffer":
+        return Buffer(self, nbytes)
+
+    def upload(self, arr: np.ndarray) -> "Buffer":
+        """A new buffer holding a copy of `arr` (any dtype, C-contiguous)."""
+        as_carray(arr, "arr")
+        buf = Buffer(self, max(arr.nbytes, 1))
+        buf.upload(arr)
+        return buf
+
+    def weight(self, qtype, n: int, k: int, data: np.ndarray) -> "Weight":
+        return Weight(self, qtype, n, k, data)
+
+
+class Buffer(_Owner):
+    """Device memory of `nbytes` bytes (contents undefined until written)."""
+
+    def __init__(self, ctx: Context, nbytes: int):
+        if not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
+            raise InvalidArgumentError(f"nbytes: must be a positive int, got {nbytes!r}")
+        out = ffi.new("pf_buffer **")
+        _check(lib.pf_buffer_create(out, ctx.ptr, int(nbytes)))
+        self._adopt(out[0], lib.pf_buffer_destroy)
+        self.ctx = ctx
+        self.nbytes = int(nbytes)
+        ctx._children.add(self)
+
+    def upload(self, arr: np.ndarray, offset: int = 0) -> None:
+        view = as_carray(arr, "arr")
+        _check(lib.pf_buffer_upload(self.ptr, offset, view, arr.nbytes))
+
+    def download(self, dtype, shape, offset: int = 0) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        view = as_carray(out, "out", writable=True)
+        _check(lib.pf_buffer_download(self.ptr, offset, view, out.nbytes))
+        return out
+
+    def download_into(self, out: np.ndarray, offset: int = 0) -> np.ndarray:
+        view = as_carray(out, "out", writable=True)
+        _check(lib.pf_buffer_download(self.ptr, offset, view, out.nbytes))
+        return out
+
+    def fill(self, value: int, nbytes: int | None = None, offset: int = 0) -> None:
+        """Set bytes to `value` (0xFF makes float32 NaN: poison before a kernel writes)."""
+        _check(lib.pf_buffer_fill(self.ptr, offset, value, self.nbytes - offset if nbytes is None else nbytes))
+
+    def poison(self) -> None:
+        self.fill(0xFF)
+
+
+class Weight(_Owner):
+    """An [n][k] matrix of raw GGUF blocks on the device."""
+
+    def __init__(self, ctx: Context, qtype, n: int, k: int, data: np.ndarray):
+        q = qtype_id(qtype)
+        view = as_carray(data, "data")
+        out = ffi.new("pf_weight **")
+        _check(lib.pf_weight_create(out, ctx.ptr, q, n, k, view, data.nbytes))
+        self._adopt(out[0], lib.pf_weight_destroy)
+        self.ctx = ctx
+        self.qtype, self.n, self.k = q, int(n), int(k)
+        ctx._children.add(self)
+
+    def info(self) -> dict:
+        i = ffi.new("pf_weight_info *")
+        _check(lib.pf_weight_info_get(self.ptr, i))
+        return {"qtype": i.qtype, "n": i.n, "k": i.k, "bytes": i.bytes, "f16_bytes": i.f16_bytes}
+
+
+__all__ = ["Context", "Buffer", "Weight", "PrefillError", "device_count", "version",
+           "matrix_bytes", "qtype_id", "QTYPES", "as_carray"]
+
+
+def lib_header_version() -> tuple[int, int, int]:
+    from ._ffi import HEADER_VERSION
+    return HEADER_VERSION

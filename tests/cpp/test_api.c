@@ -1,0 +1,95 @@
+/* Argument checks of the core C API, and the no-device path. Runs with or without a GPU:
+ * without one, pf_context_create must return PF_STATUS_NO_DEVICE with a message. */
+#include "prefill.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define EXPECT_STATUS(call, want, needle)                                                    \
+    do {                                                                                     \
+        const pf_status got_ = (call);                                                       \
+        if (got_ != (want)) {                                                                \
+            fprintf(stderr, "FAIL %s:%d %s -> %s, want %s (%s)\n", __FILE__, __LINE__, #call, \
+                    pf_status_name(got_), pf_status_name(want), pf_last_error());            \
+            failures++;                                                                      \
+        } else if ((needle) && !strstr(pf_last_error(), (needle))) {                         \
+            fprintf(stderr, "FAIL %s:%d %s: message \"%s\" lacks \"%s\"\n", __FILE__,          \
+                    __LINE__, #call, pf_last_error(), (const char *)(needle));               \
+            failures++;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+int main(void) {
+    size_t bytes = 0;
+    int32_t n_dev = -1;
+    pf_context *ctx = NULL;
+    pf_weight *w = NULL;
+    pf_buffer *buf = NULL;
+    unsigned char data[1024];
+    pf_context_options o;
+    memset(data, 0, sizeof data);
+
+    /* statuses and strings */
+    for (int s = 0; s < PF_STATUS_COUNT; s++)
+        if (!pf_status_name((pf_status)s) || !pf_status_string((pf_status)s)[0]) failures++;
+    if (strcmp(pf_status_name((pf_status)99), "PF_STATUS_UNKNOWN") != 0) failures++;
+
+    /* null out-pointers */
+    EXPECT_STATUS(pf_device_count(NULL), PF_STATUS_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_STATUS(pf_context_create(NULL, NULL), PF_STATUS_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_STATUS(pf_buffer_create(NULL, NULL, 16), PF_STATUS_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_STATUS(pf_buffer_create(&buf, NULL, 16), PF_STATUS_INVALID_ARGUMENT, "ctx is NULL");
+    EXPECT_STATUS(pf_weight_info_get(NULL, NULL), PF_STATUS_INVALID_ARGUMENT, "w is NULL");
+    EXPECT_STATUS(pf_qtype_matrix_bytes(PF_QTYPE_Q4_K, 4, 256, NULL), PF_STATUS_INVALID_ARGUMENT,
+                  "out_bytes is NULL");
+
+    /* sizes and qtypes */
+    EXPECT_STATUS(pf_qtype_matrix_bytes(PF_QTYPE_Q4_K, 4, 256, &bytes), PF_STATUS_OK, NULL);
+    if (bytes != 4 * 144) { fprintf(stderr, "FAIL Q4_K bytes %zu\n", bytes); failures++; }
+    EXPECT_STATUS(pf_qtype_matrix_bytes(PF_QTYPE_Q8_0, -1, 32, &bytes), PF_STATUS_INVALID_ARGUMENT,
+                  "must be positive");
+    EXPECT_STATUS(pf_qtype_matrix_bytes(PF_QTYPE_Q4_K, 4, 100, &bytes), PF_STATUS_INVALID_ARGUMENT,
+                  "not a multiple");
+    EXPECT_STATUS(pf_qtype_matrix_bytes(10 /* Q2_K */, 4, 256, &bytes), PF_STATUS_UNSUPPORTED,
+                  "GGML type 10");
+    EXPECT_STATUS(pf_qtype_matrix_bytes(PF_QTYPE_F32, (int64_t)1 << 62, (int64_t)1 << 62, &bytes),
+                  PF_STATUS_INVALID_ARGUMENT, "overflows");
+    EXPECT_STATUS(pf_weight_create(&w, NULL, PF_QTYPE_Q8_0, 2, 32, data, 67),
+                  PF_STATUS_INVALID_ARGUMENT, "needs 68");
+    EXPECT_STATUS(pf_weight_create(&w, NULL, 77, 2, 32, data, 68), PF_STATUS_UNSUPPORTED,
+                  "GGML type 77");
+    if (w != NULL) { fprintf(stderr, "FAIL weight out not NULL after failure\n"); failures++; }
+
+    /* options struct size (ABI) */
+    EXPECT_STATUS(pf_context_options_init(&o, sizeof o - 4), PF_STATUS_ABI_MISMATCH, "struct_size");
+    EXPECT_STATUS(pf_context_options_init(&o, sizeof o), PF_STATUS_OK, NULL);
+    o.flags = 1;
+    EXPECT_STATUS(pf_context_create(&ctx, &o), PF_STATUS_INVALID_ARGUMENT, "flags");
+
+    /* devices */
+    EXPECT_STATUS(pf_device_count(&n_dev), PF_STATUS_OK, NULL);
+    if (n_dev == 0) {
+        EXPECT_STATUS(pf_context_create(&ctx, NULL), PF_STATUS_NO_DEVICE, "no CUDA device");
+        if (ctx != NULL) failures++;
+    } else {
+        o.flags = 0;
+        o.device = n_dev; /* one past the last */
+        EXPECT_STATUS(pf_context_create(&ctx, &o), PF_STATUS_NO_DEVICE, "does not exist");
+        EXPECT_STATUS(pf_context_create(&ctx, NULL), PF_STATUS_OK, NULL);
+        EXPECT_STATUS(pf_weight_create(&w, ctx, PF_QTYPE_Q8_0, 2, 32, data, 68), PF_STATUS_OK, NULL);
+        EXPECT_STATUS(pf_buffer_create(&buf, ctx, 64), PF_STATUS_OK, NULL);
+        EXPECT_STATUS(pf_buffer_upload(buf, 60, data, 8), PF_STATUS_INVALID_ARGUMENT, "outside");
+        EXPECT_STATUS(pf_buffer_download(buf, 0, data, 64), PF_STATUS_OK, NULL);
+        pf_buffer_destroy(buf);
+        pf_weight_destroy(w);
+        pf_context_destroy(ctx);
+    }
+    pf_context_destroy(NULL); /* no-ops */
+    pf_buffer_destroy(NULL);
+    pf_weight_destroy(NULL);
+
+    printf("test_api: %d device(s), %d failure(s)\n", (int)n_dev, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,48 @@
+"""GPU tests are marked `gpu` and skip with a reason where no device or library is usable;
+CPU tests run everywhere."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))   # helpers.py
+
+
+def _gpu_state() -> tuple[int, str]:
+    try:
+        from pyprefill import core
+    except ImportError as exc:
+        return 0, f"libprefill not loadable: {str(exc).splitlines()[0]}"
+    n = core.device_count()
+    return n, "" if n else "no CUDA device on this machine (pf_device_count() == 0)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device and the built library")
+
+
+def pytest_collection_modifyitems(config, items):
+    n, reason = _gpu_state()
+    if n > 0:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ctx():
+    """One context for the GPU tests of the session (kernels, legs)."""
+    from pyprefill.core import Context
+    with Context(0) as c:
+        yield c
+
+
+@pytest.fixture
+def rng(request):
+    """Fresh random inputs per test, seeded from the test id so that failures reproduce."""
+    import zlib
+
+    import numpy as np
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
