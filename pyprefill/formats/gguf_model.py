@@ -130,9 +130,6 @@ class _Meta:
     def __init__(self, reader: Any, path: str, arch: str):
         self.reader, self.path, self.arch = reader, path, arch
 
-    def has(self, key: str) -> bool:
-        return f"{self.arch}.{key}" in self.reader.fields
-
     def raw(self, key: str, default: Any = None, required: bool = True) -> Any:
         full = f"{self.arch}.{key}"
         field = self.reader.fields.get(full)
@@ -145,7 +142,7 @@ class _Meta:
         except Exception as e:
             raise GGUFError(f"{self.path}: cannot read metadata key '{full}' ({e})") from e
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def get_int(self, key: str, default: int | None = None) -> int:
         v = self.raw(key, default, required=default is None)
         if isinstance(v, list):  # a per-layer array (e.g. head_count_kv): must be uniform
             if not v or any(x != v[0] for x in v):
@@ -157,7 +154,7 @@ class _Meta:
                             f"non-negative integer, found {v!r}")
         return int(v)
 
-    def float(self, key: str, default: float | None = None) -> float:
+    def get_float(self, key: str, default: float | None = None) -> float:
         v = self.raw(key, default, required=default is None)
         if not isinstance(v, (int, float, np.floating, np.integer)) or isinstance(v, bool):
             raise GGUFError(f"{self.path}: metadata key '{self.arch}.{key}' must be a number, "
@@ -259,18 +256,17 @@ def load_model_desc(path: str | os.PathLike[str]) -> ModelDesc:
     meta = _Meta(reader, path, arch)
     tensors = _tensor_table(reader, path)
 
-    n_block = meta.int("block_count")
-    nextn = meta.int("nextn_predict_layers", 0) if meta.has("nextn_predict_layers") else 0
+    n_block = meta.get_int("block_count")
+    nextn = meta.get_int("nextn_predict_layers", 0)
     n_layer = n_block - nextn
     _require(n_layer > 0, f"{path}: block_count {n_block} - nextn_predict_layers {nextn} "
                           f"leaves no layers")
-    n_embd = meta.int("embedding_length")
-    head_dim = meta.int("attention.key_length")
-    v_len = meta.int("attention.value_length")
+    n_embd = meta.get_int("embedding_length")
+    head_dim = meta.get_int("attention.key_length")
+    v_len = meta.get_int("attention.value_length")
     _require(v_len == head_dim, f"{path}: attention.value_length {v_len} != key_length "
                                 f"{head_dim} (unsupported)")
-    rope_dim = meta.int("rope.dimension_count", head_dim) if meta.has("rope.dimension_count") \
-        else head_dim
+    rope_dim = meta.get_int("rope.dimension_count", head_dim)  # absent in qwen3 files: R = D
     _require(0 < rope_dim <= head_dim and rope_dim % 2 == 0,
              f"{path}: rope.dimension_count {rope_dim} must be even and in (0, {head_dim}]")
     if arch == "qwen3":
@@ -287,14 +283,13 @@ def load_model_desc(path: str | os.PathLike[str]) -> ModelDesc:
     kw: dict[str, Any] = {}
     interval = 0
     if arch == "qwen35":
-        interval = meta.int("full_attention_interval", 4) if meta.has("full_attention_interval") \
-            else 4
+        interval = meta.get_int("full_attention_interval", 4)  # the converter's default
         kw = dict(full_attention_interval=interval,
-                  conv_kernel=meta.int("ssm.conv_kernel"),
-                  ssm_dk=meta.int("ssm.state_size"),
-                  ssm_hk=meta.int("ssm.group_count"),
-                  ssm_hv=meta.int("ssm.time_step_rank"),
-                  ssm_inner=meta.int("ssm.inner_size"),
+                  conv_kernel=meta.get_int("ssm.conv_kernel"),
+                  ssm_dk=meta.get_int("ssm.state_size"),
+                  ssm_hk=meta.get_int("ssm.group_count"),
+                  ssm_hv=meta.get_int("ssm.time_step_rank"),
+                  ssm_inner=meta.get_int("ssm.inner_size"),
                   nextn_predict_layers=nextn)
         hk, hv = kw["ssm_hk"], kw["ssm_hv"]
         _require(hk > 0 and hv > 0 and hv % hk == 0,
@@ -303,8 +298,8 @@ def load_model_desc(path: str | os.PathLike[str]) -> ModelDesc:
         _require(kw["ssm_inner"] == hv * kw["ssm_dk"],
                  f"{path}: ssm.inner_size {kw['ssm_inner']} != time_step_rank {hv} x state_size "
                  f"{kw['ssm_dk']} (llama.cpp requires dk == dv)")
-    n_head = meta.int("attention.head_count")
-    n_head_kv = meta.int("attention.head_count_kv")
+    n_head = meta.get_int("attention.head_count")
+    n_head_kv = meta.get_int("attention.head_count_kv")
     _require(n_head > 0 and n_head_kv > 0 and n_head % n_head_kv == 0,
              f"{path}: attention.head_count {n_head} must be a positive multiple of "
              f"head_count_kv {n_head_kv}")
@@ -314,10 +309,10 @@ def load_model_desc(path: str | os.PathLike[str]) -> ModelDesc:
 
     desc = ModelDesc(
         path=path, arch=arch, n_block=n_block, n_layer=n_layer, n_embd=n_embd,
-        n_ff=meta.int("feed_forward_length"), n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, rope_base=meta.float("rope.freq_base"), rope_dim=rope_dim,
-        eps=meta.float("attention.layer_norm_rms_epsilon"),
-        context_length=meta.int("context_length"), n_vocab=n_vocab,
+        n_ff=meta.get_int("feed_forward_length"), n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, rope_base=meta.get_float("rope.freq_base"), rope_dim=rope_dim,
+        eps=meta.get_float("attention.layer_norm_rms_epsilon"),
+        context_length=meta.get_int("context_length"), n_vocab=n_vocab,
         tied_output="output.weight" not in tensors, layer_kinds=kinds, tensors=tensors, **kw)
     _validate_tensors(desc, tensors)
     return desc
