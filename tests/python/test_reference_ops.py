@@ -1,0 +1,178 @@
+"""The reference ops of spec §0-§3 on random inputs: each against an independent, more literal
+formulation (loops over heads/tokens, the definition), in float64."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyprefill.reference import ops
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _delta_inputs(rng, T: int, Hk: int, r: int, dk: int, dv: int):
+    Hv = Hk * r
+    q = ops.l2_norm(rng.standard_normal((T, Hk, dk))) / np.sqrt(dk)
+    k = ops.l2_norm(rng.standard_normal((T, Hk, dk)))
+    v = rng.standard_normal((T, Hv, dv))
+    beta, g = ops.gdn_gates(rng.standard_normal((T, Hv)), rng.standard_normal((T, Hv)),
+                            -np.exp(rng.uniform(-1, 1.5, Hv)), rng.standard_normal(Hv))
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+@pytest.mark.parametrize("chunk", [64, 16, 5])
+def test_chunked_delta_rule_equals_recurrent(r: int, chunk: int) -> None:
+    """§3.2.1 vs G7, T not a multiple of the chunk, nonzero initial state, and the state carried
+    across a split at a non-chunk boundary."""
+    rng = _rng(10 * r + chunk)
+    T, Hk, dk, dv = 150, 2, 16, 8
+    q, k, v, g, beta = _delta_inputs(rng, T, Hk, r, dk, dv)
+    s0 = rng.standard_normal((Hk * r, dk, dv))
+    o_ref, s_ref = ops.delta_rule_recurrent(q, k, v, g, beta, s0)
+    o1, s1 = ops.delta_rule_chunked(q, k, v, g, beta, s0, chunk)
+    o_a, s_a = ops.delta_rule_chunked(q[:99], k[:99], v[:99], g[:99], beta[:99], s0, chunk)
+    o_b, s_b = ops.delta_rule_chunked(q[99:], k[99:], v[99:], g[99:], beta[99:], s_a, chunk)
+    for o, s in ((o1, s1), (np.concatenate([o_a, o_b]), s_b)):
+        assert np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref) <= 1e-10
+        assert np.linalg.norm(s - s_ref) / np.linalg.norm(s_ref) <= 1e-10
+
+
+def test_delta_rule_recurrent_is_the_definition_with_tiled_pairing() -> None:
+    """G7 written per head and token with value head j reading key head j % Hk (§7.1)."""
+    rng = _rng(1)
+    T, Hk, r, dk, dv = 9, 2, 3, 4, 5
+    q, k, v, g, beta = _delta_inputs(rng, T, Hk, r, dk, dv)
+    s0 = rng.standard_normal((Hk * r, dk, dv))
+    o, s = ops.delta_rule_recurrent(q, k, v, g, beta, s0)
+    for j in range(Hk * r):
+        S = s0[j].copy()
+        kk = j % Hk
+        for t in range(T):
+            S = np.exp(g[t, j]) * S
+            e = (v[t, j] - S.T @ k[t, kk]) * beta[t, j]
+            S = S + np.outer(k[t, kk], e)
+            np.testing.assert_allclose(o[t, j], S.T @ q[t, kk], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(s[j], S, rtol=1e-12, atol=1e-12)
+
+
+def test_chunked_delta_rule_survives_strong_decay() -> None:
+    """Large |g| over a 64-token chunk: masking before exp keeps everything finite (§7.14)."""
+    rng = _rng(2)
+    q, k, v, g, beta = _delta_inputs(rng, 128, 2, 2, 8, 8)
+    g = g * 200.0
+    o_ref, s_ref = ops.delta_rule_recurrent(q, k, v, g, beta, np.zeros((4, 8, 8)))
+    o, s = ops.delta_rule_chunked(q, k, v, g, beta, np.zeros((4, 8, 8)))
+    assert np.isfinite(o).all() and np.isfinite(s).all()
+    np.testing.assert_allclose(o, o_ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("splits", [[1, 1, 1, 1, 1, 1, 1], [2, 1, 4], [3, 4], [7]])
+def test_conv1d_window_carries_across_chunks(splits: list[int]) -> None:
+    """G3: chunked (incl. T < Kc−1) equals one shot; window = last Kc−1 pre-conv rows."""
+    rng = _rng(3)
+    C, Kc = 6, 4
+    m = rng.standard_normal((7, C))
+    w = rng.standard_normal((C, Kc))
+    w0 = rng.standard_normal((Kc - 1, C))
+    full, win_full = ops.causal_conv1d_silu(m, w0, w)
+    # the definition: X = [w0; m], c[t] = Σ_i X[t+i] w[:, i]
+    X = np.concatenate([w0, m])
+    c = np.stack([sum(X[t + i] * w[:, i] for i in range(Kc)) for t in range(7)])
+    np.testing.assert_allclose(full, c / (1 + np.exp(-c)), rtol=1e-13)
+    np.testing.assert_array_equal(win_full, m[-(Kc - 1):])
+    outs, win, p = [], w0, 0
+    for s in splits:
+        o, win = ops.causal_conv1d_silu(m[p:p + s], win, w)
+        outs.append(o)
+        p += s
+    np.testing.assert_allclose(np.concatenate(outs), full, rtol=1e-13)
+    np.testing.assert_array_equal(win, win_full)
+
+
+def test_rope_neox_partial_pairs_and_passthrough() -> None:
+    """B1: half-split pairs (i, i+R/2), φ_i = p·base^(−2i/R), dims ≥ R untouched."""
+    rng = _rng(4)
+    T, H, D, R, base, pos0 = 5, 3, 16, 8, 1e4, 11
+    x = rng.standard_normal((T, H, D))
+    y = ops.rope_neox_partial(x, pos0, R, base)
+    np.testing.assert_array_equal(y[..., R:], x[..., R:])
+    for t in range(T):
+        for i in range(R // 2):
+            phi = (pos0 + t) * base ** (-2 * i / R)
+            a, b = x[t, :, i], x[t, :, i + R // 2]
+            np.testing.assert_allclose(y[t, :, i], a * np.cos(phi) - b * np.sin(phi), rtol=1e-12)
+            np.testing.assert_allclose(y[t, :, i + R // 2], a * np.sin(phi) + b * np.cos(phi),
+                                       rtol=1e-12)
+
+
+def test_attention_gqa_grouped_causal() -> None:
+    """B2 against a per-head, per-token loop: head h reads kv head h // G; keys [0, p_t]."""
+    rng = _rng(5)
+    T, H, Hkv, D, pos0 = 4, 6, 2, 8, 3
+    q = rng.standard_normal((T, H, D))
+    kc = rng.standard_normal((pos0 + T, Hkv, D))
+    vc = rng.standard_normal((pos0 + T, Hkv, D))
+    o = ops.attention_gqa(q, kc, vc, pos0, 0.3)
+    G = H // Hkv
+    for t in range(T):
+        for h in range(H):
+            kv = h // G
+            s = kc[:pos0 + t + 1, kv] @ q[t, h] * 0.3
+            a = np.exp(s - s.max())
+            a /= a.sum()
+            np.testing.assert_allclose(o[t, h], a @ vc[:pos0 + t + 1, kv], rtol=1e-12)
+
+
+def test_small_ops_formulas() -> None:
+    rng = _rng(6)
+    x = rng.standard_normal((3, 7))
+    w = rng.standard_normal(7)
+    np.testing.assert_allclose(ops.rms_norm(x, w, 1e-6),
+                               x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * w)
+    # HF's l2 norm: x * rsqrt(Σx² + eps) (not llama.cpp's x / max(‖x‖, eps))
+    tiny = np.full((1, 4), 1e-4)
+    np.testing.assert_allclose(ops.l2_norm(tiny, 1e-6), tiny / np.sqrt(4e-8 + 1e-6))
+    # softplus: log1p(exp(x)), identity above 20, no overflow
+    z = np.array([-30.0, 0.0, 19.9, 20.5, 800.0])
+    sp = ops.softplus(z)
+    np.testing.assert_allclose(sp[:3], np.log1p(np.exp(z[:3])))
+    np.testing.assert_array_equal(sp[3:], z[3:])
+    beta, g = ops.gdn_gates(np.array([[0.0, 2.0]]), np.array([[0.5, -1.0]]),
+                            np.array([-2.0, -0.5]), np.array([0.1, 0.2]))
+    np.testing.assert_allclose(beta, [[0.5, 1 / (1 + np.exp(-2.0))]])
+    np.testing.assert_allclose(g, [[-2.0 * np.log1p(np.exp(0.6)), -0.5 * np.log1p(np.exp(-0.8))]])
+    o, zg = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    wn = rng.standard_normal(4)
+    np.testing.assert_allclose(ops.gated_rms_norm(o, wn, zg, 1e-6),
+                               ops.rms_norm(o, wn, 1e-6) * zg / (1 + np.exp(-zg)))
+    s = ops.sigmoid(np.array([-800.0, 0.0, 800.0]))
+    np.testing.assert_array_equal(s, [0.0, 0.5, 1.0])
+
+
+def test_v_head_reorder_index_map_and_inverse() -> None:
+    """§3.3: GGUF row (jj·Hk + kk)·h + e = HF row (kk·r + jj)·h + e; inverse restores."""
+    from pyprefill.formats.hf_export import v_reorder, v_reorder_inverse
+    Hk, r, h = 3, 2, 4
+    hf = np.arange(Hk * r * h * 5).reshape(Hk * r * h, 5)
+    gg = v_reorder(hf, Hk, Hk * r, h)
+    for kk in range(Hk):
+        for jj in range(r):
+            for e in range(h):
+                np.testing.assert_array_equal(gg[(jj * Hk + kk) * h + e], hf[(kk * r + jj) * h + e])
+    np.testing.assert_array_equal(v_reorder_inverse(gg, Hk, Hk * r, h), hf)
+    cols = v_reorder(hf.T, Hk, Hk * r, h, axis=1)
+    np.testing.assert_array_equal(cols, gg.T)
+    np.testing.assert_array_equal(v_reorder(hf[:Hk * h], Hk, Hk, h), hf[:Hk * h])  # Hv == Hk: identity
+
+
+def test_attention_interval_from_layer_types() -> None:
+    from pyprefill.errors import UnsupportedError
+    from pyprefill.formats.hf_export import attention_interval
+    L, F = "linear_attention", "full_attention"
+    assert attention_interval([L, F, L, F]) == 2
+    assert attention_interval([L, L, L, F, L, L, L, F]) == 4
+    with pytest.raises(UnsupportedError):
+        attention_interval([L, F, F, L])
