@@ -69,3 +69,26 @@ def test_float32_mode_close_to_float64(model: str) -> None:
     whole, worst, _ = rel_err(out32.astype(np.float64), out64)
     print(f"{model}: float32 vs float64 whole {whole:.2e} worst {worst:.2e}")
     assert 0 < whole <= 1e-4 and worst <= 1e-4, (whole, worst)
+
+
+def test_fixture_metadata_follows_the_spec() -> None:
+    """What the exporter wrote (§1.1/§2.1 keys, schedule derived from layer_types, tying,
+    ssm_a = −exp(A_log) < 0), as read back by the project loader."""
+    from pyprefill.formats.gguf_model import load_model_desc, read_tensor
+    q3 = load_model_desc(fixture_path("qwen3_tiny.f32.gguf"))
+    assert (q3.arch, q3.n_embd, q3.n_head, q3.n_head_kv, q3.head_dim, q3.rope_dim) == \
+        ("qwen3", 64, 4, 2, 32, 32)
+    assert not q3.tied_output and q3.rope_base == 1e6
+    hv2 = load_model_desc(fixture_path("qwen35_hv2.f32.gguf"))
+    assert hv2.layer_kinds == ("gdn", "attn", "gdn", "attn") and hv2.full_attention_interval == 2
+    assert (hv2.ssm_hk, hv2.ssm_hv, hv2.ssm_dk, hv2.ssm_dv, hv2.rope_dim) == (2, 4, 64, 64, 32)
+    assert hv2.tied_output and "output.weight" not in hv2.tensors
+    hv1 = load_model_desc(fixture_path("qwen35_hv1.f32.gguf"))
+    assert hv1.layer_kinds == ("gdn", "gdn", "gdn", "attn") and hv1.full_attention_interval == 4
+    assert (hv1.ssm_hk, hv1.ssm_hv, hv1.conv_kernel) == (2, 2, 4) and not hv1.tied_output
+    for desc in (hv2, hv1):
+        for il, kind in enumerate(desc.layer_kinds):
+            if kind == "gdn":
+                assert (read_tensor(desc, f"blk.{il}.ssm_a") < 0).all()
+                assert read_tensor(desc, f"blk.{il}.ssm_conv1d.weight").shape == \
+                    (desc.conv_dim, desc.conv_kernel)
