@@ -1,0 +1,219 @@
+"""Model level: load a GGUF onto a GPU, open sessions, prefill, decode, save and restore.
+
+    model = pyprefill.Model.load("qwen35-4b.gguf")         # progress bar on load and prewarm
+    s = model.session(max_tokens=8192)
+    logits = s.prefill(np.array(ids, np.int32))             # last-token logits, (n_vocab,)
+    more = s.generate(16)                                    # greedy tokens
+    state = s.save(); s2 = model.restore(state)              # continue from the same point
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from ._errors import _check
+from ._ffi import ffi, lib
+from .core import Context, _Owner, as_carray
+from .errors import InvalidArgumentError
+
+_LEGS = {"default": 0}
+_LOGITS = {"none": 0, "last": 1, "all": 2}
+_KV = {"f16": 0, "f32": 1}
+_ATTN = {"auto": 0, "cublas": 1, "flash": 2}
+ARCH_NAMES = {1: "qwen3", 2: "qwen35"}
+
+
+def _leg_id(gemm) -> int:
+    if isinstance(gemm, int):
+        return gemm
+    names = {"default": 0, "auto": lib.PF_GEMM_AUTO, "f32": lib.PF_GEMM_F32,
+             "f16": lib.PF_GEMM_F16, "int8": lib.PF_GEMM_INT8}
+    try:
+        return names[gemm]
+    except KeyError:
+        raise InvalidArgumentError(f"gemm: unknown leg {gemm!r} (known: {', '.join(names)})")
+
+
+class _ProgressBar:
+    """A one-line stderr progress bar per stage (no dependency)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.stage, self.t0, self.last = None, 0.0, 0.0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if stage != self.stage:
+            self.stage, self.t0 = stage, now
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r{stage:8s} [{bar:30s}] {frac * 100:5.1f}% {done / 2**30:6.2f} GiB "
+                         f"{now - self.t0:5.1f}s")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+class Model(_Owner):
+    """A qwen3 / qwen35 GGUF model on one device (owns its Context unless one is given)."""
+
+    def __init__(self, path: str, *, device: int = 0, gemm="default", prewarm: bool = True,
+                 prewarm_headroom: int = 0, progress: bool = True, context: Context | None = None):
+        self._own_ctx = context is None
+        self.ctx = context if context is not None else Context(device)
+        opts = ffi.new("pf_model_options *")
+        _check(lib.pf_model_options_init(opts, ffi.sizeof("pf_model_options")))
+        opts.gemm_leg = _leg_id(gemm)
+        opts.prewarm = 1 if prewarm else 0
+        opts.prewarm_headroom_bytes = prewarm_headroom
+        bar = _ProgressBar(progress)
+
+        @ffi.callback("void(void *, const char *, int64_t, int64_t)")
+        def _progress(user, stage, done, total):
+            try:
+                bar(ffi.string(stage).decode(), done, total)
+            except Exception:   # a callback must never raise into C
+                pass
+
+        opts.progress = _progress
+        out = ffi.new("pf_model **")
+        try:
+            _check(lib.pf_model_load(out, self.ctx.ptr, str(path).encode(), opts))
+        except BaseException:
+            if self._own_ctx:
+                self.ctx.close()
+            raise
+        self._adopt(out[0], lib.pf_model_destroy)
+        self.path = str(path)
+        self._sessions: list = []
+        self.info = self._info()
+
+    @classmethod
+    def load(cls, path: str, device: int = 0, gemm="default", prewarm: bool = True, **kw) -> "Model":
+        return cls(path, device=device, gemm=gemm, prewarm=prewarm, **kw)
+
+    def _info(self) -> dict:
+        i = ffi.new("pf_model_info *")
+        _check(lib.pf_model_info_get(self.ptr, i))
+        d = {name: getattr(i, name) for name in dir(i)}
+        d["arch"] = ARCH_NAMES.get(i.arch, str(i.arch))
+        return d
+
+    def refresh_info(self) -> dict:
+        self.info = self._info()
+        return self.info
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self.info["n_vocab"])
+
+    def prewarm(self, headroom: int = 0) -> bool:
+        armed = ffi.new("int32_t *")
+        _check(lib.pf_model_prewarm(self.ptr, headroom, armed))
+        self.refresh_info()
+        return bool(armed[0])
+
+    def session(self, max_tokens: int = 4096, *, chunk: int = 512, kv: str = "f16",
+                gemm="default", attention: str = "auto") -> "Session":
+        return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,
+                       attention=attention)
+
+    def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
+        """A fresh session holding a state saved by Session.save()."""
+        s = self.session(max_tokens=max_tokens or 4096, **kw)
+        s.restore(state)
+        return s
+
+    def close(self) -> None:
+        for s in self._sessions:
+            s.close()
+        self._sessions = []
+        super().close()
+        if self._own_ctx and self.ctx is not None:
+            self.ctx.close()
+
+
+class Session(_Owner):
+    """One sequence on a Model: KV caches, conv windows, recurrent states, position."""
+
+    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 512, kv: str = "f16",
+                 gemm="default", attention: str = "auto"):
+        if kv not in _KV:
+            raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
+        if attention not in _ATTN:
+            raise InvalidArgumentError(f"attention: {attention!r} is not one of {list(_ATTN)}")
+        opts = ffi.new("pf_session_options *")
+        _check(lib.pf_session_options_init(opts, ffi.sizeof("pf_session_options")))
+        opts.max_tokens = max_tokens
+        opts.chunk_tokens = chunk
+        opts.kv_dtype = _KV[kv]
+        opts.gemm_leg = _leg_id(gemm)
+        opts.attn_path = _ATTN[attention]
+        out = ffi.new("pf_session **")
+        _check(lib.pf_session_create(out, model.ptr, opts))
+        self._adopt(out[0], lib.pf_session_destroy)
+        self.model = model
+        self.max_tokens = max_tokens
+        model._sessions.append(self)
+
+    @property
+    def position(self) -> int:
+        out = ffi.new("int32_t *")
+        _check(lib.pf_session_position(self.ptr, out))
+        return int(out[0])
+
+    def prefill(self, tokens, logits: str = "last", *, return_token: bool = False):
+        """Run `tokens` from the session's position. Returns the logits ((n_vocab,) for "last",
+        (n, n_vocab) for "all", None for "none"), and the greedy next token if return_token."""
+        ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32).reshape(-1)
+        if ids.size == 0:
+            raise InvalidArgumentError("tokens: need at least one token")
+        if logits not in _LOGITS:
+            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(_LOGITS)}")
+        V = self.model.n_vocab
+        out = None
+        if logits == "last":
+            out = np.empty(V, np.float32)
+        elif logits == "all":
+            out = np.empty((ids.size, V), np.float32)
+        tok = ffi.new("int32_t *")
+        lview = as_carray(out, "logits", np.float32, writable=True) if out is not None else ffi.NULL
+        _check(lib.pf_session_prefill(self.ptr, ffi.from_buffer("int32_t[]", ids), ids.size,
+                                      _LOGITS[logits], ffi.cast("float *", lview) if out is not None else ffi.NULL,
+                                      0 if out is None else out.size, tok))
+        if return_token:
+            return out, int(tok[0])
+        return out
+
+    def decode(self, token: int) -> np.ndarray:
+        return self.prefill([token], "last")
+
+    def generate(self, n: int) -> np.ndarray:
+        """Greedy: n tokens, each fed back (needs a prior prefill)."""
+        if n <= 0:
+            raise InvalidArgumentError(f"n: must be positive, got {n}")
+        out = np.empty(n, np.int32)
+        _check(lib.pf_session_generate(self.ptr, n, ffi.from_buffer("int32_t[]", out, require_writable=True)))
+        return out
+
+    def reset(self) -> None:
+        _check(lib.pf_session_reset(self.ptr))
+
+    def save(self) -> bytes:
+        size = ffi.new("size_t *")
+        _check(lib.pf_session_state_size(self.ptr, size))
+        buf = np.empty(size[0], np.uint8)
+        _check(lib.pf_session_save(self.ptr, ffi.from_buffer("char[]", buf, require_writable=True), buf.size))
+        return buf.tobytes()
+
+    def restore(self, state) -> None:
+        arr = np.frombuffer(state, np.uint8) if isinstance(state, (bytes, bytearray, memoryview)) else state
+        arr = np.ascontiguousarray(arr, dtype=np.uint8)
+        _check(lib.pf_session_restore(self.ptr, ffi.from_buffer("char[]", arr), arr.size))

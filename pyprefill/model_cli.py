@@ -1,0 +1,170 @@
+"""Engine subcommands of the `pyprefill` CLI: demo (the main job), run, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _gpu_available() -> tuple[bool, str]:
+    try:
+        from . import core
+    except ImportError as exc:
+        return False, f"libprefill not loadable ({str(exc).splitlines()[0]})"
+    n = core.device_count()
+    return (n > 0), ("" if n else "no CUDA device found")
+
+
+def _top(logits: np.ndarray, k: int = 5) -> str:
+    idx = np.argsort(-logits)[:k]
+    return ", ".join(f"{int(i)}:{logits[i]:.4f}" for i in idx)
+
+
+def cmd_demo(args) -> int:
+    """Write a small synthetic model, prefill a prompt on the GPU and check the logits against
+    the NumPy reference; without a GPU, run the reference alone."""
+    from .formats.synth import write_synthetic
+    from .reference.model import ReferenceModel
+
+    ok, why = _gpu_available()
+    rng = np.random.default_rng(args.seed)
+    workdir = args.dir or tempfile.mkdtemp(prefix="pyprefill-demo-")
+    status = 0
+    for preset, mix in (("qwen35-tiny", "q4_k_m"), ("qwen3-tiny", "q8_0")):
+        path = os.path.join(workdir, f"{preset}-{mix}.gguf")
+        if not os.path.exists(path):
+            write_synthetic(preset, mix, path, seed=args.seed, progress=False)
+        ref = ReferenceModel(path)                     # float64 oracle
+        tokens = rng.integers(0, ref.desc.n_vocab, size=args.tokens).astype(np.int32)
+        t0 = time.perf_counter()
+        want = ref.session().prefill(tokens, "last")
+        t_ref = time.perf_counter() - t0
+        print(f"{preset} ({mix}): {ref.desc.n_layer} layers, d={ref.desc.n_embd}, "
+              f"vocab {ref.desc.n_vocab}; prompt of {len(tokens)} tokens")
+        print(f"  reference (NumPy float64, {t_ref:.2f} s): top-5 {_top(want)}")
+        if not ok:
+            continue
+        from .model import Model
+        for gemm, kv in (("f32", "f32"), ("auto", "f16")):
+            with Model.load(path, gemm=gemm, prewarm=(gemm != "f32"), progress=False) as m:
+                s = m.session(max_tokens=len(tokens) + 8, chunk=64, kv=kv)
+                t0 = time.perf_counter()
+                got, tok = s.prefill(tokens, "last", return_token=True)
+                dt = time.perf_counter() - t0
+            err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            bound = 1e-4 if gemm == "f32" else 2e-2
+            same = int(np.argmax(got)) == int(np.argmax(want)) == tok
+            verdict = "ok" if err <= bound and same else "MISMATCH"
+            if verdict != "ok":
+                status = 1
+            print(f"  libprefill (gemm={gemm}, kv={kv}, {dt * 1e3:.1f} ms): top-5 {_top(got)}")
+            print(f"    rel error vs reference {err:.2e} (bound {bound:.0e}), greedy token {tok} "
+                  f"{'equal' if same else 'DIFFERENT'}: {verdict}")
+    if not ok:
+        print(f"no GPU: {why}. The NumPy reference ran alone; run on a CUDA machine to compare "
+              "libprefill against it.")
+    return status
+
+
+def _load_tokens(args, model) -> np.ndarray:
+    if args.tokens:
+        return np.array([int(t) for t in args.tokens.replace(",", " ").split()], np.int32)
+    from .tokenizer import Tokenizer
+    return np.array(Tokenizer.from_gguf(model.path).encode(args.prompt), np.int32)
+
+
+def cmd_run(args) -> int:
+    from .model import Model
+    with Model.load(args.file, gemm=args.gemm, prewarm=not args.no_prewarm) as m:
+        ids = _load_tokens(args, m)
+        s = m.session(max_tokens=len(ids) + args.n_predict + 1, chunk=args.chunk)
+        t0 = time.perf_counter()
+        logits, tok = s.prefill(ids, "last", return_token=True)
+        dt = time.perf_counter() - t0
+        print(f"prefill: {len(ids)} tokens in {dt * 1e3:.1f} ms ({len(ids) / dt:.0f} tok/s)")
+        print(f"top-5 next tokens: {_top(logits)}")
+        out = [tok]
+        if args.n_predict > 1:
+            out += s.generate(args.n_predict - 1).tolist()
+        print(f"greedy tokens: {' '.join(map(str, out[:args.n_predict]))}")
+        if not args.tokens:
+            from .tokenizer import Tokenizer
+            print("text:", repr(Tokenizer.from_gguf(m.path).decode(out[:args.n_predict])))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .model import Model
+    lengths = [int(p) for p in args.p.split(",")]
+    rows = []
+    t0 = time.perf_counter()
+    with Model.load(args.file, gemm=args.gemm, prewarm=args.gemm != "f32", progress=not args.json) as m:
+        wall_load = time.perf_counter() - t0
+        info = m.info
+        rng = np.random.default_rng(0)
+        s = m.session(max_tokens=max(lengths), chunk=args.chunk)
+        free0, total = m.ctx.memory()
+        for n in lengths:
+            ids = rng.integers(0, m.n_vocab, size=n).astype(np.int32)
+            times = []
+            for rep in range(args.warmup + args.repeats):
+                s.reset()
+                t = time.perf_counter()
+                s.prefill(ids, "last")
+                if rep >= args.warmup:
+                    times.append(time.perf_counter() - t)
+            med = statistics.median(times)
+            rows.append({"tokens": n, "median_s": med, "tok_per_s": n / med, "times_s": times})
+        free1, _ = m.ctx.memory()
+        result = {"file": args.file, "arch": info["arch"], "gemm": args.gemm, "chunk": args.chunk,
+                  "load_ms": info["load_ms"], "prewarm_ms": info["prewarm_ms"],
+                  "wall_load_s": wall_load, "f16_armed": bool(info["f16_armed"]),
+                  "weight_bytes": info["weight_bytes"], "f16_bytes": info["f16_bytes"],
+                  "context_device_bytes": m.ctx.allocated(), "device_used_bytes": total - free1,
+                  "results": rows}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"\n{args.file}: {info['arch']}, gemm={args.gemm} (fp16 cache {'armed' if info['f16_armed'] else 'not armed'}), "
+          f"chunk={args.chunk}; load {info['load_ms'] / 1e3:.2f} s, prewarm {info['prewarm_ms'] / 1e3:.2f} s; "
+          f"device memory in use {result['device_used_bytes'] / 2**30:.2f} GiB")
+    print("| prompt tokens | median ms | tokens/s |")
+    print("|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['tokens']} | {r['median_s'] * 1e3:.1f} | {r['tok_per_s']:.0f} |")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("demo", help="the main job: a synthetic model's prefill vs the NumPy reference")
+    p.add_argument("--tokens", type=int, default=96, help="prompt length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dir", help="where to write the synthetic models (default: a temp dir)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="prefill a prompt and print the next tokens")
+    p.add_argument("file")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", help="text (needs the `tokenizers` extra)")
+    g.add_argument("--tokens", help="token ids, comma or space separated")
+    p.add_argument("--n-predict", type=int, default=8)
+    p.add_argument("--gemm", default="default", choices=["default", "auto", "f16", "f32"])
+    p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--no-prewarm", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="prefill tokens/s, llama-bench style")
+    p.add_argument("file")
+    p.add_argument("-p", default="512,2048,8192", help="prompt lengths")
+    p.add_argument("--gemm", default="auto", choices=["auto", "f16", "f32"])
+    p.add_argument("--chunk", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
