@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "attention.cuh"
 #include "context.h"
 #include "cuda_check.cuh"
 
@@ -12,6 +13,7 @@ namespace {
 constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // cuBLASLt wants >= 32 MiB on Hopper
 
 pf_status context_teardown(pf_context *ctx) {
+    pf::attention_release(ctx);
     pf::scratch_release(ctx, ctx->scratch_f32);
     pf::scratch_release(ctx, ctx->scratch_f16_w);
     pf::scratch_release(ctx, ctx->scratch_f16_x);

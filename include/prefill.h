@@ -137,6 +137,377 @@ PF_API pf_status pf_weight_create(pf_weight **out, pf_context *ctx, int32_t qtyp
 PF_API void pf_weight_destroy(pf_weight *w);
 PF_API pf_status pf_weight_info_get(const pf_weight *w, pf_weight_info *out);
 
+/* ---- attention (kernel level) ---- */
+
+/* KV cache of one attention layer: two buffers, K and V, each [capacity][kv_dim] row-major with
+ * kv_dim = n_kv_heads * head_dim; row p holds position p, KV head g owns columns
+ * [g*head_dim, (g+1)*head_dim). capacity = buffer bytes / (kv_dim * element size). K rows hold k
+ * after the QK RMSNorm and RoPE, V rows the raw v. Query head h reads KV head h / (H / Hkv)
+ * (grouped GQA). */
+typedef enum pf_kv_dtype {
+    PF_KV_F16 = 0, /* fp16 (default): half the memory; the flash kernel's input */
+    PF_KV_F32 = 1  /* fp32: the exact path (cuBLAS SGEMM attention, 1e-5) */
+} pf_kv_dtype;
+
+typedef enum pf_attn_path {
+    PF_ATTN_AUTO = 0,   /* flash where it applies (fp16 cache, head_dim 128 or 256, enough query
+                           rows to fill the GPU), else cuBLAS */
+    PF_ATTN_CUBLAS = 1, /* QK^T GEMM, causal mask + fp32 softmax, PV GEMM, in passes of rows */
+    PF_ATTN_FLASH = 2   /* fused fp16 tensor-core kernel, fp32 online softmax; UNSUPPORTED for an
+                           fp32 cache or head_dim other than 128 and 256 */
+} pf_attn_path;
+
+typedef struct pf_attention_options {
+    size_t struct_size;         /* set by pf_attention_options_init; do not change */
+    int32_t n_heads;            /* H query heads, 1..4096. no default (0) */
+    int32_t n_kv_heads;         /* Hkv, 1..H, divides H. no default (0) */
+    int32_t head_dim;           /* D, even, 2..4096. no default (0) */
+    int32_t kv_dtype;           /* pf_kv_dtype of both cache buffers. default PF_KV_F16 */
+    int64_t rows;               /* query rows of this chunk, >= 0 (0: validate only). default 0 */
+    int64_t pos0;               /* position of query row 0, >= 0: row t attends to cache rows
+                                   0..pos0+t, which must already be written. default 0 */
+    float scale;                /* softmax scale, finite, >= 0; 0 = 1/sqrt(head_dim). default 0 */
+    int32_t path;               /* pf_attn_path. default PF_ATTN_AUTO */
+    int64_t q_head_stride;      /* floats from one head to the next in a q row, >= D; 0 = D.
+                                   qwen35 ([q | gate] per head): 2*D. default 0 */
+    int64_t q_row_stride;       /* floats between q rows, >= (H-1)*q_head_stride + D;
+                                   0 = H * q_head_stride. default 0 */
+    int64_t out_row_stride;     /* floats between out rows, >= H*D; 0 = H*D. default 0 */
+    int64_t rows_per_pass;      /* cuBLAS path: most query rows per pass, >= 0; 0 = the most that
+                                   fit in scores_budget_bytes. default 0 */
+    size_t scores_budget_bytes; /* cuBLAS path: device workspace of one pass, about
+                                   H * rows_per_pass * (pos0 + rows) * (4 fp32 scores + 2 fp16
+                                   probabilities for an fp16 cache) bytes; 0 = 256 MiB. default 0 */
+} pf_attention_options;
+
+PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t struct_size);
+
+/* What pf_attention would do for `opts` (pure; no context or device needed): *out_path is
+ * PF_ATTN_CUBLAS or PF_ATTN_FLASH, *out_rows_per_pass the cuBLAS pass size (0 for flash) and
+ * *out_workspace_bytes the scratch the call reserves in its context (0 for flash). Any out pointer
+ * may be NULL. Fails as pf_attention would on the same options. */
+PF_API pf_status pf_attention_plan(const pf_attention_options *opts, int32_t *out_path,
+                                   int64_t *out_rows_per_pass, size_t *out_workspace_bytes);
+
+/* Writes `rows` rows into a KV cache at positions pos0..pos0+rows-1, converting to kv_dtype
+ * (fp16: round to nearest even, saturating at +-65504; NaN stays NaN):
+ *   k_cache[pos0 + r][c] = k[r * ldk + c], v_cache[pos0 + r][c] = v[r * ldv + c], c < kv_dim.
+ * k, v: float32 [rows][ldk] / [rows][ldv]; ldk, ldv >= kv_dim, 0 = kv_dim. pos0 + rows must not
+ * exceed either cache's capacity. For an fp32 cache a projection may instead write straight into
+ * the cache (output at row pos0, row stride kv_dim). k_cache and v_cache are distinct buffers. */
+PF_API pf_status pf_kv_write(pf_context *ctx, const pf_buffer *k, int64_t ldk, const pf_buffer *v,
+                             int64_t ldv, int64_t rows, int64_t kv_dim, pf_buffer *k_cache,
+                             pf_buffer *v_cache, int32_t kv_dtype, int64_t pos0);
+
+/* Causal grouped attention of `opts->rows` query rows at positions pos0..pos0+rows-1 over the
+ * cache rows 0..pos0+rows-1 (spec B2):
+ *   out[t][h*D + d] = sum_{j <= pos0+t} softmax_j(scale * q_h[t] . K[j, g]) V[j, g][d],
+ *   g = h / (H / Hkv), q_h[t] = q[t * q_row_stride + h * q_head_stride + 0..D-1].
+ * q: float32; out: float32 [rows][out_row_stride] (columns past H*D untouched); k_cache, v_cache:
+ * kv_dtype caches (see above) with capacity >= pos0 + rows. out must be a buffer distinct from
+ * q and the caches. Runs on the context's stream. */
+PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_options *opts, const pf_buffer *q,
+                              const pf_buffer *k_cache, const pf_buffer *v_cache, pf_buffer *out);
+
+/* Greedy decoding: out_ids[r] = argmax_{i < n} x[r * ld + i] for r < rows (int32).
+ * x: float32 [rows][ld], ld >= n (0 = n), 1 <= n <= 2^31 - 1. Ties go to the lowest index; NaN
+ * ranks above every number (numpy.argmax's rule: the first NaN wins); a row of -inf gives 0. */
+PF_API pf_status pf_argmax_rows(pf_context *ctx, const pf_buffer *x, int64_t rows, int64_t n,
+                                int64_t ld, pf_buffer *out_ids);
+
+/* ---- gemm (kernel level) ---- */
+/* Dequantization, the embedding gather, projections Y = X . W^T through a chosen leg, the
+ * weights' fp16 caches and their all-or-nothing prewarm, and the fused Q4_0 / Q8_0 kernels.
+ * Activations are float32 row-major; a row stride (ldx, ldy, ldo) is in elements and must be
+ * >= the row's width; columns beyond the width are never written. Buffers and weights must
+ * belong to ctx. Calls are asynchronous on ctx's stream unless stated otherwise. */
+
+typedef enum pf_gemm_leg {
+    PF_GEMM_DEFAULT = 0, /* the process default: env PREFILL_GEMM = f16 | f32 | auto (unset = auto) */
+    PF_GEMM_AUTO = 1,    /* f16 when the weight has an fp16 cache, else f32 */
+    PF_GEMM_F32 = 2,     /* fp32 dequantized weight, SGEMM in pedantic fp32 (no TF32): bound 1e-5 */
+    PF_GEMM_F16 = 3,     /* fp16 weight (cache, or dequantized per call) and fp16 activations on
+                            tensor cores, fp32 accumulation and output: bound 3e-3 */
+    PF_GEMM_INT8 = 4     /* reserved: UNSUPPORTED in this build */
+} pf_gemm_leg;
+
+/* The process default leg, resolved to PF_GEMM_AUTO, _F32 or _F16. The env variable is read
+ * once per process; an invalid value prints one warning line on stderr and means auto. */
+PF_API pf_status pf_gemm_default_leg(int32_t *out);
+/* Overrides the process default (PF_GEMM_AUTO, _F32 or _F16); PF_GEMM_DEFAULT restores the
+ * env value. Process-wide; meant for tests and tools. */
+PF_API pf_status pf_gemm_set_default_leg(int32_t leg);
+
+/* Dequantizes weight w ([n][k]) into out: row-major [n][k], float32 when out_f16 == 0 (equal
+ * to gguf.quants.dequantize), fp16 (round to nearest even) when out_f16 == 1. out must hold
+ * n*k*4 (or n*k*2) bytes. */
+PF_API pf_status pf_dequantize(pf_context *ctx, const pf_weight *w, pf_buffer *out,
+                               int32_t out_f16);
+
+/* Embedding gather: out[r*ldo + j] = float32 row ids[r] of table ([n_vocab][k] = [n][k]), for
+ * r < rows, j < k. ids: HOST array of `rows` int32 token ids, each in [0, n_vocab) (else
+ * INVALID_ARGUMENT naming the position and the value; nothing is written). ids may be NULL
+ * only when rows == 0. out holds >= ((rows-1)*ldo + k)*4 bytes. Synchronous for ids (copied
+ * to the device before returning). */
+PF_API pf_status pf_embed_rows(pf_context *ctx, const pf_weight *table, const int32_t *ids,
+                               int64_t rows, pf_buffer *out, int64_t ldo);
+
+/* Projection: Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i] for r < rows,
+ * j < n, with W = weight w ([n][k]). x: float32 [rows][ldx] (ldx >= k), y: float32 [rows][ldy]
+ * (ldy >= n); x and y must not overlap. accumulate: 0 or 1 (1 = the fused residual add).
+ * leg: a pf_gemm_leg. rows == 0 is a no-op. Activations beyond the fp16 range on the f16 leg
+ * are scaled per row by a power of two (exact), never turned into Inf. */
+PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_buffer *x, int64_t rows,
+                            int64_t ldx, pf_buffer *y, int64_t ldy, int32_t accumulate,
+                            int32_t leg);
+
+/* Caches w as fp16 ([n][k], n*k*2 bytes; pf_weight_info.f16_bytes reports it); a no-op when
+ * already cached. pf_weight_drop_f16 frees the cache (waits for ctx's stream); no-op if none. */
+PF_API pf_status pf_weight_cache_f16(pf_weight *w);
+PF_API pf_status pf_weight_drop_f16(pf_weight *w);
+
+typedef struct pf_prewarm_report {
+    size_t struct_size;      /* set by pf_prewarm_report_init */
+    int32_t armed;           /* 1: every weight of the set has its fp16 cache; 0: none added */
+    int32_t weights_total;   /* distinct weights in the set */
+    int32_t weights_cached;  /* of them, cached after the call */
+    int32_t weights_added;   /* cached by this call */
+    size_t bytes_total;      /* fp16 bytes of the whole set */
+    size_t bytes_needed;     /* fp16 bytes of the weights not cached before the call */
+    size_t bytes_added;      /* bytes this call allocated and kept */
+    size_t free_bytes;       /* free device memory seen before allocating */
+    size_t headroom_bytes;   /* the headroom asked for */
+    double elapsed_ms;       /* wall time of the call, device work included */
+    char reason[192];        /* why not armed; "" when armed */
+} pf_prewarm_report;
+
+PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size);
+/* Caches every weight of weights[0..count) as fp16, all or nothing: only when the bytes still
+ * needed + headroom_bytes fit in the device's free memory. A shortfall or an allocation
+ * failure frees what this call cached and returns OK with report->armed = 0 and the reason;
+ * bad arguments and CUDA faults return their status. Weights already cached count as done;
+ * repeated entries count once. report (NULL = not wanted) must come from
+ * pf_prewarm_report_init. Synchronizes ctx's stream. */
+PF_API pf_status pf_prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
+                                size_t headroom_bytes, pf_prewarm_report *report);
+
+/* Fused kernels straight on Q4_0 / Q8_0 blocks (UNSUPPORTED for other types), fp32 math
+ * (bound 1e-5). pf_qgemm: same contract as pf_project (rows == 1 runs the GEMV).
+ * pf_qgemm_swiglu: w is [2n][k], rows [0, n) gate and [n, 2n) up; out[r][j] = silu(g) * u
+ * with g = X[r] . W[j], u = X[r] . W[n+j]; out: float32 [rows][ldo], ldo >= n.
+ * pf_qgemv: one row, x float32 [k], y float32 [n] (+= when accumulate). */
+PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const pf_buffer *x, int64_t rows,
+                          int64_t ldx, pf_buffer *y, int64_t ldy, int32_t accumulate);
+PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w, const pf_buffer *x,
+                                 int64_t rows, int64_t ldx, pf_buffer *out, int64_t ldo);
+PF_API pf_status pf_qgemv(pf_context *ctx, const pf_weight *w, const pf_buffer *x, pf_buffer *y,
+                          int32_t accumulate);
+
+/* ---- rows (kernel level) ---- */
+/* Row kernels of the prefill on float32 activations. Every matrix argument is a triple
+ * (buffer, off, ld): row r, column c is element off + r*ld + c of the buffer (floats), so a view
+ * may start inside a wider row (e.g. the gate half of a q projection). ld = 0 means the view's
+ * width. Buffers must belong to ctx and hold the view's last element. rows == 0 is a no-op after
+ * the checks. Asynchronous on ctx's stream; fp32 math, deterministic (fixed reduction orders);
+ * bound 1e-5 relative against float64. */
+
+/* RMSNorm: y[r][c] = x[r][c] / sqrt(mean_c(x[r][.]^2) + eps) * w[c], c < cols.
+ * w: cols floats at w_off. y may be x itself (same off and ld); no other overlap. */
+PF_API pf_status pf_rms_norm_rows(pf_context *ctx, const pf_buffer *x, int64_t x_off, int64_t ldx,
+                                  const pf_buffer *w, int64_t w_off, pf_buffer *y, int64_t y_off,
+                                  int64_t ldy, int64_t rows, int64_t cols, float eps);
+
+/* Per-head RMSNorm in place (QK-norm): head h of row r is the head_dim floats at
+ * x_off + r*ldx + h*head_stride, normalised as above with w (head_dim floats at w_off).
+ * head_stride >= head_dim (0 = head_dim; qwen35 [q | gate] rows: 2*head_dim);
+ * ldx 0 = n_heads*head_stride. */
+PF_API pf_status pf_head_rms_norm_rows(pf_context *ctx, pf_buffer *x, int64_t x_off, int64_t ldx,
+                                       int64_t rows, int32_t n_heads, int64_t head_stride,
+                                       int32_t head_dim, const pf_buffer *w, int64_t w_off,
+                                       float eps);
+
+/* Partial NEOX RoPE in place (spec B1), heads addressed as in pf_head_rms_norm_rows. Row t is
+ * at position pos0 + t; pairs (i, i + rot_dim/2) for i < rot_dim/2 rotate by
+ * phi = p * base^(-2i/rot_dim); dims [rot_dim, head_dim) are untouched. rot_dim even,
+ * 2..head_dim; base > 1; pos0 >= 0. The angle is computed in float64 (exact to fp32 rounding
+ * at any position). */
+PF_API pf_status pf_rope_neox_rows(pf_context *ctx, pf_buffer *x, int64_t x_off, int64_t ldx,
+                                   int64_t rows, int32_t n_heads, int64_t head_stride,
+                                   int32_t head_dim, int32_t rot_dim, int64_t pos0, float base);
+
+/* SwiGLU: out[r][c] = silu(g[r][c]) * u[r][c], silu(x) = x / (1 + exp(-x)), c < cols.
+ * out may be g or u itself (same off and ld); no other overlap. */
+PF_API pf_status pf_swiglu_rows(pf_context *ctx, const pf_buffer *g, int64_t g_off, int64_t ldg,
+                                const pf_buffer *u, int64_t u_off, int64_t ldu, pf_buffer *out,
+                                int64_t out_off, int64_t ldo, int64_t rows, int64_t cols);
+
+/* Residual add: y[r][c] += x[r][c], c < cols. x and y must not overlap. */
+PF_API pf_status pf_add_rows(pf_context *ctx, pf_buffer *y, int64_t y_off, int64_t ldy,
+                             const pf_buffer *x, int64_t x_off, int64_t ldx, int64_t rows,
+                             int64_t cols);
+
+/* Sigmoid output gate (qwen35 attention, spec A8), in place on o:
+ *   o[r][h*head_dim + i] *= sigmoid(gate[gate_off + r*ldgate + h*gate_head_stride + i]).
+ * qwen35: gate is the q-projection output with gate_off = head_dim (the gate half of head 0),
+ * gate_head_stride = 2*head_dim (0 = head_dim), ldgate = 2*n_heads*head_dim
+ * (0 = n_heads*gate_head_stride). ldo 0 = n_heads*head_dim. o and gate must not overlap. */
+PF_API pf_status pf_sigmoid_gate_rows(pf_context *ctx, pf_buffer *o, int64_t o_off, int64_t ldo,
+                                      const pf_buffer *gate, int64_t gate_off, int64_t ldgate,
+                                      int64_t gate_head_stride, int64_t rows, int32_t n_heads,
+                                      int32_t head_dim);
+
+/* ---- gdn (kernel level) ---- */
+/* Gated DeltaNet ops (spec 3.2), same (buffer, off, ld) convention as the row kernels. Each is
+ * bitwise equal to `rows` calls of itself with rows = 1 over the same rows in order (the
+ * per-token twin used by decode). State buffers (conv window, recurrent state) are float32 and
+ * updated in place, so consecutive calls continue one sequence. */
+
+/* Causal depthwise conv1d + SiLU over a chunk (G3). m: pre-conv rows [rows][ldm] (conv_dim
+ * used). window: (kc-1)*conv_dim floats at window_off, [kc-1][conv_dim], oldest row first;
+ * replaced by the last kc-1 rows of concat(window, m) (valid for rows < kc-1 too). weight:
+ * conv_dim*kc floats at weight_off, [conv_dim][kc], tap kc-1 multiplies the current token.
+ * u[r][ch] = silu(sum_i X[r+i][ch] * weight[ch][i]), X = concat(window, m). kc in 2..8.
+ * u must not overlap m, window or weight. */
+PF_API pf_status pf_gdn_conv1d_rows(pf_context *ctx, const pf_buffer *m, int64_t m_off,
+                                    int64_t ldm, pf_buffer *window, int64_t window_off,
+                                    const pf_buffer *weight, int64_t weight_off, pf_buffer *u,
+                                    int64_t u_off, int64_t ldu, int64_t rows, int64_t conv_dim,
+                                    int32_t kc);
+
+/* Per-head L2 norm in place (G5), HF's formula: x_h <- x_h * rsqrt(sum x_h^2 + eps) * scale,
+ * heads addressed as in pf_head_rms_norm_rows. eps 1e-6 for qwen35; scale 1 for k,
+ * 1/sqrt(head_dim) for q. (llama.cpp's x / max(||x||, eps) differs by ~eps/(2||x||^2).) */
+PF_API pf_status pf_gdn_l2norm_rows(pf_context *ctx, pf_buffer *x, int64_t x_off, int64_t ldx,
+                                    int64_t rows, int32_t n_heads, int64_t head_stride,
+                                    int32_t head_dim, float eps, float scale);
+
+/* Gates (G2): beta[r][j] = sigmoid(b[r][j]); g[r][j] = ssm_a[j] * softplus(alpha[r][j] +
+ * dt_bias[j]) (softplus(x) = x for x > 20), j < n_v_heads. b, alpha, beta, g: [rows][ld]
+ * views (ld 0 = n_v_heads); ssm_a, dt_bias: n_v_heads floats. Outputs must not overlap inputs
+ * or each other. */
+PF_API pf_status pf_gdn_gates_rows(pf_context *ctx, const pf_buffer *b, int64_t b_off, int64_t ldb,
+                                   const pf_buffer *alpha, int64_t alpha_off, int64_t ld_alpha,
+                                   const pf_buffer *ssm_a, int64_t ssm_a_off,
+                                   const pf_buffer *dt_bias, int64_t dt_bias_off, pf_buffer *beta,
+                                   int64_t beta_off, int64_t ld_beta, pf_buffer *g, int64_t g_off,
+                                   int64_t ld_g, int64_t rows, int32_t n_v_heads);
+
+/* Gated RMSNorm (G8): y[r][j*dv + i] = RMSNorm(o[r][j*dv + .]; w, eps)[i] * silu(z[r][j*dv + i])
+ * for j < n_v_heads, i < dv. w: dv floats (ssm_norm). y may be o itself (same off and ld); no
+ * other overlap. ld 0 = n_v_heads*dv. */
+PF_API pf_status pf_gdn_gated_rms_norm_rows(pf_context *ctx, const pf_buffer *o, int64_t o_off,
+                                            int64_t ldo, const pf_buffer *z, int64_t z_off,
+                                            int64_t ldz, const pf_buffer *w, int64_t w_off,
+                                            pf_buffer *y, int64_t y_off, int64_t ldy, int64_t rows,
+                                            int32_t n_v_heads, int32_t dv, float eps);
+
+/* Gated delta rule (G7), sequential scan with the state on chip. q, k: [rows][ld] views of
+ * n_k_heads heads of dk (ld 0 = n_k_heads*dk; typically inside the conv output, q at column 0,
+ * k at n_k_heads*dk, already L2-normalised, q scaled by 1/sqrt(dk)); v: n_v_heads heads of dv;
+ * beta, g: [rows][ld] of n_v_heads; state: n_v_heads*dk*dv floats at state_off,
+ * [n_v_heads][dk][dv] (key index, then value index), read and written back; o: [rows][ldo] of
+ * n_v_heads heads of dv. Value head j uses key head j % n_k_heads (qwen35 tiled pairing).
+ * Per token, per head: S = exp(g) S; e = (v - S^T k) * beta; S += k e^T; o = S^T q.
+ * dk, dv in {16, 32, 64, 128}; n_v_heads a multiple of n_k_heads. o must not overlap q, k,
+ * beta, g or state; o may be v itself (same off and ld). */
+PF_API pf_status pf_gdn_scan_rows(pf_context *ctx, const pf_buffer *q, int64_t q_off, int64_t ldq,
+                                  const pf_buffer *k, int64_t k_off, int64_t ldk,
+                                  const pf_buffer *v, int64_t v_off, int64_t ldv,
+                                  const pf_buffer *beta, int64_t beta_off, int64_t ld_beta,
+                                  const pf_buffer *g, int64_t g_off, int64_t ld_g,
+                                  pf_buffer *state, int64_t state_off, pf_buffer *o, int64_t o_off,
+                                  int64_t ldo, int64_t rows, int32_t n_k_heads, int32_t n_v_heads,
+                                  int32_t dk, int32_t dv);
+
+/* ---- models and sessions (model level) ----
+ * A model is a GGUF file of arch qwen3 or qwen35, validated tensor by tensor and uploaded to a
+ * context's device. A session holds one sequence: its KV caches (attention layers), conv
+ * windows and recurrent states (GDN layers) and its position; its capacity and scratch are
+ * fixed when it is created, so prefill allocates nothing. */
+
+typedef struct pf_model pf_model;
+typedef struct pf_session pf_session;
+
+typedef enum pf_arch { PF_ARCH_QWEN3 = 1, PF_ARCH_QWEN35 = 2 } pf_arch;
+
+/* Progress of a long step: stage is "load" or "prewarm"; done/total in bytes. */
+typedef void (*pf_progress_fn)(void *user, const char *stage, int64_t done, int64_t total);
+
+typedef struct pf_model_options {
+    size_t struct_size;            /* set by pf_model_options_init; do not change */
+    int32_t gemm_leg;              /* PF_GEMM_* of sessions that do not choose. default 0 = process default */
+    int32_t prewarm;               /* 1: cache every matrix as fp16 at load when the whole set fits. default 1 */
+    size_t prewarm_headroom_bytes; /* free VRAM left after the prewarm. default 0 = 2 GiB */
+    pf_progress_fn progress;       /* NULL = no progress reports. default NULL */
+    void *progress_user;           /* passed to progress. default NULL */
+} pf_model_options;
+
+typedef struct pf_model_info {
+    int32_t arch;                  /* PF_ARCH_* */
+    int32_t n_layer;               /* blocks run (MTP blocks excluded) */
+    int32_t n_embd, n_ff, n_vocab;
+    int32_t n_head, n_head_kv, head_dim, rope_dim;
+    int32_t n_attn_layers;         /* layers with a KV cache */
+    int32_t ssm_hk, ssm_hv, ssm_dk, ssm_dv, conv_kernel; /* 0 for qwen3 */
+    int32_t tied_output;           /* 1: token_embd is the LM head */
+    int32_t f16_armed;             /* 1: every matrix has its fp16 copy (prewarm done) */
+    int64_t context_length;
+    size_t weight_bytes;           /* raw GGUF bytes on the device */
+    size_t f16_bytes;              /* fp16 copies on the device */
+    double load_ms, prewarm_ms;
+} pf_model_info;
+
+PF_API pf_status pf_model_options_init(pf_model_options *opts, size_t struct_size);
+/* Loads `path` onto ctx's device. IO_ERROR for a missing/truncated/malformed file or a tensor
+ * that is missing or of the wrong shape (the message names it); UNSUPPORTED for another arch or
+ * a quantization type this build does not know. opts NULL = defaults. */
+PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const char *path,
+                               const pf_model_options *opts);
+PF_API void pf_model_destroy(pf_model *model);
+/* Parses and validates a GGUF as pf_model_load does, without a device: fills *out (f16 fields 0,
+ * weight_bytes = tensor bytes). The same errors as pf_model_load. */
+PF_API pf_status pf_model_inspect(const char *path, pf_model_info *out);
+PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out);
+/* Caches every matrix as fp16 now (all or nothing); *armed = 1 on success, 0 when it did not fit. */
+PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_bytes, int32_t *armed);
+
+typedef struct pf_session_options {
+    size_t struct_size;    /* set by pf_session_options_init; do not change */
+    int32_t max_tokens;    /* capacity in positions. default 4096 */
+    int32_t chunk_tokens;  /* rows per internal chunk (scratch is sized for it). default 512 */
+    int32_t kv_dtype;      /* 0 = fp16 KV cache (default), 1 = fp32 */
+    int32_t gemm_leg;      /* PF_GEMM_*; 0 = the model's */
+    int32_t attn_path;     /* 0 = auto (flash for an fp16 cache), 1 = cuBLAS, 2 = flash */
+} pf_session_options;
+
+typedef enum pf_logits_mode {
+    PF_LOGITS_NONE = 0,    /* no logits (the greedy token may still be asked for) */
+    PF_LOGITS_LAST = 1,    /* logits of the last token: [n_vocab] */
+    PF_LOGITS_ALL = 2      /* logits of every token of the call: [n_tokens][n_vocab] */
+} pf_logits_mode;
+
+PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct_size);
+PF_API pf_status pf_session_create(pf_session **out, pf_model *model, const pf_session_options *opts);
+PF_API void pf_session_destroy(pf_session *s);
+/* Runs n_tokens tokens (any count, in internal chunks) from the session's position, which then
+ * advances by n_tokens. logits: host float32 of logits_len floats (n_vocab or n_tokens*n_vocab
+ * by mode; NULL with PF_LOGITS_NONE). out_token (may be NULL): the greedy next token after the
+ * last one. Tokens past capacity or ids outside [0, n_vocab): INVALID_ARGUMENT and the session
+ * is unchanged. */
+PF_API pf_status pf_session_prefill(pf_session *s, const int32_t *tokens, int32_t n_tokens,
+                                    int32_t logits_mode, float *logits, size_t logits_len,
+                                    int32_t *out_token);
+/* Greedy decoding: feeds the session's last greedy token, n times; writes the n tokens. Needs a
+ * prior prefill. */
+PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_t *out_tokens);
+PF_API pf_status pf_session_position(const pf_session *s, int32_t *out);
+PF_API pf_status pf_session_reset(pf_session *s);
+/* State (position, KV rows, conv windows, recurrent states) as bytes: size, save, restore into
+ * a session of the same model and KV dtype with enough capacity. */
+PF_API pf_status pf_session_state_size(const pf_session *s, size_t *out_bytes);
+PF_API pf_status pf_session_save(pf_session *s, void *dst, size_t bytes);
+PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes);
+
 /* PF_CDEF_END */
 
 #ifdef __cplusplus

@@ -36,6 +36,19 @@ def _leg_id(gemm) -> int:
         raise InvalidArgumentError(f"gemm: unknown leg {gemm!r} (known: {', '.join(names)})")
 
 
+def _info_dict(i) -> dict:
+    d = {name: getattr(i, name) for name in dir(i)}
+    d["arch"] = ARCH_NAMES.get(i.arch, str(i.arch))
+    return d
+
+
+def inspect(path: str) -> dict:
+    """Parse and validate a GGUF as Model.load does, without a device: the model's info."""
+    i = ffi.new("pf_model_info *")
+    _check(lib.pf_model_inspect(str(path).encode(), i))
+    return _info_dict(i)
+
+
 class _ProgressBar:
     """A one-line stderr progress bar per stage (no dependency)."""
 
@@ -102,9 +115,7 @@ class Model(_Owner):
     def _info(self) -> dict:
         i = ffi.new("pf_model_info *")
         _check(lib.pf_model_info_get(self.ptr, i))
-        d = {name: getattr(i, name) for name in dir(i)}
-        d["arch"] = ARCH_NAMES.get(i.arch, str(i.arch))
-        return d
+        return _info_dict(i)
 
     def refresh_info(self) -> dict:
         self.info = self._info()

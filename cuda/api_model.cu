@@ -1,0 +1,220 @@
+// api_model.cu — the model-level C API: models and sessions. Validation, then delegation to
+// model.cu and session.cu.
+#include <chrono>
+#include <cstring>
+
+#include "cuda_check.cuh"
+#include "gemm.cuh"
+#include "model.h"
+#include "session.h"
+
+namespace {
+constexpr size_t kDefaultPrewarmHeadroom = size_t(2) << 30;  // room for sessions and scratch
+}
+
+namespace pf {
+pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pf_prewarm_report rep;
+    std::memset(&rep, 0, sizeof rep);
+    rep.struct_size = sizeof rep;
+    PF_TRY(prewarm_f16(m->ctx, m->weights.data(), int32_t(m->weights.size()),
+                       headroom ? headroom : kDefaultPrewarmHeadroom, &rep));
+    m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    *armed = rep.armed;
+    return PF_STATUS_OK;
+}
+}  // namespace pf
+
+extern "C" PF_API pf_status pf_model_options_init(pf_model_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(opts != nullptr, "pf_model_options_init: opts is NULL");
+        if (struct_size != sizeof(pf_model_options))
+            return pf::fail(PF_STATUS_ABI_MISMATCH,
+                            "pf_model_options_init: struct_size=%zu but this library's pf_model_options has %zu bytes",
+                            struct_size, sizeof(pf_model_options));
+        std::memset(opts, 0, sizeof *opts);
+        opts->struct_size = sizeof *opts;
+        opts->prewarm = 1;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const char *path,
+                                         const pf_model_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_model_load: out is NULL");
+        *out = nullptr;
+        PF_CHECK_ARG(path != nullptr, "pf_model_load: path is NULL");
+        pf_model_options o;
+        PF_TRY(pf_model_options_init(&o, sizeof o));
+        if (opts) {
+            if (opts->struct_size != sizeof(pf_model_options))
+                return pf::fail(PF_STATUS_ABI_MISMATCH,
+                                "pf_model_load: opts->struct_size=%zu, expected %zu (fill opts with "
+                                "pf_model_options_init)", opts->struct_size, sizeof(pf_model_options));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_model_load: gemm_leg=%d is not a pf_gemm_leg",
+                     o.gemm_leg);
+        PF_CHECK_ARG(ctx != nullptr, "pf_model_load: ctx is NULL");
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        return pf::model_load(ctx, path, o, out);
+    });
+}
+
+extern "C" PF_API pf_status pf_model_inspect(const char *path, pf_model_info *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(path != nullptr, "pf_model_inspect: path is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_model_inspect: out is NULL");
+        pf_model_options o;
+        PF_TRY(pf_model_options_init(&o, sizeof o));
+        return pf::model_load(nullptr, path, o, nullptr, out);
+    });
+}
+
+extern "C" PF_API void pf_model_destroy(pf_model *model) {
+    if (!model) return;
+    pf_context *ctx = model->ctx;
+    pf::model_destroy(model);
+    ctx->live_objects--;
+}
+
+extern "C" PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(model != nullptr, "pf_model_info_get: model is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_model_info_get: out is NULL");
+        pf::model_info(model, out);
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_bytes, int32_t *armed) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(model != nullptr, "pf_model_prewarm: model is NULL");
+        PF_CHECK_ARG(armed != nullptr, "pf_model_prewarm: armed is NULL");
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        return pf::model_prewarm(model, headroom_bytes, armed);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(opts != nullptr, "pf_session_options_init: opts is NULL");
+        if (struct_size != sizeof(pf_session_options))
+            return pf::fail(PF_STATUS_ABI_MISMATCH,
+                            "pf_session_options_init: struct_size=%zu but this library's pf_session_options has %zu bytes",
+                            struct_size, sizeof(pf_session_options));
+        std::memset(opts, 0, sizeof *opts);
+        opts->struct_size = sizeof *opts;
+        opts->max_tokens = 4096;
+        opts->chunk_tokens = 512;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
+                                             const pf_session_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_session_create: out is NULL");
+        *out = nullptr;
+        pf_session_options o;
+        PF_TRY(pf_session_options_init(&o, sizeof o));
+        if (opts) {
+            if (opts->struct_size != sizeof(pf_session_options))
+                return pf::fail(PF_STATUS_ABI_MISMATCH,
+                                "pf_session_create: opts->struct_size=%zu, expected %zu", opts->struct_size,
+                                sizeof(pf_session_options));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.max_tokens > 0, "pf_session_create: max_tokens=%d must be > 0", o.max_tokens);
+        PF_CHECK_ARG(o.chunk_tokens > 0, "pf_session_create: chunk_tokens=%d must be > 0", o.chunk_tokens);
+        PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32,
+                     "pf_session_create: kv_dtype=%d (0 = fp16, 1 = fp32)", o.kv_dtype);
+        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_session_create: gemm_leg=%d is not a pf_gemm_leg",
+                     o.gemm_leg);
+        PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH,
+                     "pf_session_create: attn_path=%d is not a pf_attn_path", o.attn_path);
+        PF_CHECK_ARG(model != nullptr, "pf_session_create: model is NULL");
+        if (model->hp.context_length > 0)
+            PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,
+                         "pf_session_create: max_tokens=%d exceeds the model's context_length %lld",
+                         o.max_tokens, (long long)model->hp.context_length);
+        if (o.gemm_leg == PF_GEMM_INT8)
+            return pf::fail(PF_STATUS_UNSUPPORTED, "pf_session_create: the int8 leg is not built yet");
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        return pf::session_create(model, o, out);
+    });
+}
+
+extern "C" PF_API void pf_session_destroy(pf_session *s) { pf::session_destroy(s); }
+
+extern "C" PF_API pf_status pf_session_prefill(pf_session *s, const int32_t *tokens, int32_t n_tokens,
+                                              int32_t logits_mode, float *logits, size_t logits_len,
+                                              int32_t *out_token) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_prefill: session is NULL");
+        return pf::session_prefill(s, tokens, n_tokens, logits_mode, logits, logits_len, out_token);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_t *out_tokens) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_generate: session is NULL");
+        PF_CHECK_ARG(n > 0, "pf_session_generate: n=%d must be > 0", n);
+        PF_CHECK_ARG(out_tokens != nullptr, "pf_session_generate: out_tokens is NULL");
+        PF_CHECK_ARG(s->last_token >= 0, "pf_session_generate: no prior prefill (nothing to continue from)");
+        PF_CHECK_ARG(s->pos + n <= s->max_tokens,
+                     "pf_session_generate: %d tokens at position %lld exceed the session's capacity of %d", n,
+                     (long long)s->pos, s->max_tokens);
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t feed = s->last_token;
+            PF_TRY(pf::session_prefill(s, &feed, 1, PF_LOGITS_NONE, nullptr, 0, &out_tokens[i]));
+        }
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_position(const pf_session *s, int32_t *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_position: session is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_session_position: out is NULL");
+        *out = int32_t(s->pos);
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_reset(pf_session *s) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_reset: session is NULL");
+        pf::DeviceGuard dg(s->ctx->device);
+        PF_TRY(dg.status());
+        return pf::session_reset(s);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_state_size(const pf_session *s, size_t *out_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_state_size: session is NULL");
+        PF_CHECK_ARG(out_bytes != nullptr, "pf_session_state_size: out_bytes is NULL");
+        *out_bytes = pf::session_state_size(s);
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_save(pf_session *s, void *dst, size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_save: session is NULL");
+        return pf::session_save(s, dst, bytes);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_restore: session is NULL");
+        return pf::session_restore(s, src, bytes);
+    });
+}

@@ -1,0 +1,414 @@
+// session.cu — pf_session: creation (all state and chunk scratch sized up front), the layer
+// loop of one chunk (spec §1.3 for qwen3, §3 for qwen35), chunked prefill that continues from
+// the session's position, greedy tokens, and the state save/restore format.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "attention.cuh"
+#include "cuda_check.cuh"
+#include "dequant.cuh"
+#include "gdn.cuh"
+#include "gemm.cuh"
+#include "rows.cuh"
+#include "session.h"
+
+namespace pf {
+namespace {
+
+constexpr int32_t kDefaultMaxTokens = 4096;
+constexpr int32_t kDefaultChunk = 512;
+constexpr int32_t kLmRows = 32;  // LM-head rows per pass for PF_LOGITS_ALL: [32][n_vocab] fp32
+constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec §0, G5)
+
+pf_status salloc(pf_session *s, size_t bytes, void **out, const char *what) {
+    PF_TRY(device_alloc(s->ctx, bytes, out, what));
+    s->allocs.emplace_back(*out, bytes);
+    return PF_STATUS_OK;
+}
+
+template <class T>
+pf_status salloc_t(pf_session *s, size_t count, T **out, const char *what) {
+    void *p = nullptr;
+    PF_TRY(salloc(s, count * sizeof(T), &p, what));
+    *out = static_cast<T *>(p);
+    return PF_STATUS_OK;
+}
+
+size_t kv_elem(int32_t kv_dtype) { return kv_dtype == PF_KV_F32 ? 4 : 2; }
+
+// ---------------------------------------------------------------------------- one chunk
+
+// Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
+pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T) {
+    pf_context *ctx = s->ctx;
+    const Hparams &hp = s->model->hp;
+    cudaStream_t st = ctx->stream;
+    const int64_t D = hp.head_dim, H = hp.n_head, kvd = hp.kv_dim(), qd = hp.q_proj_dim();
+    const bool gated = hp.arch == PF_ARCH_QWEN35;
+    const int64_t q_head_stride = gated ? 2 * D : D;
+    float *q = s->a, *k = s->b, *v = s->c, *o = s->o;
+    PF_TRY(project(ctx, L.wq, s->h, T, hp.n_embd, q, qd, false, s->leg));
+    PF_TRY(project(ctx, L.wk, s->h, T, hp.n_embd, k, kvd, false, s->leg));
+    PF_TRY(project(ctx, L.wv, s->h, T, hp.n_embd, v, kvd, false, s->leg));
+    const float eps = float(hp.eps);
+    PF_TRY(head_rms_norm_rows(q, qd, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
+    PF_TRY(head_rms_norm_rows(k, kvd, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st));
+    PF_TRY(rope_neox_rows(q, qd, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim), s->pos,
+                          float(hp.rope_base), st));
+    PF_TRY(rope_neox_rows(k, kvd, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim), s->pos,
+                          float(hp.rope_base), st));
+    void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
+    PF_TRY(kv_write(k, kvd, v, kvd, T, kvd, kc, vc, s->kv_dtype, s->pos, st));
+    attention_args a;
+    a.q = q;
+    a.ldq = qd;
+    a.q_head_stride = q_head_stride;
+    a.k_cache = kc;
+    a.v_cache = vc;
+    a.kv_dtype = s->kv_dtype;
+    a.o = o;
+    a.ldo = H * D;
+    a.n_heads = int32_t(H);
+    a.n_kv_heads = int32_t(hp.n_head_kv);
+    a.head_dim = int32_t(D);
+    a.rows = T;
+    a.pos0 = s->pos;
+    a.scale = float(1.0 / std::sqrt(double(D)));
+    a.path = s->attn_path;
+    PF_TRY(attention(ctx, a));
+    if (gated)  // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row
+        PF_TRY(sigmoid_gate_rows(o, H * D, q + D, qd, 2 * D, T, int32_t(H), int32_t(D), st));
+    return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);
+}
+
+// Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
+pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T) {
+    pf_context *ctx = s->ctx;
+    const Hparams &hp = s->model->hp;
+    cudaStream_t st = ctx->stream;
+    const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), kd = hp.key_dim(), Hv = hp.ssm_hv;
+    float *m = s->a, *u = s->b, *z = s->c, *o = s->o;
+    float *bl = s->s1, *al = s->s2, *beta = s->s3, *g = s->s4;
+    PF_TRY(project(ctx, L.qkv, s->h, T, hp.n_embd, m, cd, false, s->leg));
+    PF_TRY(project(ctx, L.z, s->h, T, hp.n_embd, z, vd, false, s->leg));
+    PF_TRY(project(ctx, L.beta, s->h, T, hp.n_embd, bl, Hv, false, s->leg));
+    PF_TRY(project(ctx, L.alpha, s->h, T, hp.n_embd, al, Hv, false, s->leg));
+    const float eps = float(hp.eps);
+    const int32_t Hk = int32_t(hp.ssm_hk), dk = int32_t(hp.ssm_dk), dv = int32_t(hp.ssm_dv);
+    // G2 gates, G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
+    PF_TRY(gdn_gates_rows(bl, Hv, al, Hv, L.ssm_a, L.dt_bias, beta, Hv, g, Hv, T, int32_t(Hv), st));
+    PF_TRY(gdn_conv1d_rows(m, cd, s->conv[size_t(il)], L.conv_w, u, cd, T, cd, int32_t(hp.conv_kernel), st));
+    PF_TRY(gdn_l2norm_rows(u, cd, T, Hk, dk, dk, kL2NormEps, float(1.0 / std::sqrt(double(dk))), st));
+    PF_TRY(gdn_l2norm_rows(u + kd, cd, T, Hk, dk, dk, kL2NormEps, 1.0f, st));
+    // G6-G7 delta rule (tiled pairing), G8 gated RMSNorm in place on o
+    PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
+                         Hk, int32_t(Hv), dk, dv, st));
+    PF_TRY(gdn_gated_rms_norm_rows(o, vd, z, vd, L.ssm_norm, o, vd, T, int32_t(Hv), dv, eps, st));
+    return project(ctx, L.ssm_out, o, T, vd, s->x, hp.n_embd, true, s->leg);
+}
+
+// One chunk of T <= s->chunk tokens (ids already on the device in s->ids) at s->pos.
+pf_status run_chunk(pf_session *s, int64_t T) {
+    pf_model *m = s->model;
+    const Hparams &hp = m->hp;
+    cudaStream_t st = s->ctx->stream;
+    const int64_t d = hp.n_embd;
+    const float eps = float(hp.eps);
+    PF_TRY(embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, T, s->x, d, st));
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+        const LayerWeights &L = m->layers[size_t(il)];
+        PF_TRY(rms_norm_rows(s->x, d, L.attn_norm, s->h, d, T, d, eps, st));
+        if (L.attn) PF_TRY(attn_layer(s, L, T));
+        else PF_TRY(gdn_layer(s, L, il, T));
+        // FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
+        PF_TRY(rms_norm_rows(s->x, d, L.post_norm, s->h, d, T, d, eps, st));
+        PF_TRY(project(s->ctx, L.gate, s->h, T, d, s->a, hp.n_ff, false, s->leg));
+        PF_TRY(project(s->ctx, L.up, s->h, T, d, s->b, hp.n_ff, false, s->leg));
+        PF_TRY(swiglu_rows(s->a, hp.n_ff, s->b, hp.n_ff, s->a, hp.n_ff, T, hp.n_ff, st));
+        PF_TRY(project(s->ctx, L.down, s->a, T, hp.n_ff, s->x, d, true, s->leg));
+    }
+    return PF_STATUS_OK;
+}
+
+// Logits of chunk rows [r0, r0 + n) (n <= s->lm_rows) into s->logits: final norm, LM head.
+pf_status lm_head(pf_session *s, int64_t r0, int64_t n) {
+    pf_model *m = s->model;
+    const Hparams &hp = m->hp;
+    const int64_t d = hp.n_embd;
+    PF_TRY(rms_norm_rows(s->x + r0 * d, d, m->output_norm, s->h, d, n, d, float(hp.eps), s->ctx->stream));
+    return project(s->ctx, m->output, s->h, n, d, s->logits, hp.n_vocab, false, s->leg);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- lifecycle
+
+pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out) {
+    const Hparams &hp = m->hp;
+    std::unique_ptr<pf_session> s(new pf_session());
+    s->model = m;
+    s->ctx = m->ctx;
+    s->max_tokens = o.max_tokens ? o.max_tokens : kDefaultMaxTokens;
+    s->chunk = std::min(o.chunk_tokens ? o.chunk_tokens : kDefaultChunk, s->max_tokens);
+    s->kv_dtype = o.kv_dtype;
+    s->leg = o.gemm_leg ? o.gemm_leg : m->gemm_leg;
+    s->attn_path = o.attn_path;
+    const int64_t T = s->chunk, d = hp.n_embd;
+    const int64_t w_a = std::max({hp.q_proj_dim(), hp.conv_dim(), hp.n_ff});
+    const int64_t w_b = std::max({hp.kv_dim(), hp.conv_dim(), hp.n_ff});
+    const int64_t w_c = std::max(hp.kv_dim(), hp.value_dim());
+    const int64_t w_o = std::max(hp.n_head * hp.head_dim, hp.value_dim());
+    const int64_t Hv = std::max<int64_t>(hp.ssm_hv, 1);
+    pf_session *r = s.get();
+    auto fail_cleanup = [&](pf_status st) { session_destroy(s.release()); return st; };
+    pf_status st = PF_STATUS_OK;
+    auto A = [&](size_t count, float **p, const char *what) {
+        if (st == PF_STATUS_OK) st = salloc_t(r, count, p, what);
+    };
+    A(size_t(T * d), &r->x, "session scratch x");
+    A(size_t(T * d), &r->h, "session scratch h");
+    A(size_t(T * w_a), &r->a, "session scratch a");
+    A(size_t(T * w_b), &r->b, "session scratch b");
+    A(size_t(T * w_c), &r->c, "session scratch c");
+    A(size_t(T * w_o), &r->o, "session scratch o");
+    A(size_t(T * Hv), &r->s1, "session scratch gates");
+    A(size_t(T * Hv), &r->s2, "session scratch gates");
+    A(size_t(T * Hv), &r->s3, "session scratch gates");
+    A(size_t(T * Hv), &r->s4, "session scratch gates");
+    r->lm_rows = int32_t(std::min<int64_t>(kLmRows, T));
+    A(size_t(r->lm_rows) * size_t(hp.n_vocab), &r->logits, "session logits");
+    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T), &r->ids, "session token ids");
+    if (st == PF_STATUS_OK) st = salloc_t(r, 1, &r->argmax, "session argmax");
+    r->k_cache.assign(size_t(m->n_attn_layers), nullptr);
+    r->v_cache.assign(size_t(m->n_attn_layers), nullptr);
+    r->conv.assign(size_t(hp.n_layer), nullptr);
+    r->ssm.assign(size_t(hp.n_layer), nullptr);
+    const size_t kv_bytes = size_t(r->max_tokens) * size_t(hp.kv_dim()) * kv_elem(r->kv_dtype);
+    for (int32_t i = 0; i < m->n_attn_layers && st == PF_STATUS_OK; i++) {
+        st = salloc(r, kv_bytes, &r->k_cache[size_t(i)], "KV cache K");
+        if (st == PF_STATUS_OK) st = salloc(r, kv_bytes, &r->v_cache[size_t(i)], "KV cache V");
+    }
+    for (int64_t il = 0; il < hp.n_layer && st == PF_STATUS_OK; il++) {
+        if (m->layers[size_t(il)].attn) continue;
+        A(size_t((hp.conv_kernel - 1) * hp.conv_dim()), &r->conv[size_t(il)], "conv window");
+        A(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv), &r->ssm[size_t(il)], "recurrent state");
+    }
+    if (st != PF_STATUS_OK) return fail_cleanup(st);
+    if ((st = session_reset(r)) != PF_STATUS_OK) return fail_cleanup(st);
+    m->live_sessions++;
+    r->counted = true;
+    *out = s.release();
+    return PF_STATUS_OK;
+}
+
+void session_destroy(pf_session *s) {
+    if (!s) return;
+    DeviceGuard dg(s->ctx->device);
+    (void)cudaStreamSynchronize(s->ctx->stream);
+    for (auto &a : s->allocs) device_free(s->ctx, a.first, a.second);
+    if (s->counted) s->model->live_sessions--;
+    delete s;
+}
+
+pf_status session_reset(pf_session *s) {
+    const Hparams &hp = s->model->hp;
+    cudaStream_t st = s->ctx->stream;
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+        if (s->conv[size_t(il)])
+            PF_CUDA_TRY(cudaMemsetAsync(s->conv[size_t(il)], 0,
+                                        size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, st));
+        if (s->ssm[size_t(il)])
+            PF_CUDA_TRY(cudaMemsetAsync(s->ssm[size_t(il)], 0,
+                                        size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4, st));
+    }
+    PF_CUDA_TRY(cudaStreamSynchronize(st));
+    s->pos = 0;
+    s->broken = false;
+    s->last_token = -1;
+    return PF_STATUS_OK;
+}
+
+// ---------------------------------------------------------------------------- prefill
+
+pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32_t mode,
+                          float *logits, size_t logits_len, int32_t *out_token) {
+    const Hparams &hp = s->model->hp;
+    const int64_t V = hp.n_vocab;
+    PF_CHECK_ARG(!s->broken, "pf_session_prefill: the session hit a device error earlier; call "
+                             "pf_session_reset");
+    PF_CHECK_ARG(n > 0, "pf_session_prefill: n_tokens=%d must be > 0", n);
+    PF_CHECK_ARG(tokens != nullptr, "pf_session_prefill: tokens is NULL");
+    PF_CHECK_ARG(mode >= PF_LOGITS_NONE && mode <= PF_LOGITS_ALL,
+                 "pf_session_prefill: logits_mode=%d is not a pf_logits_mode", mode);
+    PF_CHECK_ARG(s->pos + n <= s->max_tokens,
+                 "pf_session_prefill: %d tokens at position %lld exceed the session's capacity of %d",
+                 n, (long long)s->pos, s->max_tokens);
+    const size_t need = mode == PF_LOGITS_ALL ? size_t(n) * size_t(V) : mode == PF_LOGITS_LAST ? size_t(V) : 0;
+    if (need) {
+        PF_CHECK_ARG(logits != nullptr, "pf_session_prefill: logits is NULL");
+        PF_CHECK_ARG(logits_len >= need, "pf_session_prefill: logits_len=%zu, the mode needs %zu floats",
+                     logits_len, need);
+    }
+    for (int32_t i = 0; i < n; i++)
+        PF_CHECK_ARG(tokens[i] >= 0 && tokens[i] < V,
+                     "pf_session_prefill: tokens[%d]=%d is outside the vocabulary [0, %lld)", i,
+                     tokens[i], (long long)V);
+    DeviceGuard dg(s->ctx->device);
+    PF_TRY(dg.status());
+    cudaStream_t st = s->ctx->stream;
+    auto body = [&]() -> pf_status {
+        for (int64_t done = 0; done < n;) {
+            const int64_t T = std::min<int64_t>(s->chunk, n - done);
+            PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens + done, size_t(T) * 4, cudaMemcpyHostToDevice, st));
+            PF_TRY(run_chunk(s, T));
+            const bool last_chunk = done + T == n;
+            if (mode == PF_LOGITS_ALL) {
+                for (int64_t r0 = 0; r0 < T; r0 += s->lm_rows) {
+                    const int64_t rn = std::min<int64_t>(s->lm_rows, T - r0);
+                    PF_TRY(lm_head(s, r0, rn));
+                    PF_CUDA_TRY(cudaMemcpyAsync(logits + size_t(done + r0) * size_t(V), s->logits,
+                                                size_t(rn) * size_t(V) * 4, cudaMemcpyDeviceToHost, st));
+                    if (last_chunk && r0 + rn == T) PF_TRY(argmax_rows(s->logits + (rn - 1) * V, 1, V, V, s->argmax, st));
+                    PF_CUDA_TRY(cudaStreamSynchronize(st));  // s->logits is reused by the next pass
+                }
+            } else if (last_chunk) {
+                PF_TRY(lm_head(s, T - 1, 1));
+                PF_TRY(argmax_rows(s->logits, 1, V, V, s->argmax, st));
+                if (mode == PF_LOGITS_LAST)
+                    PF_CUDA_TRY(cudaMemcpyAsync(logits, s->logits, size_t(V) * 4, cudaMemcpyDeviceToHost, st));
+            }
+            s->pos += T;
+            done += T;
+        }
+        int32_t tok = -1;
+        PF_CUDA_TRY(cudaMemcpyAsync(&tok, s->argmax, 4, cudaMemcpyDeviceToHost, st));
+        PF_CUDA_TRY(cudaStreamSynchronize(st));
+        s->last_token = tok;
+        if (out_token) *out_token = tok;
+        return PF_STATUS_OK;
+    };
+    const pf_status r = body();
+    if (r != PF_STATUS_OK) s->broken = true;  // caches and states may be half-written
+    return r;
+}
+
+// ---------------------------------------------------------------------------- state
+
+namespace {
+struct StateHeader {
+    char magic[8];          // "PFSTATE1"
+    uint64_t fingerprint;   // the model's
+    int64_t pos;
+    int32_t kv_dtype;
+    int32_t n_attn, n_gdn;
+    int32_t last_token;
+    int64_t kv_dim, conv_floats, ssm_floats;
+};
+constexpr char kStateMagic[8] = {'P', 'F', 'S', 'T', 'A', 'T', 'E', '1'};
+
+int32_t n_gdn_layers(const pf_session *s) {
+    int32_t n = 0;
+    for (const float *c : s->conv) n += c != nullptr;
+    return n;
+}
+}  // namespace
+
+size_t session_state_size(const pf_session *s) {
+    const Hparams &hp = s->model->hp;
+    const size_t kv = size_t(s->pos) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype) * 2 * size_t(s->model->n_attn_layers);
+    const size_t gdn = size_t(n_gdn_layers(s)) * 4 *
+                       size_t((hp.conv_kernel - 1) * hp.conv_dim() + hp.ssm_hv * hp.ssm_dk * hp.ssm_dv);
+    return sizeof(StateHeader) + kv + gdn;
+}
+
+pf_status session_save(pf_session *s, void *dst, size_t bytes) {
+    PF_CHECK_ARG(!s->broken, "pf_session_save: the session hit a device error earlier");
+    const size_t need = session_state_size(s);
+    PF_CHECK_ARG(dst != nullptr, "pf_session_save: dst is NULL");
+    PF_CHECK_ARG(bytes >= need, "pf_session_save: bytes=%zu, the state needs %zu", bytes, need);
+    const Hparams &hp = s->model->hp;
+    StateHeader h;
+    std::memcpy(h.magic, kStateMagic, 8);
+    h.fingerprint = s->model->fingerprint;
+    h.pos = s->pos;
+    h.kv_dtype = s->kv_dtype;
+    h.n_attn = s->model->n_attn_layers;
+    h.n_gdn = n_gdn_layers(s);
+    h.last_token = s->last_token;
+    h.kv_dim = hp.kv_dim();
+    h.conv_floats = (hp.conv_kernel - 1) * hp.conv_dim();
+    h.ssm_floats = hp.ssm_hv * hp.ssm_dk * hp.ssm_dv;
+    char *p = static_cast<char *>(dst);
+    std::memcpy(p, &h, sizeof h);
+    p += sizeof h;
+    DeviceGuard dg(s->ctx->device);
+    PF_TRY(dg.status());
+    cudaStream_t st = s->ctx->stream;
+    const size_t kv_rows = size_t(s->pos) * size_t(h.kv_dim) * kv_elem(s->kv_dtype);
+    for (int32_t i = 0; i < h.n_attn; i++) {
+        PF_CUDA_TRY(cudaMemcpyAsync(p, s->k_cache[size_t(i)], kv_rows, cudaMemcpyDeviceToHost, st));
+        p += kv_rows;
+        PF_CUDA_TRY(cudaMemcpyAsync(p, s->v_cache[size_t(i)], kv_rows, cudaMemcpyDeviceToHost, st));
+        p += kv_rows;
+    }
+    for (size_t il = 0; il < s->conv.size(); il++) {
+        if (!s->conv[il]) continue;
+        PF_CUDA_TRY(cudaMemcpyAsync(p, s->conv[il], size_t(h.conv_floats) * 4, cudaMemcpyDeviceToHost, st));
+        p += size_t(h.conv_floats) * 4;
+        PF_CUDA_TRY(cudaMemcpyAsync(p, s->ssm[il], size_t(h.ssm_floats) * 4, cudaMemcpyDeviceToHost, st));
+        p += size_t(h.ssm_floats) * 4;
+    }
+    PF_CUDA_TRY(cudaStreamSynchronize(st));
+    return PF_STATUS_OK;
+}
+
+pf_status session_restore(pf_session *s, const void *src, size_t bytes) {
+    PF_CHECK_ARG(src != nullptr, "pf_session_restore: src is NULL");
+    PF_CHECK_ARG(bytes >= sizeof(StateHeader), "pf_session_restore: %zu bytes is too short for a state", bytes);
+    StateHeader h;
+    std::memcpy(&h, src, sizeof h);
+    const Hparams &hp = s->model->hp;
+    PF_CHECK_ARG(std::memcmp(h.magic, kStateMagic, 8) == 0, "pf_session_restore: not a pyprefill session state");
+    PF_CHECK_ARG(h.fingerprint == s->model->fingerprint, "pf_session_restore: the state was saved from another model");
+    PF_CHECK_ARG(h.kv_dtype == s->kv_dtype, "pf_session_restore: the state's KV dtype (%d) differs from the session's (%d)",
+                 h.kv_dtype, s->kv_dtype);
+    PF_CHECK_ARG(h.pos >= 0 && h.pos <= s->max_tokens,
+                 "pf_session_restore: the state holds %lld positions, the session's capacity is %d",
+                 (long long)h.pos, s->max_tokens);
+    PF_CHECK_ARG(h.n_attn == s->model->n_attn_layers && h.n_gdn == n_gdn_layers(s) && h.kv_dim == hp.kv_dim() &&
+                     h.conv_floats == (hp.conv_kernel - 1) * hp.conv_dim() &&
+                     h.ssm_floats == hp.ssm_hv * hp.ssm_dk * hp.ssm_dv,
+                 "pf_session_restore: the state's layout does not match this model");
+    const size_t kv_rows = size_t(h.pos) * size_t(h.kv_dim) * kv_elem(s->kv_dtype);
+    const size_t need = sizeof h + kv_rows * 2 * size_t(h.n_attn) +
+                        size_t(h.n_gdn) * 4 * size_t(h.conv_floats + h.ssm_floats);
+    PF_CHECK_ARG(bytes == need, "pf_session_restore: %zu bytes, a state of %lld positions has %zu", bytes,
+                 (long long)h.pos, need);
+    DeviceGuard dg(s->ctx->device);
+    PF_TRY(dg.status());
+    cudaStream_t st = s->ctx->stream;
+    const char *p = static_cast<const char *>(src) + sizeof h;
+    s->broken = true;  // until every copy has landed
+    for (int32_t i = 0; i < h.n_attn; i++) {
+        PF_CUDA_TRY(cudaMemcpyAsync(s->k_cache[size_t(i)], p, kv_rows, cudaMemcpyHostToDevice, st));
+        p += kv_rows;
+        PF_CUDA_TRY(cudaMemcpyAsync(s->v_cache[size_t(i)], p, kv_rows, cudaMemcpyHostToDevice, st));
+        p += kv_rows;
+    }
+    for (size_t il = 0; il < s->conv.size(); il++) {
+        if (!s->conv[il]) continue;
+        PF_CUDA_TRY(cudaMemcpyAsync(s->conv[il], p, size_t(h.conv_floats) * 4, cudaMemcpyHostToDevice, st));
+        p += size_t(h.conv_floats) * 4;
+        PF_CUDA_TRY(cudaMemcpyAsync(s->ssm[il], p, size_t(h.ssm_floats) * 4, cudaMemcpyHostToDevice, st));
+        p += size_t(h.ssm_floats) * 4;
+    }
+    PF_CUDA_TRY(cudaStreamSynchronize(st));
+    s->pos = h.pos;
+    s->last_token = h.last_token;
+    s->broken = false;
+    return PF_STATUS_OK;
+}
+
+}  // namespace pf

@@ -1,0 +1,39 @@
+// session.h — pf_session: one sequence's state (KV caches, conv windows, recurrent states,
+// position) and the scratch of one chunk, all sized at creation so that prefill allocates
+// nothing on its way through the layers.
+#pragma once
+
+#include <vector>
+
+#include "model.h"
+
+struct pf_session {
+    pf_model *model = nullptr;
+    pf_context *ctx = nullptr;
+    int32_t max_tokens = 0, chunk = 0, kv_dtype = 0, leg = 0, attn_path = 0;
+    int64_t pos = 0;
+    bool counted = false;            // holds a reference on model->live_sessions
+    bool broken = false;             // a device fault mid-chunk: state unknown until reset
+    int32_t last_token = -1;         // greedy token after the last position (for generate)
+    std::vector<void *> k_cache, v_cache;  // per attention layer [max_tokens][kv_dim]
+    std::vector<float *> conv, ssm;         // per layer (GDN layers only; nullptr otherwise)
+    // chunk scratch, fp32 [chunk][width]
+    float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *c = nullptr, *o = nullptr;
+    float *s1 = nullptr, *s2 = nullptr, *s3 = nullptr, *s4 = nullptr;  // [chunk][Hv]
+    int32_t *ids = nullptr;          // [chunk] device token ids
+    float *logits = nullptr;         // [lm_rows][n_vocab]
+    int32_t lm_rows = 0;
+    int32_t *argmax = nullptr;       // [1]
+    std::vector<std::pair<void *, size_t>> allocs;
+};
+
+namespace pf {
+pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out);
+void session_destroy(pf_session *s);
+pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32_t mode,
+                          float *logits, size_t logits_len, int32_t *out_token);
+pf_status session_reset(pf_session *s);
+size_t session_state_size(const pf_session *s);
+pf_status session_save(pf_session *s, void *dst, size_t bytes);
+pf_status session_restore(pf_session *s, const void *src, size_t bytes);
+}  // namespace pf

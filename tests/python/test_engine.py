@@ -1,0 +1,210 @@
+"""The engine (model level) against the HF fixtures and the NumPy reference: both archs,
+Hv = Hk and Hv = 2*Hk, every quant mix, chunking invariance, decode, save/restore, two
+sessions, and errors that leave the session unchanged."""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+from _reference_fixtures import MODELS, QUANTS, load_npz, reference_model, rel_err
+
+pytestmark = pytest.mark.gpu
+
+F32 = dict(gemm="f32", kv="f32", attention="cublas")   # the exact legs
+DEFAULT = dict(gemm="default", kv="f16", attention="auto")
+
+
+@functools.lru_cache(maxsize=None)
+def _model(path: str, gemm: str):
+    from pyprefill.model import Model
+    return Model.load(path, gemm=gemm, prewarm=gemm != "f32", progress=False)
+
+
+def _session(path: str, legs: dict, max_tokens: int = 1024, chunk: int = 512):
+    m = _model(path, legs["gemm"])
+    return m.session(max_tokens=max_tokens, chunk=chunk, kv=legs["kv"], attention=legs["attention"])
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("model", MODELS)
+def test_f32_legs_match_hf_fixtures(model, quant):
+    path, prompts, hf = load_npz(model, quant)
+    outs, refs = [], []
+    for tokens, want in zip(prompts, hf):
+        s = _session(path, F32)
+        outs.append(s.prefill(tokens, "all"))
+        refs.append(want)
+        s.close()
+    whole, worst, row = rel_err(np.concatenate(outs), np.concatenate(refs))
+    assert np.isfinite(np.concatenate(outs)).all()
+    assert whole <= 1e-4 and worst <= 1e-4, f"{model}.{quant}: {whole:.2e} / worst {worst:.2e} at row {row}"
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("model", MODELS)
+def test_default_legs_match_hf_fixtures(model, quant):
+    path, prompts, hf = load_npz(model, quant)
+    outs = [(_session(path, DEFAULT).prefill(t, "all")) for t in prompts]
+    out, ref = np.concatenate(outs), np.concatenate(hf)
+    whole, worst, row = rel_err(out, ref)
+    agree = float((out.argmax(-1) == ref.argmax(-1)).mean())
+    assert whole <= 2e-2, f"{model}.{quant}: rel error {whole:.2e} (worst {worst:.2e} at row {row})"
+    assert agree >= 0.99, f"{model}.{quant}: argmax equal on {agree:.1%} of positions"
+
+
+SYNTH_MIXES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "ud"]
+
+
+@functools.lru_cache(maxsize=None)
+def _synth(preset: str, mix: str) -> str:
+    from pyprefill.formats.synth import write_synthetic
+    d = os.environ.get("PF_TEST_TMP", "/tmp/pyprefill-tests")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{preset}-{mix}.gguf")
+    if not os.path.exists(path):
+        write_synthetic(preset, mix, path, seed=7, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("mix", SYNTH_MIXES)
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_engine_matches_reference_on_synthetic_mixes(preset, mix, rng):
+    path = _synth(preset, mix)
+    ref = reference_model(path)
+    tokens = rng.integers(0, ref.desc.n_vocab, size=150).astype(np.int32)
+    want = ref.session().prefill(tokens, "all")
+    got = _session(path, F32).prefill(tokens, "all")
+    whole, worst, row = rel_err(got, want)
+    assert whole <= 1e-4, f"{preset} {mix} f32 legs: {whole:.2e} (worst {worst:.2e} at {row})"
+    got = _session(path, DEFAULT).prefill(tokens, "last")
+    whole, _, _ = rel_err(got, want[-1])
+    assert whole <= 2e-2 and got.argmax() == want[-1].argmax(), f"{preset} {mix} default legs: {whole:.2e}"
+
+
+SCHEDULES = [[1] * 12, [2] * 6, [3, 3, 3, 3], [63, 64, 65], [777], [1, 2, 3, 63, 64, 65, 5, 777 - 203]]
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_chunking_invariance(preset, rng):
+    path = _synth(preset, "q8_0")
+    V = reference_model(path).desc.n_vocab
+    tokens = rng.integers(0, V, size=1000).astype(np.int32)
+    for schedule in SCHEDULES:
+        n = sum(schedule)
+        one = _session(path, F32, max_tokens=1024, chunk=1024).prefill(tokens[:n], "all")
+        s = _session(path, F32, max_tokens=1024, chunk=64)       # internal chunks of 64 as well
+        parts, pos = [], 0
+        for c in schedule:
+            parts.append(s.prefill(tokens[pos:pos + c], "all"))
+            pos += c
+        assert s.position == n
+        whole, worst, row = rel_err(np.concatenate(parts), one)
+        assert whole <= 1e-5, f"schedule {schedule}: {whole:.2e} (worst {worst:.2e} at {row})"
+    # the internal chunk size alone
+    for chunk in (1, 2, 3, 63, 64, 65, 777):
+        got = _session(path, F32, chunk=chunk).prefill(tokens[:800], "last")
+        ref = _session(path, F32, chunk=1024).prefill(tokens[:800], "last")
+        whole, _, _ = rel_err(got, ref)
+        assert whole <= 1e-5, f"chunk={chunk}: {whole:.2e}"
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_decode_after_prefill_matches_one_shot(preset, rng):
+    path = _synth(preset, "q4_k_m")
+    V = reference_model(path).desc.n_vocab
+    tokens = rng.integers(0, V, size=70).astype(np.int32)
+    one = _session(path, F32).prefill(tokens, "all")
+    s = _session(path, F32)
+    s.prefill(tokens[:60], "none")
+    steps = np.stack([s.decode(int(t)) for t in tokens[60:]])
+    whole, worst, row = rel_err(steps, one[60:])
+    assert whole <= 1e-5, f"decode vs one shot: {whole:.2e} (worst {worst:.2e} at {row})"
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_generate_is_greedy(preset, rng):
+    path = _synth(preset, "q8_0")
+    V = reference_model(path).desc.n_vocab
+    tokens = rng.integers(0, V, size=20).astype(np.int32)
+    s = _session(path, F32)
+    logits, tok = s.prefill(tokens, "last", return_token=True)
+    assert tok == int(np.argmax(logits))
+    gen = s.generate(5)
+    s2 = _session(path, F32)
+    s2.prefill(tokens, "none")
+    seq, nxt = [], tok
+    for _ in range(5):
+        seq.append(nxt)
+        nxt = int(np.argmax(s2.decode(nxt)))
+    assert [tok] + gen[:-1].tolist() == seq and gen[-1] == nxt
+
+
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_save_restore_continues_exactly(preset, kv, rng):
+    path = _synth(preset, "q8_0")
+    V = reference_model(path).desc.n_vocab
+    tokens = rng.integers(0, V, size=120).astype(np.int32)
+    legs = dict(F32, kv=kv)
+    whole_run = _session(path, legs).prefill(tokens, "all")[80:]
+    s = _session(path, legs)
+    s.prefill(tokens[:80], "none")
+    state = s.save()
+    s.prefill(rng.integers(0, V, size=10).astype(np.int32), "none")   # move on: must not matter
+    r = _model(path, legs["gemm"]).restore(state, max_tokens=1024, kv=kv, attention="cublas")
+    assert r.position == 80
+    got = r.prefill(tokens[80:], "all")
+    assert np.array_equal(got, whole_run) or rel_err(got, whole_run)[0] <= 1e-6
+
+
+def test_two_sessions_interleaved(rng):
+    path = _synth("qwen35-tiny", "q8_0")
+    V = reference_model(path).desc.n_vocab
+    a_tok = rng.integers(0, V, size=90).astype(np.int32)
+    b_tok = rng.integers(0, V, size=90).astype(np.int32)
+    a_one = _session(path, F32).prefill(a_tok, "last")
+    b_one = _session(path, F32).prefill(b_tok, "last")
+    a, b = _session(path, F32), _session(path, F32)
+    for i in range(0, 90, 30):
+        a.prefill(a_tok[i:i + 30], "none")
+        b.prefill(b_tok[i:i + 30], "none")
+    a.reset(); b.reset()
+    for i in range(0, 90, 30):
+        la = a.prefill(a_tok[i:i + 30], "last")
+        lb = b.prefill(b_tok[i:i + 30], "last")
+    assert rel_err(la, a_one)[0] <= 1e-5 and rel_err(lb, b_one)[0] <= 1e-5
+
+
+def test_errors_leave_the_session_unchanged(rng):
+    from pyprefill import errors
+    path = _synth("qwen35-tiny", "q8_0")
+    V = reference_model(path).desc.n_vocab
+    tokens = rng.integers(0, V, size=40).astype(np.int32)
+    s = _session(path, F32, max_tokens=64)
+    s.prefill(tokens[:30], "none")
+    with pytest.raises(errors.InvalidArgumentError, match="exceed the session's capacity of 64"):
+        s.prefill(rng.integers(0, V, size=40).astype(np.int32))
+    bad = tokens[30:].copy()
+    bad[3] = V + 5
+    with pytest.raises(errors.InvalidArgumentError, match=rf"tokens\[3\]={V + 5} is outside the vocabulary"):
+        s.prefill(bad)
+    bad[3] = -1
+    with pytest.raises(errors.InvalidArgumentError, match="outside the vocabulary"):
+        s.prefill(bad)
+    assert s.position == 30
+    got = s.prefill(tokens[30:], "last")
+    want = _session(path, F32).prefill(tokens, "last")
+    assert rel_err(got, want)[0] <= 1e-5
+    with pytest.raises(errors.InvalidArgumentError, match="another model|not a pyprefill"):
+        s.restore(b"PFSTATE1" + bytes(80))
+
+
+def test_model_info_and_prewarm_report():
+    path = _synth("qwen35-tiny", "q4_k_m")
+    m = _model(path, "default")
+    info = m.info
+    assert info["arch"] == "qwen35" and info["n_layer"] == 4 and info["n_attn_layers"] == 1
+    assert info["f16_armed"] == 1 and info["f16_bytes"] > 0 and info["prewarm_ms"] > 0
