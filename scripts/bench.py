@@ -405,52 +405,53 @@ class KernelBench:
 
     def rmsnorm(self, T):
         api = self._api()
-        fn = api.fn(["pf_rms_norm_rows", "pf_rms_norm"], [CTX, BUF, I64, BUF, BUF, I64, I64, I64, F32])
+        fn = api.fn("pf_rms_norm_rows", [CTX, BUF, I64, I64, BUF, I64, BUF, I64, I64, I64, I64, F32])
         sets = n_sets(T * D_MODEL * 8)
         xs = [self.upload(self.rand(T, D_MODEL)) for _ in range(sets)]
         ys = [self.ctx.buffer(T * D_MODEL * 4) for _ in range(sets)]
         w = self.upload(1 + 0.1 * self.rand(D_MODEL))
-        self._rowop("rmsnorm", T, lambda i: api.call(fn, self.ctx.ptr, xs[i % sets].ptr, D_MODEL, w.ptr,
-                                                    ys[i % sets].ptr, D_MODEL, T, D_MODEL, EPS),
+        self._rowop("rmsnorm", T, lambda i: api.call(fn, self.ctx.ptr, xs[i % sets].ptr, 0, D_MODEL, w.ptr, 0,
+                                                    ys[i % sets].ptr, 0, D_MODEL, T, D_MODEL, EPS),
                     T * D_MODEL * 8, [*xs, *ys, w], note=f"[T][{D_MODEL}]")
 
     def rope(self, T):
         api = self._api()
-        fn = api.fn(["pf_rope_neox_rows", "pf_rope_rows"], [CTX, BUF, I64, I64, I32, I64, I32, I32, I64, F32])
+        fn = api.fn("pf_rope_neox_rows", [CTX, BUF, I64, I64, I64, I32, I64, I32, I32, I64, F32])
         ld = N_HEAD * 2 * HEAD_DIM                 # qwen35 q rows: [q | gate] per head
         sets = n_sets(T * ld * 4)
         xs = [self.upload(self.rand(T, ld)) for _ in range(sets)]
         nbytes = T * N_HEAD * ROT_DIM * 4 * 2
-        self._rowop("rope", T, lambda i: api.call(fn, self.ctx.ptr, xs[i % sets].ptr, ld, T, N_HEAD,
+        self._rowop("rope", T, lambda i: api.call(fn, self.ctx.ptr, xs[i % sets].ptr, 0, ld, T, N_HEAD,
                                                  2 * HEAD_DIM, HEAD_DIM, ROT_DIM, 0, ROPE_BASE),
                     nbytes, xs, note=f"q H={N_HEAD} D={HEAD_DIM} rot={ROT_DIM}, in place")
 
     def conv1d(self, T):
         api = self._api()
-        fn = api.fn(["pf_gdn_conv1d_rows", "pf_conv1d_rows"], [CTX, BUF, I64, BUF, BUF, BUF, I64, I64, I64, I32])
+        fn = api.fn("pf_gdn_conv1d_rows", [CTX, BUF, I64, I64, BUF, I64, BUF, I64, BUF, I64, I64, I64, I64, I32])
         sets = n_sets(T * CONV_DIM * 8)
         ms = [self.upload(self.rand(T, CONV_DIM)) for _ in range(sets)]
         us = [self.ctx.buffer(T * CONV_DIM * 4) for _ in range(sets)]
         win = self.upload(self.rand(CONV_K - 1, CONV_DIM))
         wt = self.upload(self.rand(CONV_DIM, CONV_K, scale=0.5))
-        self._rowop("conv1d+silu", T, lambda i: api.call(fn, self.ctx.ptr, ms[i % sets].ptr, CONV_DIM, win.ptr,
-                                                        wt.ptr, us[i % sets].ptr, CONV_DIM, T, CONV_DIM, CONV_K),
+        self._rowop("conv1d+silu", T, lambda i: api.call(fn, self.ctx.ptr, ms[i % sets].ptr, 0, CONV_DIM, win.ptr, 0,
+                                                        wt.ptr, 0, us[i % sets].ptr, 0, CONV_DIM, T, CONV_DIM,
+                                                        CONV_K),
                     T * CONV_DIM * 8, [*ms, *us, win, wt], note=f"conv_dim={CONV_DIM} Kc={CONV_K}")
 
     def l2norm(self, T):
         api = self._api()
-        fn = api.fn(["pf_gdn_l2norm_rows", "pf_l2norm_rows"], [CTX, BUF, I64, I64, I32, I64, I32, F32, F32])
+        fn = api.fn("pf_gdn_l2norm_rows", [CTX, BUF, I64, I64, I64, I32, I64, I32, F32, F32])
         sets = n_sets(T * CONV_DIM * 4)
         xs = [self.upload(self.rand(T, CONV_DIM)) for _ in range(sets)]
         nh = 2 * GDN_HK                           # q and k heads, contiguous at the row start
-        self._rowop("l2norm", T, lambda i: api.call(fn, self.ctx.ptr, xs[i % sets].ptr, CONV_DIM, T, nh,
+        self._rowop("l2norm", T, lambda i: api.call(fn, self.ctx.ptr, xs[i % sets].ptr, 0, CONV_DIM, T, nh,
                                                    GDN_DK, GDN_DK, EPS, 1.0),
                     T * nh * GDN_DK * 8, xs, note=f"q+k {nh} heads x {GDN_DK}, in place")
 
     def gates(self, T):
         api = self._api()
-        fn = api.fn(["pf_gdn_gates_rows", "pf_gates_rows"],
-                    [CTX, BUF, I64, BUF, I64, BUF, BUF, BUF, I64, BUF, I64, I64, I32])
+        fn = api.fn("pf_gdn_gates_rows", [CTX, BUF, I64, I64, BUF, I64, I64, BUF, I64, BUF, I64,
+                                         BUF, I64, I64, BUF, I64, I64, I64, I32])
         Hv = GDN_HV
         sets = n_sets(T * Hv * 16)
         bs = [self.upload(self.rand(T, Hv)) for _ in range(sets)]
@@ -459,9 +460,9 @@ class KernelBench:
         gs = [self.ctx.buffer(T * Hv * 4) for _ in range(sets)]
         a = self.upload(-self.np.exp(self.rand(Hv, scale=0.5)))
         dt = self.upload(self.rand(Hv, scale=0.5))
-        self._rowop("gates", T, lambda i: api.call(fn, self.ctx.ptr, bs[i % sets].ptr, Hv, als[i % sets].ptr, Hv,
-                                                  a.ptr, dt.ptr, betas[i % sets].ptr, Hv, gs[i % sets].ptr, Hv,
-                                                  T, Hv),
+        self._rowop("gates", T, lambda i: api.call(fn, self.ctx.ptr, bs[i % sets].ptr, 0, Hv, als[i % sets].ptr, 0, Hv,
+                                                  a.ptr, 0, dt.ptr, 0, betas[i % sets].ptr, 0, Hv,
+                                                  gs[i % sets].ptr, 0, Hv, T, Hv),
                     T * Hv * 16, [*bs, *als, *betas, *gs, a, dt], note=f"Hv={Hv}")
 
     def _api(self):
@@ -512,17 +513,17 @@ class KernelBench:
             except Exception as exc:   # noqa: BLE001
                 skip(f"FLA chunk_gated_delta_rule T={T}", f"{type(exc).__name__}: {exc}")
         api = self._api()
-        fn = api.fn(["pf_gdn_scan_rows", "pf_delta_rule_rows", "pf_gdn_scan"],
-                    [CTX, BUF, I64, BUF, I64, BUF, I64, BUF, I64, BUF, I64, BUF, BUF, I64, I64, I32, I32, I32, I32])
+        fn = api.fn("pf_gdn_scan_rows", [CTX, BUF, I64, I64, BUF, I64, I64, BUF, I64, I64, BUF, I64, I64,
+                                        BUF, I64, I64, BUF, I64, BUF, I64, I64, I64, I32, I32, I32, I32])
         ldqk = GDN_HK * GDN_DK
         qb, kb = self.upload(q.reshape(T, -1)), self.upload(k.reshape(T, -1))
         vb, bb, gb = self.upload(v.reshape(T, -1)), self.upload(beta), self.upload(g)
         st = self.upload(self.rand(GDN_HV, GDN_DK, GDN_DV, scale=0.1))
         ob = self.ctx.buffer(T * VALUE_DIM * 4)
         try:
-            t = time_ours(lambda i: api.call(fn, self.ctx.ptr, qb.ptr, ldqk, kb.ptr, ldqk, vb.ptr, VALUE_DIM,
-                                             bb.ptr, GDN_HV, gb.ptr, GDN_HV, st.ptr, ob.ptr, VALUE_DIM, T,
-                                             GDN_HK, GDN_HV, GDN_DK, GDN_DV),
+            t = time_ours(lambda i: api.call(fn, self.ctx.ptr, qb.ptr, 0, ldqk, kb.ptr, 0, ldqk, vb.ptr, 0, VALUE_DIM,
+                                             bb.ptr, 0, GDN_HV, gb.ptr, 0, GDN_HV, st.ptr, 0, ob.ptr, 0,
+                                             VALUE_DIM, T, GDN_HK, GDN_HV, GDN_DK, GDN_DV),
                           self.ctx, self.reps, target_s=0.01)
             self.add("delta-rule", T, "ours sequential fp32", t, peer_of=peer,
                      note=f"Hk={GDN_HK} Hv={GDN_HV} dk=dv={GDN_DK}, state resident")
@@ -614,7 +615,7 @@ def hf_config(preset_name: str):
     return cfg, Qwen3_5ForCausalLM
 
 
-def build_hf(torch, preset_name: str, path: str):
+def build_hf(torch, preset_name: str, path: str, device: str = "cuda"):
     """HF model (bf16, cuda, sdpa) holding the GGUF's dequantized weights. The tensors are
     dequantized in a thread pool (gguf's NumPy dequantizer is the slow part on one core)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -628,7 +629,7 @@ def build_hf(torch, preset_name: str, path: str):
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device("cuda"):
+        with torch.device(device):
             model = cls(cfg)
     finally:
         torch.set_default_dtype(old)

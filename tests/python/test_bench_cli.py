@@ -132,3 +132,47 @@ def test_capi_detection_skips_cleanly():
         api.fn("pf_missing", [b.CTX])
     with pytest.raises(b.Skip, match="differs"):
         api.fn("pf_present", [b.CTX, b.BUF, b.I32])
+
+
+def test_capi_signatures_match_header():
+    """Every C function bench.py calls is declared in include/prefill.h with the argument types
+    it passes (else the GPU run would skip that op with a 'differs' line)."""
+    import re
+    cffi = pytest.importorskip("cffi")
+    from pyprefill._ffi import HEADER, cdef_source   # needs only the header, not the library
+    b = _load()
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_source(HEADER))
+    decl = ffi._parser._declarations
+    env = {k: getattr(b, k) for k in ("CTX", "BUF", "W", "I64", "I32", "F32")}
+    found = 0
+    for m in re.finditer(r'api\.fn\(\s*(\[[^\]]*\]|"[^"]+")\s*,\s*(\[[^\]]*\])\)', BENCH.read_text(), re.S):
+        names = eval(m.group(1))
+        names = [names] if isinstance(names, str) else names
+        kinds = eval(m.group(2), env)
+        declared = [n for n in names if "function " + n in decl]
+        if not declared:
+            continue                     # not in the header yet: the GPU run skips it
+        with ffi._lock:
+            args = [a.cname.replace("const ", "") for a in ffi._get_cached_btype(decl["function " + declared[0]][0]).args]
+        assert args == kinds, (declared[0], args, kinds)
+        found += 1
+    assert found >= 1
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_build_hf_tiny_on_cpu(tmp_path, preset):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from pyprefill.formats.synth import write_synthetic
+    b = _load()
+    path = tmp_path / f"{preset}.gguf"
+    write_synthetic(preset, "q4_k_m", path, progress=False)
+    model = b.build_hf(torch, preset, str(path), device="cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert b.non_embedding_params(str(path)) > 0
+    with torch.no_grad():
+        out = model(torch.randint(0, model.config.vocab_size, (1, 16)), use_cache=False, logits_to_keep=1)
+    assert out.logits.shape[-2:] == (1, model.config.vocab_size)
+    assert torch.isfinite(out.logits.float()).all()
