@@ -1,0 +1,254 @@
+// api_attention.cu — the attention family's kernel-level C API: KV-cache writes, causal grouped
+// attention, argmax. Every entry validates all arguments (scalars first, then the context, then
+// the buffers) before any device work, then calls the internal entry on ctx->stream.
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "attention.cuh"
+#include "context.h"
+#include "cuda_check.cuh"
+
+namespace {
+
+constexpr int64_t kMaxStride = INT32_MAX;  // cuBLAS leading dimensions are int
+
+const char *kv_dtype_name(int32_t t) { return t == PF_KV_F16 ? "F16" : "F32"; }
+size_t kv_elem_bytes(int32_t t) { return t == PF_KV_F16 ? 2 : 4; }
+
+pf_status check_kv_dtype(int32_t kv_dtype, const char *fn) {
+    PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32,
+                 "%s: kv_dtype=%d (PF_KV_F16 = 0 or PF_KV_F32 = 1)", fn, (int)kv_dtype);
+    return PF_STATUS_OK;
+}
+
+// Rows a cache buffer holds: bytes / (kv_dim * element size).
+int64_t cache_capacity(const pf_buffer *b, int64_t kv_dim, int32_t kv_dtype) {
+    return int64_t(b->bytes / (size_t(kv_dim) * kv_elem_bytes(kv_dtype)));
+}
+
+pf_status check_cache(const pf_context *ctx, const pf_buffer *b, int64_t kv_dim, int32_t kv_dtype,
+                      int64_t needed_rows, const char *fn, const char *arg) {
+    PF_CHECK_ARG(b != nullptr, "%s: %s is NULL", fn, arg);
+    PF_CHECK_ARG(b->ctx == ctx, "%s: %s belongs to another context", fn, arg);
+    const int64_t cap = cache_capacity(b, kv_dim, kv_dtype);
+    PF_CHECK_ARG(needed_rows <= cap,
+                 "%s: positions up to %lld need %lld rows but %s holds %lld rows of %lld %s values "
+                 "(%zu bytes)",
+                 fn, (long long)needed_rows - 1, (long long)needed_rows, arg, (long long)cap,
+                 (long long)kv_dim, kv_dtype_name(kv_dtype), b->bytes);
+    return PF_STATUS_OK;
+}
+
+// Bytes spanned by `rows` rows of `width` floats at row stride `ld` (0 when rows == 0).
+size_t strided_bytes(int64_t rows, int64_t width, int64_t ld) {
+    return rows > 0 ? size_t((rows - 1) * ld + width) * sizeof(float) : 0;
+}
+
+// Resolved, validated options: everything pf_attention checks before it looks at buffers.
+struct resolved_options {
+    pf::attention_args args;  // pointers left null
+    int64_t kv_dim = 0;
+};
+
+pf_status resolve_options(const pf_attention_options *o, const char *fn, resolved_options *out) {
+    PF_CHECK_ARG(o != nullptr, "%s: opts is NULL (fill one with pf_attention_options_init)", fn);
+    if (o->struct_size != sizeof(pf_attention_options))
+        return pf::fail(PF_STATUS_ABI_MISMATCH,
+                        "%s: opts->struct_size=%zu, expected %zu (fill opts with "
+                        "pf_attention_options_init)",
+                        fn, o->struct_size, sizeof(pf_attention_options));
+    PF_CHECK_ARG(o->n_heads >= 1 && o->n_heads <= 4096, "%s: n_heads=%d must be in 1..4096", fn,
+                 (int)o->n_heads);
+    PF_CHECK_ARG(o->n_kv_heads >= 1 && o->n_kv_heads <= o->n_heads,
+                 "%s: n_kv_heads=%d must be in 1..n_heads=%d", fn, (int)o->n_kv_heads,
+                 (int)o->n_heads);
+    PF_CHECK_ARG(o->n_heads % o->n_kv_heads == 0,
+                 "%s: n_heads=%d is not a multiple of n_kv_heads=%d (grouped GQA)", fn,
+                 (int)o->n_heads, (int)o->n_kv_heads);
+    PF_CHECK_ARG(o->head_dim >= 2 && o->head_dim <= 4096 && o->head_dim % 2 == 0,
+                 "%s: head_dim=%d must be even and in 2..4096", fn, (int)o->head_dim);
+    PF_TRY(check_kv_dtype(o->kv_dtype, fn));
+    PF_CHECK_ARG(o->path == PF_ATTN_AUTO || o->path == PF_ATTN_CUBLAS || o->path == PF_ATTN_FLASH,
+                 "%s: path=%d (PF_ATTN_AUTO 0, PF_ATTN_CUBLAS 1, PF_ATTN_FLASH 2)", fn, (int)o->path);
+    PF_CHECK_ARG(o->rows >= 0, "%s: rows=%lld must be >= 0", fn, (long long)o->rows);
+    PF_CHECK_ARG(o->pos0 >= 0, "%s: pos0=%lld must be >= 0", fn, (long long)o->pos0);
+    PF_CHECK_ARG(o->rows <= INT32_MAX && o->pos0 <= INT32_MAX - o->rows,
+                 "%s: pos0=%lld + rows=%lld exceeds 2^31 - 1 positions", fn, (long long)o->pos0,
+                 (long long)o->rows);
+    PF_CHECK_ARG(std::isfinite(o->scale) && o->scale >= 0.f,
+                 "%s: scale=%g must be finite and >= 0 (0 = 1/sqrt(head_dim))", fn, (double)o->scale);
+    PF_CHECK_ARG(o->rows_per_pass >= 0, "%s: rows_per_pass=%lld must be >= 0", fn,
+                 (long long)o->rows_per_pass);
+
+    const int64_t H = o->n_heads, D = o->head_dim;
+    const int64_t qhs = o->q_head_stride ? o->q_head_stride : D;
+    PF_CHECK_ARG(qhs >= D && qhs <= kMaxStride,
+                 "%s: q_head_stride=%lld must be >= head_dim=%lld (and <= 2^31 - 1)", fn,
+                 (long long)o->q_head_stride, (long long)D);
+    const int64_t q_width = (H - 1) * qhs + D;  // floats of one q row that are read
+    const int64_t ldq = o->q_row_stride ? o->q_row_stride : H * qhs;
+    PF_CHECK_ARG(ldq >= q_width && ldq <= kMaxStride,
+                 "%s: q_row_stride=%lld must be >= (n_heads-1)*q_head_stride + head_dim = %lld "
+                 "(and <= 2^31 - 1)",
+                 fn, (long long)o->q_row_stride, (long long)q_width);
+    const int64_t ldo = o->out_row_stride ? o->out_row_stride : H * D;
+    PF_CHECK_ARG(ldo >= H * D && ldo <= kMaxStride,
+                 "%s: out_row_stride=%lld must be >= n_heads*head_dim = %lld (and <= 2^31 - 1)", fn,
+                 (long long)o->out_row_stride, (long long)(H * D));
+
+    pf::attention_args &a = out->args;
+    a = pf::attention_args{};
+    a.ldq = ldq;
+    a.q_head_stride = qhs;
+    a.kv_dtype = o->kv_dtype;
+    a.ldo = ldo;
+    a.n_heads = o->n_heads;
+    a.n_kv_heads = o->n_kv_heads;
+    a.head_dim = o->head_dim;
+    a.rows = o->rows;
+    a.pos0 = o->pos0;
+    a.scale = o->scale > 0.f ? o->scale : float(1.0 / std::sqrt(double(D)));
+    a.path = o->path;
+    a.rows_per_pass = o->rows_per_pass;
+    a.scores_budget_bytes = o->scores_budget_bytes;
+    // Buffers come from cudaMalloc (256-byte aligned): plan as if the caches were aligned.
+    a.k_cache = a.v_cache = reinterpret_cast<const void *>(uintptr_t(256));
+    if (o->path == PF_ATTN_FLASH && !pf::attention_flash_supported(a))
+        return pf::fail(PF_STATUS_UNSUPPORTED,
+                        "%s: path=PF_ATTN_FLASH needs an F16 cache and head_dim 128 or 256 (got "
+                        "kv_dtype=%s, head_dim=%d); use PF_ATTN_CUBLAS or PF_ATTN_AUTO",
+                        fn, kv_dtype_name(o->kv_dtype), (int)o->head_dim);
+    if (pf::attention_resolved_path(a) == PF_ATTN_CUBLAS) {
+        const int64_t rpp = pf::attention_rows_per_pass(a);
+        const size_t bytes = pf::attention_workspace_bytes(a, rpp);
+        PF_CHECK_ARG(bytes <= (size_t(1) << 46),
+                     "%s: one pass of %lld rows over %lld keys needs %zu bytes of workspace", fn,
+                     (long long)rpp, (long long)(o->pos0 + o->rows), bytes);
+    }
+    a.k_cache = a.v_cache = nullptr;
+    out->kv_dim = int64_t(o->n_kv_heads) * D;
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(opts != nullptr, "pf_attention_options_init: opts is NULL");
+        if (struct_size != sizeof(pf_attention_options))
+            return pf::fail(PF_STATUS_ABI_MISMATCH,
+                            "pf_attention_options_init: struct_size=%zu but this library's "
+                            "pf_attention_options has %zu bytes (header and library differ)",
+                            struct_size, sizeof(pf_attention_options));
+        std::memset(opts, 0, sizeof *opts);
+        opts->struct_size = sizeof *opts;
+        opts->kv_dtype = PF_KV_F16;
+        opts->path = PF_ATTN_AUTO;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_attention_plan(const pf_attention_options *opts, int32_t *out_path,
+                                             int64_t *out_rows_per_pass,
+                                             size_t *out_workspace_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        resolved_options r;
+        PF_TRY(resolve_options(opts, "pf_attention_plan", &r));
+        r.args.k_cache = r.args.v_cache = reinterpret_cast<const void *>(uintptr_t(256));
+        const int32_t path = pf::attention_resolved_path(r.args);
+        const int64_t rpp = path == PF_ATTN_CUBLAS ? pf::attention_rows_per_pass(r.args) : 0;
+        if (out_path) *out_path = path;
+        if (out_rows_per_pass) *out_rows_per_pass = rpp;
+        if (out_workspace_bytes)
+            *out_workspace_bytes = path == PF_ATTN_CUBLAS ? pf::attention_workspace_bytes(r.args, rpp) : 0;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_kv_write(pf_context *ctx, const pf_buffer *k, int64_t ldk,
+                                       const pf_buffer *v, int64_t ldv, int64_t rows,
+                                       int64_t kv_dim, pf_buffer *k_cache, pf_buffer *v_cache,
+                                       int32_t kv_dtype, int64_t pos0) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_kv_write";
+        PF_CHECK_ARG(kv_dim >= 1 && kv_dim <= kMaxStride, "%s: kv_dim=%lld must be in 1..2^31-1",
+                     fn, (long long)kv_dim);
+        PF_CHECK_ARG(rows >= 0 && rows <= INT32_MAX, "%s: rows=%lld must be in 0..2^31-1", fn,
+                     (long long)rows);
+        PF_CHECK_ARG(pos0 >= 0 && pos0 <= INT32_MAX - rows,
+                     "%s: pos0=%lld must be >= 0 and pos0 + rows < 2^31", fn, (long long)pos0);
+        const int64_t lk = ldk ? ldk : kv_dim, lv = ldv ? ldv : kv_dim;
+        PF_CHECK_ARG(lk >= kv_dim && lk <= kMaxStride, "%s: ldk=%lld must be >= kv_dim=%lld", fn,
+                     (long long)ldk, (long long)kv_dim);
+        PF_CHECK_ARG(lv >= kv_dim && lv <= kMaxStride, "%s: ldv=%lld must be >= kv_dim=%lld", fn,
+                     (long long)ldv, (long long)kv_dim);
+        PF_TRY(check_kv_dtype(kv_dtype, fn));
+        PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
+        PF_TRY(pf::check_buffer(ctx, k, strided_bytes(rows, kv_dim, lk), fn, "k"));
+        PF_TRY(pf::check_buffer(ctx, v, strided_bytes(rows, kv_dim, lv), fn, "v"));
+        PF_TRY(check_cache(ctx, k_cache, kv_dim, kv_dtype, pos0 + rows, fn, "k_cache"));
+        PF_TRY(check_cache(ctx, v_cache, kv_dim, kv_dtype, pos0 + rows, fn, "v_cache"));
+        PF_CHECK_ARG(k_cache != v_cache, "%s: k_cache and v_cache are the same buffer", fn);
+        PF_CHECK_ARG(k != k_cache && k != v_cache && v != k_cache && v != v_cache,
+                     "%s: k and v must not be cache buffers (write the fp32 cache with a "
+                     "projection's strided output instead)",
+                     fn);
+        if (rows == 0) return PF_STATUS_OK;
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        return pf::kv_write(static_cast<const float *>(k->ptr), lk, static_cast<const float *>(v->ptr),
+                            lv, rows, kv_dim, k_cache->ptr, v_cache->ptr, kv_dtype, pos0, ctx->stream);
+    });
+}
+
+extern "C" PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_options *opts,
+                                        const pf_buffer *q, const pf_buffer *k_cache,
+                                        const pf_buffer *v_cache, pf_buffer *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_attention";
+        resolved_options r;
+        PF_TRY(resolve_options(opts, fn, &r));
+        pf::attention_args &a = r.args;
+        PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
+        const int64_t H = a.n_heads, D = a.head_dim;
+        PF_TRY(pf::check_buffer(ctx, q, strided_bytes(a.rows, (H - 1) * a.q_head_stride + D, a.ldq),
+                                fn, "q"));
+        PF_TRY(pf::check_buffer(ctx, out, strided_bytes(a.rows, H * D, a.ldo), fn, "out"));
+        PF_TRY(check_cache(ctx, k_cache, r.kv_dim, a.kv_dtype, a.pos0 + a.rows, fn, "k_cache"));
+        PF_TRY(check_cache(ctx, v_cache, r.kv_dim, a.kv_dtype, a.pos0 + a.rows, fn, "v_cache"));
+        PF_CHECK_ARG(k_cache != v_cache, "%s: k_cache and v_cache are the same buffer", fn);
+        PF_CHECK_ARG(out != q && out != k_cache && out != v_cache,
+                     "%s: out must be a buffer distinct from q, k_cache and v_cache", fn);
+        if (a.rows == 0) return PF_STATUS_OK;
+        a.q = static_cast<const float *>(q->ptr);
+        a.k_cache = k_cache->ptr;
+        a.v_cache = v_cache->ptr;
+        a.o = static_cast<float *>(out->ptr);
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        return pf::attention(ctx, a);
+    });
+}
+
+extern "C" PF_API pf_status pf_argmax_rows(pf_context *ctx, const pf_buffer *x, int64_t rows,
+                                          int64_t n, int64_t ld, pf_buffer *out_ids) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_argmax_rows";
+        PF_CHECK_ARG(rows >= 0 && rows <= INT32_MAX, "%s: rows=%lld must be in 0..2^31-1", fn,
+                     (long long)rows);
+        PF_CHECK_ARG(n >= 1 && n <= INT32_MAX, "%s: n=%lld must be in 1..2^31-1", fn, (long long)n);
+        const int64_t l = ld ? ld : n;
+        PF_CHECK_ARG(l >= n && l <= kMaxStride, "%s: ld=%lld must be >= n=%lld (and <= 2^31 - 1)", fn,
+                     (long long)ld, (long long)n);
+        PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
+        PF_TRY(pf::check_buffer(ctx, x, strided_bytes(rows, n, l), fn, "x"));
+        PF_TRY(pf::check_buffer(ctx, out_ids, size_t(rows) * sizeof(int32_t), fn, "out_ids"));
+        PF_CHECK_ARG(out_ids != x, "%s: out_ids and x are the same buffer", fn);
+        if (rows == 0) return PF_STATUS_OK;
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        return pf::argmax_rows(static_cast<const float *>(x->ptr), rows, n, l,
+                               static_cast<int32_t *>(out_ids->ptr), ctx->stream);
+    });
+}
