@@ -1,0 +1,378 @@
+// gemm.cu — the projection legs (f32 SGEMM, f16 tensor-op GEMM with fp16 overflow
+// protection), the weights' fp16 caches and the all-or-nothing prewarm.
+//
+// Row-major Y[rows][n] = X[rows][k] . W[n][k]^T is, read column-major, Y^T = W^T' X^T with
+// W^T' the column-major view of row-major W (k x n, ld k) transposed: cuBLAS
+//   gemm(OP_T, OP_N, m = n, n = rows, k, A = W (ld k), B = X (ld ldx), C = Y (ld ldy)).
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cfloat>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "cuda_check.cuh"
+#include "dequant.cuh"
+#include "gemm.cuh"
+
+namespace pf {
+namespace {
+
+// ------------------------------------------------------------------ the process default leg
+
+std::once_flag g_env_once;
+std::atomic<int32_t> g_env_leg{PF_GEMM_AUTO};
+std::atomic<int32_t> g_override_leg{PF_GEMM_DEFAULT};  // PF_GEMM_DEFAULT = no override
+
+void read_env_leg() {
+    const char *v = std::getenv("PREFILL_GEMM");
+    int32_t leg = PF_GEMM_AUTO;
+    if (v && *v) {
+        char s[16] = {0};
+        size_t i = 0;
+        for (; v[i] && i + 1 < sizeof s; ++i) s[i] = char(std::tolower((unsigned char)v[i]));
+        const bool too_long = v[i] != '\0';
+        if (!too_long && std::strcmp(s, "f16") == 0) leg = PF_GEMM_F16;
+        else if (!too_long && std::strcmp(s, "f32") == 0) leg = PF_GEMM_F32;
+        else if (!too_long && std::strcmp(s, "auto") == 0) leg = PF_GEMM_AUTO;
+        else if (!too_long && std::strcmp(s, "int8") == 0)
+            std::fprintf(stderr, "libprefill: warning: PREFILL_GEMM=int8: the int8 leg is not built "
+                                 "in this library; using auto\n");
+        else  // the one line the process ever prints about it (call_once)
+            std::fprintf(stderr, "libprefill: warning: PREFILL_GEMM=\"%.64s\" is not one of "
+                                 "f16|f32|auto; using auto\n", v);
+    }
+    g_env_leg.store(leg);
+}
+
+// ------------------------------------------------------------------ sizes and slabs
+
+constexpr size_t kSlabBytes = size_t(512) << 20;  // bound on a dequantized weight slab (scratch)
+constexpr float kF16RowMax = 32768.0f;            // rows above this are scaled before the fp16 cast
+constexpr int kF16SafeExp = 15;                   // scaled row max stays below 2^15 (fp16 max 65504)
+constexpr int kCastThreads = 256;
+constexpr int kMaxRowBlocks = 65535;              // grid-stride over rows beyond this
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+int64_t row_bytes(const pf_weight *w) {
+    int64_t be = 1, bb = 4;
+    qtype_block(w->qtype, &be, &bb);
+    return w->k / be * bb;
+}
+
+// Weight rows per slab of `elem_bytes` elements so that the slab stays under kSlabBytes.
+int64_t slab_rows(int64_t n, int64_t k, size_t elem_bytes) {
+    const int64_t r = int64_t(kSlabBytes / (size_t(k) * elem_bytes));
+    return std::max<int64_t>(1, std::min<int64_t>(n, r));
+}
+
+// ------------------------------------------------------------------ f16 activation kernels
+
+struct cast_args {
+    const float *x;       // [rows][ldx]
+    int64_t ldx;
+    int64_t rows, k;
+    __half *xh;           // [rows][k] fp16 (scaled rows)
+    float *inv_scale;     // [rows]: 2^e for a row scaled by 2^-e, 1 otherwise
+    float *y;             // [rows][ldy], pre-scaled when accumulate and the row is scaled
+    int64_t ldy, n;
+    int accumulate;
+};
+
+__device__ __forceinline__ float block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (blockDim.x >> 5) ? red[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float m = red[0];
+    __syncthreads();  // red is reused by the next row of the grid-stride loop
+    return m;
+}
+
+// One block per row: max|x| of the row, a power-of-two scale when it exceeds kF16RowMax, the
+// fp16 cast, and the pre-scale of the existing output row for accumulate.
+__global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
+    __shared__ float red[32];
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        const float *xr = a.x + r * a.ldx;
+        float m = 0.0f;
+        for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
+        m = block_max(m, red);
+        float scale = 1.0f, inv = 1.0f;
+        if (m > kF16RowMax && m <= FLT_MAX) {  // Inf/NaN rows stay unscaled: they propagate as in f32
+            int e2 = 0;
+            frexpf(m, &e2);                     // m < 2^e2
+            const int e = e2 - kF16SafeExp;     // m * 2^-e < 2^15
+            scale = ldexpf(1.0f, -e);           // powers of two: scaling is exact
+            inv = ldexpf(1.0f, e);
+        }
+        __half *hr = a.xh + r * a.k;
+        for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) hr[j] = __float2half_rn(xr[j] * scale);
+        if (a.accumulate && scale != 1.0f) {
+            float *yr = a.y + r * a.ldy;
+            for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= scale;
+        }
+        if (threadIdx.x == 0) a.inv_scale[r] = inv;
+    }
+}
+
+struct unscale_args {
+    const float *inv_scale;
+    float *y;
+    int64_t ldy, rows, n;
+};
+
+// Undoes the row scale on the GEMM output (rows with scale 1 return at once).
+__global__ void unscale_rows_kernel(const __grid_constant__ unscale_args a) {
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        const float inv = a.inv_scale[r];
+        if (inv == 1.0f) continue;  // uniform per block: no divergence
+        float *yr = a.y + r * a.ldy;
+        for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= inv;
+    }
+}
+
+// ------------------------------------------------------------------ the legs
+
+pf_status project_f32(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                      float *y, int64_t ldy, bool accumulate) {
+    const int n = int(w->n), k = int(w->k);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_f32, CUBLAS_POINTER_MODE_HOST));
+    if (w->qtype == PF_QTYPE_F32) {  // in place
+        PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, n, int(rows), k, &alpha,
+                                  static_cast<const float *>(w->data), k, x, int(ldx), &beta, y,
+                                  int(ldy)));
+        return PF_STATUS_OK;
+    }
+    const int64_t slab = slab_rows(w->n, w->k, sizeof(float));
+    PF_TRY(scratch_reserve(ctx, ctx->scratch_f32, size_t(slab) * size_t(k) * sizeof(float),
+                           "project (f32 leg): weight scratch"));
+    float *ws = static_cast<float *>(ctx->scratch_f32.ptr);
+    const int64_t rb = row_bytes(w);
+    for (int64_t n0 = 0; n0 < w->n; n0 += slab) {
+        const int64_t nc = std::min(slab, w->n - n0);
+        // Same stream: the next slab's dequant waits for this slab's GEMM to finish reading.
+        PF_TRY(dequantize(static_cast<const uint8_t *>(w->data) + n0 * rb, w->qtype, nc, w->k, ws,
+                          false, ctx->stream));
+        PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(rows), k,
+                                  &alpha, ws, k, x, int(ldx), &beta, y + n0, int(ldy)));
+    }
+    return PF_STATUS_OK;
+}
+
+pf_status gemm_f16(pf_context *ctx, const __half *wh, int64_t nc, int64_t k, const __half *xh,
+                   int64_t rows, float *y, int64_t ldy, float beta) {
+    const float alpha = 1.0f;
+    // fp16 A/B on tensor cores, fp32 accumulation and fp32 C: no fp16 intermediate anywhere.
+    PF_CUBLAS_TRY(cublasGemmEx(ctx->blas_tc, CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(rows), int(k),
+                               &alpha, wh, CUDA_R_16F, int(k), xh, CUDA_R_16F, int(k), &beta, y,
+                               CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return PF_STATUS_OK;
+}
+
+pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                      float *y, int64_t ldy, bool accumulate) {
+    const int64_t n = w->n, k = w->k;
+    // Activations: [rows][k] fp16, then the per-row inverse scales, in one scratch.
+    const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
+    PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_x, xh_bytes + size_t(rows) * sizeof(float),
+                           "project (f16 leg): activation scratch"));
+    __half *xh = static_cast<__half *>(ctx->scratch_f16_x.ptr);
+    float *inv = reinterpret_cast<float *>(static_cast<char *>(ctx->scratch_f16_x.ptr) + xh_bytes);
+    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
+    cast_rows_f16_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(
+        cast_args{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0});
+    PF_LAUNCH_CHECK("cast_rows_f16");
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    const float beta = accumulate ? 1.0f : 0.0f;
+    const __half *whole = w->f16 ? w->f16
+                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                     : nullptr;
+    if (whole) {
+        PF_TRY(gemm_f16(ctx, whole, n, k, xh, rows, y, ldy, beta));
+    } else {  // streaming: fp16 slabs dequantized per call
+        const int64_t slab = slab_rows(n, k, sizeof(__half));
+        PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w, size_t(slab) * size_t(k) * sizeof(__half),
+                               "project (f16 streaming leg): weight scratch"));
+        __half *ws = static_cast<__half *>(ctx->scratch_f16_w.ptr);
+        const int64_t rb = row_bytes(w);
+        for (int64_t n0 = 0; n0 < n; n0 += slab) {
+            const int64_t nc = std::min(slab, n - n0);
+            PF_TRY(dequantize(static_cast<const uint8_t *>(w->data) + n0 * rb, w->qtype, nc, k, ws,
+                              true, ctx->stream));
+            PF_TRY(gemm_f16(ctx, ws, nc, k, xh, rows, y + n0, ldy, beta));
+        }
+    }
+    unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, n});
+    PF_LAUNCH_CHECK("unscale_rows");
+    return PF_STATUS_OK;
+}
+
+size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * sizeof(__half); }
+
+}  // namespace
+
+// ------------------------------------------------------------------ entry points
+
+int32_t gemm_default_leg() {
+    std::call_once(g_env_once, read_env_leg);
+    const int32_t o = g_override_leg.load();
+    return o != PF_GEMM_DEFAULT ? o : g_env_leg.load();
+}
+
+pf_status set_gemm_default_leg(int32_t leg) {
+    PF_CHECK_ARG(leg == PF_GEMM_DEFAULT || leg == PF_GEMM_AUTO || leg == PF_GEMM_F32 ||
+                     leg == PF_GEMM_F16,
+                 "set default leg: leg=%d must be PF_GEMM_DEFAULT, _AUTO, _F32 or _F16", int(leg));
+    std::call_once(g_env_once, read_env_leg);
+    g_override_leg.store(leg);
+    return PF_STATUS_OK;
+}
+
+pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
+    if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
+    switch (leg) {
+        case PF_GEMM_AUTO: *out = w->f16 ? PF_GEMM_F16 : PF_GEMM_F32; return PF_STATUS_OK;
+        case PF_GEMM_F32: *out = PF_GEMM_F32; return PF_STATUS_OK;
+        case PF_GEMM_F16: *out = PF_GEMM_F16; return PF_STATUS_OK;
+        case PF_GEMM_INT8:
+            return fail(PF_STATUS_UNSUPPORTED, "project: the int8 leg (PF_GEMM_INT8) is not built "
+                                               "in this library; use PF_GEMM_F16 or PF_GEMM_F32");
+        default:
+            return fail(PF_STATUS_INVALID_ARGUMENT, "project: leg=%d is not a pf_gemm_leg", int(leg));
+    }
+}
+
+pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                  float *y, int64_t ldy, bool accumulate, int32_t leg) {
+    int32_t run = PF_GEMM_F32;
+    PF_TRY(resolve_gemm_leg(w, leg, &run));
+    PF_CHECK_ARG(rows >= 0 && ldx >= w->k && ldy >= w->n,
+                 "project: rows=%lld ldx=%lld ldy=%lld (need rows >= 0, ldx >= k=%lld, ldy >= n=%lld)",
+                 (long long)rows, (long long)ldx, (long long)ldy, (long long)w->k, (long long)w->n);
+    PF_CHECK_ARG(rows <= INT_MAX && w->n <= INT_MAX && w->k <= INT_MAX && ldx <= INT_MAX &&
+                     ldy <= INT_MAX,
+                 "project: rows=%lld n=%lld k=%lld ldx=%lld ldy=%lld must each fit in int32 (cuBLAS)",
+                 (long long)rows, (long long)w->n, (long long)w->k, (long long)ldx, (long long)ldy);
+    if (rows == 0) return PF_STATUS_OK;
+    return run == PF_GEMM_F16 ? project_f16(ctx, w, x, rows, ldx, y, ldy, accumulate)
+                              : project_f32(ctx, w, x, rows, ldx, y, ldy, accumulate);
+}
+
+pf_status weight_cache_f16(pf_weight *w) {
+    if (w->f16) return PF_STATUS_OK;
+    pf_context *ctx = w->ctx;
+    void *p = nullptr;
+    PF_TRY(device_alloc(ctx, f16_bytes(w), &p, "fp16 weight cache"));
+    const pf_status s = dequantize(w->data, w->qtype, w->n, w->k, p, true, ctx->stream);
+    if (s != PF_STATUS_OK) {
+        device_free(ctx, p, f16_bytes(w));
+        return s;
+    }
+    w->f16 = static_cast<__half *>(p);
+    return PF_STATUS_OK;
+}
+
+pf_status weight_drop_f16(pf_weight *w) {
+    if (!w->f16) return PF_STATUS_OK;
+    PF_CUDA_TRY(cudaStreamSynchronize(w->ctx->stream));  // no queued GEMM may still read it
+    device_free(w->ctx, w->f16, f16_bytes(w));
+    w->f16 = nullptr;
+    return PF_STATUS_OK;
+}
+
+pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
+                      size_t headroom_bytes, pf_prewarm_report *report) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pf_prewarm_report rep;
+    std::memset(&rep, 0, sizeof rep);
+    rep.struct_size = sizeof rep;
+    rep.headroom_bytes = headroom_bytes;
+    auto finish = [&](pf_status s) {
+        rep.elapsed_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t0).count();
+        if (report) *report = rep;
+        return s;
+    };
+
+    // Distinct weights, in the caller's order.
+    std::vector<pf_weight *> set;
+    set.reserve(size_t(count));
+    for (int32_t i = 0; i < count; ++i)
+        if (std::find(set.begin(), set.end(), weights[i]) == set.end()) set.push_back(weights[i]);
+    size_t need = 0;
+    for (pf_weight *w : set) {
+        rep.bytes_total += f16_bytes(w);
+        if (w->f16) rep.weights_cached++;
+        else need += f16_bytes(w);
+    }
+    rep.weights_total = int32_t(set.size());
+    rep.bytes_needed = need;
+
+    size_t free_b = 0, total_b = 0;
+    PF_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    rep.free_bytes = free_b;
+    if (need > free_b || headroom_bytes > free_b - need) {
+        std::snprintf(rep.reason, sizeof rep.reason,
+                      "does not fit: %zu bytes to cache + %zu headroom > %zu free", need,
+                      headroom_bytes, free_b);
+        return finish(PF_STATUS_OK);
+    }
+
+    std::vector<pf_weight *> added;
+    auto rollback = [&]() {
+        (void)cudaStreamSynchronize(ctx->stream);
+        for (pf_weight *w : added) {
+            device_free(ctx, w->f16, f16_bytes(w));
+            w->f16 = nullptr;
+        }
+        added.clear();
+        rep.bytes_added = 0;
+        rep.weights_added = 0;
+    };
+    for (pf_weight *w : set) {
+        if (w->f16) continue;
+        const pf_status s = weight_cache_f16(w);
+        if (s == PF_STATUS_OUT_OF_MEMORY) {  // fragmentation or a concurrent allocation: not armed
+            std::snprintf(rep.reason, sizeof rep.reason,
+                          "allocation failed after %zu of %zu weights: %s", added.size(),
+                          set.size() - size_t(rep.weights_cached), pf_last_error());
+            rollback();
+            return finish(PF_STATUS_OK);
+        }
+        if (s != PF_STATUS_OK) {
+            std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
+            rollback();
+            return finish(s);
+        }
+        added.push_back(w);
+        rep.bytes_added += f16_bytes(w);
+    }
+    const cudaError_t e = cudaStreamSynchronize(ctx->stream);  // a faulting dequant surfaces here
+    if (e != cudaSuccess) {
+        const pf_status s = cuda_fail(e, __FILE__, __LINE__, "prewarm_f16: dequantize");
+        std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
+        rollback();
+        return finish(s);
+    }
+    rep.armed = 1;
+    rep.weights_added = int32_t(added.size());
+    rep.weights_cached = rep.weights_total;
+    return finish(PF_STATUS_OK);
+}
+
+}  // namespace pf

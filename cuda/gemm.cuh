@@ -1,0 +1,57 @@
+// gemm.cuh — projections Y = X . W^T through the f32 / f16 legs, the weights' fp16 caches and
+// the all-or-nothing fp16 prewarm. Internal host entry points (namespace pf); the C API is in
+// api_gemm.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "context.h"
+#include "prefill.h"
+
+namespace pf {
+
+// The process default leg, resolved: PF_GEMM_AUTO, PF_GEMM_F32 or PF_GEMM_F16. Read once from
+// env PREFILL_GEMM = f16 | f32 | auto (unset or empty = auto; any other value prints one
+// warning line on stderr and means auto), unless overridden by set_gemm_default_leg.
+int32_t gemm_default_leg();
+// Overrides the process default (PF_GEMM_AUTO / F32 / F16); PF_GEMM_DEFAULT restores the env
+// value. INVALID_ARGUMENT for other values.
+pf_status set_gemm_default_leg(int32_t leg);
+// The leg a call with `leg` on weight `w` runs: PF_GEMM_F32 or PF_GEMM_F16 (AUTO = F16 when
+// w has an fp16 cache, else F32). UNSUPPORTED for PF_GEMM_INT8, INVALID_ARGUMENT for unknown.
+pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
+
+// Projection through weight w ([n][k] GGUF blocks, n = w->n, k = w->k):
+//   Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i]   for r < rows, j < n
+// X: device fp32, row-major, row stride ldx >= k. Y: device fp32, row stride ldy >= n;
+// columns [n, ldy) are never touched. X and Y must not overlap. rows == 0 is a no-op.
+// Legs (`leg` a pf_gemm_leg; PF_GEMM_DEFAULT = the process default):
+//  - F32: W dequantized to fp32 into ctx->scratch_f32 in slabs of rows (an F32 weight is used
+//    in place), cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32).
+//  - F16: W from its fp16 cache (w->f16), or an F16 weight in place, or dequantized per call
+//    to fp16 slabs in ctx->scratch_f16_w ("streaming"); X rounded to fp16 into
+//    ctx->scratch_f16_x; cublasGemmEx fp16 x fp16 -> fp32 with fp32 compute on ctx->blas_tc.
+//    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
+//    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
+//    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.
+// Sizes (rows, n, k, ldx, ldy) must fit in int32 (cuBLAS). Asynchronous on ctx->stream; the
+// scratches may grow (allocation) on the first call with a larger shape.
+pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                  float *y, int64_t ldy, bool accumulate, int32_t leg);
+
+// Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
+// OUT_OF_MEMORY leaves w uncached and the context usable.
+pf_status weight_cache_f16(pf_weight *w);
+// Frees w->f16 (waits for the context's stream first); a no-op when not cached.
+pf_status weight_drop_f16(pf_weight *w);
+
+// All-or-nothing fp16 caching of a set of weights of ctx (NULL entries are invalid; repeated
+// entries count once; already cached weights count as done). Arms only when the bytes still
+// needed + headroom_bytes <= the device's free memory; on a shortfall or an allocation failure
+// every cache made by this call is freed, report->armed = 0 with the reason in
+// report->reason, and the status is OK. CUDA faults return their status (after the rollback).
+// Synchronizes ctx->stream. `report` may be NULL.
+pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
+                      size_t headroom_bytes, pf_prewarm_report *report);
+
+}  // namespace pf

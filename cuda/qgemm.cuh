@@ -1,0 +1,36 @@
+// qgemm.cuh — fused projections straight on Q4_0 / Q8_0 blocks (no dequantized copy of W):
+// GEMM, GEMM + residual (accumulate), gate+up+SwiGLU, and GEMV for one row. fp32 arithmetic
+// (tolerance 1e-5 vs float64). Internal host entry points (namespace pf); the C API is in
+// api_gemm.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "prefill.h"
+
+namespace pf {
+
+// True when the fused kernels are built for this GGML type (Q4_0, Q8_0).
+bool qgemm_supports(int32_t qtype);
+
+// Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i], r < rows, j < n.
+// W: device [n][k] GGUF blocks of `qtype` (k a multiple of 32). X: device fp32 [rows][ldx],
+// ldx >= k. Y: device fp32 [rows][ldy], ldy >= n; columns [n, ldy) untouched. X and Y must not
+// overlap. rows == 1 runs the GEMV kernel. rows == 0 is a no-op. UNSUPPORTED for other types.
+pf_status qgemm(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, int64_t rows,
+                int64_t ldx, float *y, int64_t ldy, bool accumulate, cudaStream_t stream);
+
+// Fused gate + up + SwiGLU: W is [2n][k] — rows [0, n) the gate, rows [n, 2n) the up
+// projection (the two GGUF tensors stacked). out[r][j] = silu(g) * u with
+// g = X[r] . W[j], u = X[r] . W[n + j], silu(g) = g / (1 + exp(-g)); out: [rows][ldo], ldo >= n.
+pf_status qgemm_swiglu(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x,
+                       int64_t rows, int64_t ldx, float *out, int64_t ldo, cudaStream_t stream);
+
+// GEMV for one row: y[j] = (accumulate ? y[j] : 0) + sum_i x[i] * W[j][i], j < n.
+// x: device fp32 [k]; y: device fp32 [n]. One warp per output.
+pf_status qgemv(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, float *y,
+                bool accumulate, cudaStream_t stream);
+
+}  // namespace pf

@@ -1,0 +1,114 @@
+"""Fused kernels on Q4_0 / Q8_0 blocks (GEMM, GEMM + residual, gate+up+SwiGLU, GEMV) against a
+float64 reference of the dequantized weights (gguf.quants.dequantize). They use fp32 arithmetic
+(exactly decoded weights, fp32 FMA accumulation), so the bound is DESIGN.md's 1e-5."""
+import gguf
+import numpy as np
+import pytest
+from helpers import assert_close
+
+from pyprefill import core, errors
+from pyprefill.formats.quant import random_blocks
+from pyprefill.kernels import gemm
+
+pytestmark = pytest.mark.gpu
+
+FUSED = ["Q4_0", "Q8_0"]
+BOUND = 1e-5  # fp32 math
+
+
+def make_weight(ctx, rng, qtype: str, n: int, k: int):
+    data = random_blocks(n, k, core.qtype_id(qtype), rng)
+    ref = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
+    return ctx.weight(qtype, n, k, data), ref
+
+
+def randn(rng, *shape) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def silu(g: np.ndarray) -> np.ndarray:
+    return g / (1.0 + np.exp(-g))
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["gemm", "residual"])
+@pytest.mark.parametrize("rows,k,n", [(1, 1024, 3584), (7, 96, 100), (777, 1024, 1000),
+                                      (64, 2560, 9216), (33, 5120, 640), (130, 32, 65)])
+@pytest.mark.parametrize("qtype", FUSED)
+def test_qgemm(ctx, rng, qtype, rows, k, n, accumulate):
+    w, w64 = make_weight(ctx, rng, qtype, n, k)
+    with w:
+        x = randn(rng, rows, k)
+        y0 = randn(rng, rows, n) if accumulate else None
+        out = gemm.qgemm(ctx, w, x, accumulate=accumulate, y=y0)
+        ref = x.astype(np.float64) @ w64.T + (y0 if accumulate else 0.0)
+        assert_close(f"qgemm {qtype} {rows}x{k}->{n}", ref, out, rtol=BOUND)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("qtype", FUSED)
+def test_qgemm_strided_gap_untouched(ctx, rng, qtype, accumulate):
+    rows, k, n = 70, 256, 130
+    w, w64 = make_weight(ctx, rng, qtype, n, k)
+    with w:
+        x = randn(rng, rows, k + 5)
+        x[:, k:] = np.nan                                   # ignored columns of a strided x
+        ldy = n + 11
+        y0 = np.full((rows, ldy), -777.0, np.float32)
+        y0[:, :n] = randn(rng, rows, n)
+        out = gemm.qgemm(ctx, w, x, accumulate=accumulate, y=y0)
+        assert (out[:, n:] == -777.0).all(), "columns beyond n were written"
+        ref = x[:, :k].astype(np.float64) @ w64.T + (y0[:, :n] if accumulate else 0.0)
+        assert_close(f"qgemm strided {qtype}", ref, out[:, :n], rtol=BOUND)
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 1024, 3584), (7, 1024, 3584), (777, 256, 200),
+                                      (64, 2560, 9216), (5, 64, 33)])
+@pytest.mark.parametrize("qtype", FUSED)
+def test_qgemm_swiglu(ctx, rng, qtype, rows, k, n):
+    w, w64 = make_weight(ctx, rng, qtype, 2 * n, k)     # rows [0, n) gate, [n, 2n) up
+    with w:
+        x = randn(rng, rows, k)
+        out = gemm.qgemm_swiglu(ctx, w, x, ldo=n + 3)
+        assert np.isnan(out[:, n:]).all(), "columns beyond n were written"
+        x64 = x.astype(np.float64)
+        ref = silu(x64 @ w64[:n].T) * (x64 @ w64[n:].T)
+        assert_close(f"swiglu {qtype} {rows}x{k}->{n}", ref, out[:, :n], rtol=BOUND)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("k,n", [(1024, 3584), (2560, 9216), (32, 7), (5120, 1000)])
+@pytest.mark.parametrize("qtype", FUSED)
+def test_qgemv(ctx, rng, qtype, k, n, accumulate):
+    w, w64 = make_weight(ctx, rng, qtype, n, k)
+    with w:
+        x = randn(rng, k)
+        y0 = randn(rng, n) if accumulate else None
+        out = gemm.qgemv(ctx, w, x, accumulate=accumulate, y=y0)
+        ref = w64 @ x.astype(np.float64) + (y0 if accumulate else 0.0)
+        assert_close(f"qgemv {qtype} {k}->{n}", ref, out, rtol=BOUND)
+
+
+def test_fused_matches_f32_leg(ctx, rng):
+    w, _ = make_weight(ctx, rng, "Q4_0", 300, 512)
+    with w:
+        x = randn(rng, 19, 512)
+        fused = gemm.qgemm(ctx, w, x)
+        leg = gemm.project(ctx, w, x, leg="f32")
+        assert_close("fused vs f32 leg", leg.astype(np.float64), fused, rtol=BOUND)
+
+
+def test_fused_rejects_other_qtypes_and_bad_shapes(ctx, rng):
+    w, _ = make_weight(ctx, rng, "Q4_K", 64, 256)
+    with w:
+        with pytest.raises(errors.UnsupportedError, match="Q4_0 and Q8_0 only; w is Q4_K"):
+            gemm.qgemm(ctx, w, randn(rng, 3, 256))
+        with pytest.raises(errors.UnsupportedError, match="Q4_0 and Q8_0 only"):
+            gemm.qgemv(ctx, w, randn(rng, 256))
+    w, _ = make_weight(ctx, rng, "Q8_0", 63, 64)
+    with w:
+        with pytest.raises(errors.InvalidArgumentError, match="even count"):
+            gemm.qgemm_swiglu(ctx, w, randn(rng, 3, 64))
+        with pytest.raises(errors.InvalidArgumentError, match=r"x: expected float32 of shape \(64,\)"):
+            gemm.qgemv(ctx, w, randn(rng, 63))
+        empty = gemm.qgemm(ctx, w, np.zeros((0, 64), np.float32))
+        assert empty.shape == (0, 63)
