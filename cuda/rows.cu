@@ -1,0 +1,336 @@
+// rows.cu — row kernels: RMSNorm, per-head RMSNorm, partial NEOX RoPE, SwiGLU, residual add,
+// sigmoid output gate. Three layers per op: __global__ kernel (one args struct) -> launcher ->
+// entry (declared in rows.cuh). All fp32; reductions in a fixed order (deterministic).
+#include <climits>
+#include <cmath>
+
+#include "cuda_check.cuh"
+#include "rows.cuh"
+
+namespace pf {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kElemBlock = 256;        // elementwise kernels: 8 warps, enough to hide latency
+constexpr int kNormBlock = 256;        // full-row RMSNorm: one block per row
+constexpr int kHeadWarps = 4;          // warp-per-head kernels: 4 heads per block of 128 threads
+constexpr int64_t kMaxGridY = 65535;   // hardware limit of gridDim.y
+constexpr int64_t kMaxGridX = INT_MAX; // hardware limit of gridDim.x (2^31 - 1)
+
+// Butterfly sum over the 32 lanes. Every lane ends with the bitwise-same value: at each step
+// lane l adds its partner's partial to its own, and a + b == b + a in IEEE arithmetic.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024), fixed order: per-thread strided
+// partials, butterfly within each warp, then warp 0 butterflies the per-warp sums. Every thread
+// returns the same value. `red` is shared scratch of >= 32 floats.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int n_warps = blockDim.x / kWarp;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < n_warps ? red[lane] : 0.0f;  // padding lanes add exact zeros
+    t = warp_sum(t);
+    __syncthreads();  // every warp has read red[] before a later call may overwrite it
+    return t;
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ------------------------------------------------------------------------------ RMSNorm
+
+struct RmsNormArgs {
+    const float *x;
+    int64_t ldx;
+    const float *w;
+    float *y;
+    int64_t ldy;
+    int64_t cols;
+    float eps;
+};
+
+// One block per row. In place is safe: each thread rewrites only elements it read itself,
+// after the block-wide sum (which synchronises) is complete.
+__global__ void rms_norm_kernel(const __grid_constant__ RmsNormArgs a) {
+    __shared__ float red[kWarp];
+    const int64_t r = blockIdx.x;
+    const float *x = a.x + r * a.ldx;
+    float *y = a.y + r * a.ldy;
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
+    s = block_sum(s, red);
+    const float inv = 1.0f / sqrtf(s / (float)a.cols + a.eps);
+    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) y[c] = (x[c] * inv) * a.w[c];
+}
+
+// ------------------------------------------------------------------------------ per-head RMSNorm
+
+struct HeadNormArgs {
+    float *x;
+    int64_t ld;
+    int64_t rows;
+    int32_t n_heads;
+    int64_t head_stride;
+    int32_t head_dim;
+    const float *w;
+    float eps;
+};
+
+// One warp per (row, head); lanes stride over the head's elements.
+__global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
+    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
+    if (gw >= a.rows * a.n_heads) return;  // whole warps exit together: shuffles stay full
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = gw / a.n_heads, h = gw % a.n_heads;
+    float *x = a.x + r * a.ld + h * a.head_stride;
+    float s = 0.0f;
+    for (int i = lane; i < a.head_dim; i += kWarp) s = fmaf(x[i], x[i], s);
+    s = warp_sum(s);
+    const float inv = 1.0f / sqrtf(s / (float)a.head_dim + a.eps);
+    for (int i = lane; i < a.head_dim; i += kWarp) x[i] = (x[i] * inv) * a.w[i];
+}
+
+// ------------------------------------------------------------------------------ RoPE
+
+struct RopeArgs {
+    float *x;
+    int64_t ld;
+    int64_t rows;
+    int32_t n_heads;
+    int64_t head_stride;
+    int32_t half;     // rot_dim / 2
+    int64_t pos0;
+    double base;      // theta_b, in double for the angle
+    double rot;       // rot_dim
+};
+
+// One thread per (row, pair index i): the angle depends on (t, i) only, so it is computed once
+// and applied to every head of the row.
+__global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= a.rows * a.half) return;
+    const int64_t t = idx / a.half;
+    const int i = (int)(idx % a.half);
+    // Angle in float64: fp32 would lose ~p*6e-8 rad to the product's rounding alone (1.6e-2
+    // rad at p = 2^18). Hopper's fp64 units make these two transcendentals per thread cheap.
+    const double inv_freq = pow(a.base, -(2.0 * i) / a.rot);
+    const double phi = (double)(a.pos0 + t) * inv_freq;
+    double sd, cd;
+    sincos(phi, &sd, &cd);  // full double range reduction (Payne-Hanek for large phi)
+    const float s = (float)sd, c = (float)cd;
+    float *row = a.x + t * a.ld + i;
+    for (int h = 0; h < a.n_heads; ++h) {
+        float *p = row + h * a.head_stride;
+        const float u0 = p[0], u1 = p[a.half];
+        p[0] = u0 * c - u1 * s;
+        p[a.half] = u0 * s + u1 * c;
+    }
+}
+
+// ------------------------------------------------------------------------------ elementwise
+
+// Elementwise kernels: grid.x = rows (up to 2^31-1), grid.y = column blocks (<= 65535, the
+// loop covers the rest). No division per element.
+struct SwigluArgs {
+    const float *g;
+    int64_t ldg;
+    const float *u;
+    int64_t ldu;
+    float *out;
+    int64_t ldo;
+    int64_t cols;
+};
+
+__global__ void swiglu_kernel(const __grid_constant__ SwigluArgs a) {
+    const int64_t r = blockIdx.x;
+    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < a.cols;
+         c += (int64_t)gridDim.y * blockDim.x) {
+        const float g = a.g[r * a.ldg + c];
+        const float silu = g / (1.0f + expf(-g));  // g -> -inf: g / inf = -0, no NaN
+        a.out[r * a.ldo + c] = silu * a.u[r * a.ldu + c];
+    }
+}
+
+struct AddArgs {
+    float *y;
+    int64_t ldy;
+    const float *x;
+    int64_t ldx;
+    int64_t cols;
+};
+
+__global__ void add_kernel(const __grid_constant__ AddArgs a) {
+    const int64_t r = blockIdx.x;
+    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < a.cols;
+         c += (int64_t)gridDim.y * blockDim.x)
+        a.y[r * a.ldy + c] += a.x[r * a.ldx + c];
+}
+
+struct GateArgs {
+    float *o;
+    int64_t ldo;
+    const float *gate;
+    int64_t ldgate;
+    int64_t gate_head_stride;
+    int32_t head_dim;
+    int64_t cols;  // n_heads * head_dim
+};
+
+__global__ void sigmoid_gate_kernel(const __grid_constant__ GateArgs a) {
+    const int64_t r = blockIdx.x;
+    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < a.cols;
+         c += (int64_t)gridDim.y * blockDim.x) {
+        const int64_t h = c / a.head_dim, i = c % a.head_dim;
+        a.o[r * a.ldo + c] *= sigmoidf_(a.gate[r * a.ldgate + h * a.gate_head_stride + i]);
+    }
+}
+
+dim3 elementwise_grid(int64_t rows, int64_t cols) {
+    int64_t yb = (cols + kElemBlock - 1) / kElemBlock;
+    if (yb > kMaxGridY) yb = kMaxGridY;
+    return dim3((unsigned)rows, (unsigned)yb, 1);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ entries
+
+pf_status rms_norm_rows(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy,
+                        int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "rms_norm_rows: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(cols >= 1, "rms_norm_rows: cols=%lld must be >= 1", (long long)cols);
+    PF_CHECK_ARG(ldx >= cols && ldy >= cols, "rms_norm_rows: ldx=%lld / ldy=%lld < cols=%lld",
+                 (long long)ldx, (long long)ldy, (long long)cols);
+    PF_CHECK_ARG(eps >= 0.0f && std::isfinite(eps), "rms_norm_rows: eps=%g must be finite, >= 0",
+                 (double)eps);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(x && w && y, "rms_norm_rows: null pointer (x=%p w=%p y=%p)", (const void *)x,
+                 (const void *)w, (void *)y);
+    const RmsNormArgs a{x, ldx, w, y, ldy, cols, eps};
+    // Small rows (qwen 0.6B/0.8B hidden 1024): 128 threads, 8 elements each; larger: 256.
+    const int block = cols <= 1024 ? 128 : kNormBlock;
+    rms_norm_kernel<<<(unsigned)rows, block, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("rms_norm_kernel");
+    return PF_STATUS_OK;
+}
+
+namespace {
+pf_status check_heads(const char *fn, int64_t ld, int64_t rows, int32_t n_heads,
+                      int64_t head_stride, int32_t head_dim) {
+    PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
+    PF_CHECK_ARG(n_heads >= 1, "%s: n_heads=%d must be >= 1", fn, n_heads);
+    PF_CHECK_ARG(head_dim >= 1, "%s: head_dim=%d must be >= 1", fn, head_dim);
+    PF_CHECK_ARG(head_stride >= head_dim, "%s: head_stride=%lld < head_dim=%d", fn,
+                 (long long)head_stride, head_dim);
+    PF_CHECK_ARG(ld >= (int64_t)(n_heads - 1) * head_stride + head_dim,
+                 "%s: ld=%lld < (n_heads-1)*head_stride + head_dim = %lld", fn, (long long)ld,
+                 (long long)((int64_t)(n_heads - 1) * head_stride + head_dim));
+    PF_CHECK_ARG(rows * n_heads <= kMaxGridX, "%s: rows*n_heads=%lld too large", fn,
+                 (long long)(rows * n_heads));
+    return PF_STATUS_OK;
+}
+}  // namespace
+
+pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
+                             int64_t head_stride, int32_t head_dim, const float *w, float eps,
+                             cudaStream_t stream) {
+    PF_TRY(check_heads("head_rms_norm_rows", ld, rows, n_heads, head_stride, head_dim));
+    PF_CHECK_ARG(eps >= 0.0f && std::isfinite(eps),
+                 "head_rms_norm_rows: eps=%g must be finite, >= 0", (double)eps);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(x && w, "head_rms_norm_rows: null pointer (x=%p w=%p)", (void *)x,
+                 (const void *)w);
+    const HeadNormArgs a{x, ld, rows, n_heads, head_stride, head_dim, w, eps};
+    const int64_t warps = rows * n_heads;
+    head_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp,
+                           0, stream>>>(a);
+    PF_LAUNCH_CHECK("head_rms_norm_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                         int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
+                         cudaStream_t stream) {
+    PF_TRY(check_heads("rope_neox_rows", ld, rows, n_heads, head_stride, head_dim));
+    PF_CHECK_ARG(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim,
+                 "rope_neox_rows: rot_dim=%d must be even, in [2, head_dim=%d]", rot_dim,
+                 head_dim);
+    PF_CHECK_ARG(pos0 >= 0 && pos0 <= INT64_MAX / 2 - rows, "rope_neox_rows: pos0=%lld out of range",
+                 (long long)pos0);
+    PF_CHECK_ARG(base > 1.0f && std::isfinite(base), "rope_neox_rows: base=%g must be > 1",
+                 (double)base);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(x != nullptr, "rope_neox_rows: x is NULL");
+    const int32_t half = rot_dim / 2;
+    const RopeArgs a{x, ld, rows, n_heads, head_stride, half, pos0, (double)base, (double)rot_dim};
+    const int64_t threads = rows * half;
+    const int block = 128;
+    PF_CHECK_ARG((threads + block - 1) / block <= kMaxGridX, "rope_neox_rows: rows=%lld too large",
+                 (long long)rows);
+    rope_neox_kernel<<<(unsigned)((threads + block - 1) / block), block, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("rope_neox_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status swiglu_rows(const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
+                      int64_t ldo, int64_t rows, int64_t cols, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "swiglu_rows: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(cols >= 1, "swiglu_rows: cols=%lld must be >= 1", (long long)cols);
+    PF_CHECK_ARG(ldg >= cols && ldu >= cols && ldo >= cols,
+                 "swiglu_rows: ldg=%lld / ldu=%lld / ldo=%lld < cols=%lld", (long long)ldg,
+                 (long long)ldu, (long long)ldo, (long long)cols);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(g && u && out, "swiglu_rows: null pointer");
+    const SwigluArgs a{g, ldg, u, ldu, out, ldo, cols};
+    swiglu_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("swiglu_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status add_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "add_rows: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(cols >= 1, "add_rows: cols=%lld must be >= 1", (long long)cols);
+    PF_CHECK_ARG(ldy >= cols && ldx >= cols, "add_rows: ldy=%lld / ldx=%lld < cols=%lld",
+                 (long long)ldy, (long long)ldx, (long long)cols);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(y && x, "add_rows: null pointer");
+    const AddArgs a{y, ldy, x, ldx, cols};
+    add_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("add_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ldgate,
+                            int64_t gate_head_stride, int64_t rows, int32_t n_heads,
+                            int32_t head_dim, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "sigmoid_gate_rows: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(n_heads >= 1 && head_dim >= 1, "sigmoid_gate_rows: n_heads=%d head_dim=%d must be >= 1",
+                 n_heads, head_dim);
+    const int64_t cols = (int64_t)n_heads * head_dim;
+    PF_CHECK_ARG(ldo >= cols, "sigmoid_gate_rows: ldo=%lld < n_heads*head_dim=%lld",
+                 (long long)ldo, (long long)cols);
+    PF_CHECK_ARG(gate_head_stride >= head_dim,
+                 "sigmoid_gate_rows: gate_head_stride=%lld < head_dim=%d",
+                 (long long)gate_head_stride, head_dim);
+    PF_CHECK_ARG(ldgate >= (int64_t)(n_heads - 1) * gate_head_stride + head_dim,
+                 "sigmoid_gate_rows: ldgate=%lld < (n_heads-1)*gate_head_stride + head_dim",
+                 (long long)ldgate);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(o && gate, "sigmoid_gate_rows: null pointer");
+    const GateArgs a{o, ldo, gate, ldgate, gate_head_stride, head_dim, cols};
+    sigmoid_gate_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("sigmoid_gate_kernel");
+    return PF_STATUS_OK;
+}
+
+}  // namespace pf
