@@ -1,5 +1,5 @@
 // api_gemm.cu — the C API of the gemm family: dequantization, embedding gather, projections,
-// fp16 caches and prewarm, fused Q4_0 / Q8_0 kernels. Every entry validates all of its
+// fp16 caches and prewarm, fused kernels on the blocks. Every entry validates all of its
 // arguments (scalars first, then the weight, then ctx, then the buffers) before any device
 // work, then delegates to the internal entry points on ctx->stream.
 #include <climits>
@@ -206,9 +206,8 @@ namespace {
 pf_status check_fused_weight(const char *fn, const pf_weight *w) {
     PF_CHECK_ARG(w != nullptr, "%s: w is NULL", fn);
     if (!pf::qgemm_supports(w->qtype))
-        return pf::fail(PF_STATUS_UNSUPPORTED,
-                        "%s: fused kernels exist for Q4_0 and Q8_0 only; w is %s (use pf_project)",
-                        fn, pf_qtype_name(w->qtype));
+        return pf::fail(PF_STATUS_UNSUPPORTED, "%s: no fused kernel for w of type %s (%d)", fn,
+                        pf_qtype_name(w->qtype), int(w->qtype));
     return PF_STATUS_OK;
 }
 }  // namespace
@@ -222,6 +221,9 @@ extern "C" PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const 
         PF_CHECK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d must be 0 or 1", fn,
                      int(accumulate));
         PF_TRY(check_fused_weight(fn, w));
+        PF_CHECK_ARG(rows == 1 || w->k % 32 == 0,
+                     "%s: k=%lld must be a multiple of 32 for the tiled kernel (rows=%lld)", fn,
+                     (long long)w->k, (long long)rows);
         size_t xb = 0, yb = 0;
         PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));
         PF_TRY(check_rows_stride(fn, rows, "ldy", ldy, "n", w->n, &yb));
@@ -245,6 +247,7 @@ extern "C" PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w,
         PF_TRY(check_fused_weight(fn, w));
         PF_CHECK_ARG(w->n % 2 == 0, "%s: w has n=%lld rows; gate+up needs an even count (2 x n_ff)",
                      fn, (long long)w->n);
+        PF_CHECK_ARG(w->k % 32 == 0, "%s: k=%lld must be a multiple of 32", fn, (long long)w->k);
         const int64_t n = w->n / 2;
         size_t xb = 0, ob = 0;
         PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));

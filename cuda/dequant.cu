@@ -1,10 +1,11 @@
 // dequant.cu — dequantization of GGUF blocks to fp32 / fp16 and the embedding gather.
 //
-// One thread per output element over a grid-stride loop in int64 (n * k reaches 2^31 for the
-// 248k-token embedding): writes are fully coalesced, and the block headers (scales) that
-// neighbouring threads re-read come from L1. Exact per quant.cuh; speed later without
-// changing the entry points (e.g. one warp per block with vector stores).
+// Block types: one thread per 8 consecutive elements (they share one block header, read once)
+// with 16-byte vector stores where the output is aligned; element types (F32/F16/BF16, any k):
+// one thread per element. Grid-stride loops in int64 (n * k reaches 2^31 for the 248k-token
+// embedding). Exact per quant.cuh.
 #include <algorithm>
+#include <cstdint>
 
 #include "context.h"
 #include "cuda_check.cuh"
@@ -28,36 +29,75 @@ struct dequant_args {
     int64_t ldo;            // output row stride in elements
 };
 
-template <int Q, bool kF16>
+// G = elements per thread (8 for block types, 1 for element types); kVec: 16-byte stores
+// (the output row start and ldo keep every group 16-byte aligned).
+template <int Q, bool kF16, int G, bool kVec>
 __global__ void dequant_kernel(const __grid_constant__ dequant_args a) {
-    const int64_t total = a.rows * a.k;
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-         e += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t r = e / a.k, col = e - r * a.k;
+    const int64_t kg = a.k / G;  // groups per row
+    const int64_t total = a.rows * kg;
+    for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
+         g += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = g / kg, c0 = (g - r * kg) * G;
         int64_t src = r;
         if (a.ids) {
             src = a.ids[r];
             src = src < 0 ? 0 : (src >= a.n_src ? a.n_src - 1 : src);  // memory safety only
         }
-        const float v = decode_at<Q>(a.blocks + src * a.row_bytes, col);
-        if (kF16)
-            static_cast<__half *>(a.out)[r * a.ldo + col] = __float2half_rn(v);  // RNE, as numpy
+        const uint8_t *rp = a.blocks + src * a.row_bytes;
+        float v[G];
+        if constexpr (G == 8)
+            decode8_at<Q>(rp, c0, v);
         else
-            static_cast<float *>(a.out)[r * a.ldo + col] = v;
+            v[0] = decode_at<Q>(rp, c0);
+        const int64_t o = r * a.ldo + c0;
+        if constexpr (kF16) {
+            __half *out = static_cast<__half *>(a.out) + o;
+            if constexpr (kVec && G == 8) {
+                __align__(16) __half h[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) h[e] = __float2half_rn(v[e]);  // RNE, as numpy
+                *reinterpret_cast<uint4 *>(out) = *reinterpret_cast<const uint4 *>(h);
+            } else {
+#pragma unroll
+                for (int e = 0; e < G; ++e) out[e] = __float2half_rn(v[e]);
+            }
+        } else {
+            float *out = static_cast<float *>(a.out) + o;
+            if constexpr (kVec && G == 8) {
+                reinterpret_cast<float4 *>(out)[0] = make_float4(v[0], v[1], v[2], v[3]);
+                reinterpret_cast<float4 *>(out)[1] = make_float4(v[4], v[5], v[6], v[7]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < G; ++e) out[e] = v[e];
+            }
+        }
     }
+}
+
+template <int Q, bool kF16>
+void launch_type(const dequant_args &a, cudaStream_t stream) {
+    constexpr int G = qtraits<Q>::kElems == 1 ? 1 : 8;
+    const int64_t groups = a.rows * (a.k / G);
+    const int grid = int(std::min<int64_t>((groups + kThreads - 1) / kThreads, kMaxBlocks));
+    // 16-byte stores need every group start 16-byte aligned: the base and the row stride.
+    const size_t esz = kF16 ? sizeof(__half) : sizeof(float);
+    const bool vec = G == 8 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0 &&
+                     (size_t(a.ldo) * esz) % 16 == 0;
+    if (vec)
+        dequant_kernel<Q, kF16, G, true><<<grid, kThreads, 0, stream>>>(a);
+    else
+        dequant_kernel<Q, kF16, G, false><<<grid, kThreads, 0, stream>>>(a);
 }
 
 pf_status launch(int32_t qtype, const dequant_args &a, bool out_f16, cudaStream_t stream,
                  const char *what) {
     if (a.rows <= 0 || a.k <= 0) return PF_STATUS_OK;
-    const int64_t total = a.rows * a.k;
-    const int grid = int(std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks));
     const bool ok = dispatch_qtype(qtype, [&](auto tag) {
         constexpr int Q = decltype(tag)::value;
         if (out_f16)
-            dequant_kernel<Q, true><<<grid, kThreads, 0, stream>>>(a);
+            launch_type<Q, true>(a, stream);
         else
-            dequant_kernel<Q, false><<<grid, kThreads, 0, stream>>>(a);
+            launch_type<Q, false>(a, stream);
     });
     if (!ok) return fail(PF_STATUS_UNSUPPORTED, "%s: GGML type %d is not supported", what, int(qtype));
     PF_LAUNCH_CHECK(what);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "cuda_check.cuh"
 #include "dequant.cuh"
 #include "gemm.cuh"
+#include "qgemm.cuh"
 
 namespace pf {
 namespace {
@@ -103,13 +105,24 @@ __device__ __forceinline__ float block_max(float v, float *red) {
 }
 
 // One block per row: max|x| of the row, a power-of-two scale when it exceeds kF16RowMax, the
-// fp16 cast, and the pre-scale of the existing output row for accumulate.
+// fp16 cast, and the pre-scale of the existing output row for accumulate. kVec: x rows are
+// 16-byte aligned and k % 4 == 0, so 4 elements move per float4 load / 8-byte store (the second
+// read of the row comes from L1/L2).
+template <bool kVec>
 __global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
     __shared__ float red[32];
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
         const float *xr = a.x + r * a.ldx;
+        __half *hr = a.xh + r * a.k;
         float m = 0.0f;
-        for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
+        if constexpr (kVec) {
+            for (int64_t j = threadIdx.x; j < a.k / 4; j += blockDim.x) {
+                const float4 v = reinterpret_cast<const float4 *>(xr)[j];
+                m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+            }
+        } else {
+            for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
+        }
         m = block_max(m, red);
         float scale = 1.0f, inv = 1.0f;
         if (m > kF16RowMax && m <= FLT_MAX) {  // Inf/NaN rows stay unscaled: they propagate as in f32
@@ -119,8 +132,17 @@ __global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
             scale = ldexpf(1.0f, -e);           // powers of two: scaling is exact
             inv = ldexpf(1.0f, e);
         }
-        __half *hr = a.xh + r * a.k;
-        for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) hr[j] = __float2half_rn(xr[j] * scale);
+        if constexpr (kVec) {
+            for (int64_t j = threadIdx.x; j < a.k / 4; j += blockDim.x) {
+                const float4 v = reinterpret_cast<const float4 *>(xr)[j];
+                __half2 *h2 = reinterpret_cast<__half2 *>(hr) + 2 * j;  // 8-byte aligned: k % 4 == 0
+                h2[0] = __floats2half2_rn(v.x * scale, v.y * scale);
+                h2[1] = __floats2half2_rn(v.z * scale, v.w * scale);
+            }
+        } else {
+            for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x)
+                hr[j] = __float2half_rn(xr[j] * scale);
+        }
         if (a.accumulate && scale != 1.0f) {
             float *yr = a.y + r * a.ldy;
             for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= scale;
@@ -152,6 +174,8 @@ pf_status project_f32(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     const int n = int(w->n), k = int(w->k);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_f32, CUBLAS_POINTER_MODE_HOST));
+    if (rows == 1 && w->qtype != PF_QTYPE_F32)  // one token: read the blocks once, fp32 math
+        return qgemv(w->data, w->qtype, w->n, w->k, x, y, accumulate, ctx->stream);
     if (w->qtype == PF_QTYPE_F32) {  // in place
         PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, n, int(rows), k, &alpha,
                                   static_cast<const float *>(w->data), k, x, int(ldx), &beta, y,
@@ -187,6 +211,12 @@ pf_status gemm_f16(pf_context *ctx, const __half *wh, int64_t nc, int64_t k, con
 pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
     const int64_t n = w->n, k = w->k;
+    const __half *whole = w->f16 ? w->f16
+                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                     : nullptr;
+    // One token and no fp16 copy: a streaming dequant would read and write the whole weight;
+    // the GEMV reads the blocks once (fp32 math: more exact than the leg promises, no overflow).
+    if (rows == 1 && !whole) return qgemv(w->data, w->qtype, n, k, x, y, accumulate, ctx->stream);
     // Activations: [rows][k] fp16, then the per-row inverse scales, in one scratch.
     const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
     PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_x, xh_bytes + size_t(rows) * sizeof(float),
@@ -194,14 +224,14 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     __half *xh = static_cast<__half *>(ctx->scratch_f16_x.ptr);
     float *inv = reinterpret_cast<float *>(static_cast<char *>(ctx->scratch_f16_x.ptr) + xh_bytes);
     const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
-    cast_rows_f16_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(
-        cast_args{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0});
+    const cast_args ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
+    if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0)
+        cast_rows_f16_kernel<true><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
+    else
+        cast_rows_f16_kernel<false><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
     PF_LAUNCH_CHECK("cast_rows_f16");
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     const float beta = accumulate ? 1.0f : 0.0f;
-    const __half *whole = w->f16 ? w->f16
-                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
-                                                     : nullptr;
     if (whole) {
         PF_TRY(gemm_f16(ctx, whole, n, k, xh, rows, y, ldy, beta));
     } else {  // streaming: fp16 slabs dequantized per call

@@ -34,6 +34,9 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
 //    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
 //    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
 //    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.
+//  - rows == 1 without an fp16 copy of W (F32 leg on a non-F32 weight, F16 leg streaming): the
+//    fused GEMV (qgemm.cuh) reads the blocks once with fp32 math instead of dequantizing the
+//    whole weight for one token.
 // Sizes (rows, n, k, ldx, ldy) must fit in int32 (cuBLAS). Asynchronous on ctx->stream; the
 // scratches may grow (allocation) on the first call with a larger shape.
 pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,

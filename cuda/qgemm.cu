@@ -1,12 +1,14 @@
-// qgemm.cu — fused GEMM / GEMM + residual / gate+up+SwiGLU / GEMV straight on Q4_0 and Q8_0
-// blocks (the idea of OxiBonsai's q_std prefill kernels and of llama.cpp's mmq: never write the
-// dequantized weight to memory).
+// qgemm.cu — fused GEMM / GEMM + residual / gate+up+SwiGLU / GEMV straight on GGUF blocks
+// (the idea of OxiBonsai's q_std prefill kernels for Q4_0/Q8_0 and of llama.cpp's mmq: never
+// write the dequantized weight to memory). Built for every type quant.cuh decodes; Q4_0 and
+// Q8_0 are the ones the engine calls directly.
 //
 // First version, correct and simple: a 64x64 output tile per block of 256 threads, each
 // thread a 4x4 sub-tile; per 32-wide step of k one X tile (fp32) and one quantized block per
 // weight row (decoded to fp32) go to shared memory, then fp32 FMAs. The entry points are
 // shaped so that an mma/int8 kernel can replace the body later.
 #include <algorithm>
+#include <cstdint>
 
 #include "context.h"
 #include "cuda_check.cuh"
@@ -67,10 +69,10 @@ __global__ void __launch_bounds__(kThreads) qgemm_kernel(const __grid_constant__
         // W tile: one block of 32 per weight row, decoded to fp32 (exact, see quant.cuh).
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            const uint8_t *rp = a.w + (n0 + wr + int64_t(g) * a.n) * a.row_bytes;
+            float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (w_in) decode8_at<Q>(a.w + (n0 + wr + int64_t(g) * a.n) * a.row_bytes, k0 + we, v);
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-                ws[g][wr][we + e] = w_in ? decode_at<Q>(rp, k0 + we + e) : 0.0f;
+            for (int e = 0; e < 8; ++e) ws[g][wr][we + e] = v[e];
         }
         __syncthreads();
 #pragma unroll 8
@@ -116,37 +118,50 @@ struct qgemv_args {
     int accumulate;
 };
 
-// One warp per output: lane l reads element l of each block (for Q8_0 a coalesced 32-byte
-// read, the scale a broadcast) and the matching x; a shuffle reduction ends it.
-template <int Q>
+// One warp per output row. Block types: lane l takes the 8-element groups l, l+32, ... (a warp
+// step covers 256 consecutive elements, so the block bytes it reads are contiguous) and
+// decodes each group with one header read; element types: one element per lane and step.
+// A shuffle reduction ends it.
+template <int Q, bool kVecX>
 __global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(const __grid_constant__ qgemv_args a) {
     const int64_t j = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
     if (j >= a.n) return;  // whole warps leave together: the shuffles below stay full-warp
     const int lane = threadIdx.x & 31;
     const uint8_t *rp = a.w + j * a.row_bytes;
     float acc = 0.0f;
-    for (int64_t c = lane; c < a.k; c += 32) acc = fmaf(decode_at<Q>(rp, c), a.x[c], acc);
+    if constexpr (qtraits<Q>::kElems == 1) {
+        for (int64_t c = lane; c < a.k; c += 32) acc = fmaf(decode_at<Q>(rp, c), a.x[c], acc);
+    } else {
+        for (int64_t c0 = int64_t(lane) * 8; c0 < a.k; c0 += 32 * 8) {
+            float v[8], xv[8];
+            decode8_at<Q>(rp, c0, v);
+            if constexpr (kVecX) {  // x 16-byte aligned: two vector loads
+                const float4 x0 = reinterpret_cast<const float4 *>(a.x + c0)[0];
+                const float4 x1 = reinterpret_cast<const float4 *>(a.x + c0)[1];
+                xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+                xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) xv[e] = a.x[c0 + e];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc = fmaf(v[e], xv[e], acc);
+        }
+    }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) a.y[j] = a.accumulate ? a.y[j] + acc : acc;
 }
 
-template <class F>
-bool dispatch_fused(int32_t qtype, F &&f) {
-    switch (qtype) {
-        case PF_QTYPE_Q4_0: f(qtype_tag<PF_QTYPE_Q4_0>{}); return true;
-        case PF_QTYPE_Q8_0: f(qtype_tag<PF_QTYPE_Q8_0>{}); return true;
-        default: return false;
-    }
-}
-
-pf_status check_shape(int32_t qtype, int64_t n, int64_t k, int64_t rows, int64_t *row_bytes,
-                      const char *what) {
+pf_status check_shape(int32_t qtype, int64_t n, int64_t k, int64_t rows, bool tiled,
+                      int64_t *row_bytes, const char *what) {
     int64_t be = 0, bb = 0;
-    if (!qgemm_supports(qtype) || !qtype_block(qtype, &be, &bb))
-        return fail(PF_STATUS_UNSUPPORTED, "%s: fused kernels exist for Q4_0 and Q8_0 only, not %s (%d)",
-                    what, pf_qtype_name(qtype), int(qtype));
-    PF_CHECK_ARG(n > 0 && k > 0 && k % kBK == 0, "%s: n=%lld k=%lld (k must be a positive multiple of 32)",
-                 what, (long long)n, (long long)k);
+    if (!qtype_block(qtype, &be, &bb))
+        return fail(PF_STATUS_UNSUPPORTED, "%s: GGML type %d is not supported", what, int(qtype));
+    PF_CHECK_ARG(n > 0 && k > 0 && k % be == 0, "%s: n=%lld k=%lld (k must be a positive multiple of "
+                 "the %s block size %lld)", what, (long long)n, (long long)k, pf_qtype_name(qtype),
+                 (long long)be);
+    PF_CHECK_ARG(!tiled || k % kBK == 0,
+                 "%s: k=%lld must be a multiple of %d for the tiled kernels", what, (long long)k, kBK);
     PF_CHECK_ARG((rows + kBM - 1) / kBM <= kMaxGridY, "%s: rows=%lld exceeds %lld", what,
                  (long long)rows, (long long)kMaxGridY * kBM);
     *row_bytes = k / be * bb;
@@ -158,12 +173,12 @@ pf_status launch_gemm(const void *w, int32_t qtype, int64_t n, int64_t k, const 
                       int64_t rows, int64_t ldx, float *y, int64_t ldy, bool accumulate,
                       cudaStream_t stream, const char *what) {
     int64_t rb = 0;
-    PF_TRY(check_shape(qtype, n, k, rows, &rb, what));
+    PF_TRY(check_shape(qtype, n, k, rows, true, &rb, what));
     if (rows == 0) return PF_STATUS_OK;
     const qgemm_args a{static_cast<const uint8_t *>(w), rb, n, k, x, ldx, rows, y, ldy,
                        accumulate ? 1 : 0};
     const dim3 grid(unsigned((n + kBN - 1) / kBN), unsigned((rows + kBM - 1) / kBM));
-    dispatch_fused(qtype, [&](auto tag) {
+    dispatch_qtype(qtype, [&](auto tag) {
         qgemm_kernel<decltype(tag)::value, kSwiglu><<<grid, kThreads, 0, stream>>>(a);
     });
     PF_LAUNCH_CHECK(what);
@@ -172,16 +187,24 @@ pf_status launch_gemm(const void *w, int32_t qtype, int64_t n, int64_t k, const 
 
 }  // namespace
 
-bool qgemm_supports(int32_t qtype) { return qtype == PF_QTYPE_Q4_0 || qtype == PF_QTYPE_Q8_0; }
+bool qgemm_supports(int32_t qtype) {
+    int64_t be = 0, bb = 0;
+    return qtype_block(qtype, &be, &bb);  // every type quant.cuh decodes
+}
 
 pf_status qgemv(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, float *y,
                 bool accumulate, cudaStream_t stream) {
     int64_t rb = 0;
-    PF_TRY(check_shape(qtype, n, k, 1, &rb, "qgemv"));
+    PF_TRY(check_shape(qtype, n, k, 1, false, &rb, "qgemv"));
     const qgemv_args a{static_cast<const uint8_t *>(w), rb, n, k, x, y, accumulate ? 1 : 0};
     const unsigned grid = unsigned((n + kGemvWarps - 1) / kGemvWarps);
-    dispatch_fused(qtype, [&](auto tag) {
-        qgemv_kernel<decltype(tag)::value><<<grid, kGemvWarps * 32, 0, stream>>>(a);
+    const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0;  // float4 loads of x
+    dispatch_qtype(qtype, [&](auto tag) {
+        constexpr int Q = decltype(tag)::value;
+        if (vec_x)
+            qgemv_kernel<Q, true><<<grid, kGemvWarps * 32, 0, stream>>>(a);
+        else
+            qgemv_kernel<Q, false><<<grid, kGemvWarps * 32, 0, stream>>>(a);
     });
     PF_LAUNCH_CHECK("qgemv");
     return PF_STATUS_OK;

@@ -1,7 +1,8 @@
-// qgemm.cuh — fused projections straight on Q4_0 / Q8_0 blocks (no dequantized copy of W):
-// GEMM, GEMM + residual (accumulate), gate+up+SwiGLU, and GEMV for one row. fp32 arithmetic
-// (tolerance 1e-5 vs float64). Internal host entry points (namespace pf); the C API is in
-// api_gemm.cu.
+// qgemm.cuh — fused projections straight on GGUF blocks (no dequantized copy of W): GEMM,
+// GEMM + residual (accumulate), gate+up+SwiGLU, and GEMV for one row. Built for every type
+// quant.cuh decodes (Q4_0 and Q8_0 are the ones the engine calls directly). fp32 arithmetic on
+// exactly decoded weights (tolerance 1e-5 vs float64). Internal host entry points (namespace
+// pf); the C API is in api_gemm.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,13 +13,14 @@
 
 namespace pf {
 
-// True when the fused kernels are built for this GGML type (Q4_0, Q8_0).
+// True when the fused kernels are built for this GGML type (every supported type).
 bool qgemm_supports(int32_t qtype);
 
 // Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i], r < rows, j < n.
-// W: device [n][k] GGUF blocks of `qtype` (k a multiple of 32). X: device fp32 [rows][ldx],
+// W: device [n][k] GGUF blocks of `qtype` (k a multiple of 32 for the tiled kernels; any
+// multiple of the block size for the GEMV). X: device fp32 [rows][ldx],
 // ldx >= k. Y: device fp32 [rows][ldy], ldy >= n; columns [n, ldy) untouched. X and Y must not
-// overlap. rows == 1 runs the GEMV kernel. rows == 0 is a no-op. UNSUPPORTED for other types.
+// overlap. rows == 1 runs the GEMV kernel. rows == 0 is a no-op. UNSUPPORTED for unknown types.
 pf_status qgemm(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, int64_t rows,
                 int64_t ldx, float *y, int64_t ldy, bool accumulate, cudaStream_t stream);
 
@@ -29,7 +31,8 @@ pf_status qgemm_swiglu(const void *w, int32_t qtype, int64_t n, int64_t k, const
                        int64_t rows, int64_t ldx, float *out, int64_t ldo, cudaStream_t stream);
 
 // GEMV for one row: y[j] = (accumulate ? y[j] : 0) + sum_i x[i] * W[j][i], j < n.
-// x: device fp32 [k]; y: device fp32 [n]. One warp per output.
+// x: device fp32 [k] (16-byte aligned gets vector loads); y: device fp32 [n]. One warp per
+// output row.
 pf_status qgemv(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, float *y,
                 bool accumulate, cudaStream_t stream);
 

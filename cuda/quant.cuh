@@ -126,6 +126,15 @@ struct qtraits<PF_QTYPE_Q4_0> {
         const int q = (b->qs[i & 15] >> ((i >> 4) << 2)) & 0xF;  // i >= 16 reads the high nibble
         return __half2float(b->d) * float(q - 8);
     }
+    // Elements i0 .. i0+7 (i0 % 8 == 0): the same arithmetic as decode(), the header read once.
+    __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
+        const block_q4_0 *b = reinterpret_cast<const block_q4_0 *>(p);
+        const float d = __half2float(b->d);
+        const uint8_t *q = b->qs + (i0 & 15);
+        const int sh = (i0 >> 4) << 2;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = d * float(((q[e] >> sh) & 0xF) - 8);
+    }
 };
 template <>
 struct qtraits<PF_QTYPE_Q8_0> {
@@ -133,6 +142,12 @@ struct qtraits<PF_QTYPE_Q8_0> {
     __device__ static __forceinline__ float decode(const uint8_t *p, int i) {
         const block_q8_0 *b = reinterpret_cast<const block_q8_0 *>(p);
         return __half2float(b->d) * float(b->qs[i]);
+    }
+    __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
+        const block_q8_0 *b = reinterpret_cast<const block_q8_0 *>(p);
+        const float d = __half2float(b->d);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = d * float(b->qs[i0 + e]);
     }
 };
 template <>
@@ -147,6 +162,18 @@ struct qtraits<PF_QTYPE_Q4_K> {
         const float d1 = __half2float(b->d) * float(sc);     // exact (<= 17 bits)
         const float m1 = __half2float(b->dmin) * float(m);   // exact
         return d1 * float(q) - m1;                            // one rounding, as ggml
+    }
+    __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
+        const block_q4_K *b = reinterpret_cast<const block_q4_K *>(p);
+        const int j = i0 >> 5;  // the 8 elements share one sub-block of 32
+        int sc, m;
+        get_scale_min_k4(j, b->scales, sc, m);
+        const float d1 = __half2float(b->d) * float(sc);
+        const float m1 = __half2float(b->dmin) * float(m);
+        const uint8_t *q = b->qs + (j >> 1) * 32 + (i0 & 31);
+        const int sh = (j & 1) << 2;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = d1 * float((q[e] >> sh) & 0xF) - m1;
     }
 };
 template <>
@@ -163,6 +190,21 @@ struct qtraits<PF_QTYPE_Q5_K> {
         const float m1 = __half2float(b->dmin) * float(m);
         return d1 * float(q) - m1;
     }
+    __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
+        const block_q5_K *b = reinterpret_cast<const block_q5_K *>(p);
+        const int j = i0 >> 5, l0 = i0 & 31;
+        int sc, m;
+        get_scale_min_k4(j, b->scales, sc, m);
+        const float d1 = __half2float(b->d) * float(sc);
+        const float m1 = __half2float(b->dmin) * float(m);
+        const uint8_t *q = b->qs + (j >> 1) * 32 + l0;
+        const int sh = (j & 1) << 2;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int qq = ((q[e] >> sh) & 0xF) | (((b->qh[l0 + e] >> j) & 1) << 4);
+            v[e] = d1 * float(qq) - m1;
+        }
+    }
 };
 template <>
 struct qtraits<PF_QTYPE_Q6_K> {
@@ -174,6 +216,17 @@ struct qtraits<PF_QTYPE_Q6_K> {
         const int hi = (b->qh[h * 32 + (r & 31)] >> ((r >> 5) << 1)) & 3;
         const int q = (lo | (hi << 4)) - 32;
         return (__half2float(b->d) * float(b->scales[i >> 4])) * float(q);  // exact products
+    }
+    __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
+        const block_q6_K *b = reinterpret_cast<const block_q6_K *>(p);
+        const int h = i0 >> 7, r0 = i0 & 127;  // 8 elements: one half, one 16-group, no wrap
+        const uint8_t *ql = b->ql + h * 64 + (r0 & 63);
+        const uint8_t *qh = b->qh + h * 32 + (r0 & 31);
+        const int shl = (r0 >> 6) << 2, shh = (r0 >> 5) << 1;
+        const float s = __half2float(b->d) * float(b->scales[i0 >> 4]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            v[e] = s * float((((ql[e] >> shl) & 0xF) | (((qh[e] >> shh) & 3) << 4)) - 32);
     }
 };
 template <>
@@ -188,7 +241,31 @@ struct qtraits<PF_QTYPE_IQ4_XS> {
         const int q = (b->qs[ib * 16 + (j & 15)] >> ((j >> 4) << 2)) & 0xF;
         return dl * float(iq4nl_value(q));
     }
+    __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
+        const block_iq4_xs *b = reinterpret_cast<const block_iq4_xs *>(p);
+        const int ib = i0 >> 5, j0 = i0 & 31;
+        const int ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xF) |
+                       (((b->scales_h >> (2 * ib)) & 3) << 4);
+        const float dl = __half2float(b->d) * float(ls - 32);
+        const uint8_t *q = b->qs + ib * 16 + (j0 & 15);
+        const int sh = (j0 >> 4) << 2;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = dl * float(iq4nl_value((q[e] >> sh) & 0xF));
+    }
 };
+
+// Elements col0 .. col0+7 of a row (col0 % 8 == 0). Block types decode the 8 together (they
+// always lie in one block and one sub-block); element types (kElems == 1) one by one.
+template <int Q>
+__device__ __forceinline__ void decode8_at(const uint8_t *row_ptr, int64_t col0, float *v) {
+    using T = qtraits<Q>;
+    if constexpr (T::kElems == 1) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = T::decode(row_ptr + (col0 + e) * T::kBytes, 0);
+    } else {
+        T::decode8(row_ptr + (col0 / T::kElems) * T::kBytes, int(col0 % T::kElems), v);
+    }
+}
 
 // Element `col` of row `row_ptr` (the row's first block) of a matrix of type Q.
 template <int Q>

@@ -291,8 +291,10 @@ PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct
 PF_API pf_status pf_prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
                                 size_t headroom_bytes, pf_prewarm_report *report);
 
-/* Fused kernels straight on Q4_0 / Q8_0 blocks (UNSUPPORTED for other types), fp32 math
- * (bound 1e-5). pf_qgemm: same contract as pf_project (rows == 1 runs the GEMV).
+/* Fused kernels straight on the weight's blocks (no dequantized copy; built for every
+ * supported type, Q4_0 / Q8_0 being the ones they are meant for), fp32 math on exactly decoded
+ * weights (bound 1e-5). The tiled kernels (pf_qgemm with rows > 1, pf_qgemm_swiglu) need k a
+ * multiple of 32. pf_qgemm: same contract as pf_project (rows == 1 runs the GEMV).
  * pf_qgemm_swiglu: w is [2n][k], rows [0, n) gate and [n, 2n) up; out[r][j] = silu(g) * u
  * with g = X[r] . W[j], u = X[r] . W[n+j]; out: float32 [rows][ldo], ldo >= n.
  * pf_qgemv: one row, x float32 [k], y float32 [n] (+= when accumulate). */

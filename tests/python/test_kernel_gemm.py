@@ -203,15 +203,16 @@ def test_strided_x_and_y_gap_untouched(ctx, rng, leg, cached, accumulate):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("padded", [False, True], ids=["ldx=k", "ldx=k+1"])
 @pytest.mark.parametrize("cached", [True, False], ids=["cache", "streaming"])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_f16_leg_activations_beyond_fp16_range(ctx, rng, cached, accumulate):
+def test_f16_leg_activations_beyond_fp16_range(ctx, rng, cached, accumulate, padded):
     n, k, rows = 160, 512, 7
     w, w64 = make_weight(ctx, rng, "Q8_0", n, k)
     with w:
         if cached:
             gemm.cache_f16(w)
-        x = randn(rng, rows, k)
+        x = randn(rng, rows, k + int(padded))     # ldx = k + 1: the unaligned (scalar) cast path
         x[0] *= 1e5                 # a whole row ~1e5 (fp16 max is 65504)
         x[2, 3] = -2.5e5            # one spike in an otherwise small row
         x[4] *= 3e7                 # far beyond

@@ -1,6 +1,7 @@
-"""Fused kernels on Q4_0 / Q8_0 blocks (GEMM, GEMM + residual, gate+up+SwiGLU, GEMV) against a
-float64 reference of the dequantized weights (gguf.quants.dequantize). They use fp32 arithmetic
-(exactly decoded weights, fp32 FMA accumulation), so the bound is DESIGN.md's 1e-5."""
+"""Fused kernels on the blocks (GEMM, GEMM + residual, gate+up+SwiGLU, GEMV) against a float64
+reference of the dequantized weights (gguf.quants.dequantize): Q4_0 / Q8_0 (the ones they are
+meant for) at real dims, every other type at small shapes. They use fp32 arithmetic (exactly
+decoded weights, fp32 FMA accumulation), so the bound is DESIGN.md's 1e-5."""
 import gguf
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from pyprefill.kernels import gemm
 pytestmark = pytest.mark.gpu
 
 FUSED = ["Q4_0", "Q8_0"]
+OTHERS = ["F32", "F16", "BF16", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 BOUND = 1e-5  # fp32 math
 
 
@@ -97,18 +99,36 @@ def test_fused_matches_f32_leg(ctx, rng):
         assert_close("fused vs f32 leg", leg.astype(np.float64), fused, rtol=BOUND)
 
 
-def test_fused_rejects_other_qtypes_and_bad_shapes(ctx, rng):
-    w, _ = make_weight(ctx, rng, "Q4_K", 64, 256)
+@pytest.mark.parametrize("qtype", OTHERS)
+def test_fused_other_qtypes(ctx, rng, qtype):
+    k, n = 512, 96
+    w, w64 = make_weight(ctx, rng, qtype, 2 * n, k)
     with w:
-        with pytest.raises(errors.UnsupportedError, match="Q4_0 and Q8_0 only; w is Q4_K"):
-            gemm.qgemm(ctx, w, randn(rng, 3, 256))
-        with pytest.raises(errors.UnsupportedError, match="Q4_0 and Q8_0 only"):
-            gemm.qgemv(ctx, w, randn(rng, 256))
+        x = randn(rng, 7, k)
+        y0 = randn(rng, 7, 2 * n)
+        x64 = x.astype(np.float64)
+        assert_close(f"qgemm {qtype}", x64 @ w64.T + y0, gemm.qgemm(ctx, w, x, accumulate=True, y=y0),
+                     rtol=BOUND)
+        assert_close(f"qgemv {qtype}", w64 @ x64[0], gemm.qgemv(ctx, w, x[0]), rtol=BOUND)
+        assert_close(f"swiglu {qtype}", silu(x64 @ w64[:n].T) * (x64 @ w64[n:].T),
+                     gemm.qgemm_swiglu(ctx, w, x), rtol=BOUND)
+
+
+def test_fused_rejects_bad_shapes(ctx, rng):
+    w, w64 = make_weight(ctx, rng, "F32", 8, 100)       # k not a multiple of 32
+    with w:
+        with pytest.raises(errors.InvalidArgumentError, match="k=100 must be a multiple of 32"):
+            gemm.qgemm(ctx, w, randn(rng, 3, 100))
+        x = randn(rng, 1, 100)                          # one row: the GEMV takes any k
+        assert_close("qgemv k=100", x.astype(np.float64) @ w64.T, gemm.qgemm(ctx, w, x), rtol=BOUND)
     w, _ = make_weight(ctx, rng, "Q8_0", 63, 64)
     with w:
         with pytest.raises(errors.InvalidArgumentError, match="even count"):
             gemm.qgemm_swiglu(ctx, w, randn(rng, 3, 64))
         with pytest.raises(errors.InvalidArgumentError, match=r"x: expected float32 of shape \(64,\)"):
             gemm.qgemv(ctx, w, randn(rng, 63))
+        with ctx.upload(randn(rng, 3, 64)) as xb:
+            with pytest.raises(errors.InvalidArgumentError, match="same buffer"):
+                gemm.qgemm_into(ctx, w, xb, 3, 64, xb, 63)
         empty = gemm.qgemm(ctx, w, np.zeros((0, 64), np.float32))
         assert empty.shape == (0, 63)
