@@ -3,6 +3,8 @@
 // args struct) -> launcher -> entry (declared in gdn.cuh). fp32 throughout; every reduction has
 // a fixed order that does not depend on the number of rows, so each row kernel equals `rows`
 // launches of itself with rows = 1 bit for bit (the per-token twin).
+#include <cuda_pipeline_primitives.h>
+
 #include <climits>
 #include <cmath>
 
@@ -185,10 +187,8 @@ __global__ void gated_rms_norm_kernel(const __grid_constant__ GatedNormArgs a) {
 
 // ------------------------------------------------------------------------------ delta-rule scan
 
-constexpr int kScanCols = 16;                         // value columns per block
-constexpr int kScanParts = 8;                         // threads per column: split of the dk sum
-constexpr int kScanThreads = kScanCols * kScanParts;  // 128
-constexpr int kScanTile = 32;                         // tokens staged per shared-memory tile
+constexpr int kScanParts = 8;  // threads per value column: the dk sums split 8 ways
+constexpr int kScanTile = 16;  // tokens per shared-memory tile (double-buffered)
 
 struct ScanArgs {
     const float *q;
@@ -207,6 +207,7 @@ struct ScanArgs {
     int64_t rows;
     int32_t n_k_heads;
     int32_t dv;
+    int32_t vec4;  // q, k, v 16-byte aligned with row strides % 4 == 0: 16-byte async copies
 };
 
 // Sum over the kScanParts lanes of one column (lane bits 0..2). Butterfly: all 8 lanes end
@@ -217,88 +218,148 @@ __device__ __forceinline__ float part_sum(float v) {
     return v;
 }
 
-// Block = (value head j, value columns [col0, col0 + 16)). Thread (c = tid / 8, p = tid % 8)
+// Two independent part_sums, interleaved so that each shuffle's latency hides the other's.
+// Each value goes through exactly the operations part_sum would apply to it.
+__device__ __forceinline__ void part_sum2(float &a, float &b) {
+#pragma unroll
+    for (int off = 1; off < kScanParts; off <<= 1) {
+        const float ta = __shfl_xor_sync(0xffffffffu, a, off);
+        const float tb = __shfl_xor_sync(0xffffffffu, b, off);
+        a += ta;
+        b += tb;
+    }
+}
+
+// sum_i S[i] * x[p + 8 i] with A interleaved accumulators (shorter dependency chains), combined
+// in a fixed tree: ((acc0 + acc1) + (acc2 + acc3)).
+template <int N>
+__device__ __forceinline__ float dot_part(const float (&S)[N], const float *x, int p) {
+    constexpr int A = N < 4 ? N : 4;
+    float acc[A];
+#pragma unroll
+    for (int i = 0; i < A; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i % A] = fmaf(S[i], x[p + kScanParts * i], acc[i % A]);
+    if constexpr (A == 4) return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    else if constexpr (A == 2) return acc[0] + acc[1];
+    else return acc[0];
+}
+
+// Block = (value head j, value columns [col0, col0 + COLS)). Thread (c = tid / 8, p = tid % 8)
 // holds S[a][col0 + c] for a = p + 8 i, i < DK/8, in registers for the whole call. Key rows are
 // strided over the 8 parts so that a warp's shared-memory reads of k/q hit 8 distinct banks.
-template <int DK>
-__global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constant__ ScanArgs a) {
+// Token rows are staged with cp.async into one half of a double buffer while the other half is
+// being consumed, so global latency is off the sequential path.
+template <int DK, int COLS>
+__global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_constant__ ScanArgs a) {
     constexpr int N = DK / kScanParts;  // state entries per thread
-    __shared__ float sk[kScanTile][DK];
-    __shared__ float sq[kScanTile][DK];
-    __shared__ float sv[kScanTile][kScanCols];
-    __shared__ float so[kScanTile][kScanCols];
-    __shared__ float sbeta[kScanTile];
-    __shared__ float sg[kScanTile];
-    __shared__ float sS[DK][kScanCols];  // state slice in transit (coalesced 64-byte rows)
+    constexpr int kThreads = COLS * kScanParts;
+    __shared__ __align__(16) float sk[2][kScanTile][DK];
+    __shared__ __align__(16) float sq[2][kScanTile][DK];
+    __shared__ __align__(16) float sv[2][kScanTile][COLS];
+    __shared__ float sbeta[2][kScanTile];
+    __shared__ float sg[2][kScanTile];
+    __shared__ float so[kScanTile][COLS];
+    __shared__ float sS[DK][COLS];  // state slice in transit (coalesced row segments)
 
     const int tid = threadIdx.x;
     const int p = tid % kScanParts;
     const int c = tid / kScanParts;
-    const int blocks_per_head = a.dv / kScanCols;
+    const int blocks_per_head = a.dv / COLS;
     const int j = blockIdx.x / blocks_per_head;
-    const int col0 = (blockIdx.x % blocks_per_head) * kScanCols;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
-    const int64_t hv_col = (int64_t)j * a.dv + col0;    // this block's columns in v / o rows
-    const int64_t hk_col = (int64_t)jk * DK;            // the paired key head in q / k rows
+    const int col0 = (blockIdx.x % blocks_per_head) * COLS;
+    const int jk = j % a.n_k_heads;                   // tiled pairing (qwen35 GGUF, spec G6)
+    const int64_t hv_col = (int64_t)j * a.dv + col0;  // this block's columns in v / o rows
+    const int64_t hk_col = (int64_t)jk * DK;          // the paired key head in q / k rows
     float *state = a.state + (int64_t)j * DK * a.dv + col0;
 
-    for (int e = tid; e < DK * kScanCols; e += kScanThreads)
-        sS[e / kScanCols][e % kScanCols] = state[(int64_t)(e / kScanCols) * a.dv + e % kScanCols];
+    // Issue the async copies of tile [t0, t0 + nt) into buffer b, as one commit group.
+    const auto stage = [&](int b, int64_t t0, int nt) {
+        if (a.vec4) {
+            for (int e = tid; e < nt * (DK / 4); e += kThreads) {
+                const int tt = e / (DK / 4), d = (e % (DK / 4)) * 4;
+                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (t0 + tt) * a.ldk + hk_col + d, 16);
+                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (t0 + tt) * a.ldq + hk_col + d, 16);
+            }
+            for (int e = tid; e < nt * (COLS / 4); e += kThreads) {
+                const int tt = e / (COLS / 4), cc = (e % (COLS / 4)) * 4;
+                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (t0 + tt) * a.ldv + hv_col + cc, 16);
+            }
+        } else {
+            for (int e = tid; e < nt * DK; e += kThreads) {
+                const int tt = e / DK, d = e % DK;
+                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (t0 + tt) * a.ldk + hk_col + d, 4);
+                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (t0 + tt) * a.ldq + hk_col + d, 4);
+            }
+            for (int e = tid; e < nt * COLS; e += kThreads) {
+                const int tt = e / COLS, cc = e % COLS;
+                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (t0 + tt) * a.ldv + hv_col + cc, 4);
+            }
+        }
+        for (int e = tid; e < nt; e += kThreads) {
+            __pipeline_memcpy_async(&sbeta[b][e], a.beta + (t0 + e) * a.ld_beta + j, 4);
+            __pipeline_memcpy_async(&sg[b][e], a.g + (t0 + e) * a.ld_g + j, 4);
+        }
+        __pipeline_commit();
+    };
+    const auto tile_rows = [&](int64_t t0) {
+        return a.rows - t0 < kScanTile ? (int)(a.rows - t0) : kScanTile;
+    };
+
+    stage(0, 0, tile_rows(0));  // the first tile's copies overlap the state load
+    for (int e = tid; e < DK * COLS; e += kThreads)
+        sS[e / COLS][e % COLS] = state[(int64_t)(e / COLS) * a.dv + e % COLS];
     __syncthreads();
     float S[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) S[i] = sS[p + kScanParts * i][c];
-    __syncthreads();  // sS is written again only at the end; keep the phases apart anyway
 
-    for (int64_t t0 = 0; t0 < a.rows; t0 += kScanTile) {
-        const int nt = a.rows - t0 < kScanTile ? (int)(a.rows - t0) : kScanTile;
-        // Stage the tile: rows of q/k (DK contiguous floats each), v (16), beta, g.
-        for (int e = tid; e < nt * DK; e += kScanThreads) {
-            const int tt = e / DK, d = e % DK;
-            sk[tt][d] = a.k[(t0 + tt) * a.ldk + hk_col + d];
-            sq[tt][d] = a.q[(t0 + tt) * a.ldq + hk_col + d];
-        }
-        for (int e = tid; e < nt * kScanCols; e += kScanThreads) {
-            const int tt = e / kScanCols, cc = e % kScanCols;
-            sv[tt][cc] = a.v[(t0 + tt) * a.ldv + hv_col + cc];
-        }
-        for (int e = tid; e < nt; e += kScanThreads) {
-            sbeta[e] = a.beta[(t0 + e) * a.ld_beta + j];
-            sg[e] = a.g[(t0 + e) * a.ld_g + j];
-        }
-        __syncthreads();
+    int cur = 0;
+    for (int64_t t0 = 0; t0 < a.rows; t0 += kScanTile, cur ^= 1) {
+        const int nt = tile_rows(t0);
+        if (t0 + kScanTile < a.rows) stage(cur ^ 1, t0 + kScanTile, tile_rows(t0 + kScanTile));
+        else __pipeline_commit();  // an empty group keeps "all but the newest" meaning this tile
+        __pipeline_wait_prior(1);  // this thread's copies of the current tile have landed
+        __syncthreads();           // ... and everyone else's
+        const float(*k)[DK] = sk[cur];
+        const float(*q)[DK] = sq[cur];
+        // Token 0 of the tile: decay, then (S^T k) partial, reduced.
+        float decay = expf(sg[cur][0]);  // g <= 0: decay in (0, 1]
+#pragma unroll
+        for (int i = 0; i < N; ++i) S[i] *= decay;
+        float kv = part_sum(dot_part<N>(S, k[0], p));
         for (int tt = 0; tt < nt; ++tt) {
-            const float decay = expf(sg[tt]);  // g <= 0: decay in (0, 1]
-            float kv = 0.0f;                   // (S^T k)[col], after the decay
+            const float err = (sv[cur][tt][c] - kv) * sbeta[cur][tt];
 #pragma unroll
-            for (int i = 0; i < N; ++i) {
-                S[i] *= decay;
-                kv = fmaf(S[i], sk[tt][p + kScanParts * i], kv);
-            }
-            kv = part_sum(kv);
-            const float err = (sv[tt][c] - kv) * sbeta[tt];
-            float oq = 0.0f;  // (S^T q)[col], after the update
+            for (int i = 0; i < N; ++i) S[i] = fmaf(k[tt][p + kScanParts * i], err, S[i]);
+            float oq = dot_part<N>(S, q[tt], p);  // (S^T q) partial, after the update
+            if (tt + 1 < nt) {
+                // The next token's decay and (S^T k) partial need only the updated S: start
+                // them now and reduce both partials together.
+                decay = expf(sg[cur][tt + 1]);
 #pragma unroll
-            for (int i = 0; i < N; ++i) {
-                S[i] = fmaf(sk[tt][p + kScanParts * i], err, S[i]);
-                oq = fmaf(S[i], sq[tt][p + kScanParts * i], oq);
+                for (int i = 0; i < N; ++i) S[i] *= decay;
+                float kvn = dot_part<N>(S, k[tt + 1], p);
+                part_sum2(oq, kvn);
+                kv = kvn;
+            } else {
+                oq = part_sum(oq);
             }
-            oq = part_sum(oq);
             if (p == 0) so[tt][c] = oq;
         }
-        __syncthreads();  // so[] complete; sk/sq/sv no longer read: the next tile may overwrite
-        for (int e = tid; e < nt * kScanCols; e += kScanThreads) {
-            const int tt = e / kScanCols, cc = e % kScanCols;
+        __syncthreads();  // so[] complete; buffer `cur` fully read before it is refilled
+        for (int e = tid; e < nt * COLS; e += kThreads) {
+            const int tt = e / COLS, cc = e % COLS;
             a.o[(t0 + tt) * a.ldo + hv_col + cc] = so[tt][cc];
         }
-        // so[] is next written after the next tile's __syncthreads, so these reads are done.
+        // so[] is written again only after the next tile's __syncthreads: these reads are done.
     }
 
 #pragma unroll
     for (int i = 0; i < N; ++i) sS[p + kScanParts * i][c] = S[i];
     __syncthreads();
-    for (int e = tid; e < DK * kScanCols; e += kScanThreads)
-        state[(int64_t)(e / kScanCols) * a.dv + e % kScanCols] = sS[e / kScanCols][e % kScanCols];
+    for (int e = tid; e < DK * COLS; e += kThreads)
+        state[(int64_t)(e / COLS) * a.dv + e % COLS] = sS[e / COLS][e % COLS];
 }
 
 bool scan_dim_ok(int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
@@ -436,16 +497,30 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
                  (long long)ld_g, n_v_heads);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(q && k && v && beta && g && state && o, "gdn_scan_rows: null pointer");
+    const auto aligned = [](const void *ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    const int32_t vec4 = aligned(q) && aligned(k) && aligned(v) && ldq % 4 == 0 && ldk % 4 == 0 &&
+                         ldv % 4 == 0;
     const ScanArgs a{q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o, ldo, rows,
-                     n_k_heads, dv};
-    const unsigned grid = (unsigned)(vw / kScanCols);  // n_v_heads * (dv / 16) blocks
+                     n_k_heads, dv, vec4};
+    // 16 value columns per block (128 threads) when that gives >= 256 blocks (2 per SM on a
+    // 132-SM H100/H200: Hv*dv >= 4096, e.g. Hv = 32, dv = 128); else 8 columns (64 threads) so
+    // that small head counts (Hv = 16) still fill the GPU. Either way one thread holds dk/8
+    // state entries and the per-token arithmetic is the same.
+    const bool wide = vw / 16 >= 256;
+    const unsigned grid = (unsigned)(vw / (wide ? 16 : 8));
+#define PF_SCAN_CASE(DK)                                                                  \
+    case DK:                                                                              \
+        if (wide) scan_kernel<DK, 16><<<grid, 16 * kScanParts, 0, stream>>>(a);           \
+        else scan_kernel<DK, 8><<<grid, 8 * kScanParts, 0, stream>>>(a);                  \
+        break;
     switch (dk) {
-        case 16: scan_kernel<16><<<grid, kScanThreads, 0, stream>>>(a); break;
-        case 32: scan_kernel<32><<<grid, kScanThreads, 0, stream>>>(a); break;
-        case 64: scan_kernel<64><<<grid, kScanThreads, 0, stream>>>(a); break;
-        case 128: scan_kernel<128><<<grid, kScanThreads, 0, stream>>>(a); break;
+        PF_SCAN_CASE(16)
+        PF_SCAN_CASE(32)
+        PF_SCAN_CASE(64)
+        PF_SCAN_CASE(128)
         default: return fail(PF_STATUS_INTERNAL, "gdn_scan_rows: dk=%d not dispatched", dk);
     }
+#undef PF_SCAN_CASE
     PF_LAUNCH_CHECK("scan_kernel");
     return PF_STATUS_OK;
 }

@@ -134,8 +134,12 @@ __global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
 
 // ------------------------------------------------------------------------------ elementwise
 
-// Elementwise kernels: grid.x = rows (up to 2^31-1), grid.y = column blocks (<= 65535, the
-// loop covers the rest). No division per element.
+// Elementwise kernels: grid.x = rows (up to 2^31-1), grid.y = column tiles of kElemTile
+// (<= 65535, the loop covers the rest). Each thread loads kElemPer elements (coalesced, kElemBlock
+// apart) before using any: several loads in flight per thread keep HBM busy.
+constexpr int kElemPer = 4;
+constexpr int kElemTile = kElemBlock * kElemPer;
+
 struct SwigluArgs {
     const float *g;
     int64_t ldg;
@@ -146,13 +150,25 @@ struct SwigluArgs {
     int64_t cols;
 };
 
-__global__ void swiglu_kernel(const __grid_constant__ SwigluArgs a) {
+__global__ void __launch_bounds__(kElemBlock) swiglu_kernel(const __grid_constant__ SwigluArgs a) {
     const int64_t r = blockIdx.x;
-    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < a.cols;
-         c += (int64_t)gridDim.y * blockDim.x) {
-        const float g = a.g[r * a.ldg + c];
-        const float silu = g / (1.0f + expf(-g));  // g -> -inf: g / inf = -0, no NaN
-        a.out[r * a.ldo + c] = silu * a.u[r * a.ldu + c];
+    const float *g = a.g + r * a.ldg, *u = a.u + r * a.ldu;
+    float *out = a.out + r * a.ldo;
+    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
+         base += (int64_t)gridDim.y * kElemTile) {
+        float gv[kElemPer], uv[kElemPer];
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            gv[e] = c < a.cols ? g[c] : 0.0f;
+            uv[e] = c < a.cols ? u[c] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            // g -> -inf: exp(-g) = inf and g / inf = -0, no NaN
+            if (c < a.cols) out[c] = (gv[e] / (1.0f + expf(-gv[e]))) * uv[e];
+        }
     }
 }
 
@@ -164,11 +180,25 @@ struct AddArgs {
     int64_t cols;
 };
 
-__global__ void add_kernel(const __grid_constant__ AddArgs a) {
+__global__ void __launch_bounds__(kElemBlock) add_kernel(const __grid_constant__ AddArgs a) {
     const int64_t r = blockIdx.x;
-    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < a.cols;
-         c += (int64_t)gridDim.y * blockDim.x)
-        a.y[r * a.ldy + c] += a.x[r * a.ldx + c];
+    float *y = a.y + r * a.ldy;
+    const float *x = a.x + r * a.ldx;
+    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
+         base += (int64_t)gridDim.y * kElemTile) {
+        float yv[kElemPer], xv[kElemPer];
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            yv[e] = c < a.cols ? y[c] : 0.0f;
+            xv[e] = c < a.cols ? x[c] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            if (c < a.cols) y[c] = yv[e] + xv[e];
+        }
+    }
 }
 
 struct GateArgs {
@@ -178,20 +208,33 @@ struct GateArgs {
     int64_t ldgate;
     int64_t gate_head_stride;
     int32_t head_dim;
-    int64_t cols;  // n_heads * head_dim
+    int32_t cols;  // n_heads * head_dim (< 2^31: 32-bit division per element)
 };
 
-__global__ void sigmoid_gate_kernel(const __grid_constant__ GateArgs a) {
+__global__ void __launch_bounds__(kElemBlock) sigmoid_gate_kernel(const __grid_constant__ GateArgs a) {
     const int64_t r = blockIdx.x;
-    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < a.cols;
-         c += (int64_t)gridDim.y * blockDim.x) {
-        const int64_t h = c / a.head_dim, i = c % a.head_dim;
-        a.o[r * a.ldo + c] *= sigmoidf_(a.gate[r * a.ldgate + h * a.gate_head_stride + i]);
+    float *o = a.o + r * a.ldo;
+    const float *gate = a.gate + r * a.ldgate;
+    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
+         base += (int64_t)gridDim.y * kElemTile) {
+        float ov[kElemPer], gv[kElemPer];
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int c = (int)(base + e * kElemBlock);
+            const bool in = base + e * kElemBlock < a.cols;
+            ov[e] = in ? o[c] : 0.0f;
+            gv[e] = in ? gate[(int64_t)(c / a.head_dim) * a.gate_head_stride + c % a.head_dim] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            if (c < a.cols) o[c] = ov[e] * sigmoidf_(gv[e]);
+        }
     }
 }
 
 dim3 elementwise_grid(int64_t rows, int64_t cols) {
-    int64_t yb = (cols + kElemBlock - 1) / kElemBlock;
+    int64_t yb = (cols + kElemTile - 1) / kElemTile;
     if (yb > kMaxGridY) yb = kMaxGridY;
     return dim3((unsigned)rows, (unsigned)yb, 1);
 }
@@ -317,6 +360,8 @@ pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ld
     PF_CHECK_ARG(n_heads >= 1 && head_dim >= 1, "sigmoid_gate_rows: n_heads=%d head_dim=%d must be >= 1",
                  n_heads, head_dim);
     const int64_t cols = (int64_t)n_heads * head_dim;
+    PF_CHECK_ARG(cols <= INT_MAX, "sigmoid_gate_rows: n_heads*head_dim=%lld >= 2^31",
+                 (long long)cols);
     PF_CHECK_ARG(ldo >= cols, "sigmoid_gate_rows: ldo=%lld < n_heads*head_dim=%lld",
                  (long long)ldo, (long long)cols);
     PF_CHECK_ARG(gate_head_stride >= head_dim,
@@ -327,7 +372,7 @@ pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ld
                  (long long)ldgate);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && gate, "sigmoid_gate_rows: null pointer");
-    const GateArgs a{o, ldo, gate, ldgate, gate_head_stride, head_dim, cols};
+    const GateArgs a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols};
     sigmoid_gate_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
     PF_LAUNCH_CHECK("sigmoid_gate_kernel");
     return PF_STATUS_OK;

@@ -48,7 +48,8 @@ def ref_rope(u, pos, rot_dim, base):
 
 def silu64(x):
     x = x.astype(np.float64)
-    return x / (1.0 + np.exp(-x))
+    with np.errstate(over="ignore"):   # exp(-x) = inf for x << 0: x / inf = -0, as intended
+        return x / (1.0 + np.exp(-x))
 
 
 def sigmoid64(x):
