@@ -221,6 +221,10 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
     PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_x, xh_bytes + size_t(rows) * sizeof(float),
                            "project (f16 leg): activation scratch"));
+    const int64_t slab = slab_rows(n, k, sizeof(__half));
+    if (!whole)  // reserved before any kernel runs: an OOM here leaves Y untouched
+        PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w, size_t(slab) * size_t(k) * sizeof(__half),
+                               "project (f16 streaming leg): weight scratch"));
     __half *xh = static_cast<__half *>(ctx->scratch_f16_x.ptr);
     float *inv = reinterpret_cast<float *>(static_cast<char *>(ctx->scratch_f16_x.ptr) + xh_bytes);
     const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
@@ -235,9 +239,6 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     if (whole) {
         PF_TRY(gemm_f16(ctx, whole, n, k, xh, rows, y, ldy, beta));
     } else {  // streaming: fp16 slabs dequantized per call
-        const int64_t slab = slab_rows(n, k, sizeof(__half));
-        PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w, size_t(slab) * size_t(k) * sizeof(__half),
-                               "project (f16 streaming leg): weight scratch"));
         __half *ws = static_cast<__half *>(ctx->scratch_f16_w.ptr);
         const int64_t rb = row_bytes(w);
         for (int64_t n0 = 0; n0 < n; n0 += slab) {

@@ -130,8 +130,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(const __grid_con
     const uint8_t *rp = a.w + j * a.row_bytes;
     float acc = 0.0f;
     if constexpr (qtraits<Q>::kElems == 1) {
+#pragma unroll 4
         for (int64_t c = lane; c < a.k; c += 32) acc = fmaf(decode_at<Q>(rp, c), a.x[c], acc);
     } else {
+        // Unrolled so that several iterations' loads are in flight (one row per warp is
+        // latency-bound otherwise: ~10 dependent steps of 256 elements for k = 2560).
+#pragma unroll 4
         for (int64_t c0 = int64_t(lane) * 8; c0 < a.k; c0 += 32 * 8) {
             float v[8], xv[8];
             decode8_at<Q>(rp, c0, v);
