@@ -66,8 +66,14 @@ class _Owner:
 
     _ptr = None
 
-    def _adopt(self, ptr, destroy):
-        self._ptr = ffi.gc(ptr, destroy)
+    def _adopt(self, ptr, destroy, parent=None):
+        """Own `ptr`; `destroy` runs on close() or when the handle is collected. The destructor
+        holds `parent` (the context, the model) so that garbage collection can never destroy
+        a parent before its child, whatever order it clears attributes or cycles in."""
+        if parent is None:
+            self._ptr = ffi.gc(ptr, destroy)
+        else:
+            self._ptr = ffi.gc(ptr, lambda p, _parent=parent: destroy(p))
 
     @property
     def ptr(self):
@@ -151,7 +157,7 @@ class Buffer(_Owner):
             raise InvalidArgumentError(f"nbytes: must be a positive int, got {nbytes!r}")
         out = ffi.new("pf_buffer **")
         _check(lib.pf_buffer_create(out, ctx.ptr, int(nbytes)))
-        self._adopt(out[0], lib.pf_buffer_destroy)
+        self._adopt(out[0], lib.pf_buffer_destroy, ctx)
         self.ctx = ctx
         self.nbytes = int(nbytes)
         ctx._children.add(self)
@@ -187,7 +193,7 @@ class Weight(_Owner):
         view = as_carray(data, "data")
         out = ffi.new("pf_weight **")
         _check(lib.pf_weight_create(out, ctx.ptr, q, n, k, view, data.nbytes))
-        self._adopt(out[0], lib.pf_weight_destroy)
+        self._adopt(out[0], lib.pf_weight_destroy, ctx)
         self.ctx = ctx
         self.qtype, self.n, self.k = q, int(n), int(k)
         ctx._children.add(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -103,9 +104,12 @@ class Model(_Owner):
             if self._own_ctx:
                 self.ctx.close()
             raise
-        self._adopt(out[0], lib.pf_model_destroy)
+        self._adopt(out[0], lib.pf_model_destroy, self.ctx)
         self.path = str(path)
-        self._sessions: list = []
+        self.ctx._children.add(self)    # closing the context first closes this model
+        # weak: a Session holds its Model (so the model outlives it), never the other way round,
+        # so garbage collection can never free a model before one of its sessions
+        self._sessions: weakref.WeakSet = weakref.WeakSet()
         self.info = self._info()
 
     @classmethod
@@ -143,9 +147,8 @@ class Model(_Owner):
         return s
 
     def close(self) -> None:
-        for s in self._sessions:
+        for s in list(self._sessions):
             s.close()
-        self._sessions = []
         super().close()
         if self._own_ctx and self.ctx is not None:
             self.ctx.close()
@@ -169,10 +172,10 @@ class Session(_Owner):
         opts.attn_path = _ATTN[attention]
         out = ffi.new("pf_session **")
         _check(lib.pf_session_create(out, model.ptr, opts))
-        self._adopt(out[0], lib.pf_session_destroy)
+        self._adopt(out[0], lib.pf_session_destroy, model)
         self.model = model
         self.max_tokens = max_tokens
-        model._sessions.append(self)
+        model._sessions.add(self)
 
     @property
     def position(self) -> int:

@@ -161,7 +161,7 @@ def test_capi_signatures_match_header():
 
 
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
-def test_build_hf_tiny_on_cpu(tmp_path, preset):
+def test_build_hf_tiny(tmp_path, preset):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("gguf")
@@ -169,10 +169,14 @@ def test_build_hf_tiny_on_cpu(tmp_path, preset):
     b = _load()
     path = tmp_path / f"{preset}.gguf"
     write_synthetic(preset, "q4_k_m", path, progress=False)
-    model = b.build_hf(torch, preset, str(path), device="cpu")
+    # With flash-linear-attention installed, HF's Qwen3.5 runs FLA's Triton kernels, which need
+    # CUDA tensors: build the peer where it will run.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = b.build_hf(torch, preset, str(path), device=device)
     assert next(model.parameters()).dtype == torch.bfloat16
     assert b.non_embedding_params(str(path)) > 0
     with torch.no_grad():
-        out = model(torch.randint(0, model.config.vocab_size, (1, 16)), use_cache=False, logits_to_keep=1)
+        ids = torch.randint(0, model.config.vocab_size, (1, 16), device=device)
+        out = model(ids, use_cache=False, logits_to_keep=1)
     assert out.logits.shape[-2:] == (1, model.config.vocab_size)
     assert torch.isfinite(out.logits.float()).all()
