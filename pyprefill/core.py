@@ -116,7 +116,10 @@ class Context(_Owner):
         self._children: weakref.WeakSet = weakref.WeakSet()
 
     def close(self) -> None:
-        for child in list(self._children):      # buffers and weights go before their context
+        if self._ptr is None:
+            return
+        children, self._children = list(self._children), weakref.WeakSet()
+        for child in children:                  # buffers, weights, models go before their context
             child.close()
         super().close()
 

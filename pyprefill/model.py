@@ -147,6 +147,8 @@ class Model(_Owner):
         return s
 
     def close(self) -> None:
+        if self._ptr is None:
+            return
         for s in list(self._sessions):
             s.close()
         super().close()
