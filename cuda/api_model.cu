@@ -15,6 +15,9 @@ constexpr size_t kDefaultPrewarmHeadroom = size_t(2) << 30;  // room for session
 namespace pf {
 pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     const auto t0 = std::chrono::steady_clock::now();
+    int64_t total = 0;  // fp16 bytes of the whole set, for the progress report
+    for (const pf_weight *w : m->weights) total += w->n * w->k * int64_t(sizeof(__half));
+    if (m->progress) m->progress(m->progress_user, "prewarm", 0, total);
     pf_prewarm_report rep;
     std::memset(&rep, 0, sizeof rep);
     rep.struct_size = sizeof rep;
@@ -22,6 +25,7 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
                        headroom ? headroom : kDefaultPrewarmHeadroom, &rep));
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     *armed = rep.armed;
+    if (m->progress) m->progress(m->progress_user, "prewarm", total, total);
     return PF_STATUS_OK;
 }
 }  // namespace pf

@@ -121,6 +121,8 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
     m->path = path;
     m->hp = hp;
     m->gemm_leg = o.gemm_leg;
+    m->progress = o.progress;
+    m->progress_user = o.progress_user;
     m->layers.resize(size_t(hp.n_layer));
 
     const int64_t d = hp.n_embd, D = hp.head_dim;

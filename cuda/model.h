@@ -60,6 +60,8 @@ struct pf_model {
     int32_t n_attn_layers = 0;
     uint64_t fingerprint = 0;         // identifies the model for session state restore
     double load_ms = 0, prewarm_ms = 0;
+    pf_progress_fn progress = nullptr;  // from the load options: reports the prewarm too
+    void *progress_user = nullptr;
     int64_t live_sessions = 0;
 };
 

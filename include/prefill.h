@@ -432,7 +432,8 @@ typedef struct pf_session pf_session;
 
 typedef enum pf_arch { PF_ARCH_QWEN3 = 1, PF_ARCH_QWEN35 = 2 } pf_arch;
 
-/* Progress of a long step: stage is "load" or "prewarm"; done/total in bytes. */
+/* Progress of a long step: stage is "load" or "prewarm"; done/total in bytes. The model keeps
+ * the function and calls it again on pf_model_prewarm: it must stay valid while the model lives. */
 typedef void (*pf_progress_fn)(void *user, const char *stage, int64_t done, int64_t total);
 
 typedef struct pf_model_options {

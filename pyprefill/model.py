@@ -97,6 +97,7 @@ class Model(_Owner):
                 pass
 
         opts.progress = _progress
+        self._progress_cb = _progress   # the library calls it again on a later prewarm: keep it alive
         out = ffi.new("pf_model **")
         try:
             _check(lib.pf_model_load(out, self.ctx.ptr, str(path).encode(), opts))
