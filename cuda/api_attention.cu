@@ -136,13 +136,7 @@ pf_status resolve_options(const pf_attention_options *o, const char *fn, resolve
 extern "C" PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(opts != nullptr, "pf_attention_options_init: opts is NULL");
-        if (struct_size != sizeof(pf_attention_options))
-            return pf::fail(PF_STATUS_ABI_MISMATCH,
-                            "pf_attention_options_init: struct_size=%zu but this library's "
-                            "pf_attention_options has %zu bytes (header and library differ)",
-                            struct_size, sizeof(pf_attention_options));
-        std::memset(opts, 0, sizeof *opts);
-        opts->struct_size = sizeof *opts;
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_attention_options_init", "pf_attention_options"));
         opts->kv_dtype = PF_KV_F16;
         opts->path = PF_ATTN_AUTO;
         return PF_STATUS_OK;

@@ -92,14 +92,7 @@ extern "C" PF_API pf_status pf_qtype_matrix_bytes(int32_t qtype, int64_t n, int6
 
 extern "C" PF_API pf_status pf_context_options_init(pf_context_options *opts, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
-        PF_CHECK_ARG(opts != nullptr, "pf_context_options_init: opts is NULL");
-        if (struct_size != sizeof(pf_context_options))
-            return pf::fail(PF_STATUS_ABI_MISMATCH,
-                            "pf_context_options_init: struct_size=%zu but this library's "
-                            "pf_context_options has %zu bytes (header and library differ)",
-                            struct_size, sizeof(pf_context_options));
-        std::memset(opts, 0, sizeof *opts);
-        opts->struct_size = sizeof *opts;
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_context_options_init", "pf_context_options"));
         opts->device = 0;
         return PF_STATUS_OK;
     });
@@ -112,11 +105,7 @@ extern "C" PF_API pf_status pf_context_create(pf_context **out, const pf_context
         pf_context_options o;
         PF_TRY(pf_context_options_init(&o, sizeof o));
         if (opts) {
-            if (opts->struct_size != sizeof(pf_context_options))
-                return pf::fail(PF_STATUS_ABI_MISMATCH,
-                                "pf_context_create: opts->struct_size=%zu, expected %zu (fill "
-                                "opts with pf_context_options_init)",
-                                opts->struct_size, sizeof(pf_context_options));
+            PF_TRY(pf::struct_check(opts, "pf_context_create", "opts"));
             o = *opts;
         }
         PF_CHECK_ARG(o.flags == 0, "pf_context_create: flags=%u, must be 0", o.flags);

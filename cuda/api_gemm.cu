@@ -165,13 +165,7 @@ extern "C" PF_API pf_status pf_weight_drop_f16(pf_weight *w) {
 extern "C" PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(report != nullptr, "pf_prewarm_report_init: report is NULL");
-        if (struct_size != sizeof(pf_prewarm_report))
-            return pf::fail(PF_STATUS_ABI_MISMATCH,
-                            "pf_prewarm_report_init: struct_size=%zu but this library's "
-                            "pf_prewarm_report has %zu bytes (header and library differ)",
-                            struct_size, sizeof(pf_prewarm_report));
-        *report = pf_prewarm_report{};
-        report->struct_size = sizeof *report;
+        PF_TRY(pf::struct_init(report, struct_size, "pf_prewarm_report_init", "pf_prewarm_report"));
         return PF_STATUS_OK;
     });
 }

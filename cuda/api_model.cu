@@ -32,13 +32,7 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
 
 extern "C" PF_API pf_status pf_model_options_init(pf_model_options *opts, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
-        PF_CHECK_ARG(opts != nullptr, "pf_model_options_init: opts is NULL");
-        if (struct_size != sizeof(pf_model_options))
-            return pf::fail(PF_STATUS_ABI_MISMATCH,
-                            "pf_model_options_init: struct_size=%zu but this library's pf_model_options has %zu bytes",
-                            struct_size, sizeof(pf_model_options));
-        std::memset(opts, 0, sizeof *opts);
-        opts->struct_size = sizeof *opts;
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_model_options_init", "pf_model_options"));
         opts->prewarm = 1;
         return PF_STATUS_OK;
     });
@@ -53,10 +47,7 @@ extern "C" PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const
         pf_model_options o;
         PF_TRY(pf_model_options_init(&o, sizeof o));
         if (opts) {
-            if (opts->struct_size != sizeof(pf_model_options))
-                return pf::fail(PF_STATUS_ABI_MISMATCH,
-                                "pf_model_load: opts->struct_size=%zu, expected %zu (fill opts with "
-                                "pf_model_options_init)", opts->struct_size, sizeof(pf_model_options));
+            PF_TRY(pf::struct_check(opts, "pf_model_load", "opts"));
             o = *opts;
         }
         PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_model_load: gemm_leg=%d is not a pf_gemm_leg",
@@ -106,13 +97,7 @@ extern "C" PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_by
 
 extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
-        PF_CHECK_ARG(opts != nullptr, "pf_session_options_init: opts is NULL");
-        if (struct_size != sizeof(pf_session_options))
-            return pf::fail(PF_STATUS_ABI_MISMATCH,
-                            "pf_session_options_init: struct_size=%zu but this library's pf_session_options has %zu bytes",
-                            struct_size, sizeof(pf_session_options));
-        std::memset(opts, 0, sizeof *opts);
-        opts->struct_size = sizeof *opts;
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_session_options_init", "pf_session_options"));
         opts->max_tokens = 4096;
         opts->chunk_tokens = 512;
         return PF_STATUS_OK;
@@ -127,10 +112,7 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
         pf_session_options o;
         PF_TRY(pf_session_options_init(&o, sizeof o));
         if (opts) {
-            if (opts->struct_size != sizeof(pf_session_options))
-                return pf::fail(PF_STATUS_ABI_MISMATCH,
-                                "pf_session_create: opts->struct_size=%zu, expected %zu", opts->struct_size,
-                                sizeof(pf_session_options));
+            PF_TRY(pf::struct_check(opts, "pf_session_create", "opts"));
             o = *opts;
         }
         PF_CHECK_ARG(o.max_tokens > 0, "pf_session_create: max_tokens=%d must be > 0", o.max_tokens);

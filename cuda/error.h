@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -26,6 +27,31 @@ pf_status guard(const char *fn, Body &&body) noexcept {
     } catch (...) {
         return fail(PF_STATUS_INTERNAL, "%s: unknown exception", fn);
     }
+}
+
+// Size-prefixed structs (options, reports): the caller passes the size it was compiled with,
+// so a header/library skew is an ABI_MISMATCH instead of a write past the caller's struct.
+// struct_init zeroes *s and sets its struct_size (the caller then sets defaults).
+template <class T>
+pf_status struct_init(T *s, size_t struct_size, const char *fn, const char *type) {
+    if (s == nullptr) return fail(PF_STATUS_INVALID_ARGUMENT, "%s: %s pointer is NULL", fn, type);
+    if (struct_size != sizeof(T))
+        return fail(PF_STATUS_ABI_MISMATCH,
+                    "%s: struct_size=%zu but this library's %s has %zu bytes (header and library "
+                    "differ: rebuild against this header)", fn, struct_size, type, sizeof(T));
+    std::memset(static_cast<void *>(s), 0, sizeof(T));
+    s->struct_size = sizeof(T);
+    return PF_STATUS_OK;
+}
+
+// Checks a struct the caller filled (via its _init function) before the library reads it.
+template <class T>
+pf_status struct_check(const T *s, const char *fn, const char *name) {
+    if (s->struct_size != sizeof(T))
+        return fail(PF_STATUS_ABI_MISMATCH,
+                    "%s: %s->struct_size=%zu, expected %zu (fill %s with its _init function)", fn,
+                    name, s->struct_size, sizeof(T), name);
+    return PF_STATUS_OK;
 }
 
 }  // namespace pf

@@ -74,3 +74,25 @@ def test_cli_check_runs(capsys):
     assert main(["check"]) == 0
     out = capsys.readouterr().out
     assert "pyprefill" in out and "devices:" in out
+
+
+@pytest.mark.parametrize("init,ctype", [("pf_context_options_init", "pf_context_options"),
+                                        ("pf_model_options_init", "pf_model_options"),
+                                        ("pf_session_options_init", "pf_session_options")])
+def test_every_options_struct_is_size_checked(init, ctype):
+    opts = ffi.new(f"{ctype} *")
+    with pytest.raises(errors.AbiMismatchError, match=rf"{init}: struct_size=\d+ but this library's {ctype}"):
+        _check(getattr(lib, init)(opts, ffi.sizeof(ctype) - 8))
+    _check(getattr(lib, init)(opts, ffi.sizeof(ctype)))
+    assert opts.struct_size == ffi.sizeof(ctype)
+    with pytest.raises(errors.InvalidArgumentError, match="pointer is NULL"):
+        _check(getattr(lib, init)(ffi.NULL, ffi.sizeof(ctype)))
+
+
+def test_session_options_defaults():
+    opts = ffi.new("pf_session_options *")
+    _check(lib.pf_session_options_init(opts, ffi.sizeof("pf_session_options")))
+    assert (opts.max_tokens, opts.chunk_tokens, opts.kv_dtype, opts.gemm_leg) == (4096, 512, 0, 0)
+    m = ffi.new("pf_model_options *")
+    _check(lib.pf_model_options_init(m, ffi.sizeof("pf_model_options")))
+    assert m.prewarm == 1 and m.progress == ffi.NULL
