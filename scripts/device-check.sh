@@ -21,11 +21,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 declare -A RESULT
 t0=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; bash scripts/test.sh -j 1; } 2>&1 | tee "$OUT/test.log"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; bash scripts/test.sh -j 1 -V; } 2>&1 | tee "$OUT/test.log"
 RESULT[tests]=$([ "${PIPESTATUS[0]}" = 0 ] && echo pass || echo FAIL)
 RESULT[test_time]=$(( $(date +%s) - t0 ))
 export PYPREFILL_LIBRARY=$BUILD_DIR/libprefill.so PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-skips=$(grep -cE "^SKIPPED" "$OUT/test.log" || true)
+skips=$(grep -cE "SKIPPED \[" "$OUT/test.log" || true)
 RESULT[skipped]=$skips
 
 python3 -m pyprefill demo 2>&1 | tee "$OUT/demo.log"
@@ -53,3 +53,4 @@ echo "| check | result |"
 echo "|---|---|"
 for k in "${!RESULT[@]}"; do echo "| $k | ${RESULT[$k]} |"; done | sort
 grep -E "^[0-9]+% tests passed|tests failed|passed|failed" "$OUT/test.log" | tail -n 4
+grep -E "SKIPPED \[" "$OUT/test.log" | sed 's/^[0-9]*: //' | head -n 10
