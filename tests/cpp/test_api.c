@@ -68,6 +68,33 @@ int main(void) {
     o.flags = 1;
     EXPECT_STATUS(pf_context_create(&ctx, &o), PF_STATUS_INVALID_ARGUMENT, "flags");
 
+    /* model and session level: NULL handles and pointers, before any device work */
+    {
+        pf_model *m = NULL;
+        pf_session *ss = NULL;
+        pf_model_info mi;
+        int32_t pos = 0, tok = 0, one = 1;
+        size_t sz = 0;
+        EXPECT_STATUS(pf_model_load(NULL, NULL, "x.gguf", NULL), PF_STATUS_INVALID_ARGUMENT, "out is NULL");
+        EXPECT_STATUS(pf_model_load(&m, NULL, NULL, NULL), PF_STATUS_INVALID_ARGUMENT, "path is NULL");
+        EXPECT_STATUS(pf_model_load(&m, NULL, "x.gguf", NULL), PF_STATUS_INVALID_ARGUMENT, "ctx is NULL");
+        EXPECT_STATUS(pf_model_inspect("/nonexistent.gguf", &mi), PF_STATUS_IO_ERROR, "cannot open");
+        EXPECT_STATUS(pf_model_inspect(NULL, &mi), PF_STATUS_INVALID_ARGUMENT, "path is NULL");
+        EXPECT_STATUS(pf_model_info_get(NULL, &mi), PF_STATUS_INVALID_ARGUMENT, "model is NULL");
+        EXPECT_STATUS(pf_session_create(&ss, NULL, NULL), PF_STATUS_INVALID_ARGUMENT, "model is NULL");
+        EXPECT_STATUS(pf_session_prefill(NULL, &one, 1, PF_LOGITS_NONE, NULL, 0, &tok),
+                      PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        EXPECT_STATUS(pf_session_generate(NULL, 1, &tok), PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        EXPECT_STATUS(pf_session_position(NULL, &pos), PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        EXPECT_STATUS(pf_session_state_size(NULL, &sz), PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        EXPECT_STATUS(pf_session_save(NULL, NULL, 0), PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        EXPECT_STATUS(pf_session_restore(NULL, NULL, 0), PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        EXPECT_STATUS(pf_session_reset(NULL), PF_STATUS_INVALID_ARGUMENT, "session is NULL");
+        if (m != NULL || ss != NULL) { fprintf(stderr, "FAIL out handles not NULL after failure\n"); failures++; }
+        pf_session_destroy(NULL);
+        pf_model_destroy(NULL);
+    }
+
     /* devices */
     EXPECT_STATUS(pf_device_count(&n_dev), PF_STATUS_OK, NULL);
     if (n_dev == 0) {
