@@ -194,7 +194,6 @@ extern "C" PF_API pf_status pf_buffer_create(pf_buffer **out, pf_context *ctx, s
         b->ctx = ctx;
         b->ptr = p;
         b->bytes = bytes;
-        ctx->live_objects++;
         *out = b;
         return PF_STATUS_OK;
     });
@@ -205,7 +204,6 @@ extern "C" PF_API void pf_buffer_destroy(pf_buffer *buf) {
     pf::DeviceGuard dg(buf->ctx->device);
     (void)cudaStreamSynchronize(buf->ctx->stream);  // no kernel may still read it
     pf::device_free(buf->ctx, buf->ptr, buf->bytes);
-    buf->ctx->live_objects--;
     delete buf;
 }
 
@@ -306,7 +304,6 @@ extern "C" PF_API pf_status pf_weight_create(pf_weight **out, pf_context *ctx, i
         w->k = k;
         w->data = p;
         w->bytes = bytes;
-        ctx->live_objects++;
         *out = w;
         return PF_STATUS_OK;
     });
@@ -318,7 +315,6 @@ extern "C" PF_API void pf_weight_destroy(pf_weight *w) {
     (void)cudaStreamSynchronize(w->ctx->stream);
     pf::device_free(w->ctx, w->f16, size_t(w->n) * size_t(w->k) * sizeof(__half));
     pf::device_free(w->ctx, w->data, w->bytes);
-    w->ctx->live_objects--;
     delete w;
 }
 

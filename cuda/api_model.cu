@@ -71,9 +71,7 @@ extern "C" PF_API pf_status pf_model_inspect(const char *path, pf_model_info *ou
 
 extern "C" PF_API void pf_model_destroy(pf_model *model) {
     if (!model) return;
-    pf_context *ctx = model->ctx;
     pf::model_destroy(model);
-    ctx->live_objects--;
 }
 
 extern "C" PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out) {

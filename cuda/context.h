@@ -44,7 +44,6 @@ struct pf_context {
     void *workspace = nullptr;  // cuBLAS / cuBLASLt workspace, shared by both handles
     size_t workspace_bytes = 0;
     size_t allocated = 0;       // device bytes held by this context (buffers, weights, scratch)
-    int64_t live_objects = 0;   // buffers + weights + models not yet destroyed
     pf::Scratch scratch_f32;    // f32 leg: dequantized weight
     pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight
     pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16

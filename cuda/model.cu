@@ -230,7 +230,6 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
             s = pf_weight_create(e.mat, ctx, int32_t(t->type), rows, k, t->data, t->bytes);
             if (s == PF_STATUS_OK) {
                 raw->weights.push_back(*e.mat);
-                ctx->live_objects--;  // owned by the model, not counted as a caller's object
             } else {
                 s = fail(s, "%s: uploading %s: %s", path, e.name.c_str(), pf_last_error());
             }
@@ -270,7 +269,6 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
         }
         (void)armed;  // not armed = the model keeps the f32 leg; the info struct reports it
     }
-    ctx->live_objects++;
     *out = m.release();
     return PF_STATUS_OK;
 }
@@ -279,10 +277,7 @@ void model_destroy(pf_model *m) {
     if (!m) return;
     DeviceGuard dg(m->ctx->device);
     (void)cudaStreamSynchronize(m->ctx->stream);
-    for (pf_weight *w : m->weights) {
-        m->ctx->live_objects++;  // balance the decrement in pf_weight_destroy
-        pf_weight_destroy(w);
-    }
+    for (pf_weight *w : m->weights) pf_weight_destroy(w);
     device_free(m->ctx, m->arena, m->arena_bytes);
     delete m;
 }

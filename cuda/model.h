@@ -62,7 +62,6 @@ struct pf_model {
     double load_ms = 0, prewarm_ms = 0;
     pf_progress_fn progress = nullptr;  // from the load options: reports the prewarm too
     void *progress_user = nullptr;
-    int64_t live_sessions = 0;
 };
 
 namespace pf {

@@ -197,8 +197,6 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     }
     if (st != PF_STATUS_OK) return fail_cleanup(st);
     if ((st = session_reset(r)) != PF_STATUS_OK) return fail_cleanup(st);
-    m->live_sessions++;
-    r->counted = true;
     *out = s.release();
     return PF_STATUS_OK;
 }
@@ -208,7 +206,6 @@ void session_destroy(pf_session *s) {
     DeviceGuard dg(s->ctx->device);
     (void)cudaStreamSynchronize(s->ctx->stream);
     for (auto &a : s->allocs) device_free(s->ctx, a.first, a.second);
-    if (s->counted) s->model->live_sessions--;
     delete s;
 }
 

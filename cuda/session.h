@@ -12,7 +12,6 @@ struct pf_session {
     pf_context *ctx = nullptr;
     int32_t max_tokens = 0, chunk = 0, kv_dtype = 0, leg = 0, attn_path = 0;
     int64_t pos = 0;
-    bool counted = false;            // holds a reference on model->live_sessions
     bool broken = false;             // a device fault mid-chunk: state unknown until reset
     int32_t last_token = -1;         // greedy token after the last position (for generate)
     std::vector<void *> k_cache, v_cache;  // per attention layer [max_tokens][kv_dim]
