@@ -7,6 +7,7 @@ import sys
 import numpy as np
 
 from . import __version__
+from .errors import PrefillError
 
 
 def cmd_check(args) -> int:
@@ -84,7 +85,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["check", *(argv or [])])
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except PrefillError as exc:       # a clear one-line error, not a traceback
+        print(f"pyprefill {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
