@@ -495,8 +495,11 @@ PF_API void pf_session_destroy(pf_session *s);
 /* Runs n_tokens tokens (any count, in internal chunks) from the session's position, which then
  * advances by n_tokens. logits: host float32 of logits_len floats (n_vocab or n_tokens*n_vocab
  * by mode; NULL with PF_LOGITS_NONE). out_token (may be NULL): the greedy next token after the
- * last one. Tokens past capacity or ids outside [0, n_vocab): INVALID_ARGUMENT and the session
- * is unchanged. */
+ * last one (the LM head runs for the last row in every mode, so that pf_session_generate can
+ * continue; PF_LOGITS_ALL runs it for every row, 32 rows at a time, never [n_tokens][n_vocab] on
+ * the device). Tokens past capacity or ids outside [0, n_vocab): INVALID_ARGUMENT and the
+ * session is unchanged. A device fault mid-call leaves the session unusable until
+ * pf_session_reset (or pf_session_restore). */
 PF_API pf_status pf_session_prefill(pf_session *s, const int32_t *tokens, int32_t n_tokens,
                                     int32_t logits_mode, float *logits, size_t logits_len,
                                     int32_t *out_token);
