@@ -126,11 +126,12 @@ def _search_affine(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
     return best_scale.astype(np.float32), (-best_min).astype(np.float32)
 
 
-def _search_symmetric(x: np.ndarray, w: np.ndarray, nmax: int, ntry: int) -> np.ndarray:
-    """x, w (n, s) -> scale (n,) with x ~ scale*L, L in [-nmax, nmax-1].
+def _best_ls_scale(x: np.ndarray, w: np.ndarray, ntry: int, levels) -> np.ndarray:
+    """x, w (n, s) -> the scale (n,) of the best of 2*ntry+1 candidate level sets.
 
-    ggml's make_qx_quants (rmse_type 1): the signed extreme maps to -nmax, then inverse scales
-    -(nmax + 0.1*i)/max for i in [-ntry, ntry], each refit by weighted least squares.
+    `levels(i, vmax)` gives candidate i's quantized values (n, s) for the signed extremes vmax
+    (n,); each candidate's scale is refit by weighted least squares (sum w*x*q / sum w*q*q) and
+    the one with the smallest weighted error wins (ggml's make_qx_quants / iq4 search loop).
     """
     idx = np.abs(x).argmax(axis=1)
     vmax = x[np.arange(x.shape[0]), idx]
@@ -139,16 +140,25 @@ def _search_symmetric(x: np.ndarray, w: np.ndarray, nmax: int, ntry: int) -> np.
     best_scale = np.zeros(x.shape[0], np.float32)
     best_err = np.full(x.shape[0], np.inf, np.float32)
     for i in range(-ntry, ntry + 1):
-        iscale = -(nmax + 0.1 * i) / vmax
-        L = np.clip(np.rint(iscale[:, None] * x), -nmax, nmax - 1)
-        sxl = (w * x * L).sum(axis=1)
-        sl2 = (w * L * L).sum(axis=1)
-        scale = np.where(sl2 > 0, sxl / np.where(sl2 > 0, sl2, 1.0), 0.0)
-        err = (w * (scale[:, None] * L - x) ** 2).sum(axis=1)
+        q = levels(i, vmax)
+        sxq = (w * x * q).sum(axis=1)
+        sq2 = (w * q * q).sum(axis=1)
+        scale = np.where(sq2 > 0, sxq / np.where(sq2 > 0, sq2, 1.0), 0.0)
+        err = (w * (scale[:, None] * q - x) ** 2).sum(axis=1)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_scale = np.where(better, scale, best_scale)
     return np.where(zero, 0.0, best_scale).astype(np.float32)
+
+
+def _search_symmetric(x: np.ndarray, w: np.ndarray, nmax: int, ntry: int) -> np.ndarray:
+    """x, w (n, s) -> scale (n,) with x ~ scale*L, L in [-nmax, nmax-1].
+
+    ggml's make_qx_quants (rmse_type 1): the signed extreme maps to -nmax, then inverse scales
+    -(nmax + 0.1*i)/max for i in [-ntry, ntry], each refit by weighted least squares.
+    """
+    return _best_ls_scale(x, w, ntry, lambda i, vmax: np.clip(
+        np.rint((-(nmax + 0.1 * i) / vmax)[:, None] * x), -nmax, nmax - 1))
 
 
 def _nearest_iq4(v: np.ndarray) -> np.ndarray:
@@ -159,23 +169,8 @@ def _nearest_iq4(v: np.ndarray) -> np.ndarray:
 
 def _search_iq4(x: np.ndarray, w: np.ndarray, ntry: int = 7) -> np.ndarray:
     """x, w (n, 32) -> scale (n,) with x ~ scale*kvalues[L] (quantize_row_iq4_xs_impl search)."""
-    idx = np.abs(x).argmax(axis=1)
-    vmax = x[np.arange(x.shape[0]), idx]
-    zero = vmax == 0
-    vmax = np.where(zero, 1.0, vmax)
-    best_scale = np.zeros(x.shape[0], np.float32)
-    best_err = np.full(x.shape[0], np.inf, np.float32)
-    for i in range(-ntry, ntry + 1):
-        iscale = (i + KVALUES_IQ4NL[0]) / vmax
-        q = KVALUES_IQ4NL[_nearest_iq4(iscale[:, None] * x)]
-        sxq = (w * x * q).sum(axis=1)
-        sq2 = (w * q * q).sum(axis=1)
-        scale = np.where(sq2 > 0, sxq / np.where(sq2 > 0, sq2, 1.0), 0.0)
-        err = (w * (scale[:, None] * q - x) ** 2).sum(axis=1)
-        better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_scale = np.where(better, scale, best_scale)
-    return np.where(zero, 0.0, best_scale).astype(np.float32)
+    return _best_ls_scale(x, w, ntry, lambda i, vmax: KVALUES_IQ4NL[
+        _nearest_iq4(((i + KVALUES_IQ4NL[0]) / vmax)[:, None] * x)])
 
 
 # ---------------------------------------------------------------------------------------------
