@@ -19,10 +19,9 @@ from ._ffi import ffi, lib
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
 
-_LEGS = {"default": 0}
+from .kernels.attention import KV_DTYPES as _KV, PATHS as _ATTN
+
 _LOGITS = {"none": 0, "last": 1, "all": 2}
-_KV = {"f16": 0, "f32": 1}
-_ATTN = {"auto": 0, "cublas": 1, "flash": 2}
 ARCH_NAMES = {1: "qwen3", 2: "qwen35"}
 
 

@@ -1,11 +1,9 @@
 """Engine subcommands of the `pyprefill` CLI: demo (the main job), run, bench."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 

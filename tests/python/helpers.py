@@ -31,3 +31,21 @@ def assert_close(name: str, ref, out, *, rtol: float, worst_rtol: float | None =
     if worst_rtol is not None:
         assert worst <= worst_rtol, msg + f" (row bound {worst_rtol:.0e})"
     return whole
+
+
+def randn(rng, *shape, scale: float = 1.0) -> np.ndarray:
+    """Fresh float32 normal values (never zeros: they hide unwritten outputs)."""
+    x = rng.standard_normal(shape, dtype=np.float32)
+    return x * np.float32(scale) if scale != 1.0 else x
+
+
+def make_weight(ctx, rng, qtype: str, n: int, k: int):
+    """(Weight on ctx, float64 reference [n][k]) from random valid blocks of realistic scale;
+    the reference is gguf's own dequantizer, independent of the library's."""
+    import gguf
+
+    from pyprefill import core
+    from pyprefill.formats.quant import random_blocks
+    data = random_blocks(n, k, core.qtype_id(qtype), rng)
+    ref = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
+    return ctx.weight(qtype, n, k, data), ref

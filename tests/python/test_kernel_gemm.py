@@ -6,15 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
-from helpers import assert_close
+from helpers import assert_close, make_weight, randn
 
 from pyprefill import core, errors
 from pyprefill._errors import _check
 from pyprefill._ffi import ffi, lib
-from pyprefill.formats.quant import random_blocks
 from pyprefill.kernels import gemm
 
 QTYPES = ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
@@ -22,15 +20,6 @@ F32_BOUND, F16_BOUND = 1e-5, 3e-3
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_weight(ctx, rng, qtype: str, n: int, k: int):
-    """(Weight, float64 reference [n][k]) from random valid blocks of realistic scale."""
-    data = random_blocks(n, k, core.qtype_id(qtype), rng)
-    ref = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
-    return ctx.weight(qtype, n, k, data), ref
-
-
-def randn(rng, *shape) -> np.ndarray:
-    return rng.standard_normal(shape, dtype=np.float32)
 
 
 # ------------------------------------------------------------------ CPU: argument checks

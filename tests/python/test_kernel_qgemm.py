@@ -2,13 +2,11 @@
 reference of the dequantized weights (gguf.quants.dequantize): Q4_0 / Q8_0 (the ones they are
 meant for) at real dims, every other type at small shapes. They use fp32 arithmetic (exactly
 decoded weights, fp32 FMA accumulation), so the bound is DESIGN.md's 1e-5."""
-import gguf
 import numpy as np
 import pytest
-from helpers import assert_close
+from helpers import assert_close, make_weight, randn
 
-from pyprefill import core, errors
-from pyprefill.formats.quant import random_blocks
+from pyprefill import errors
 from pyprefill.kernels import gemm
 
 pytestmark = pytest.mark.gpu
@@ -18,14 +16,6 @@ OTHERS = ["F32", "F16", "BF16", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 BOUND = 1e-5  # fp32 math
 
 
-def make_weight(ctx, rng, qtype: str, n: int, k: int):
-    data = random_blocks(n, k, core.qtype_id(qtype), rng)
-    ref = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
-    return ctx.weight(qtype, n, k, data), ref
-
-
-def randn(rng, *shape) -> np.ndarray:
-    return rng.standard_normal(shape, dtype=np.float32)
 
 
 def silu(g: np.ndarray) -> np.ndarray:
