@@ -43,6 +43,22 @@ pf_status check_weight(const char *fn, const char *arg, const pf_weight *w, cons
     return PF_STATUS_OK;
 }
 
+// The checks every rows-in, rows-out entry shares: x [rows][ldx] with k columns, out
+// [rows][ldo] with n columns (both fp32), w and both buffers of ctx, x and out not overlapping.
+pf_status check_rows_io(const char *fn, pf_context *ctx, const pf_weight *w, const pf_buffer *x,
+                        int64_t rows, int64_t ldx, const pf_buffer *out, const char *out_name,
+                        const char *ldo_name, int64_t ldo, int64_t n) {
+    size_t xb = 0, ob = 0;
+    PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));
+    PF_TRY(check_rows_stride(fn, rows, ldo_name, ldo, "n", n, &ob));
+    PF_TRY(check_weight(fn, "w", w, ctx));
+    PF_TRY(pf::check_buffer(ctx, x, xb, fn, "x"));
+    PF_TRY(pf::check_buffer(ctx, out, ob, fn, out_name));
+    PF_CHECK_ARG(rows == 0 || x != out, "%s: x and %s are the same buffer (they must not overlap)",
+                 fn, out_name);
+    return PF_STATUS_OK;
+}
+
 }  // namespace
 
 extern "C" PF_API pf_status pf_gemm_default_leg(int32_t *out) {
@@ -123,9 +139,6 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_b
         PF_CHECK_ARG(leg >= PF_GEMM_DEFAULT && leg <= PF_GEMM_INT8,
                      "%s: leg=%d is not a pf_gemm_leg (0..4)", fn, int(leg));
         PF_CHECK_ARG(w != nullptr, "%s: w is NULL", fn);
-        size_t xb = 0, yb = 0;
-        PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));
-        PF_TRY(check_rows_stride(fn, rows, "ldy", ldy, "n", w->n, &yb));
         PF_CHECK_ARG(rows <= INT_MAX && ldx <= INT_MAX && ldy <= INT_MAX && w->n <= INT_MAX &&
                          w->k <= INT_MAX,
                      "%s: rows=%lld, ldx=%lld, ldy=%lld, n=%lld, k=%lld must fit in int32", fn,
@@ -133,10 +146,7 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_b
                      (long long)w->k);
         int32_t run = 0;
         PF_TRY(pf::resolve_gemm_leg(w, leg, &run));  // INT8: UNSUPPORTED before device work
-        PF_TRY(check_weight(fn, "w", w, ctx));
-        PF_TRY(pf::check_buffer(ctx, x, xb, fn, "x"));
-        PF_TRY(pf::check_buffer(ctx, y, yb, fn, "y"));
-        PF_CHECK_ARG(rows == 0 || x != y, "%s: x and y are the same buffer (they must not overlap)", fn);
+        PF_TRY(check_rows_io(fn, ctx, w, x, rows, ldx, y, "y", "ldy", ldy, w->n));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
         return pf::project(ctx, w, static_cast<const float *>(x->ptr), rows, ldx,
@@ -218,13 +228,7 @@ extern "C" PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const 
         PF_CHECK_ARG(rows == 1 || w->k % 32 == 0,
                      "%s: k=%lld must be a multiple of 32 for the tiled kernel (rows=%lld)", fn,
                      (long long)w->k, (long long)rows);
-        size_t xb = 0, yb = 0;
-        PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));
-        PF_TRY(check_rows_stride(fn, rows, "ldy", ldy, "n", w->n, &yb));
-        PF_TRY(check_weight(fn, "w", w, ctx));
-        PF_TRY(pf::check_buffer(ctx, x, xb, fn, "x"));
-        PF_TRY(pf::check_buffer(ctx, y, yb, fn, "y"));
-        PF_CHECK_ARG(rows == 0 || x != y, "%s: x and y are the same buffer (they must not overlap)", fn);
+        PF_TRY(check_rows_io(fn, ctx, w, x, rows, ldx, y, "y", "ldy", ldy, w->n));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
         return pf::qgemm(w->data, w->qtype, w->n, w->k, static_cast<const float *>(x->ptr), rows,
@@ -243,13 +247,7 @@ extern "C" PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w,
                      fn, (long long)w->n);
         PF_CHECK_ARG(w->k % 32 == 0, "%s: k=%lld must be a multiple of 32", fn, (long long)w->k);
         const int64_t n = w->n / 2;
-        size_t xb = 0, ob = 0;
-        PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));
-        PF_TRY(check_rows_stride(fn, rows, "ldo", ldo, "n", n, &ob));
-        PF_TRY(check_weight(fn, "w", w, ctx));
-        PF_TRY(pf::check_buffer(ctx, x, xb, fn, "x"));
-        PF_TRY(pf::check_buffer(ctx, out, ob, fn, "out"));
-        PF_CHECK_ARG(rows == 0 || x != out, "%s: x and out are the same buffer (they must not overlap)", fn);
+        PF_TRY(check_rows_io(fn, ctx, w, x, rows, ldx, out, "out", "ldo", ldo, n));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
         return pf::qgemm_swiglu(w->data, w->qtype, n, w->k, static_cast<const float *>(x->ptr),
