@@ -87,3 +87,36 @@ class ModelDesc:
     @property
     def attn_layers(self) -> tuple[int, ...]:
         return tuple(i for i, k in enumerate(self.layer_kinds) if k == "attn")
+
+
+def hparam_metadata(desc: ModelDesc, arch: str | None = None) -> dict[str, int | float | list[int]]:
+    """The GGUF hyper-parameter keys of spec §1.1 / §2.1 for `desc` (ints are u32, floats f32,
+    lists i32 arrays), keyed under `arch` (default desc.arch). Tokenizer keys are not included."""
+    a = arch or desc.arch
+    kv: dict[str, int | float | list[int]] = {
+        f"{a}.block_count": desc.n_block, f"{a}.context_length": desc.context_length,
+        f"{a}.embedding_length": desc.n_embd, f"{a}.feed_forward_length": desc.n_ff,
+        f"{a}.attention.head_count": desc.n_head, f"{a}.attention.head_count_kv": desc.n_head_kv,
+        f"{a}.attention.key_length": desc.head_dim, f"{a}.attention.value_length": desc.head_dim,
+        f"{a}.rope.freq_base": float(desc.rope_base),
+        f"{a}.attention.layer_norm_rms_epsilon": float(desc.eps),
+    }
+    if desc.arch == "qwen35":
+        kv.update({f"{a}.rope.dimension_count": desc.rope_dim,
+                   f"{a}.rope.dimension_sections": [11, 11, 10, 0],
+                   f"{a}.full_attention_interval": desc.full_attention_interval,
+                   f"{a}.ssm.conv_kernel": desc.conv_kernel, f"{a}.ssm.state_size": desc.ssm_dk,
+                   f"{a}.ssm.group_count": desc.ssm_hk, f"{a}.ssm.time_step_rank": desc.ssm_hv,
+                   f"{a}.ssm.inner_size": desc.ssm_inner})
+    return kv
+
+
+def add_metadata(writer, kv: dict[str, int | float | list[int]]) -> None:
+    """Write hparam_metadata-style keys through a gguf.GGUFWriter (u32, f32, i32 arrays)."""
+    for key, value in kv.items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, int(value))

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from .gguf_model import expected_tensors, load_model_desc
-from .model_desc import (QTYPE_BF16, QTYPE_BLOCK, QTYPE_F16, QTYPE_F32, QTYPE_IQ4_XS, QTYPE_NAME,
+from .model_desc import (QTYPE_BF16, QTYPE_BLOCK, QTYPE_F16, QTYPE_F32, QTYPE_IQ4_XS,
                          QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_0, ModelDesc,
-                         row_bytes)
+                         add_metadata, hparam_metadata, row_bytes)
 from .quant import quantize, random_blocks
 
 
@@ -302,25 +302,7 @@ def _add_metadata(w: Any, desc: ModelDesc, model: str, mix: str, seed: int) -> N
     w.add_string("general.name", f"pyprefill synthetic {model} {mix} seed {seed}")
     w.add_uint32("general.file_type", _FILE_TYPE[mix])
     w.add_uint32("general.quantization_version", 2)
-    w.add_uint32(f"{a}.block_count", desc.n_block)
-    w.add_uint32(f"{a}.context_length", desc.context_length)
-    w.add_uint32(f"{a}.embedding_length", desc.n_embd)
-    w.add_uint32(f"{a}.feed_forward_length", desc.n_ff)
-    w.add_uint32(f"{a}.attention.head_count", desc.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", desc.n_head_kv)
-    w.add_uint32(f"{a}.attention.key_length", desc.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", desc.head_dim)
-    w.add_float32(f"{a}.rope.freq_base", desc.rope_base)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", desc.eps)
-    if a == "qwen35":
-        w.add_uint32(f"{a}.rope.dimension_count", desc.rope_dim)
-        w.add_array(f"{a}.rope.dimension_sections", [11, 11, 10, 0])
-        w.add_uint32(f"{a}.full_attention_interval", desc.full_attention_interval)
-        w.add_uint32(f"{a}.ssm.conv_kernel", desc.conv_kernel)
-        w.add_uint32(f"{a}.ssm.state_size", desc.ssm_dk)
-        w.add_uint32(f"{a}.ssm.group_count", desc.ssm_hk)
-        w.add_uint32(f"{a}.ssm.time_step_rank", desc.ssm_hv)
-        w.add_uint32(f"{a}.ssm.inner_size", desc.ssm_inner)
+    add_metadata(w, hparam_metadata(desc))
     tokens, types, merges, ids = synthetic_vocab(a, desc.n_vocab, seed)
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "qwen2" if a == "qwen3" else "qwen35")

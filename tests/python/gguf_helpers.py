@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 
 from pyprefill.formats.synth import preset_desc, tensor_plan
-from pyprefill.formats.model_desc import ModelDesc, row_bytes
+from pyprefill.formats.model_desc import ModelDesc, add_metadata, hparam_metadata, row_bytes
 
 
 def write_gguf(path: Path, desc: ModelDesc, mix: str = "q8_0",
@@ -26,26 +26,9 @@ def write_gguf(path: Path, desc: ModelDesc, mix: str = "q8_0",
         plan = edit(plan)
     a = arch or desc.arch
     w = gguf.GGUFWriter(str(path), a)
-    kv = {
-        f"{a}.block_count": desc.n_block, f"{a}.context_length": desc.context_length,
-        f"{a}.embedding_length": desc.n_embd, f"{a}.feed_forward_length": desc.n_ff,
-        f"{a}.attention.head_count": desc.n_head, f"{a}.attention.head_count_kv": desc.n_head_kv,
-        f"{a}.attention.key_length": desc.head_dim, f"{a}.attention.value_length": desc.head_dim,
-    }
-    if desc.arch == "qwen35":
-        kv.update({f"{a}.rope.dimension_count": desc.rope_dim,
-                   f"{a}.full_attention_interval": desc.full_attention_interval,
-                   f"{a}.ssm.conv_kernel": desc.conv_kernel, f"{a}.ssm.state_size": desc.ssm_dk,
-                   f"{a}.ssm.group_count": desc.ssm_hk, f"{a}.ssm.time_step_rank": desc.ssm_hv,
-                   f"{a}.ssm.inner_size": desc.ssm_inner})
+    kv = hparam_metadata(desc, a)
     kv.update(extra_kv or {})
-    for k, v in kv.items():
-        if k not in skip_keys:
-            w.add_uint32(k, v)
-    for k, v in ((f"{a}.rope.freq_base", desc.rope_base),
-                 (f"{a}.attention.layer_norm_rms_epsilon", desc.eps)):
-        if k not in skip_keys:
-            w.add_float32(k, v)
+    add_metadata(w, {k: v for k, v in kv.items() if k not in skip_keys})
     for name, shape, qtype in plan:
         block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
         rb = shape[-1] // block * nbytes
