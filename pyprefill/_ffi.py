@@ -48,8 +48,10 @@ def _candidates() -> list[str]:
         return [env]                                          # explicit: nothing else
     out.append(str(_PKG / "lib" / "libprefill.so"))
     out.append(str(_PKG / "lib" / "libprefill.so.0"))
-    for build in sorted(_SOURCE_ROOT.glob("build*/libprefill.so")):
-        out.append(str(build))
+    # a source checkout: the most recently built library first (older build dirs may be stale)
+    builds = sorted(_SOURCE_ROOT.glob("build*/libprefill.so"), key=lambda p: p.stat().st_mtime,
+                    reverse=True)
+    out.extend(str(b) for b in builds)
     return out
 
 
