@@ -49,8 +49,12 @@ def _candidates() -> list[str]:
     out.append(str(_PKG / "lib" / "libprefill.so"))
     out.append(str(_PKG / "lib" / "libprefill.so.0"))
     # a source checkout: the most recently built library first (older build dirs may be stale)
-    builds = sorted(_SOURCE_ROOT.glob("build*/libprefill.so"), key=lambda p: p.stat().st_mtime,
-                    reverse=True)
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:          # a dangling symlink: tried last, reported by _load
+            return 0.0
+    builds = sorted(_SOURCE_ROOT.glob("build*/libprefill.so"), key=mtime, reverse=True)
     out.extend(str(b) for b in builds)
     return out
 
