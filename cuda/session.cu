@@ -103,8 +103,18 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     PF_TRY(gdn_l2norm_rows(u, cd, T, Hk, dk, dk, kL2NormEps, float(1.0 / std::sqrt(double(dk))), st));
     PF_TRY(gdn_l2norm_rows(u + kd, cd, T, Hk, dk, dk, kL2NormEps, 1.0f, st));
     // G6-G7 delta rule (tiled pairing), G8 gated RMSNorm in place on o
-    PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
-                         Hk, int32_t(Hv), dk, dv, st));
+    // The chunked (tensor-core) delta rule on the fast legs from kGdnChunkMinRows rows on; the
+    // sequential scan on the exact f32 leg, for decode and for short chunks.
+    int32_t run = PF_GEMM_F32;
+    PF_TRY(resolve_gemm_leg(L.qkv, s->leg, &run));
+    const int32_t pick = gdn_scan_env_default();
+    if (gdn_chunk_supported(dk, dv) &&
+        (pick == 2 || (pick == 0 && run != PF_GEMM_F32 && T >= kGdnChunkMinRows)))
+        PF_TRY(gdn_chunk_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o,
+                                   vd, T, Hk, int32_t(Hv), dk, dv, 0, st));
+    else
+        PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
+                             Hk, int32_t(Hv), dk, dv, st));
     PF_TRY(gdn_gated_rms_norm_rows(o, vd, z, vd, L.ssm_norm, o, vd, T, int32_t(Hv), dv, eps, st));
     return project(ctx, L.ssm_out, o, T, vd, s->x, hp.n_embd, true, s->leg);
 }
