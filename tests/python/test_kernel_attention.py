@@ -1,7 +1,8 @@
 """Attention family: KV-cache writes, causal grouped attention (cuBLAS and flash paths), argmax.
 
-GPU tests compare against a float64 NumPy reference of spec §0.1 B2 written here (for fp16 caches
-the reference reads the same fp16-rounded K/V, so the bound measures the kernel). CPU tests cover
+GPU tests compare against the oracle's float64 attention of spec §0.1 B2 (ops.attention_gqa, with
+ops.heads reading the query heads out of the q rows; for fp16 caches the reference reads the same
+fp16-rounded K/V, so the bound measures the kernel). CPU tests cover
 every argument check the C API makes before it needs a device (ctx = NULL comes last), the
 options/plan logic, and the Python wrappers' own checks.
 """
@@ -16,6 +17,7 @@ from pyprefill import errors
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import attention as A
 from pyprefill.kernels._common import View
+from pyprefill.reference import ops
 
 gpu = pytest.mark.gpu
 
@@ -35,23 +37,14 @@ LEGS = [("cublas", "f32", 1e-5), ("cublas", "f16", 3e-3), ("flash", "f16", 3e-3)
 # ------------------------------------------------------------------------------ reference
 
 def ref_attention(q, k_cache, v_cache, *, H, Hkv, D, pos0, qhs, scale=None):
-    """float64 causal grouped attention: query head h reads KV head h // (H // Hkv)."""
+    """The oracle's float64 causal grouped attention on the kernels' layouts: q rows with head h
+    at column h*qhs, caches [capacity][Hkv*D]; query head h reads KV head h // (H // Hkv)."""
     rows = q.shape[0]
-    G = H // Hkv
     scale = 1.0 / math.sqrt(D) if not scale else scale
-    T = pos0 + rows
-    K = k_cache[:T].astype(np.float64).reshape(T, Hkv, D)
-    V = v_cache[:T].astype(np.float64).reshape(T, Hkv, D)
-    visible = np.arange(T)[None, :] <= (pos0 + np.arange(rows))[:, None]   # [rows][T]
-    out = np.empty((rows, H, D))
-    for h in range(H):
-        qh = q[:, h * qhs:h * qhs + D].astype(np.float64)
-        s = np.where(visible, (qh @ K[:, h // G].T) * scale, -np.inf)
-        s -= s.max(axis=1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=1, keepdims=True)
-        out[:, h] = p @ V[:, h // G]
-    return out.reshape(rows, H * D)
+    cap = k_cache.shape[0]
+    o = ops.attention_gqa(ops.heads(q, H, D, qhs), k_cache.reshape(cap, Hkv, D),
+                          v_cache.reshape(cap, Hkv, D), pos0, scale)
+    return o.reshape(rows, H * D)
 
 
 def make_inputs(rng, *, H, Hkv, D, qmult, rows, pos0, kv_dtype, extra=5, q_gain=1.0):

@@ -2,7 +2,9 @@
 float64 NumPy references (bound 1e-5, DESIGN.md); the per-token twins (rows = 1, T launches)
 bitwise equal to the row kernels; state carried across calls; the C API's argument checks (CPU).
 
-References are plain float64 NumPy written here from spec §3.2 (G2, G3, G5, G7, G8)."""
+The references are the oracle's (pyprefill.reference.ops, spec §3.2 G2, G3, G5, G7, G8; itself
+checked against HF fixtures): ops.causal_conv1d_silu, ops.l2_norm, ops.gdn_gates,
+ops.gated_rms_norm and ops.delta_rule_recurrent, on the kernels' [T][heads * dim] rows."""
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from pyprefill._errors import _check
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gdn as G
 from pyprefill.kernels._common import View, poisoned, upload
+from pyprefill.reference import ops
 
 RTOL = 1e-5
 NULL = ffi.NULL
@@ -19,63 +22,27 @@ gpu = pytest.mark.gpu
 ROWS = [1, 7, 777]
 
 # ----------------------------------------------------------------------------- references
-
-
-def silu64(x):
-    return x / (1.0 + np.exp(-x))
-
-
-def softplus64(x):
-    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
-
-
-def ref_conv(m, window, weight):
-    """(u, new_window) in float64: X = concat(window, m); c[t] = sum_i X[t+i] * weight[:, i]."""
-    kc = weight.shape[1]
-    X = np.concatenate([window, m]).astype(np.float64)
-    T = m.shape[0]
-    c = np.zeros((T, m.shape[1]))
-    for i in range(kc):
-        c += X[i:i + T] * weight[:, i].astype(np.float64)
-    return silu64(c), X[T:T + kc - 1]
+# Thin adapters from the kernels' row layout to the oracle's (T, heads, dim) arrays.
 
 
 def ref_l2(x, eps, scale):
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps) * scale
-
-
-def ref_gates(b, alpha, ssm_a, dt_bias):
-    beta = 1.0 / (1.0 + np.exp(-b.astype(np.float64)))
-    g = ssm_a.astype(np.float64) * softplus64(alpha.astype(np.float64) + dt_bias)
-    return beta, g
+    """Per-head L2 norm of x (..., dim), times scale (G5)."""
+    return ops.l2_norm(x, eps) * scale
 
 
 def ref_gated_norm(o, z, w, hv, eps):
-    T = o.shape[0]
-    dv = w.shape[0]
-    o3 = o.reshape(T, hv, dv).astype(np.float64)
-    y = o3 / np.sqrt((o3 * o3).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
-    return (y * silu64(z.reshape(T, hv, dv).astype(np.float64))).reshape(T, hv * dv)
+    """G8 on [T][hv*dv] rows."""
+    T, dv = o.shape[0], w.shape[0]
+    return ops.gated_rms_norm(o.reshape(T, hv, dv), w, z.reshape(T, hv, dv), eps).reshape(T, hv * dv)
 
 
 def ref_scan(q, k, v, beta, g, S0):
-    """Spec G7 in float64, value head j paired with key head j % Hk. Returns (o, S)."""
+    """G7 on [T][heads*dim] rows (value head j paired with key head j % Hk). Returns (o, S)."""
     hv, dk, dv = S0.shape
     T = q.shape[0]
     hk = q.shape[1] // dk
-    pair = np.arange(hv) % hk
-    qh = q.reshape(T, hk, dk).astype(np.float64)[:, pair]
-    kh = k.reshape(T, hk, dk).astype(np.float64)[:, pair]
-    vh = v.reshape(T, hv, dv).astype(np.float64)
-    S = S0.astype(np.float64).copy()
-    o = np.empty((T, hv, dv))
-    for t in range(T):
-        S *= np.exp(g[t].astype(np.float64))[:, None, None]
-        kv = np.einsum("jab,ja->jb", S, kh[t])
-        e = (vh[t] - kv) * beta[t].astype(np.float64)[:, None]
-        S += kh[t][:, :, None] * e[:, None, :]
-        o[t] = np.einsum("jab,ja->jb", S, qh[t])
+    o, S = ops.delta_rule_recurrent(q.reshape(T, hk, dk), k.reshape(T, hk, dk),
+                                    v.reshape(T, hv, dv), g, beta, S0)
     return o.reshape(T, hv * dv), S
 
 
@@ -84,9 +51,7 @@ def ref_scan(q, k, v, beta, g, S0):
 
 def l2n32(x, hk, dk, scale=1.0):
     """Rows of hk heads of dk, L2-normalised per head (as the model's G5), float32."""
-    x3 = x.reshape(x.shape[0], hk, dk).astype(np.float64)
-    x3 = x3 / np.sqrt((x3 * x3).sum(-1, keepdims=True) + 1e-6) * scale
-    return x3.reshape(x.shape).astype(np.float32)
+    return ref_l2(x.reshape(x.shape[0], hk, dk), 1e-6, scale).reshape(x.shape).astype(np.float32)
 
 
 def scan_inputs(rng, T, hk, hv, dk, dv, state_scale=0.5):
@@ -98,7 +63,7 @@ def scan_inputs(rng, T, hk, hv, dk, dv, state_scale=0.5):
     beta = (1.0 / (1.0 + np.exp(-rng.standard_normal((T, hv))))).astype(np.float32)
     ssm_a = -np.exp(rng.uniform(-1, 1, hv))
     dt_bias = rng.uniform(-1, 1, hv)
-    g = (ssm_a * softplus64(rng.standard_normal((T, hv)) + dt_bias)).astype(np.float32)
+    g = (ssm_a * ops.softplus(rng.standard_normal((T, hv)) + dt_bias)).astype(np.float32)
     S0 = randn(rng, hv, dk, dv, scale=state_scale)
     return q, k, v, beta, g, S0
 
@@ -113,7 +78,7 @@ def test_conv1d(ctx, rng, rows, conv_dim):
     kc = 4
     m, window, weight = randn(rng, rows, conv_dim), randn(rng, kc - 1, conv_dim), randn(rng, conv_dim, kc, scale=0.5)
     u, new_window = G.gdn_conv1d_np(ctx, m, window, weight)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d u", ref_u, u, rtol=RTOL)
     assert np.array_equal(new_window, ref_w.astype(np.float32)), "window must be the last kc-1 rows of concat(window, m)"
 
@@ -123,7 +88,7 @@ def test_conv1d(ctx, rng, rows, conv_dim):
 def test_conv1d_other_kernel_sizes(ctx, rng, kc):
     m, window, weight = randn(rng, 40, 200), randn(rng, kc - 1, 200), randn(rng, 200, kc)
     u, new_window = G.gdn_conv1d_np(ctx, m, window, weight)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d u", ref_u, u, rtol=RTOL)
     assert np.array_equal(new_window, ref_w.astype(np.float32))
 
@@ -161,7 +126,7 @@ def test_conv1d_twin_and_chunking_are_bitwise(ctx, rng):
     uc, wc = _conv_in_calls(ctx, m, window, weight, [1, 2, 1, 1, 2, 17, 16, 1, 9], strided=True)
     for u, w in ((ut, wt), (uc, wc)):
         assert np.array_equal(u, u1) and np.array_equal(w, w1)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d chunked", ref_u, uc, rtol=RTOL)
     assert np.array_equal(w1, ref_w.astype(np.float32))
 
@@ -171,7 +136,7 @@ def test_conv1d_many_rows_uses_several_chunks_per_channel(ctx, rng):
     T, C, kc = 3000, 130, 4   # > one chunk of rows per thread, channel count not a multiple of 128
     m, window, weight = randn(rng, T, C), randn(rng, kc - 1, C), randn(rng, C, kc)
     u, new_window = G.gdn_conv1d_np(ctx, m, window, weight)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d long", ref_u, u, rtol=RTOL)
     assert np.array_equal(new_window, ref_w.astype(np.float32))
 
@@ -190,8 +155,8 @@ def test_l2norm_q_and_k_inside_conv_rows(ctx, rng, rows, hk, dk):
     scale = 1.0 / np.sqrt(dk)
     out = G.gdn_l2norm_np(ctx, u, hk, dk, 1e-6, scale, col0=0)
     out = G.gdn_l2norm_np(ctx, out, hk, dk, 1e-6, 1.0, col0=key_dim)
-    ref_q = ref_l2(u[:, :key_dim].reshape(rows, hk, dk), 1e-6, scale).reshape(rows, key_dim)
-    ref_k = ref_l2(u[:, key_dim:2 * key_dim].reshape(rows, hk, dk), 1e-6, 1.0).reshape(rows, key_dim)
+    ref_q = ref_l2(ops.heads(u, hk, dk), 1e-6, scale).reshape(rows, key_dim)
+    ref_k = ref_l2(ops.heads(u, hk, dk, col0=key_dim), 1e-6, 1.0).reshape(rows, key_dim)
     assert_close("l2 q", ref_q, out[:, :key_dim], rtol=RTOL)
     assert_close("l2 k", ref_k, out[:, key_dim:2 * key_dim], rtol=RTOL)
     assert np.array_equal(out[:, 2 * key_dim:], u[:, 2 * key_dim:]), "v columns changed"
@@ -222,7 +187,7 @@ def test_gates(ctx, rng, rows, hv):
     ssm_a = (-np.exp(rng.uniform(-1, 1, hv))).astype(np.float32)
     dt_bias = rng.uniform(-1, 1, hv).astype(np.float32)
     beta, g = G.gdn_gates_np(ctx, b, alpha, ssm_a, dt_bias)
-    rb, rg = ref_gates(b, alpha, ssm_a, dt_bias)
+    rb, rg = ops.gdn_gates(b, alpha, ssm_a, dt_bias)
     assert_close("beta", rb, beta, rtol=RTOL)
     assert_close("g", rg, g, rtol=RTOL)
     assert (g <= 0).all() and ((beta > 0) & (beta < 1)).all()
@@ -248,7 +213,7 @@ def test_gates_twin_is_bitwise_and_strided(ctx, rng):
                     t += n
                 outs.append(bo.download(np.float32, (T, 2 * hv)))
     assert np.array_equal(outs[0], outs[1])
-    rb, rg = ref_gates(ba[:, :hv], ba[:, hv:], ssm_a, dt)
+    rb, rg = ops.gdn_gates(ba[:, :hv], ba[:, hv:], ssm_a, dt)
     assert_close("beta", rb, outs[0][:, :hv], rtol=RTOL)
     assert_close("g", rg, outs[0][:, hv:], rtol=RTOL)
 

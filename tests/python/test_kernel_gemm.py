@@ -15,6 +15,7 @@ from pyprefill._errors import _check
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gemm
 from pyprefill.kernels._common import View
+from pyprefill.reference import ops
 
 QTYPES = ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 F32_BOUND, F16_BOUND = 1e-5, 3e-3
@@ -127,7 +128,8 @@ def test_env_default_leg(value, expect, n_warn):
 
 
 def _ref(x: np.ndarray, w64: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64)[:, :w64.shape[1]] @ w64.T
+    """The oracle's projection (x @ W.T in float64) of x's first k columns."""
+    return ops.project(x[:, :w64.shape[1]], w64)
 
 
 @pytest.mark.gpu

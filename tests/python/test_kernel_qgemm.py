@@ -9,6 +9,7 @@ from helpers import assert_close, make_weight, randn
 from pyprefill import errors
 from pyprefill.kernels import gemm
 from pyprefill.kernels._common import View
+from pyprefill.reference import ops
 
 pytestmark = pytest.mark.gpu
 
@@ -19,13 +20,9 @@ BOUND = 1e-5  # fp32 math
 
 
 
-def silu(g: np.ndarray) -> np.ndarray:
-    return g / (1.0 + np.exp(-g))
-
-
 def ref_swiglu(x, w64, n):
-    x64 = x.astype(np.float64)
-    return silu(x64 @ w64[:n].T) * (x64 @ w64[n:].T)
+    """The oracle's gate+up+SwiGLU: silu(x Wg^T) * (x Wu^T), Wg = rows [0, n), Wu = [n, 2n)."""
+    return ops.silu(ops.project(x, w64[:n])) * ops.project(x, w64[n:])
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["gemm", "residual"])
@@ -38,7 +35,7 @@ def test_qgemm(ctx, rng, qtype, rows, k, n, accumulate):
         x = randn(rng, rows, k)
         y0 = randn(rng, rows, n) if accumulate else None
         out = gemm.qgemm_np(ctx, w, x, accumulate=accumulate, y=y0)
-        ref = x.astype(np.float64) @ w64.T + (y0 if accumulate else 0.0)
+        ref = ops.project(x, w64) + (y0 if accumulate else 0.0)
         assert_close(f"qgemm {qtype} {rows}x{k}->{n}", ref, out, rtol=BOUND)
 
 
@@ -55,7 +52,7 @@ def test_qgemm_strided_gap_untouched(ctx, rng, qtype, accumulate):
         y0[:, :n] = randn(rng, rows, n)
         out = gemm.qgemm_np(ctx, w, x, accumulate=accumulate, y=y0)
         assert (out[:, n:] == -777.0).all(), "columns beyond n were written"
-        ref = x[:, :k].astype(np.float64) @ w64.T + (y0[:, :n] if accumulate else 0.0)
+        ref = ops.project(x[:, :k], w64) + (y0[:, :n] if accumulate else 0.0)
         assert_close(f"qgemm strided {qtype}", ref, out[:, :n], rtol=BOUND)
 
 
@@ -81,7 +78,7 @@ def test_qgemv(ctx, rng, qtype, k, n, accumulate):
         x = randn(rng, k)
         y0 = randn(rng, n) if accumulate else None
         out = gemm.qgemv_np(ctx, w, x, accumulate=accumulate, y=y0)
-        ref = w64 @ x.astype(np.float64) + (y0 if accumulate else 0.0)
+        ref = ops.project(x, w64) + (y0 if accumulate else 0.0)
         assert_close(f"qgemv {qtype} {k}->{n}", ref, out, rtol=BOUND)
 
 
@@ -101,9 +98,9 @@ def test_fused_other_qtypes(ctx, rng, qtype):
     with w:
         x = randn(rng, 7, k)
         y0 = randn(rng, 7, 2 * n)
-        assert_close(f"qgemm {qtype}", x.astype(np.float64) @ w64.T + y0,
+        assert_close(f"qgemm {qtype}", ops.project(x, w64) + y0,
                      gemm.qgemm_np(ctx, w, x, accumulate=True, y=y0), rtol=BOUND)
-        assert_close(f"qgemv {qtype}", w64 @ x[0].astype(np.float64), gemm.qgemv_np(ctx, w, x[0]),
+        assert_close(f"qgemv {qtype}", ops.project(x[0], w64), gemm.qgemv_np(ctx, w, x[0]),
                      rtol=BOUND)
         assert_close(f"swiglu {qtype}", ref_swiglu(x, w64, n), gemm.qgemm_swiglu_np(ctx, w, x),
                      rtol=BOUND)
@@ -115,7 +112,7 @@ def test_fused_rejects_bad_shapes(ctx, rng):
         with pytest.raises(errors.InvalidArgumentError, match="k=100 must be a multiple of 32"):
             gemm.qgemm_np(ctx, w, randn(rng, 3, 100))
         x = randn(rng, 1, 100)                          # one row: the GEMV takes any k
-        assert_close("qgemv k=100", x.astype(np.float64) @ w64.T, gemm.qgemm_np(ctx, w, x), rtol=BOUND)
+        assert_close("qgemv k=100", ops.project(x, w64), gemm.qgemm_np(ctx, w, x), rtol=BOUND)
     w, _ = make_weight(ctx, rng, "Q8_0", 63, 64)
     with w:
         with pytest.raises(errors.InvalidArgumentError, match="even count"):

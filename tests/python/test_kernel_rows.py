@@ -1,7 +1,9 @@
 """Row kernels (RMSNorm, per-head RMSNorm, partial NEOX RoPE, SwiGLU, residual add, sigmoid gate)
 against float64 NumPy references (bound 1e-5, DESIGN.md), plus the C API's argument checks (CPU).
 
-References are written here in plain float64 NumPy (spec §0, §0.1 B1, §3.1 A8)."""
+The references are the oracle's (pyprefill.reference.ops, itself checked against HF fixtures):
+ops.rms_norm, ops.rope_neox_partial, ops.silu, ops.sigmoid, with ops.heads / ops.put_heads
+addressing the heads inside the kernels' rows."""
 import numpy as np
 import pytest
 
@@ -10,50 +12,21 @@ from pyprefill import errors
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import rows as K
 from pyprefill.kernels._common import View, poisoned, upload
+from pyprefill.reference import ops
 
 RTOL = 1e-5
 NULL = ffi.NULL
 gpu = pytest.mark.gpu
 
 
-# ----------------------------------------------------------------------------- references
-
-
-def ref_rms_norm(x, w, eps):
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w.astype(np.float64)
-
-
-def ref_heads(x, n_heads, head_dim, head_stride, col0, fn):
-    """Apply fn(head_matrix [rows][head_dim] float64, h) to each head of x in float64."""
-    out = x.astype(np.float64).copy()
-    for h in range(n_heads):
-        c = col0 + h * head_stride
-        out[:, c:c + head_dim] = fn(out[:, c:c + head_dim], h)
-    return out
-
-
-def ref_rope(u, pos, rot_dim, base):
-    """NEOX half-split rotation of u [rows][D] (float64), row t at pos[t], exact float64 angles."""
-    half = rot_dim // 2
-    inv = base ** (-2.0 * np.arange(half) / rot_dim)
-    phi = pos.astype(np.float64)[:, None] * inv[None, :]
-    c, s = np.cos(phi), np.sin(phi)
-    out = u.copy()
-    a, b = u[:, :half], u[:, half:rot_dim]
-    out[:, :half] = a * c - b * s
-    out[:, half:rot_dim] = a * s + b * c
-    return out
+def on_heads(x, n_heads, head_dim, head_stride, col0, fn):
+    """x in float64 with fn applied to its heads ((T, H, D) -> (T, H, D)); other columns kept."""
+    h = ops.heads(x, n_heads, head_dim, head_stride, col0)
+    return ops.put_heads(x, fn(h), head_stride, col0)
 
 
 def silu64(x):
-    x = x.astype(np.float64)
-    with np.errstate(over="ignore"):   # exp(-x) = inf for x << 0: x / inf = -0, as intended
-        return x / (1.0 + np.exp(-x))
-
-
-def sigmoid64(x):
-    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    return ops.silu(np.asarray(x, np.float64))
 
 
 ROWS = [1, 7, 777]
@@ -68,7 +41,7 @@ def test_rms_norm(ctx, rng, rows, cols):
     x = randn(rng, rows, cols, scale=3.0)
     w = randn(rng, cols)
     y = K.rms_norm_np(ctx, x, w, 1e-6)
-    assert_close("rms_norm", ref_rms_norm(x, w, 1e-6), y, rtol=RTOL)
+    assert_close("rms_norm", ops.rms_norm(x, w, 1e-6), y, rtol=RTOL)
 
 
 @gpu
@@ -76,7 +49,7 @@ def test_rms_norm_strided_and_in_place(ctx, rng):
     rows, cols, ld = 7, 2560, 2560 + 300
     x = randn(rng, rows, ld)
     w = randn(rng, cols)
-    ref = ref_rms_norm(x[:, 100:100 + cols], w, 1e-6)
+    ref = ops.rms_norm(x[:, 100:100 + cols], w, 1e-6)
     with upload(ctx, x) as bx, upload(ctx, w) as bw, poisoned(ctx, rows * ld * 4) as by:
         # strided out of place: y lands at column 5 of ld-wide rows; other columns stay NaN
         K.rms_norm(ctx, View(bx, 100, ld), bw, View(by, 5, ld), rows, cols, 1e-6)
@@ -104,7 +77,7 @@ def test_head_rms_norm(ctx, rng, rows, n_heads, head_dim, interleaved):
     x = randn(rng, rows, n_heads * stride, scale=2.0)
     w = randn(rng, head_dim)
     out = K.head_rms_norm_np(ctx, x, w, n_heads, head_dim, 1e-6, head_stride=stride)
-    ref = ref_heads(x, n_heads, head_dim, stride, 0, lambda u, h: ref_rms_norm(u, w, 1e-6))
+    ref = on_heads(x, n_heads, head_dim, stride, 0, lambda h: ops.rms_norm(h, w, 1e-6))
     assert_close("head_rms_norm", ref, out, rtol=RTOL)
     if interleaved:  # the gate halves are not touched
         for h in range(n_heads):
@@ -133,8 +106,8 @@ def test_rope_neox(ctx, rng, rows, pos0, case):
     ld = n_heads * stride + 3
     x = randn(rng, rows, ld)
     out = K.rope_neox_np(ctx, x, n_heads, head_dim, rot, pos0, base, head_stride=stride, col0=1)
-    pos = pos0 + np.arange(rows)
-    ref = ref_heads(x, n_heads, head_dim, stride, 1, lambda u, h: ref_rope(u, pos, rot, base))
+    ref = on_heads(x, n_heads, head_dim, stride, 1,
+                   lambda h: ops.rope_neox_partial(h, pos0, rot, base))
     rotated = np.concatenate([np.arange(1 + h * stride, 1 + h * stride + rot) for h in range(n_heads)])
     assert_close("rope rotated dims", ref[:, rotated], out[:, rotated], rtol=RTOL)
     keep = np.setdiff1d(np.arange(ld), rotated)
@@ -194,8 +167,8 @@ def test_sigmoid_gate_qwen35(ctx, rng, rows, n_heads, head_dim):
     qg = randn(rng, rows, 2 * n_heads * head_dim, scale=3.0)
     out = K.sigmoid_gate_np(ctx, o, qg, n_heads, head_dim, gate_head_stride=2 * head_dim,
                             gate_col0=head_dim)
-    gate = qg.reshape(rows, n_heads, 2, head_dim)[:, :, 1, :].reshape(rows, -1)
-    assert_close("sigmoid_gate", o.astype(np.float64) * sigmoid64(gate), out, rtol=RTOL)
+    gate = ops.heads(qg, n_heads, head_dim, 2 * head_dim, head_dim).reshape(rows, -1)
+    assert_close("sigmoid_gate", o.astype(np.float64) * ops.sigmoid(gate), out, rtol=RTOL)
 
 
 @gpu
