@@ -1,8 +1,9 @@
-"""Times the chunked delta rule (gdn_chunk_scan_rows, experimental/gdn_chunked.patch) against
-the sequential scan (gdn_scan_rows) and, when importable, FLA's chunk_gated_delta_rule, at
+"""Times the chunked delta rule (pf_gdn_scan with path PF_GDN_SCAN_CHUNKED; the kernels of
+experimental/gdn_chunked.patch, written against the 0.1 API, are to land behind that path) against
+the sequential scan (path "sequential") and, when importable, FLA's chunk_gated_delta_rule, at
 qwen35-4b shapes (Hk = 16, Hv = 32, dk = dv = 128), and prints each path's error against the
-float64 recurrence on a short prompt first. Run from the repository root with the patch applied
-and the library built:  python3 experimental/gdn_chunk_bench.py
+float64 recurrence on a short prompt first. Run from the repository root with the chunked path
+built:  python3 experimental/gdn_chunk_bench.py
 Our timings: host wall clock around a batch of calls + ctx.synchronize() (the library runs on its
 own stream); FLA: the same around torch calls + torch.cuda.synchronize()."""
 import sys
@@ -24,21 +25,21 @@ rng = np.random.default_rng(1)
 for T in (777, 2048):
     q, k, v, beta, g, S0 = scan_inputs(rng, T, HK, HV, DK, DV)
     ro, rS = ref_scan(q, k, v, beta, g, S0)
-    for name, chunked in (("sequential", False), ("chunked", True)):
-        o, S = G.gdn_scan(ctx, q, k, v, beta, g, S0, chunked=chunked)
+    for name in ("sequential", "chunked"):
+        o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path=name)
         eo, wo = rel_error(ro, o)
         es, _ = rel_error(rS.reshape(HV, -1), S.reshape(HV, -1))
         print(f"err T={T} {name}: o whole {eo:.2e} worst row {wo:.2e}, state {es:.2e}")
 
 
-def bench_ours(T, fn, iters=20):
+def bench_ours(T, path, iters=20):
     q, k, v, beta, g, S0 = scan_inputs(rng, T, HK, HV, DK, DV)
     bufs = [ctx.buffer(a.nbytes) for a in (q, k, v, beta, g, S0)]
     for b, a in zip(bufs, (q, k, v, beta, g, S0)):
         b.upload(a)
     bq, bk, bv, bb, bg, bs = bufs
     bo = ctx.buffer(v.nbytes)
-    call = lambda: fn(ctx, bq, bk, bv, bb, bg, bs, bo, T, HK, HV, DK, DV)  # noqa: E731
+    call = lambda: G.gdn_scan(ctx, bq, bk, bv, bb, bg, bs, bo, T, HK, HV, DK, DV, path)  # noqa: E731
     call()
     ctx.synchronize()
     t = time.perf_counter()
@@ -77,8 +78,8 @@ def bench_fla(T, iters=20):
 
 
 for T in (2048, 8192):
-    ts = bench_ours(T, G.gdn_scan_rows)
-    tc = bench_ours(T, G.gdn_chunk_scan_rows)
+    ts = bench_ours(T, "sequential")
+    tc = bench_ours(T, "chunked")
     tf, note = bench_fla(T)
     fla = f"FLA chunk {tf * 1e3:.3f} ms ({note})" if tf else note
     print(f"T={T} Hk={HK} Hv={HV} d={DK}: sequential {ts * 1e3:.3f} ms, chunked {tc * 1e3:.3f} ms "

@@ -15,25 +15,20 @@ import weakref
 import numpy as np
 
 from ._errors import _check
-from ._ffi import ffi, lib
+from ._ffi import enum_map, enum_value, ffi, lib
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
 
 from .kernels.attention import KV_DTYPES as _KV, PATHS as _ATTN
+from .kernels.gemm import LEGS as _LEGS
 
-_LOGITS = {"none": 0, "last": 1, "all": 2}
-ARCH_NAMES = {1: "qwen3", 2: "qwen35"}
+LOGITS = enum_map("pf_logits_mode", "PF_LOGITS_")    # {"none": 0, "last": 1, "all": 2}
+ARCHS = enum_map("pf_arch", "PF_ARCH_")               # {"qwen3": 1, "qwen35": 2}
+ARCH_NAMES = {v: k for k, v in ARCHS.items()}
 
 
 def _leg_id(gemm) -> int:
-    if isinstance(gemm, int):
-        return gemm
-    names = {"default": 0, "auto": lib.PF_GEMM_AUTO, "f32": lib.PF_GEMM_F32,
-             "f16": lib.PF_GEMM_F16, "int8": lib.PF_GEMM_INT8}
-    try:
-        return names[gemm]
-    except KeyError:
-        raise InvalidArgumentError(f"gemm: unknown leg {gemm!r} (known: {', '.join(names)})")
+    return enum_value(gemm, _LEGS, "gemm", any_int=True)
 
 
 def _info_dict(i) -> dict:
@@ -191,8 +186,8 @@ class Session(_Owner):
         ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32).reshape(-1)
         if ids.size == 0:
             raise InvalidArgumentError("tokens: need at least one token")
-        if logits not in _LOGITS:
-            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(_LOGITS)}")
+        if logits not in LOGITS:
+            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(LOGITS)}")
         V = self.model.n_vocab
         out = None
         if logits == "last":
@@ -202,7 +197,7 @@ class Session(_Owner):
         tok = ffi.new("int32_t *")
         lview = as_carray(out, "logits", np.float32, writable=True) if out is not None else ffi.NULL
         _check(lib.pf_session_prefill(self.ptr, ffi.from_buffer("int32_t[]", ids), ids.size,
-                                      _LOGITS[logits], ffi.cast("float *", lview) if out is not None else ffi.NULL,
+                                      LOGITS[logits], ffi.cast("float *", lview) if out is not None else ffi.NULL,
                                       0 if out is None else out.size, tok))
         if return_token:
             return out, int(tok[0])
