@@ -131,29 +131,66 @@ extern "C" PF_API pf_status pf_gdn_scan_args_init(pf_gdn_scan_args *args, size_t
                          [](pf_gdn_scan_args &a) { a.path = PF_GDN_SCAN_AUTO; });
 }
 
+namespace {
+
+// The scalar checks of pf_gdn_scan and pf_gdn_scan_plan, and the path a call runs.
+pf_status scan_plan(const char *fn, const pf_gdn_scan_args &a, int32_t *path, size_t *ws) {
+    PF_CHECK_ARG(a.rows >= 0, "%s: rows=%lld < 0", fn, (long long)a.rows);
+    PF_CHECK_ARG(a.n_k_heads >= 1 && a.n_k_heads <= 65536 && a.n_v_heads >= 1 &&
+                     a.n_v_heads <= 65536 && a.n_v_heads % a.n_k_heads == 0,
+                 "%s: n_v_heads=%d must be a multiple of n_k_heads=%d (both in [1, 65536])",
+                 fn, a.n_v_heads, a.n_k_heads);
+    const auto dim_ok = [](int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; };
+    PF_CHECK_ARG(dim_ok(a.dk) && dim_ok(a.dv),
+                 "%s: dk=%d, dv=%d; each must be 16, 32, 64 or 128", fn, a.dk, a.dv);
+    PF_CHECK_ARG(a.path == PF_GDN_SCAN_AUTO || a.path == PF_GDN_SCAN_SEQUENTIAL ||
+                     a.path == PF_GDN_SCAN_CHUNKED,
+                 "%s: path=%d (PF_GDN_SCAN_AUTO 0, PF_GDN_SCAN_SEQUENTIAL 1, "
+                 "PF_GDN_SCAN_CHUNKED 2)",
+                 fn, a.path);
+    const bool chunk_ok = pf::gdn_chunk_supported(a.dk, a.dv);
+    if (a.path == PF_GDN_SCAN_CHUNKED && !chunk_ok)
+        return pf::fail(PF_STATUS_UNSUPPORTED,
+                        "%s: path=PF_GDN_SCAN_CHUNKED is built for dk = dv = 128, got dk=%d, "
+                        "dv=%d; use PF_GDN_SCAN_AUTO or PF_GDN_SCAN_SEQUENTIAL",
+                        fn, a.dk, a.dv);
+    int32_t run = a.path;
+    if (run == PF_GDN_SCAN_AUTO) {
+        const int32_t env = pf::gdn_scan_env_default();  // 0 auto, 1 sequential, 2 chunked
+        const bool chunk = chunk_ok && (env == 2 || (env == 0 && a.rows >= pf::kGdnChunkMinRows));
+        run = chunk ? PF_GDN_SCAN_CHUNKED : PF_GDN_SCAN_SEQUENTIAL;
+    }
+    *path = run;
+    *ws = run == PF_GDN_SCAN_CHUNKED
+              ? pf::gdn_chunk_workspace_bytes(a.rows, a.n_k_heads, a.n_v_heads)
+              : 0;
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" PF_API pf_status pf_gdn_scan_plan(const pf_gdn_scan_args *args, int32_t *out_path,
+                                             size_t *out_workspace_bytes) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
+        PF_TRY(pf::args_check(fn, args, "pf_gdn_scan_args_init"));
+        int32_t path = 0;
+        size_t ws = 0;
+        PF_TRY(scan_plan(fn, *args, &path, &ws));
+        if (out_path) *out_path = path;
+        if (out_workspace_bytes) *out_workspace_bytes = ws;
+        return PF_STATUS_OK;
+    });
+}
+
 extern "C" PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args *args) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
         PF_TRY(pf::args_check(fn, args, "pf_gdn_scan_args_init"));
         const pf_gdn_scan_args &a = *args;
-        PF_CHECK_ARG(a.rows >= 0, "%s: rows=%lld < 0", fn, (long long)a.rows);
-        PF_CHECK_ARG(a.n_k_heads >= 1 && a.n_k_heads <= 65536 && a.n_v_heads >= 1 &&
-                         a.n_v_heads <= 65536 && a.n_v_heads % a.n_k_heads == 0,
-                     "%s: n_v_heads=%d must be a multiple of n_k_heads=%d (both in [1, 65536])",
-                     fn, a.n_v_heads, a.n_k_heads);
-        const auto dim_ok = [](int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; };
-        PF_CHECK_ARG(dim_ok(a.dk) && dim_ok(a.dv),
-                     "%s: dk=%d, dv=%d; each must be 16, 32, 64 or 128", fn, a.dk, a.dv);
-        PF_CHECK_ARG(a.path == PF_GDN_SCAN_AUTO || a.path == PF_GDN_SCAN_SEQUENTIAL ||
-                         a.path == PF_GDN_SCAN_CHUNKED,
-                     "%s: path=%d (PF_GDN_SCAN_AUTO 0, PF_GDN_SCAN_SEQUENTIAL 1, "
-                     "PF_GDN_SCAN_CHUNKED 2)",
-                     fn, a.path);
-        if (a.path == PF_GDN_SCAN_CHUNKED)
-            return pf::fail(PF_STATUS_UNSUPPORTED,
-                            "%s: path=PF_GDN_SCAN_CHUNKED is not built yet in this library; use "
-                            "PF_GDN_SCAN_AUTO or PF_GDN_SCAN_SEQUENTIAL",
-                            fn);
+        int32_t run = PF_GDN_SCAN_SEQUENTIAL;
+        size_t ws_bytes = 0;
+        PF_TRY(scan_plan(fn, a, &run, &ws_bytes));
         const int64_t kw = (int64_t)a.n_k_heads * a.dk, vw = (int64_t)a.n_v_heads * a.dv,
                       h = a.n_v_heads;
         const pf::RowsView vq = pf::matrix_view(a.q, "q", a.rows, kw, kw),
@@ -163,18 +200,41 @@ extern "C" PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args 
                            vg = pf::matrix_view(a.g, "g", a.rows, h, h),
                            vs = pf::vector_view(a.state, "state", vw * a.dk),
                            vo = pf::matrix_view(a.o, "o", a.rows, vw, vw);
-        PF_TRY(pf::check_views(fn, ctx, {vq, vk, vv, vbeta, vg, vs, vo}));
+        const bool own_ws = a.workspace.buf != nullptr && run == PF_GDN_SCAN_CHUNKED;
+        // The caller's workspace, in bytes (a vector of ws_bytes uint8 at byte offset off).
+        const pf::RowsView vw_ = pf::vector_view(a.workspace, "workspace", int64_t(ws_bytes), 1);
+        if (own_ws) PF_TRY(pf::check_views(fn, ctx, {vq, vk, vv, vbeta, vg, vs, vo, vw_}));
+        else PF_TRY(pf::check_views(fn, ctx, {vq, vk, vv, vbeta, vg, vs, vo}));
         for (const pf::RowsView *in : {&vq, &vk, &vbeta, &vg, &vs})
             PF_CHECK_ARG(!pf::views_overlap(vo, *in), "%s: o overlaps %s", fn, in->name);
         PF_CHECK_ARG(pf::views_same(vo, vv) || !pf::views_overlap(vo, vv),
                      "%s: o overlaps v (only o == v, same offset and ld, is allowed)", fn);
         for (const pf::RowsView *in : {&vq, &vk, &vv, &vbeta, &vg})
             PF_CHECK_ARG(!pf::views_overlap(vs, *in), "%s: state overlaps %s", fn, in->name);
+        if (own_ws) {
+            PF_CHECK_ARG(a.workspace.off % 256 == 0, "%s: workspace offset %lld is not a multiple "
+                         "of 256 bytes", fn, (long long)a.workspace.off);
+            for (const pf::RowsView *in : {&vq, &vk, &vv, &vbeta, &vg, &vs, &vo})
+                PF_CHECK_ARG(a.workspace.buf != in->buf, "%s: workspace shares a buffer with %s",
+                             fn, in->name);
+        }
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        // PF_GDN_SCAN_AUTO and _SEQUENTIAL: the sequential scan (the only path built).
-        return pf::gdn_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld, vbeta.ptr(),
-                                 vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(), vo.ld, a.rows,
-                                 a.n_k_heads, a.n_v_heads, a.dk, a.dv, ctx->stream);
+        if (run == PF_GDN_SCAN_SEQUENTIAL || a.rows == 0)
+            return pf::gdn_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld,
+                                     vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(),
+                                     vo.ld, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv,
+                                     ctx->stream);
+        void *ws = nullptr;
+        if (own_ws) {
+            ws = static_cast<char *>(a.workspace.buf->ptr) + a.workspace.off;
+        } else {
+            PF_TRY(pf::scratch_reserve(ctx, ctx->scratch_gdn, ws_bytes, "GDN chunk workspace"));
+            ws = ctx->scratch_gdn.ptr;
+        }
+        return pf::gdn_chunk_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld,
+                                       vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(),
+                                       vo.ld, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv, ws,
+                                       ws_bytes, 0, ctx->stream);
     });
 }

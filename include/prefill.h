@@ -469,13 +469,21 @@ PF_API pf_status pf_gdn_gated_rms_norm(pf_context *ctx, const pf_gdn_gated_rms_n
 
 /* Gated delta rule (G7) over `rows` tokens. Value head j uses key head j % n_k_heads (qwen35
  * tiled pairing). Per token, per head: S = exp(g) S; e = (v - S^T k) * beta; S += k e^T;
- * o = S^T q. The state is read at the start and written back at the end. */
+ * o = S^T q. The state is read at the start and written back at the end, so consecutive calls
+ * continue one sequence. */
 typedef enum pf_gdn_scan_path {
-    PF_GDN_SCAN_AUTO = 0,       /* the best built path for the shape: sequential in this build */
-    PF_GDN_SCAN_SEQUENTIAL = 1, /* token by token with the state on chip; the reference and the
-                                   decode path; fp32, bound 1e-5 */
-    PF_GDN_SCAN_CHUNKED = 2     /* chunkwise-parallel (WY/UT) on tensor cores: UNSUPPORTED in
-                                   this build (not built yet) */
+    PF_GDN_SCAN_AUTO = 0,       /* chunked for dk = dv = 128 and rows >= 64, else sequential.
+                                   Env PREFILL_GDN_SCAN=sequential|chunked overrides the choice
+                                   (read once per process) */
+    PF_GDN_SCAN_SEQUENTIAL = 1, /* token by token with the state on chip: the exact path (fp32,
+                                   bound 1e-5) and decode's; bitwise equal to `rows` calls of
+                                   one row */
+    PF_GDN_SCAN_CHUNKED = 2     /* chunkwise-parallel WY/UT form (spec 3.2.1) on tensor cores:
+                                   fp16 operands with exact per-chunk power-of-two scales, fp32
+                                   accumulation and state; about 5e-4 relative against float64
+                                   (bound 2e-3). dk = dv = 128 only (else UNSUPPORTED); q and k
+                                   must be L2-normalised (|x| <= 1). Chunks of 64 rows restart at
+                                   every call: not bitwise equal across different splits */
 } pf_gdn_scan_path;
 
 typedef struct pf_gdn_scan_args {
@@ -496,9 +504,19 @@ typedef struct pf_gdn_scan_args {
     int32_t n_v_heads;  /* value heads, a multiple of n_k_heads, <= 65536. no default (0) */
     int32_t dk, dv;     /* head dims, each 16, 32, 64 or 128. no default (0) */
     int32_t path;       /* pf_gdn_scan_path. default PF_GDN_SCAN_AUTO */
+    pf_view workspace;  /* the chunked path's scratch: bytes from BYTE offset off (ld ignored),
+                           at least pf_gdn_scan_plan's workspace bytes, 256-byte aligned, not
+                           overlapping any operand. buf NULL (default): the context's own
+                           scratch, grown on demand (an allocation on the call) */
 } pf_gdn_scan_args;
 
 PF_API pf_status pf_gdn_scan_args_init(pf_gdn_scan_args *args, size_t struct_size);
+/* What pf_gdn_scan would run for `args` (pure; no context or device needed; views unread):
+ * *out_path is PF_GDN_SCAN_SEQUENTIAL or PF_GDN_SCAN_CHUNKED and *out_workspace_bytes the
+ * scratch it needs (0 for sequential). Out pointers may be NULL. The same argument errors as
+ * pf_gdn_scan for the scalar fields. */
+PF_API pf_status pf_gdn_scan_plan(const pf_gdn_scan_args *args, int32_t *out_path,
+                                  size_t *out_workspace_bytes);
 PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args *args);
 
 /* ---- models and sessions (model level) ----

@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from .._errors import _check
-from .._ffi import enum_map, enum_value, lib
+from .._ffi import enum_map, enum_value, ffi, lib
 from ..core import Context
 from ..errors import InvalidArgumentError
 from ._common import (View, array_arg, c_view, check_heads_fit, ctx_arg, download, new_args,
                       poisoned, same_rows, set_view, upload)
 
 SCAN_PATHS = enum_map("pf_gdn_scan_path", "PF_GDN_SCAN_")   # {"auto": 0, "sequential": 1, ...}
+SCAN_PATH_NAMES = {v: k for k, v in SCAN_PATHS.items()}
 
 
 def scan_path_id(path) -> int:
@@ -67,17 +68,38 @@ def gdn_gated_rms_norm(ctx: Context, o, z, w, y, rows: int, n_v_heads: int, dv: 
     _check(lib.pf_gdn_gated_rms_norm(ctx_arg(ctx).ptr, a))
 
 
-def gdn_scan(ctx: Context, q, k, v, beta, g, state, o, rows: int, n_k_heads: int, n_v_heads: int,
-             dk: int, dv: int, path="auto") -> None:
-    """The gated delta rule over `rows` tokens; state ([n_v_heads][dk][dv], a vector view: ld
-    ignored) updated in place. path: "auto", "sequential" or "chunked" (a pf_gdn_scan_path)."""
+def _scan_args(q, k, v, beta, g, state, o, rows, n_k_heads, n_v_heads, dk, dv, path, workspace):
     a = new_args("pf_gdn_scan_args")
     for field, arg, name in ((a.q, q, "q"), (a.k, k, "k"), (a.v, v, "v"), (a.beta, beta, "beta"),
                              (a.g, g, "g"), (a.state, state, "state"), (a.o, o, "o")):
-        set_view(field, arg, name)
+        if arg is not None:
+            set_view(field, arg, name)
+    if workspace is not None:
+        set_view(a.workspace, workspace, "workspace")
     a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv = rows, n_k_heads, n_v_heads, dk, dv
     a.path = scan_path_id(path)
+    return a
+
+
+def gdn_scan(ctx: Context, q, k, v, beta, g, state, o, rows: int, n_k_heads: int, n_v_heads: int,
+             dk: int, dv: int, path="auto", workspace=None) -> None:
+    """The gated delta rule over `rows` tokens; state ([n_v_heads][dk][dv], a vector view: ld
+    ignored) updated in place. path: "auto", "sequential" or "chunked" (a pf_gdn_scan_path).
+    workspace: a Buffer or View (byte offset) of at least gdn_scan_plan()'s bytes for the
+    chunked path; None = the context's own scratch."""
+    a = _scan_args(q, k, v, beta, g, state, o, rows, n_k_heads, n_v_heads, dk, dv, path, workspace)
     _check(lib.pf_gdn_scan(ctx_arg(ctx).ptr, a))
+
+
+def gdn_scan_plan(rows: int, n_k_heads: int, n_v_heads: int, dk: int, dv: int,
+                  path="auto") -> dict:
+    """What gdn_scan would run (no device needed): {"path": "sequential" | "chunked",
+    "workspace_bytes": int}."""
+    a = _scan_args(None, None, None, None, None, None, None, rows, n_k_heads, n_v_heads, dk, dv,
+                   path, None)
+    p, w = ffi.new("int32_t *"), ffi.new("size_t *")
+    _check(lib.pf_gdn_scan_plan(a, p, w))
+    return {"path": SCAN_PATH_NAMES[int(p[0])], "workspace_bytes": int(w[0])}
 
 
 # ----------------------------------------------------------------------------- NumPy level
@@ -170,6 +192,6 @@ def gdn_scan_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta:
         return download(ctx, bo, np.float32, v.shape), download(ctx, bs, np.float32, state.shape)
 
 
-__all__ = ["SCAN_PATHS", "scan_path_id", "gdn_conv1d", "gdn_l2norm", "gdn_gates",
+__all__ = ["SCAN_PATHS", "scan_path_id", "gdn_scan_plan", "gdn_conv1d", "gdn_l2norm", "gdn_gates",
            "gdn_gated_rms_norm", "gdn_scan", "gdn_conv1d_np", "gdn_l2norm_np", "gdn_gates_np",
            "gdn_gated_rms_norm_np", "gdn_scan_np"]

@@ -135,7 +135,7 @@ int main(void) {
         sa.n_k_heads = 2; sa.n_v_heads = 4; sa.dk = 32; sa.dv = 32; sa.rows = 3;
         EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_INVALID_ARGUMENT, "q is NULL");
         sa.path = PF_GDN_SCAN_CHUNKED;
-        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_UNSUPPORTED, "not built yet");
+        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_UNSUPPORTED, "built for dk = dv = 128");
         sa.path = 3;
         EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_INVALID_ARGUMENT, "path=3");
         sa.path = PF_GDN_SCAN_SEQUENTIAL; sa.dv = 48;

@@ -262,7 +262,7 @@ SCAN_DIMS = {  # hk, hv, dk, dv
 def test_scan_matches_float64_recurrence(ctx, rng, rows, dims):
     hk, hv, dk, dv = SCAN_DIMS[dims]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, dk, dv)
-    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
     assert_close("scan o", ro, o, rtol=RTOL)
     assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
@@ -274,13 +274,14 @@ def test_scan_head_pairing_is_tiled(ctx, rng, r):
     """Hv = r*Hk: value head j reads key head j % Hk (a grouped j // r pairing would fail)."""
     hk, dk, dv = 4, 32, 32
     q, k, v, beta, g, S0 = scan_inputs(rng, 20, hk, r * hk, dk, dv)
-    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
     assert_close("scan o", ro, o, rtol=RTOL)
     assert_close("scan state", rS.reshape(r * hk, -1), S.reshape(r * hk, -1), rtol=RTOL)
 
 
-def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False, path="auto"):
+def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False, path="sequential",
+                   workspace=None):
     """The scan over consecutive calls of the given row counts, with q, k, v inside one
     conv-output matrix [T][q | k | v | pad] and beta, g inside one [T][beta | g] matrix, as the
     engine lays them out. Returns (o, S); checks that nothing outside o's columns was written."""
@@ -300,7 +301,7 @@ def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False, path="
             out = View(bu, r + 2 * kw, ld) if o_in_place else View(bo, t * ldo + 4, ldo)
             G.gdn_scan(ctx, View(bu, r, ld), View(bu, r + kw, ld), View(bu, r + 2 * kw, ld),
                        View(bbg, t * 2 * hv, 2 * hv), View(bbg, t * 2 * hv + hv, 2 * hv),
-                       bs, out, n, hk, hv, dk, dv, path)
+                       bs, out, n, hk, hv, dk, dv, path, workspace)
             t += n
         assert t == T
         S = bs.download(np.float32, S0.shape)
@@ -355,7 +356,7 @@ def test_scan_from_zero_state_long(ctx, rng):
     hk, hv, dk, dv = SCAN_DIMS["tiny-32"]
     q, k, v, beta, g, _ = scan_inputs(rng, 2000, hk, hv, dk, dv)
     S0 = np.zeros((hv, dk, dv), np.float32)
-    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
     assert_close("scan o", ro, o, rtol=RTOL)
     assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
@@ -399,15 +400,154 @@ def test_gdn_chain_two_chunks_equals_one(ctx, rng):
 
 @gpu
 def test_scan_paths(ctx, rng):
-    """AUTO runs the sequential scan (bit for bit); CHUNKED is not built yet: UNSUPPORTED before
-    any device work."""
+    """AUTO: the sequential scan for dims other than 128 (bit for bit), the chunked one for
+    dk = dv = 128 from 64 rows (bit for bit with an explicit CHUNKED); CHUNKED on other dims is
+    UNSUPPORTED before any device work."""
     hk, hv, dk, dv = SCAN_DIMS["tiny-32"]
     q, k, v, beta, g, S0 = scan_inputs(rng, 65, hk, hv, dk, dv)
     oa, Sa = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="auto")
     os_, Ss = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="sequential")
     assert np.array_equal(oa, os_) and np.array_equal(Sa, Ss)
-    with pytest.raises(errors.UnsupportedError, match="not built yet"):
+    with pytest.raises(errors.UnsupportedError, match="built for dk = dv = 128"):
         G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
+    q, k, v, beta, g, S0 = scan_inputs(rng, 65, 2, 4, 128, 128)
+    oa, Sa = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="auto")
+    oc, Sc = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="chunked")
+    assert np.array_equal(oa, oc) and np.array_equal(Sa, Sc)
+
+
+def test_scan_plan():
+    """The path AUTO picks and the chunked workspace (CPU: no device needed)."""
+    assert G.gdn_scan_plan(63, 16, 32, 128, 128) == {"path": "sequential", "workspace_bytes": 0}
+    p = G.gdn_scan_plan(64, 16, 32, 128, 128)
+    assert p["path"] == "chunked" and p["workspace_bytes"] > 0
+    assert G.gdn_scan_plan(4096, 16, 32, 64, 64)["path"] == "sequential"
+    assert G.gdn_scan_plan(8, 16, 32, 128, 128, path="chunked")["path"] == "chunked"
+    # the workspace covers one pass: it stops growing past kGdnPassRows (8192) rows
+    w8, w16 = (G.gdn_scan_plan(n, 16, 32, 128, 128)["workspace_bytes"] for n in (8192, 16384))
+    assert w8 == w16 > G.gdn_scan_plan(4096, 16, 32, 128, 128)["workspace_bytes"]
+    with pytest.raises(errors.UnsupportedError, match="dk = dv = 128"):
+        G.gdn_scan_plan(64, 2, 4, 64, 64, path="chunked")
+    with pytest.raises(errors.InvalidArgumentError, match="multiple of n_k_heads"):
+        G.gdn_scan_plan(64, 3, 4, 128, 128)
+
+
+# ----------------------------------------------------------------------------- GPU: chunked scan
+# The chunkwise-parallel delta rule (spec §3.2.1) on tensor cores: fp16 operands with exact
+# per-chunk power-of-two scales, fp32 accumulation and state. Bound 2e-3 relative against the
+# float64 recurrence (issue 9), on model-like inputs (q, k L2-normalised, beta in (0, 1), decays
+# from ssm_a * softplus).
+
+CHUNK_TOL = 2e-3
+CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
+
+
+def ref_scan_long(q, k, v, beta, g, S0):
+    """The float64 chunked form (ops.delta_rule_chunked, itself checked against the recurrence
+    in test_reference_ops): the same function, fast enough for tens of thousands of rows."""
+    hv, dk, dv = S0.shape
+    T = q.shape[0]
+    hk = q.shape[1] // dk
+    o, S = ops.delta_rule_chunked(q.reshape(T, hk, dk), k.reshape(T, hk, dk),
+                                  v.reshape(T, hv, dv), g, beta, S0)
+    return o.reshape(T, hv * dv), S
+
+
+@gpu
+@pytest.mark.parametrize("rows", [1, 63, 64, 65, 777])
+@pytest.mark.parametrize("heads", list(CHUNK_HEADS))
+def test_chunked_matches_float64(ctx, rng, rows, heads):
+    hk, hv = CHUNK_HEADS[heads]
+    q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
+    o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked")
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close("chunked o", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("dims", ["4B", "27B"])
+def test_chunked_real_shapes(ctx, rng, dims):
+    """All heads of the real models (Hv = 32: 32-column CTAs; Hv = 48: 64-column CTAs)."""
+    hk, hv, dk, dv = SCAN_DIMS[dims]
+    q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
+    ro, rS = ref_scan_long(q, k, v, beta, g, S0)
+    assert_close("chunked o", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+def test_chunked_state_carried_across_calls(ctx, rng):
+    """Calls of 1, 2, 63, 64, 65 and the rest carry the state (within the bound, not bitwise:
+    chunks restart at every call); the caller's workspace at a byte offset serves each call."""
+    sizes = [1, 2, 63, 64, 65, 582]
+    q, k, v, beta, g, S0 = scan_inputs(rng, sum(sizes), 2, 4, 128, 128)
+    need = G.gdn_scan_plan(max(sizes), 2, 4, 128, 128, path="chunked")["workspace_bytes"]
+    with ctx.buffer(need + 512) as ws:
+        ws.poison()
+        oc, Sc = _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, path="chunked",
+                                workspace=View(ws, 256, 0))
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close("chunked o (carried)", ro, oc, rtol=CHUNK_TOL)
+    assert_close("chunked state (carried)", rS.reshape(4, -1), Sc.reshape(4, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
+def test_chunked_hard_cases(ctx, rng, case):
+    """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
+    per row (exp underflows: no NaN), values of 1e4 (past fp16's range after the products: the
+    per-chunk scales keep the operands finite), a fresh sequence."""
+    q, k, v, beta, g, S0 = scan_inputs(rng, 300, 2, 4, 128, 128)
+    if case == "no decay, beta~1":
+        g = np.full_like(g, -1e-6)
+        beta = np.full_like(beta, 0.999)
+    elif case == "strong decay":
+        g = np.full_like(g, -40.0)
+    elif case == "large values":
+        v *= np.float32(1e4)
+        S0 *= np.float32(1e4)
+    else:
+        S0 = np.zeros_like(S0)
+    o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [300], path="chunked")
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close(f"chunked o ({case})", ro, o, rtol=CHUNK_TOL)
+    assert_close(f"chunked state ({case})", rS.reshape(4, -1), S.reshape(4, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("rows, hk, hv", [(8192, 16, 32), (65536, 1, 2)])
+def test_chunked_long(ctx, rng, rows, hk, hv):
+    """The qwen35-4b shape at 8192 rows, and 65536 rows (eight passes of 8192): within the bound,
+    no NaN or Inf."""
+    q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
+    ro, rS = ref_scan_long(q, k, v, beta, g, S0)
+    assert_close("chunked o (long)", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state (long)", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+def test_chunked_output_in_place_over_v(ctx, rng):
+    q, k, v, beta, g, S0 = scan_inputs(rng, 130, 2, 4, 128, 128)
+    o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [130], o_in_place=True, path="chunked")
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close("chunked o (in place)", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state", rS.reshape(4, -1), S.reshape(4, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+def test_chunked_workspace_checks(ctx, rng):
+    q, k, v, beta, g, S0 = scan_inputs(rng, 64, 2, 4, 128, 128)
+    need = G.gdn_scan_plan(64, 2, 4, 128, 128)["workspace_bytes"]
+    with ctx.buffer(need) as ws:
+        with pytest.raises(errors.InvalidArgumentError, match="workspace"):
+            _scan_in_calls(ctx, q, k, v, beta, g, S0, [64], path="chunked",
+                           workspace=View(ws, 256, 0))           # 256 bytes short
+        with pytest.raises(errors.InvalidArgumentError, match="multiple of 256"):
+            _scan_in_calls(ctx, q, k, v, beta, g, S0, [64], path="chunked",
+                           workspace=View(ws, 4, 0))
 
 
 @gpu
@@ -474,7 +614,7 @@ def test_c_api_scan_checks():
     assert (a.struct_size, a.path, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv) == \
         (ffi.sizeof("pf_gdn_scan_args"), lib.PF_GDN_SCAN_AUTO, 0, 0, 0, 0, 0)
     assert all((getattr(a, f).buf, getattr(a, f).off, getattr(a, f).ld) == (NULL, 0, 0)
-               for f in ("q", "k", "v", "beta", "g", "state", "o"))
+               for f in ("q", "k", "v", "beta", "g", "state", "o", "workspace"))
     _err(scan(rows=-1), "rows=-1")
     _err(scan(hv=24), "n_v_heads=24 must be a multiple of n_k_heads=16")
     _err(scan(hk=0), "n_k_heads=0")
@@ -486,8 +626,9 @@ def test_c_api_scan_checks():
     _err(scan(state_ld=5), "q is NULL")          # the state is a vector: its ld is ignored
     _err(scan(), "q is NULL")
     _err(scan(path=lib.PF_GDN_SCAN_SEQUENTIAL), "q is NULL")
-    with pytest.raises(errors.UnsupportedError, match="PF_GDN_SCAN_CHUNKED is not built yet"):
-        _check(scan(path=lib.PF_GDN_SCAN_CHUNKED))
+    _err(scan(path=lib.PF_GDN_SCAN_CHUNKED), "q is NULL")
+    with pytest.raises(errors.UnsupportedError, match="built for dk = dv = 128, got dk=64"):
+        _check(scan(path=lib.PF_GDN_SCAN_CHUNKED, dk=64, dv=64))
     bad = c_args("pf_gdn_scan_args")
     bad.struct_size = 16
     with pytest.raises(errors.AbiMismatchError, match="pf_gdn_scan_args_init"):
