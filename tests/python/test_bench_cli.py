@@ -43,6 +43,14 @@ def test_help_names_both_forms():
         assert word in r.stdout
 
 
+def test_pyprefill_bench_is_the_package(capsys):
+    from pyprefill.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    assert "llama-bench" in capsys.readouterr().out
+
+
 def test_file_defaults_and_lengths_either_way():
     a = _args("m.gguf")
     assert a.suite is None and a.lengths == [512, 2048, 8192] and a.gemm == ["auto"]
