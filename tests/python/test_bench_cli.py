@@ -2,6 +2,7 @@
 fake clock, the L2 rotation count, tables, JSON and the plot from synthetic rows. Nothing here
 times anything real."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -41,6 +42,15 @@ def test_help_names_both_forms():
     for word in ("FILE", "kernels", "model", "all", "--out", "--quick", "--plot", "--peer", "--json",
                  "--gemm", "--chunk", "--models", "--lengths"):
         assert word in r.stdout
+
+
+def test_scripts_bench_is_a_shim():
+    shim = ROOT / "scripts" / "bench.py"
+    assert len(shim.read_text().splitlines()) <= 10
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(shim), "--help"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and "kernels|model|all" in r.stdout, r.stderr
 
 
 def test_pyprefill_bench_is_the_package(capsys):
