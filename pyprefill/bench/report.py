@@ -85,7 +85,8 @@ def write(out: str | None, name: str, data: dict, table: str) -> None:
 
 
 def plot(rows: list[dict], path: str, rec) -> bool:
-    """tok/s against prompt length, ours (each leg) and each peer, one panel per model. Needs
+    """tok/s against prompt length, ours (each leg) and each peer, one panel per model (the
+    roofline dotted when the rows carry it). Needs
     matplotlib (the `plot` extra): without it, one skipped line. True when a file was written."""
     series: dict[str, dict[str, list]] = {}
     for r in rows:
@@ -101,7 +102,10 @@ def plot(rows: list[dict], path: str, rec) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import ScalarFormatter
     fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 4), squeeze=False)
+    roofs = {r["model"]: r["roofline_tok_s"] for r in rows if r.get("roofline_tok_s")}
     for ax, (model, impls) in zip(axes[0], series.items()):
+        if model in roofs:
+            ax.axhline(roofs[model], linestyle=":", color="gray", label="roofline")
         for impl, points in impls.items():
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",

@@ -129,3 +129,114 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
     if name == "gemm":
         assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f32 leg", "ours -> fp16"}
         assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}
+
+
+class FakeSession:
+    def __init__(self, n_vocab):
+        self.n_vocab, self.resets = n_vocab, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def reset(self):
+        self.resets += 1
+
+    def prefill(self, ids):
+        assert ids.dtype == np.int32 and 0 <= ids.min() and ids.max() < self.n_vocab
+        return np.ones(self.n_vocab, np.float32)
+
+
+class FakeModel:
+    n_vocab = 1024
+
+    def __init__(self, path, **kw):
+        self.info = {"load_ms": 5.0, "prewarm_ms": 1.0, "f16_armed": 1, "weight_bytes": 10,
+                     "f16_bytes": 20}
+
+    load = classmethod(lambda cls, path, **kw: cls(path, **kw))
+
+    def session(self, *, max_tokens, chunk, gemm):
+        if gemm == "int8":
+            raise UnsupportedError("the int8 leg is reserved")
+        return FakeSession(self.n_vocab)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+class FakeContext(FakeCtx):
+    def __init__(self, device):
+        pass
+
+    def memory(self):
+        return 100, 200
+
+    def allocated(self):
+        return 50
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_whole_model_rows_on_a_fake_device(monkeypatch):
+    import os
+
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import model, report
+    from pyprefill.formats.gguf_model import load_model_desc
+    monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
+    monkeypatch.setattr(pyprefill.model, "Model", FakeModel)
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_tiny.f32.gguf")
+    rec = _common.Recorder()
+    rows = model.bench_gguf(rec, path, "tiny", [16, 32], ["f16", "int8"], reps=2, peer="none",
+                            peak_tflops=1.0)
+    _, non_embd = model.param_counts(load_model_desc(path))
+    good = [r for r in rows if r["impl"] == "ours f16"]
+    assert [r["T"] for r in good] == [16, 32] and all(len(r["reps_ms"]) == 2 for r in good)
+    for r in good:
+        assert r["tok_s"] > 0 and r["size_bytes"] == os.path.getsize(path)
+        assert r["roofline_tok_s"] == pytest.approx(1e12 / (2 * non_embd))
+        assert r["pct_roofline"] == pytest.approx(100 * r["tok_s"] / r["roofline_tok_s"])
+        assert r["load_ms"] == 5.0 and r["device_used_bytes"] == 0 and "ratio_vs_hf" not in r
+    bad = [r for r in rows if r["impl"] == "ours int8"]
+    assert [r["error"] for r in bad] == ["UnsupportedError: the int8 leg is reserved"] * 2
+    assert [s["what"] for s in rec.skipped] == ["ours tiny int8 T=16", "ours tiny int8 T=32"]
+    table = report.llama_table(rows)
+    assert "| tiny |" in table and "| pp32 |" in table and "error: UnsupportedError" in table
+
+
+def test_cli_file_and_model_suite_on_a_fake_device(monkeypatch, tmp_path, capsys):
+    import json
+    import os
+
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import cli
+    monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
+    monkeypatch.setattr(pyprefill.model, "Model", FakeModel)
+    monkeypatch.setattr(cli, "detect_gpu", lambda: (True, ""))
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_tiny.f32.gguf")
+    assert cli.main([path, "-p", "16,32", "--peer", "none", "--json", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out)                       # progress went to stderr: stdout is JSON
+    assert [r["T"] for r in res["rows"]] == [16, 32] and res["args"]["gemm"] == ["auto"]
+    assert (tmp_path / "bench_qwen3_tiny.f32.json").exists()
+    assert "| pp16 |" in (tmp_path / "bench_qwen3_tiny.f32.md").read_text()
+
+    argv = ["model", "--models", "qwen3-tiny", "-p", "16", "--gemm", "f16", "--peer", "none",
+            "--gguf-dir", str(tmp_path), "--out", str(tmp_path), "--model-reps", "2"]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "bench_model.json").read_text())
+    assert [(r["model"], r["impl"], r["T"]) for r in data["rows"]] == [("qwen3-tiny", "ours f16", 16)]
+    assert (tmp_path / "bench-qwen3-tiny-q4_k_m.gguf").exists()
+    assert "| qwen3-tiny | ours f16 | 16 |" in capsys.readouterr().out
