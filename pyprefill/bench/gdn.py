@@ -31,6 +31,7 @@ def _scan(ctx, q, k, v, beta, g, state, o, rows, hk, hv, dk, dv, path):
     K.gdn_scan(ctx, q, k, v, beta, g, state, o, rows=rows, n_k_heads=hk, n_v_heads=hv, dk=dk,
                dv=dv, path=path)
 
+
 def View(buf, off=0, ld=0):
     return K.View(buf, off, ld)
 # ------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ def _cache_f16(w):
 def _dequantize_f16(ctx, w, out):
     K.dequantize(ctx, w, out, f16=True)
 
+
 def View(buf, off=0, ld=0):
     return K.View(buf, off, ld)
 # ------------------------------------------------------------------------------------------------

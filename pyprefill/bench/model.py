@@ -120,11 +120,13 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                         with model.session(max_tokens=T, chunk=min(chunk, T), gemm=leg) as s:
                             ids = [rng.integers(0, model.n_vocab, T, dtype=np.int32)
                                    for _ in range(4)]
-                            last = []
-                            t = measure(lambda i: last.append(s.prefill(ids[i % 4])),
-                                        HostClock(ctx.synchronize), reps=reps, warmup=1,
+                            logits = {}
+
+                            def call(i):
+                                logits["last"] = s.prefill(ids[i % 4])
+                            t = measure(call, HostClock(ctx.synchronize), reps=reps, warmup=1,
                                         max_calls=1, setup=lambda i: s.reset())
-                            if not np.isfinite(last[-1]).all():
+                            if not np.isfinite(logits["last"]).all():
                                 raise RuntimeError("non-finite logits")
                             free1, _ = ctx.memory()
                         row = _row(label, f"ours {leg}", T, t, **base,

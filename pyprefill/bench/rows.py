@@ -21,6 +21,7 @@ def _rope(ctx, x, rows, n_heads, head_dim, rot_dim, pos0, base, head_stride):
 def _swiglu(ctx, g, u, out, rows, cols):
     K.swiglu_rows(ctx, g, u, out, rows, cols)
 
+
 def View(buf, off=0, ld=0):
     return K.View(buf, off, ld)
 # ------------------------------------------------------------------------------------------------
