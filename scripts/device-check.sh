@@ -43,8 +43,8 @@ else
   RESULT[memcheck]=skipped
 fi
 
-if [ $BENCH = 1 ] && [ -f scripts/bench.py ]; then
-  python3 scripts/bench.py all --out "$OUT" 2>&1
+if [ $BENCH = 1 ]; then
+  python3 -m pyprefill bench all --out "$OUT" --plot "$OUT/bench_model.png" 2>&1 | tee "$OUT/bench.log"
   RESULT[bench]=$([ "${PIPESTATUS[0]}" = 0 ] && echo ok || echo FAIL)
 fi
 
