@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: T=512, one shape per family, qwen35-0.8b, the f16 leg, "
                         "few repeats")
+    p.add_argument("--families", nargs="+", metavar="NAME",
+                   help=f"kernel suite: the families to run (default {','.join(FAMILIES)})")
     p.add_argument("--models", nargs="+", metavar="PRESET",
                    help=f"model suite: formats.synth presets (default {','.join(MODELS)})")
     p.add_argument("--mix", default="q4_k_m", help="model suite: quant mix of the synthetic GGUFs")
@@ -109,6 +111,10 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
                              "as it is")
     elif a.json:
         raise UsageError("--json applies to a FILE; the suites write JSON under --out")
+    a.families = _split(a.families) or list(FAMILIES)
+    unknown = [f for f in a.families if f not in FAMILIES]
+    if unknown:
+        raise UsageError(f"--families: unknown {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
     a.models = _split(a.models) or (QUICK_MODELS if a.quick else list(MODELS))
     unknown = [m for m in a.models if m not in PRESETS]
     if unknown:
@@ -131,7 +137,7 @@ def run_kernels(a, rec: Recorder, torch) -> dict:
     ctx = rec.guard("libprefill kernels", open_context)
     b = Bench(rec, ctx, torch, reps=a.reps, quick=a.quick, legs=a.gemm)
     try:
-        for fam in FAMILIES:
+        for fam in a.families:
             mod = rec.guard(f"{fam} benchmarks", importlib.import_module, f".{fam}", __package__)
             if mod is not None:
                 rec.say(f"-- {fam}")

@@ -77,6 +77,8 @@ def test_suite_defaults_and_quick():
     assert q.lengths == [512] and q.gemm == ["f16"] and q.reps <= 3 and q.model_reps <= 2
     assert q.models == ["qwen3-0.6b", "qwen35-0.8b"] and q.out == "x"
     assert _args("kernels", "--quick").models == ["qwen35-0.8b"]
+    assert _args("kernels").families == ["gemm", "rows", "gdn", "attention"]
+    assert _args("kernels", "--families", "gdn,attention").families == ["gdn", "attention"]
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -85,6 +87,7 @@ def test_suite_defaults_and_quick():
     (["model", "--models", "qwen9-huge"], "unknown preset"),
     (["m.gguf", "-p", "5x"], "integers"),
     (["m.gguf", "-p", "0"], "positive"),
+    (["kernels", "--families", "gdn,mla"], "unknown mla"),
 ])
 def test_usage_errors(argv, words, capsys):
     assert cli.run(cli.build_parser().parse_args(argv)) == 2
