@@ -777,23 +777,10 @@ __global__ void __launch_bounds__(kStateThreads, 1)
                 make_float2(S[nt][2 * h], S[nt][2 * h + 1]);
 }
 
-// Raises a kernel's dynamic shared-memory limit once per device (a per-device function
-// attribute; devices are counted up to 64).
-template <typename Kernel>
-pf_status smem_limit_once(Kernel kernel, size_t bytes, std::atomic<uint64_t> &done) {
-    int dev = 0;
-    PF_CUDA_TRY(cudaGetDevice(&dev));
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (done.load(std::memory_order_acquire) & bit) return PF_STATUS_OK;
-    PF_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    done.fetch_or(bit, std::memory_order_acq_rel);
-    return PF_STATUS_OK;
-}
-
 template <bool VEC>
 pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
     static std::atomic<uint64_t> done{0};
-    PF_TRY(smem_limit_once(gdn_chunk_prep_kernel<VEC>, sizeof(PrepSmem), done));
+    PF_TRY(gdn_smem_limit_once(reinterpret_cast<const void *>(gdn_chunk_prep_kernel<VEC>), sizeof(PrepSmem), done));
     gdn_chunk_prep_kernel<VEC><<<dim3(a.nc, a.n_k_heads), kPrepThreads, sizeof(PrepSmem), stream>>>(a);
     PF_LAUNCH_CHECK("gdn_chunk_prep_kernel");
     return PF_STATUS_OK;
@@ -802,7 +789,8 @@ pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
 template <int BV, bool VEC>
 pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
     static std::atomic<uint64_t> done{0};
-    PF_TRY(smem_limit_once(gdn_chunk_state_kernel<BV, VEC>, sizeof(StateSmem<BV>), done));
+    PF_TRY(gdn_smem_limit_once(reinterpret_cast<const void *>(gdn_chunk_state_kernel<BV, VEC>),
+                               sizeof(StateSmem<BV>), done));
     gdn_chunk_state_kernel<BV, VEC>
         <<<a.n_v_heads * (kDK / BV), kStateThreads, sizeof(StateSmem<BV>), stream>>>(a);
     PF_LAUNCH_CHECK("gdn_chunk_state_kernel");
@@ -813,10 +801,25 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
 
 bool gdn_chunk_supported(int32_t dk, int32_t dv) { return dk == kDK && dv == kDK; }
 
+pf_status gdn_smem_limit_once(const void *kernel, size_t bytes, std::atomic<uint64_t> &done) {
+    int dev = 0;
+    PF_CUDA_TRY(cudaGetDevice(&dev));
+    const uint64_t bit = uint64_t(1) << (dev & 63);
+    if (done.load(std::memory_order_acquire) & bit) return PF_STATUS_OK;
+    PF_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    done.fetch_or(bit, std::memory_order_acq_rel);
+    return PF_STATUS_OK;
+}
+
 size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_heads) {
     const int64_t pass = rows < kGdnPassRows ? rows : kGdnPassRows;
     if (pass <= 0 || n_k_heads <= 0 || n_v_heads <= 0) return 0;
     return workspace_layout((pass + kC - 1) / kC, n_k_heads, n_v_heads, nullptr, nullptr);
+}
+
+bool gdn_chunk_env_fused() {
+    const char *e = std::getenv("PREFILL_GDN_CHUNK");  // read per call: tests switch it
+    return e != nullptr && std::strcmp(e, "fused") == 0;
 }
 
 int32_t gdn_scan_env_default() {
@@ -852,6 +855,9 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
                  "gdn_chunk_scan_rows: a row stride is below its width");
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(q && k && v && beta && g && state && o, "gdn_chunk_scan_rows: null pointer");
+    if (gdn_chunk_env_fused())  // the one-kernel experiment (gdn_chunk_fused.cu): no workspace
+        return gdn_chunk_fused_scan_rows(q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o,
+                                         ldo, rows, n_k_heads, n_v_heads, dk, dv, sm_count, stream);
     const size_t need = gdn_chunk_workspace_bytes(rows, n_k_heads, n_v_heads);
     PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need,
                  "gdn_chunk_scan_rows: workspace of %zu bytes, %zu needed", workspace_bytes, need);

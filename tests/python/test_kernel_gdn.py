@@ -442,6 +442,14 @@ CHUNK_TOL = 2e-3
 CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
+@pytest.fixture(params=["split", "fused"])
+def impl(request, monkeypatch):
+    """Both builds of the chunked path: the prep + state kernels (default) and the one-kernel
+    experiment behind PREFILL_GDN_CHUNK=fused (read per call by the library)."""
+    monkeypatch.setenv("PREFILL_GDN_CHUNK", request.param)
+    return request.param
+
+
 def ref_scan_long(q, k, v, beta, g, S0):
     """The float64 chunked form (ops.delta_rule_chunked, itself checked against the recurrence
     in test_reference_ops): the same function, fast enough for tens of thousands of rows."""
@@ -456,7 +464,7 @@ def ref_scan_long(q, k, v, beta, g, S0):
 @gpu
 @pytest.mark.parametrize("rows", [1, 63, 64, 65, 777])
 @pytest.mark.parametrize("heads", list(CHUNK_HEADS))
-def test_chunked_matches_float64(ctx, rng, rows, heads):
+def test_chunked_matches_float64(ctx, rng, impl, rows, heads):
     hk, hv = CHUNK_HEADS[heads]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked")
@@ -467,7 +475,7 @@ def test_chunked_matches_float64(ctx, rng, rows, heads):
 
 @gpu
 @pytest.mark.parametrize("dims", ["4B", "27B"])
-def test_chunked_real_shapes(ctx, rng, dims):
+def test_chunked_real_shapes(ctx, rng, impl, dims):
     """All heads of the real models (Hv = 32: 32-column CTAs; Hv = 48: 64-column CTAs)."""
     hk, hv, dk, dv = SCAN_DIMS[dims]
     q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
@@ -478,7 +486,7 @@ def test_chunked_real_shapes(ctx, rng, dims):
 
 
 @gpu
-def test_chunked_state_carried_across_calls(ctx, rng):
+def test_chunked_state_carried_across_calls(ctx, rng, impl):
     """Calls of 1, 2, 63, 64, 65 and the rest carry the state (within the bound, not bitwise:
     chunks restart at every call); the caller's workspace at a byte offset serves each call."""
     sizes = [1, 2, 63, 64, 65, 582]
@@ -495,7 +503,7 @@ def test_chunked_state_carried_across_calls(ctx, rng):
 
 @gpu
 @pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
-def test_chunked_hard_cases(ctx, rng, case):
+def test_chunked_hard_cases(ctx, rng, impl, case):
     """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
     per row (exp underflows: no NaN), values of 1e4 (past fp16's range after the products: the
     per-chunk scales keep the operands finite), a fresh sequence."""
@@ -518,7 +526,7 @@ def test_chunked_hard_cases(ctx, rng, case):
 
 @gpu
 @pytest.mark.parametrize("rows, hk, hv", [(8192, 16, 32), (65536, 1, 2)])
-def test_chunked_long(ctx, rng, rows, hk, hv):
+def test_chunked_long(ctx, rng, impl, rows, hk, hv):
     """The qwen35-4b shape at 8192 rows, and 65536 rows (eight passes of 8192): within the bound,
     no NaN or Inf."""
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
@@ -529,7 +537,7 @@ def test_chunked_long(ctx, rng, rows, hk, hv):
 
 
 @gpu
-def test_chunked_output_in_place_over_v(ctx, rng):
+def test_chunked_output_in_place_over_v(ctx, rng, impl):
     q, k, v, beta, g, S0 = scan_inputs(rng, 130, 2, 4, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [130], o_in_place=True, path="chunked")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
