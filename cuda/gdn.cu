@@ -8,23 +8,13 @@
 #include <climits>
 #include <cmath>
 
-#include "cuda_check.cuh"
+#include "common.cuh"
 #include "gdn.cuh"
 
 namespace pf {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kHeadWarps = 4;           // warp-per-head kernels: 4 heads per 128-thread block
-constexpr int64_t kMaxGridX = INT_MAX;  // gridDim.x limit (2^31 - 1)
-constexpr int64_t kMaxGridY = 65535;    // gridDim.y limit
-
-__device__ __forceinline__ float warp_sum(float v) {
-    // Butterfly: all lanes end with the bitwise-same sum (a + b == b + a in IEEE arithmetic).
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
 
 __device__ __forceinline__ float silu_(float x) { return x / (1.0f + expf(-x)); }
 
@@ -112,15 +102,15 @@ struct L2Args {
 
 // One warp per (row, head).
 __global__ void l2norm_kernel(const __grid_constant__ L2Args a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
+    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarpSize;
     if (gw >= a.rows * a.n_heads) return;  // whole warps exit together
-    const int lane = threadIdx.x % kWarp;
+    const int lane = threadIdx.x % kWarpSize;
     float *x = a.x + (gw / a.n_heads) * a.ld + (gw % a.n_heads) * a.head_stride;
     float s = 0.0f;
-    for (int i = lane; i < a.head_dim; i += kWarp) s = fmaf(x[i], x[i], s);
+    for (int i = lane; i < a.head_dim; i += kWarpSize) s = fmaf(x[i], x[i], s);
     s = warp_sum(s);
     const float f = (1.0f / sqrtf(s + a.eps)) * a.scale;  // HF: x * rsqrt(sum x^2 + eps)
-    for (int i = lane; i < a.head_dim; i += kWarp) x[i] = x[i] * f;
+    for (int i = lane; i < a.head_dim; i += kWarpSize) x[i] = x[i] * f;
 }
 
 // ------------------------------------------------------------------------------ gates
@@ -171,18 +161,18 @@ struct GatedNormArgs {
 // One warp per (row, value head). In place (y == o) is safe: a lane rewrites only the elements
 // it read, after the warp's sum is complete.
 __global__ void gated_rms_norm_kernel(const __grid_constant__ GatedNormArgs a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
+    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarpSize;
     if (gw >= a.rows * a.n_v_heads) return;
-    const int lane = threadIdx.x % kWarp;
+    const int lane = threadIdx.x % kWarpSize;
     const int64_t r = gw / a.n_v_heads, col = (gw % a.n_v_heads) * a.dv;
     const float *o = a.o + r * a.ldo + col;
     const float *z = a.z + r * a.ldz + col;
     float *y = a.y + r * a.ldy + col;
     float s = 0.0f;
-    for (int i = lane; i < a.dv; i += kWarp) s = fmaf(o[i], o[i], s);
+    for (int i = lane; i < a.dv; i += kWarpSize) s = fmaf(o[i], o[i], s);
     s = warp_sum(s);
     const float inv = 1.0f / sqrtf(s / (float)a.dv + a.eps);
-    for (int i = lane; i < a.dv; i += kWarp) y[i] = ((o[i] * inv) * a.w[i]) * silu_(z[i]);
+    for (int i = lane; i < a.dv; i += kWarpSize) y[i] = ((o[i] * inv) * a.w[i]) * silu_(z[i]);
 }
 
 // ------------------------------------------------------------------------------ delta-rule scan
@@ -214,7 +204,7 @@ struct ScanArgs {
 // with the bitwise-same value.
 __device__ __forceinline__ float part_sum(float v) {
 #pragma unroll
-    for (int off = 1; off < kScanParts; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    for (int off = 1; off < kScanParts; off <<= 1) v += __shfl_xor_sync(kFullMask, v, off);
     return v;
 }
 
@@ -223,8 +213,8 @@ __device__ __forceinline__ float part_sum(float v) {
 __device__ __forceinline__ void part_sum2(float &a, float &b) {
 #pragma unroll
     for (int off = 1; off < kScanParts; off <<= 1) {
-        const float ta = __shfl_xor_sync(0xffffffffu, a, off);
-        const float tb = __shfl_xor_sync(0xffffffffu, b, off);
+        const float ta = __shfl_xor_sync(kFullMask, a, off);
+        const float tb = __shfl_xor_sync(kFullMask, b, off);
         a += ta;
         b += tb;
     }
@@ -397,7 +387,7 @@ pf_status gdn_conv1d_rows(const float *m, int64_t ldm, float *window, const floa
         case 8: conv1d_silu_kernel<8><<<grid, kConvThreads, 0, stream>>>(a); break;
         default: return fail(PF_STATUS_INTERNAL, "gdn_conv1d_rows: kc=%d not dispatched", kc);
     }
-    PF_LAUNCH_CHECK("conv1d_silu_kernel");
+    PF_LAUNCH_CHECK("conv1d_silu_kernel<%d>", kc);
     return PF_STATUS_OK;
 }
 
@@ -420,7 +410,7 @@ pf_status gdn_l2norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
     PF_CHECK_ARG(x != nullptr, "gdn_l2norm_rows: x is NULL");
     const L2Args a{x, ld, rows, n_heads, head_stride, head_dim, eps, scale};
     const int64_t warps = rows * n_heads;
-    l2norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp, 0,
+    l2norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarpSize, 0,
                     stream>>>(a);
     PF_LAUNCH_CHECK("l2norm_kernel");
     return PF_STATUS_OK;
@@ -469,7 +459,7 @@ pf_status gdn_gated_rms_norm_rows(const float *o, int64_t ldo, const float *z, i
     PF_CHECK_ARG(o && z && w && y, "gdn_gated_rms_norm_rows: null pointer");
     const GatedNormArgs a{o, ldo, z, ldz, w, y, ldy, rows, n_v_heads, dv, eps};
     const int64_t warps = rows * n_v_heads;
-    gated_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp,
+    gated_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarpSize,
                             0, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_kernel");
     return PF_STATUS_OK;
@@ -521,7 +511,7 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
         default: return fail(PF_STATUS_INTERNAL, "gdn_scan_rows: dk=%d not dispatched", dk);
     }
 #undef PF_SCAN_CASE
-    PF_LAUNCH_CHECK("scan_kernel");
+    PF_LAUNCH_CHECK("scan_kernel<%d, %d>", dk, wide ? 16 : 8);
     return PF_STATUS_OK;
 }
 

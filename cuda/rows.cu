@@ -4,41 +4,15 @@
 #include <climits>
 #include <cmath>
 
-#include "cuda_check.cuh"
+#include "common.cuh"
 #include "rows.cuh"
 
 namespace pf {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kElemBlock = 256;        // elementwise kernels: 8 warps, enough to hide latency
 constexpr int kNormBlock = 256;        // full-row RMSNorm: one block per row
 constexpr int kHeadWarps = 4;          // warp-per-head kernels: 4 heads per block of 128 threads
-constexpr int64_t kMaxGridY = 65535;   // hardware limit of gridDim.y
-constexpr int64_t kMaxGridX = INT_MAX; // hardware limit of gridDim.x (2^31 - 1)
-
-// Butterfly sum over the 32 lanes. Every lane ends with the bitwise-same value: at each step
-// lane l adds its partner's partial to its own, and a + b == b + a in IEEE arithmetic.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32, <= 1024), fixed order: per-thread strided
-// partials, butterfly within each warp, then warp 0 butterflies the per-warp sums. Every thread
-// returns the same value. `red` is shared scratch of >= 32 floats.
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const int n_warps = blockDim.x / kWarp;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = lane < n_warps ? red[lane] : 0.0f;  // padding lanes add exact zeros
-    t = warp_sum(t);
-    __syncthreads();  // every warp has read red[] before a later call may overwrite it
-    return t;
-}
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -57,7 +31,7 @@ struct RmsNormArgs {
 // One block per row. In place is safe: each thread rewrites only elements it read itself,
 // after the block-wide sum (which synchronises) is complete.
 __global__ void rms_norm_kernel(const __grid_constant__ RmsNormArgs a) {
-    __shared__ float red[kWarp];
+    __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
     const float *x = a.x + r * a.ldx;
     float *y = a.y + r * a.ldy;
@@ -83,16 +57,16 @@ struct HeadNormArgs {
 
 // One warp per (row, head); lanes stride over the head's elements.
 __global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
+    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarpSize;
     if (gw >= a.rows * a.n_heads) return;  // whole warps exit together: shuffles stay full
-    const int lane = threadIdx.x % kWarp;
+    const int lane = threadIdx.x % kWarpSize;
     const int64_t r = gw / a.n_heads, h = gw % a.n_heads;
     float *x = a.x + r * a.ld + h * a.head_stride;
     float s = 0.0f;
-    for (int i = lane; i < a.head_dim; i += kWarp) s = fmaf(x[i], x[i], s);
+    for (int i = lane; i < a.head_dim; i += kWarpSize) s = fmaf(x[i], x[i], s);
     s = warp_sum(s);
     const float inv = 1.0f / sqrtf(s / (float)a.head_dim + a.eps);
-    for (int i = lane; i < a.head_dim; i += kWarp) x[i] = (x[i] * inv) * a.w[i];
+    for (int i = lane; i < a.head_dim; i += kWarpSize) x[i] = (x[i] * inv) * a.w[i];
 }
 
 // ------------------------------------------------------------------------------ RoPE
@@ -291,7 +265,7 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
                  (const void *)w);
     const HeadNormArgs a{x, ld, rows, n_heads, head_stride, head_dim, w, eps};
     const int64_t warps = rows * n_heads;
-    head_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp,
+    head_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarpSize,
                            0, stream>>>(a);
     PF_LAUNCH_CHECK("head_rms_norm_kernel");
     return PF_STATUS_OK;

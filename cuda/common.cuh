@@ -1,0 +1,117 @@
+// common.cuh — what the kernel files share: hardware limits, warp / block reductions with a
+// fixed order, and the launch check. Included by .cu files only (after the family's own header).
+// Error mapping (PF_CUDA_TRY, PF_CUBLAS_TRY) lives in cuda_check.cuh, included here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_check.cuh"
+
+namespace pf {
+
+// ------------------------------------------------------------------ hardware limits
+
+constexpr int kWarpSize = 32;           // threads per warp (every NVIDIA arch)
+constexpr unsigned kFullMask = 0xffffffffu;  // all 32 lanes take part in a shuffle
+constexpr int64_t kMaxGridX = INT_MAX;  // gridDim.x limit, 2^31 - 1 (sm_30 and later)
+constexpr int64_t kMaxGridY = 65535;    // gridDim.y (and .z) limit
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ------------------------------------------------------------------ reductions
+//
+// Every reduction here has one fixed order, whatever the data and the launch: that is what
+// keeps the row kernels bitwise equal to their per-token twins and runs deterministic. The
+// operators take (own value, partner's value) in that order.
+
+struct SumOp {
+    static constexpr float kIdentity = 0.0f;
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {  // fmaxf: a NaN operand yields the other one (NaN only when both are NaN)
+    static constexpr float kIdentity = -INFINITY;
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Butterfly over the 32 lanes, xor offsets 16, 8, 4, 2, 1. Every lane ends with the
+// bitwise-same value: at each step a lane combines its partner's partial with its own, and
+// a + b == b + a, fmaxf(a, b) == fmaxf(b, a) in IEEE arithmetic.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+#pragma unroll
+    for (int off = kWarpSize / 2; off > 0; off >>= 1)
+        v = Op()(v, __shfl_xor_sync(kFullMask, v, off));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
+
+// Block-wide reductions (blockDim.x a multiple of 32, <= 1024). Every thread returns the same
+// value. First a butterfly within each warp; then the per-warp partials, put in shared `red`
+// (>= blockDim.x / 32 floats), are combined in one of two fixed orders:
+//  - block_sum / block_max: a second butterfly in every warp over red[lane], the lanes past the
+//    last warp padded with Op's identity (exact: x + 0 == x, fmaxf(x, -inf) == x);
+//  - block_sum_serial / block_max_serial<kThreads>: left to right from Op's identity in every
+//    thread, for a block of exactly kThreads threads (the order of the attention softmax).
+// Both end with __syncthreads(), so `red` may be reused by the next call at once.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float *red) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int n_warps = blockDim.x / kWarpSize;
+    v = warp_reduce<Op>(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < n_warps ? red[lane] : Op::kIdentity;
+    t = warp_reduce<Op>(t);
+    __syncthreads();  // every warp has read red[] before a later call may overwrite it
+    return t;
+}
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    return block_reduce<SumOp>(v, red);
+}
+__device__ __forceinline__ float block_max(float v, float *red) {
+    return block_reduce<MaxOp>(v, red);
+}
+
+template <class Op, int kThreads>
+__device__ __forceinline__ float block_reduce_serial(float v, float *red) {
+    static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "whole warps, one block");
+    v = warp_reduce<Op>(v);
+    if (threadIdx.x % kWarpSize == 0) red[threadIdx.x / kWarpSize] = v;
+    __syncthreads();
+    float r = Op::kIdentity;
+#pragma unroll
+    for (int w = 0; w < kThreads / kWarpSize; ++w) r = Op()(r, red[w]);  // the same in every thread
+    __syncthreads();
+    return r;
+}
+template <int kThreads>
+__device__ __forceinline__ float block_sum_serial(float v, float *red) {
+    return block_reduce_serial<SumOp, kThreads>(v, red);
+}
+template <int kThreads>
+__device__ __forceinline__ float block_max_serial(float v, float *red) {
+    return block_reduce_serial<MaxOp, kThreads>(v, red);
+}
+
+// ------------------------------------------------------------------ launch check
+
+// The status and pf_last_error() text of a failed launch: "<file>:<line> launch of <kernel>:
+// <CUDA error>", `fmt` and its arguments naming the kernel (and its template instance).
+pf_status launch_fail(cudaError_t e, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+}  // namespace pf
+
+// After a kernel launch: launch-configuration errors surface here, not at a later call, and the
+// message names the kernel: PF_LAUNCH_CHECK("scan_kernel<%d, %d>", dk, cols).
+#define PF_LAUNCH_CHECK(...)                                                        \
+    do {                                                                            \
+        const cudaError_t pf_l_ = cudaGetLastError();                               \
+        if (pf_l_ != cudaSuccess)                                                   \
+            return pf::launch_fail(pf_l_, __FILE__, __LINE__, __VA_ARGS__);         \
+    } while (0)
