@@ -541,9 +541,8 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
 template <int D, int BC>
 pf_status launch_flash(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = flash_smem_bytes<D, BC>();
-    // Above the 48 KiB default: opt in (per device; cheap, so done on every launch).
-    PF_CUDA_TRY(cudaFuncSetAttribute(flash_attn_kernel<D, BC>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // Above the 48 KiB default: opt in, once per device.
+    PF_TRY(set_max_dynamic_smem(flash_attn_kernel<D, BC>, int(smem), "flash_attn_kernel"));
     flash_args f;
     f.q = a.q;
     f.ldq = a.ldq;

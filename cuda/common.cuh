@@ -98,6 +98,23 @@ __device__ __forceinline__ float block_max_serial(float v, float *red) {
     return block_reduce_serial<MaxOp, kThreads>(v, red);
 }
 
+// ------------------------------------------------------------------ per-device set-up
+//
+// Keyed by the current device (the API layer makes the context's device current before any
+// launcher runs), queried or set once per device, cached for the process, thread-safe.
+
+// Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount).
+pf_status device_sm_count(int *out);
+
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device (above 48 KiB a
+// kernel must opt in). The attribute persists on the device, so it is set once per (device,
+// kernel); later calls return at once. `name` names the kernel in an error.
+pf_status set_max_dynamic_smem(const void *kernel, int bytes, const char *name);
+template <class Kernel>
+pf_status set_max_dynamic_smem(Kernel *kernel, int bytes, const char *name) {
+    return set_max_dynamic_smem(reinterpret_cast<const void *>(kernel), bytes, name);
+}
+
 // ------------------------------------------------------------------ launch check
 
 // The status and pf_last_error() text of a failed launch: "<file>:<line> launch of <kernel>:

@@ -5,6 +5,7 @@
 // launches of itself with rows = 1 bit for bit (the per-token twin).
 #include <cuda_pipeline_primitives.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -492,11 +493,15 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
                          ldv % 4 == 0;
     const ScanArgs a{q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o, ldo, rows,
                      n_k_heads, dv, vec4};
-    // 16 value columns per block (128 threads) when that gives >= 256 blocks (2 per SM on a
-    // 132-SM H100/H200: Hv*dv >= 4096, e.g. Hv = 32, dv = 128); else 8 columns (64 threads) so
-    // that small head counts (Hv = 16) still fill the GPU. Either way one thread holds dk/8
-    // state entries and the per-token arithmetic is the same.
-    const bool wide = vw / 16 >= 256;
+    // 16 value columns per block (128 threads) when that gives about 2 blocks per SM: 2 x SMs
+    // rounded down to a multiple of 32, at least 32 (256 on a 132-SM H100/H200: Hv*dv >= 4096,
+    // e.g. Hv = 32, dv = 128); else 8 columns (64 threads) so that small head counts (Hv = 16)
+    // still fill the GPU. Either way one thread holds dk/8 state entries and the per-token
+    // arithmetic is the same: the choice changes speed, never a bit of the result.
+    int sms = 0;
+    PF_TRY(device_sm_count(&sms));
+    const int64_t min_wide_blocks = std::max<int64_t>(32, 2 * int64_t(sms) / 32 * 32);
+    const bool wide = vw / 16 >= min_wide_blocks;
     const unsigned grid = (unsigned)(vw / (wide ? 16 : 8));
 #define PF_SCAN_CASE(DK)                                                                  \
     case DK:                                                                              \
