@@ -98,6 +98,32 @@ __device__ __forceinline__ float block_max_serial(float v, float *red) {
     return block_reduce_serial<MaxOp, kThreads>(v, red);
 }
 
+// ------------------------------------------------------------------ one warp per (row, head)
+
+constexpr int kHeadWarps = 4;  // warp-per-(row, head) kernels: 4 heads per 128-thread block
+
+// This warp's (row, head) among rows x n_heads, warp gw = r * n_heads + h of the grid; false
+// past the last one. Whole warps leave together, so the shuffles after it stay full-warp.
+__device__ __forceinline__ bool warp_row_head(int64_t rows, int32_t n_heads, int64_t &r,
+                                              int64_t &h) {
+    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarpSize;
+    if (gw >= rows * n_heads) return false;
+    r = gw / n_heads;
+    h = gw % n_heads;
+    return true;
+}
+
+// Sum of x[i]^2, i < n, over one warp: lane l accumulates i = l, l + 32, ... in order with fmaf,
+// then warp_sum. Every lane returns the same value.
+__device__ __forceinline__ float warp_sum_squares(const float *x, int n) {
+    float s = 0.0f;
+    for (int i = threadIdx.x % kWarpSize; i < n; i += kWarpSize) s = fmaf(x[i], x[i], s);
+    return warp_sum(s);
+}
+
+// Grid of a warp-per-(row, head) launch over `warps` warps (blocks of kHeadWarps warps).
+inline unsigned head_warp_blocks(int64_t warps) { return (unsigned)ceil_div(warps, kHeadWarps); }
+
 // ------------------------------------------------------------------ per-device set-up
 //
 // Keyed by the current device (the API layer makes the context's device current before any

@@ -12,7 +12,6 @@ namespace {
 
 constexpr int kElemBlock = 256;        // elementwise kernels: 8 warps, enough to hide latency
 constexpr int kNormBlock = 256;        // full-row RMSNorm: one block per row
-constexpr int kHeadWarps = 4;          // warp-per-head kernels: 4 heads per block of 128 threads
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -57,16 +56,13 @@ struct HeadNormArgs {
 
 // One warp per (row, head); lanes stride over the head's elements.
 __global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarpSize;
-    if (gw >= a.rows * a.n_heads) return;  // whole warps exit together: shuffles stay full
-    const int lane = threadIdx.x % kWarpSize;
-    const int64_t r = gw / a.n_heads, h = gw % a.n_heads;
+    int64_t r, h;
+    if (!warp_row_head(a.rows, a.n_heads, r, h)) return;
     float *x = a.x + r * a.ld + h * a.head_stride;
-    float s = 0.0f;
-    for (int i = lane; i < a.head_dim; i += kWarpSize) s = fmaf(x[i], x[i], s);
-    s = warp_sum(s);
+    const float s = warp_sum_squares(x, a.head_dim);
     const float inv = 1.0f / sqrtf(s / (float)a.head_dim + a.eps);
-    for (int i = lane; i < a.head_dim; i += kWarpSize) x[i] = (x[i] * inv) * a.w[i];
+    for (int i = threadIdx.x % kWarpSize; i < a.head_dim; i += kWarpSize)
+        x[i] = (x[i] * inv) * a.w[i];
 }
 
 // ------------------------------------------------------------------------------ RoPE
@@ -257,8 +253,7 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
                  (const void *)w);
     const HeadNormArgs a{x, ld, rows, n_heads, head_stride, head_dim, w, eps};
     const int64_t warps = rows * n_heads;
-    head_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarpSize,
-                           0, stream>>>(a);
+    head_rms_norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("head_rms_norm_kernel");
     return PF_STATUS_OK;
 }
