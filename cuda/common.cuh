@@ -1,6 +1,7 @@
-// common.cuh — what the kernel files share: hardware limits, warp / block reductions with a
-// fixed order, and the launch check. Included by .cu files only (after the family's own header).
-// Error mapping (PF_CUDA_TRY, PF_CUBLAS_TRY) lives in cuda_check.cuh, included here.
+// common.cuh — what the kernel files share: hardware limits, warp / block reductions in a fixed
+// order, warp-per-(row, head) helpers, per-device set-up done once, and the launch check.
+// Included by the kernel .cu files only. The CUDA / cuBLAS error mapping (PF_CUDA_TRY,
+// PF_CUBLAS_TRY) stays in cuda_check.cuh, which the API layer includes; it is included here.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,7 +55,7 @@ __device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v
 // value. First a butterfly within each warp; then the per-warp partials, put in shared `red`
 // (>= blockDim.x / 32 floats), are combined in one of two fixed orders:
 //  - block_sum / block_max: a second butterfly in every warp over red[lane], the lanes past the
-//    last warp padded with Op's identity (exact: x + 0 == x, fmaxf(x, -inf) == x);
+//    last warp padded with Op's identity (0, -inf);
 //  - block_sum_serial / block_max_serial<kThreads>: left to right from Op's identity in every
 //    thread, for a block of exactly kThreads threads (the order of the attention softmax).
 // Both end with __syncthreads(), so `red` may be reused by the next call at once.
