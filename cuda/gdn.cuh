@@ -16,7 +16,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -107,7 +106,7 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
 // sequence into calls (chunk boundaries restart at every call). Runs in passes of at most
 // kGdnPassRows rows, each a prep kernel (all chunks in parallel) and a state kernel (chunks in
 // sequence); `workspace` (device, >= gdn_chunk_workspace_bytes(rows, ...) bytes, 256-byte
-// aligned) holds the prep results of one pass. sm_count sizes the grid (0 = 132). Asynchronous
+// aligned) holds the prep results of one pass. sm_count sizes the grid (0 = the device's). Asynchronous
 // on `stream`; allocates nothing.
 constexpr int64_t kGdnPassRows = 8192;
 bool gdn_chunk_supported(int32_t dk, int32_t dv);
@@ -128,8 +127,6 @@ pf_status gdn_chunk_fused_scan_rows(const float *q, int64_t ldq, const float *k,
                                     float *o, int64_t ldo, int64_t rows, int32_t n_k_heads,
                                     int32_t n_v_heads, int32_t dk, int32_t dv, int32_t sm_count,
                                     cudaStream_t stream);
-// Raises a kernel's dynamic shared-memory limit once per device (bit `device` of `done`).
-pf_status gdn_smem_limit_once(const void *kernel, size_t bytes, std::atomic<uint64_t> &done);
 // Rows from which the engine (and PF_GDN_SCAN_AUTO) takes the chunked path on the fast legs.
 // Provisional until measured: one full chunk.
 constexpr int64_t kGdnChunkMinRows = 64;

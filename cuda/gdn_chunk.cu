@@ -39,12 +39,12 @@
 // Written for sm_80+ (mma.sync, ldmatrix, cp.async): it runs unchanged on Hopper.
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "common.cuh"
 #include "cuda_check.cuh"
 #include "gdn.cuh"
 
@@ -123,12 +123,6 @@ __device__ __forceinline__ int lrow_b(int lane) { return (lane & 7) + 8 * (lane 
 __device__ __forceinline__ int lcol_b(int lane) { return 8 * ((lane >> 3) & 1); }
 
 // --------------------------------------------------------------------------- small helpers
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 // Publishes a warp's max |x| into *slot (all lanes call).
 __device__ __forceinline__ void publish_max(unsigned *slot, float local) {
@@ -779,21 +773,19 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 
 template <bool VEC>
 pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
-    static std::atomic<uint64_t> done{0};
-    PF_TRY(gdn_smem_limit_once(reinterpret_cast<const void *>(gdn_chunk_prep_kernel<VEC>), sizeof(PrepSmem), done));
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_kernel<VEC>, int(sizeof(PrepSmem)), "gdn_chunk_prep_kernel"));
     gdn_chunk_prep_kernel<VEC><<<dim3(a.nc, a.n_k_heads), kPrepThreads, sizeof(PrepSmem), stream>>>(a);
-    PF_LAUNCH_CHECK("gdn_chunk_prep_kernel");
+    PF_LAUNCH_CHECK("gdn_chunk_prep_kernel<%d>", int(VEC));
     return PF_STATUS_OK;
 }
 
 template <int BV, bool VEC>
 pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
-    static std::atomic<uint64_t> done{0};
-    PF_TRY(gdn_smem_limit_once(reinterpret_cast<const void *>(gdn_chunk_state_kernel<BV, VEC>),
-                               sizeof(StateSmem<BV>), done));
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_kernel<BV, VEC>, int(sizeof(StateSmem<BV>)),
+                                "gdn_chunk_state_kernel"));
     gdn_chunk_state_kernel<BV, VEC>
         <<<a.n_v_heads * (kDK / BV), kStateThreads, sizeof(StateSmem<BV>), stream>>>(a);
-    PF_LAUNCH_CHECK("gdn_chunk_state_kernel");
+    PF_LAUNCH_CHECK("gdn_chunk_state_kernel<%d, %d>", BV, int(VEC));
     return PF_STATUS_OK;
 }
 
@@ -801,15 +793,6 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
 
 bool gdn_chunk_supported(int32_t dk, int32_t dv) { return dk == kDK && dv == kDK; }
 
-pf_status gdn_smem_limit_once(const void *kernel, size_t bytes, std::atomic<uint64_t> &done) {
-    int dev = 0;
-    PF_CUDA_TRY(cudaGetDevice(&dev));
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (done.load(std::memory_order_acquire) & bit) return PF_STATUS_OK;
-    PF_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    done.fetch_or(bit, std::memory_order_acq_rel);
-    return PF_STATUS_OK;
-}
 
 size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_heads) {
     const int64_t pass = rows < kGdnPassRows ? rows : kGdnPassRows;
@@ -866,7 +849,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     const bool vec_v = aligned(v) && ldv % 4 == 0;
     // 32 value columns per state CTA when that fits one wave (Hv = 32: 128 CTAs on 132 SMs);
     // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
-    const bool narrow = (int64_t)n_v_heads * (dv / 32) <= (sm_count > 0 ? sm_count : 132);
+    if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
+    const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
     for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
         const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
         const int32_t nc = int32_t((n + kC - 1) / kC);

@@ -9,12 +9,12 @@
 // chunked tests on both).
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "common.cuh"
 #include "cuda_check.cuh"
 #include "gdn.cuh"
 
@@ -139,12 +139,6 @@ __device__ __forceinline__ int lrow_b(int lane) { return (lane & 7) + 8 * (lane 
 __device__ __forceinline__ int lcol_b(int lane) { return 8 * ((lane >> 3) & 1); }
 
 // --------------------------------------------------------------------------- small helpers
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 // Publishes a warp's max |x| into *slot (all lanes call).
 __device__ __forceinline__ void publish_max(unsigned *slot, float local) {
@@ -676,11 +670,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int BV, bool VEC>
 pf_status launch_chunk(const ChunkArgs &a, int blocks, cudaStream_t stream) {
     const size_t smem = sizeof(ChunkSmem<BV>);
-    static std::atomic<uint64_t> done{0};
-    PF_TRY(gdn_smem_limit_once(reinterpret_cast<const void *>(gdn_chunk_fused_kernel<BV, VEC>),
-                               smem, done));
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_fused_kernel<BV, VEC>, int(smem), "gdn_chunk_fused_kernel"));
     gdn_chunk_fused_kernel<BV, VEC><<<blocks, kThreads, smem, stream>>>(a);
-    PF_LAUNCH_CHECK("gdn_chunk_fused_kernel");
+    PF_LAUNCH_CHECK("gdn_chunk_fused_kernel<%d, %d>", BV, int(VEC));
     return PF_STATUS_OK;
 }
 
@@ -712,7 +704,8 @@ pf_status gdn_chunk_fused_scan_rows(const float *q, int64_t ldq, const float *k,
                       n_k_heads, n_v_heads};
     // 32 value columns per CTA when that does not exceed one wave (Hv = 32: 128 CTAs on 132
     // SMs); else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state per CTA.
-    const bool narrow = (int64_t)n_v_heads * (dv / 32) <= (sm_count > 0 ? sm_count : 132);
+    if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
+    const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
     const int blocks = narrow ? n_v_heads * (dv / 32) : n_v_heads * (dv / 64);
     if (narrow) return vec ? launch_chunk<32, true>(a, blocks, stream)
                            : launch_chunk<32, false>(a, blocks, stream);

@@ -8,14 +8,13 @@
 """
 from __future__ import annotations
 
-import sys
-import time
 import weakref
 
 import numpy as np
 
 from ._errors import _check
 from ._ffi import enum_map, enum_value, ffi, lib
+from ._progress import StageBars
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
 
@@ -44,31 +43,6 @@ def inspect(path: str) -> dict:
     return _info_dict(i)
 
 
-class _ProgressBar:
-    """A one-line stderr progress bar per stage (no dependency)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.stage, self.t0, self.last = None, 0.0, 0.0
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if stage != self.stage:
-            self.stage, self.t0 = stage, now
-        if done < total and now - self.last < 0.1:
-            return
-        self.last = now
-        frac = done / total if total else 1.0
-        bar = "#" * int(30 * frac)
-        sys.stderr.write(f"\r{stage:8s} [{bar:30s}] {frac * 100:5.1f}% {done / 2**30:6.2f} GiB "
-                         f"{now - self.t0:5.1f}s")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 class Model(_Owner):
     """A qwen3 / qwen35 GGUF model on one device (owns its Context unless one is given)."""
 
@@ -81,12 +55,12 @@ class Model(_Owner):
         opts.gemm_leg = _leg_id(gemm)
         opts.prewarm = 1 if prewarm else 0
         opts.prewarm_headroom_bytes = prewarm_headroom
-        bar = _ProgressBar(progress)
+        bars = StageBars(progress)
 
         @ffi.callback("void(void *, const char *, int64_t, int64_t)")
         def _progress(user, stage, done, total):
             try:
-                bar(ffi.string(stage).decode(), done, total)
+                bars(ffi.string(stage).decode(), done, total)
             except Exception:   # a callback must never raise into C
                 pass
 
@@ -99,6 +73,8 @@ class Model(_Owner):
             if self._own_ctx:
                 self.ctx.close()
             raise
+        finally:
+            bars.close()
         self._adopt(out[0], lib.pf_model_destroy, self.ctx)
         self.path = str(path)
         self.ctx._children.add(self)    # closing the context first closes this model
