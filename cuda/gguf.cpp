@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "context.h"
 #include "error.h"
+#include "qtype.h"
 
 namespace pf {
 namespace {
@@ -112,7 +112,20 @@ pf_status GgufFile::open(const char *path) {
         map_ = nullptr;
         return fail(PF_STATUS_IO_ERROR, "%s: mmap failed: %s", path, strerror(errno));
     }
-    const uint8_t *base = static_cast<const uint8_t *>(map_);
+    return parse(static_cast<const uint8_t *>(map_));
+}
+
+pf_status GgufFile::open_memory(const void *data, size_t size, const char *name) {
+    path_ = name;
+    size_ = size;
+    if (size_ < 24)
+        return fail(PF_STATUS_IO_ERROR, "%s: truncated GGUF (%zu bytes, the header alone is 24)",
+                    name, size_);
+    return parse(static_cast<const uint8_t *>(data));
+}
+
+pf_status GgufFile::parse(const uint8_t *base) {
+    const char *path = path_.c_str();
     Cursor c(base, size_, path_);
     char magic[4] = {0, 0, 0, 0};
     PF_TRY(c.bytes(magic, 4, "magic"));
