@@ -48,6 +48,10 @@ pf_status read_hparams(const GgufFile &f, Hparams *hp) {
     if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 ||
         hp->n_head_kv <= 0 || hp->head_dim <= 0)
         return bad("a layer count, width or head count is not positive");
+    // Every layer has at least 9 tensors: more layers than tensors is malformed, and must not
+    // size the layer table (a block_count of 2^40 asked for terabytes; found by fuzz_gguf).
+    if (hp->n_layer > int64_t(f.tensors().size()))
+        return bad("block_count exceeds the number of tensors in the file");
     if (hp->n_head % hp->n_head_kv) return bad("head_count is not a multiple of head_count_kv");
     if (vlen != hp->head_dim) return bad("attention.value_length differs from key_length");
     if (hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)

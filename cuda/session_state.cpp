@@ -69,6 +69,11 @@ pf_status state_check(const void *src, size_t bytes, const StateLayout &want, St
     PF_CHECK_ARG(h.n_attn == want.n_attn && h.n_gdn == want.n_gdn && h.kv_dim == want.kv_dim &&
                      h.conv_floats == want.conv_floats && h.ssm_floats == want.ssm_floats,
                  "pf_session_restore: the state's layout does not match this model");
+    // The greedy token generate would feed next: -1 (none yet) or a token of this model. A
+    // crafted one used to be accepted and failed only at the next generate (found by fuzz_state).
+    PF_CHECK_ARG(h.last_token >= -1 && h.last_token < want.n_vocab,
+                 "pf_session_restore: the state's next token %d is outside the vocabulary [0, %lld)",
+                 h.last_token, (long long)want.n_vocab);
     const size_t need = state_bytes(want, h.pos);
     PF_CHECK_ARG(bytes == need, "pf_session_restore: %zu bytes, a state of %lld positions has %zu", bytes,
                  (long long)h.pos, need);

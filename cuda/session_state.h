@@ -54,7 +54,7 @@ StateHeader state_header(const StateLayout &l, int64_t pos, int32_t last_token);
 // The payload's spans in order; they tile [sizeof(StateHeader), state_bytes(l, pos)).
 std::vector<StateSpan> state_spans(const StateLayout &l, int64_t pos);
 // Checks `bytes` bytes at `src` against `want` (magic, model, KV dtype, position within the
-// capacity, shapes, greedy token, exact size) and returns the header in *out. INVALID_ARGUMENT
+// capacity, shapes, greedy token in the vocabulary or -1, exact size) and returns the header in *out. INVALID_ARGUMENT
 // naming the first mismatch; nothing is read past src + bytes.
 pf_status state_check(const void *src, size_t bytes, const StateLayout &want, StateHeader *out);
 

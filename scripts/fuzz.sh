@@ -74,8 +74,8 @@ echo "| target | seconds | executions | exec/s | cov | ft | corpus | findings |"
 echo "|---|---:|---:|---:|---:|---:|---:|---|"
 for t in "${TARGETS[@]}"; do
   log=$FUZZ_DIR/fuzz_$t.log
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  execs=$(awk '/^stat::number_of_executed_units:/ {v = $2} END {print v}' "$log")
+  rate=$(awk '/^stat::average_exec_per_sec:/ {v = $2} END {print v}' "$log")
   last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1)
   cov=$(sed -nE 's/.*cov: ([0-9]+).*/\1/p' <<<"$last")
   ft=$(sed -nE 's/.*ft: ([0-9]+).*/\1/p' <<<"$last")
