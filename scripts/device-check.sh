@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The one command for a GPU machine: build, run every test (GPU tests included, none may skip
-# for want of a device), compute-sanitizer memcheck on the kernel tests, then the benchmarks.
+# for want of a device), compute-sanitizer memcheck on the kernel tests and memcheck, racecheck,
+# initcheck and synccheck on the model-level paths (tests/python/test_model_lifecycle.py), then
+# the benchmarks.
 # Logs go under $OUT (or ./out); a short summary table is printed last.
 #   bash scripts/device-check.sh [--no-bench] [--no-sanitizer]
 set -uo pipefail
@@ -39,6 +41,24 @@ if [ $SANITIZE = 1 ] && command -v compute-sanitizer >/dev/null; then
   rc=$?
   RESULT[memcheck]=$([ $rc = 0 ] && echo clean || { [ $rc = 124 ] && echo "timed out" || echo "FAIL (rc $rc)"; })
   tail -n 5 "$OUT/memcheck.log"
+  # every tool over the model-level paths (load, chunked prefill, decode, generate, save, restore,
+  # reset, destroy) on the tiny fixtures; each bounded in time; the error count of each in the table
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    timeout "${SANITIZER_MODEL_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 -m pytest -q -x -m gpu -p no:cacheprovider ${SANITIZER_MODEL_TESTS:-tests/python/test_model_lifecycle.py} \
+      > "$OUT/model-$tool.log" 2>&1
+    rc=$?
+    # "ERROR SUMMARY: N errors" (racecheck: "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)")
+    n=$(grep -oE "ERROR SUMMARY: [0-9]+ error|hazards? displayed \([0-9]+ error" "$OUT/model-$tool.log" \
+        | tail -n 1 | grep -oE "[0-9]+ error" | grep -oE "[0-9]+")
+    pass=$(grep -oE "[0-9]+ passed" "$OUT/model-$tool.log" | tail -n 1)
+    case $rc in
+      0) RESULT[model_$tool]="${n:-0} errors (${pass:-no tests passed})" ;;
+      124) RESULT[model_$tool]="timed out after ${SANITIZER_MODEL_TIMEOUT:-300} s (${n:-?} errors so far)" ;;
+      *) RESULT[model_$tool]="FAIL (rc $rc): ${n:-?} errors, ${pass:-0 passed}" ;;
+    esac
+    tail -n 3 "$OUT/model-$tool.log"
+  done
 else
   RESULT[memcheck]=skipped
 fi
