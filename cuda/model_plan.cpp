@@ -2,12 +2,15 @@
 // touches a device.
 #include "model_plan.h"
 
+#include <climits>
 #include <cstring>
 
 #include "error.h"
 
 namespace pf {
 namespace {
+
+constexpr int64_t kMaxDim = int64_t(1) << 24;  // widths, head counts and sizes: real ones are < 2^17
 
 std::string ne_str(const std::vector<int64_t> &ne) {
     std::string s = "[";
@@ -48,6 +51,11 @@ pf_status read_hparams(const GgufFile &f, Hparams *hp) {
     if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 ||
         hp->n_head_kv <= 0 || hp->head_dim <= 0)
         return bad("a layer count, width or head count is not positive");
+    // The expected tensor shapes are products of these (2 * head_count * key_length, ...): a
+    // bound far above any real model keeps every product inside int64 (two u32 values of 2^32
+    // overflowed q_proj_dim; found by review, confirmed by fuzz_gguf on a crafted file).
+    for (int64_t v : {hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim})
+        if (v > kMaxDim) return bad("a width, head count or head size is beyond 2^24");
     // Every layer has at least 9 tensors: more layers than tensors is malformed, and must not
     // size the layer table (a block_count of 2^40 asked for terabytes; found by fuzz_gguf).
     if (hp->n_layer > int64_t(f.tensors().size()))
@@ -67,10 +75,14 @@ pf_status read_hparams(const GgufFile &f, Hparams *hp) {
         PF_TRY(f.get_u32(a + "ssm.inner_size", &inner));
         if (hp->interval <= 0 || hp->conv_kernel < 2 || hp->ssm_dk <= 0 || hp->ssm_hk <= 0 || hp->ssm_hv <= 0)
             return bad("an ssm.* value or full_attention_interval is not positive");
+        for (int64_t v : {hp->conv_kernel, hp->ssm_dk, hp->ssm_hk, hp->ssm_hv})
+            if (v > kMaxDim) return bad("an ssm.* size is beyond 2^24");
         if (hp->ssm_hv % hp->ssm_hk) return bad("ssm.time_step_rank is not a multiple of ssm.group_count");
         if (inner % hp->ssm_hv) return bad("ssm.inner_size is not a multiple of ssm.time_step_rank");
         hp->ssm_dv = inner / hp->ssm_hv;
         if (hp->ssm_dv != hp->ssm_dk) return bad("GDN value head dim differs from ssm.state_size");
+        if (hp->ssm_hv * hp->ssm_dk > INT64_MAX / hp->ssm_dv)  // the recurrent state's floats
+            return bad("the recurrent state (time_step_rank x state_size^2) overflows");
     }
     return PF_STATUS_OK;
 }
