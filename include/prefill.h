@@ -520,7 +520,10 @@ PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_t *out_toke
 PF_API pf_status pf_session_position(const pf_session *s, int32_t *out);
 PF_API pf_status pf_session_reset(pf_session *s);
 /* State (position, KV rows, conv windows, recurrent states) as bytes: size, save, restore into
- * a session of the same model and KV dtype with enough capacity. */
+ * a session of the same model and KV dtype with enough capacity. A restore checks the whole
+ * header (format, model, KV dtype, position within the capacity, shapes, the next greedy token)
+ * and the exact byte count before the session changes: INVALID_ARGUMENT names the first
+ * mismatch and the session is as it was. The payload itself is data (not checksummed). */
 PF_API pf_status pf_session_state_size(const pf_session *s, size_t *out_bytes);
 PF_API pf_status pf_session_save(pf_session *s, void *dst, size_t bytes);
 PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes);
