@@ -216,3 +216,26 @@ def test_user_error_line_names_the_file():
     assert user_error_line(FileNotFoundError(2, "No such file or directory", "a/b.gguf")) == \
         "a/b.gguf: No such file or directory"
     assert user_error_line(ValueError("bad\nsecond line")) == "ValueError: bad (...)"
+
+
+@pytest.mark.parametrize("exc,rc,line", [(KeyboardInterrupt(), 130, "pyprefill check: interrupted"),
+                                         (MemoryError(), 1, "pyprefill check: MemoryError: ")])
+def test_interrupts_and_host_memory_are_one_line(monkeypatch, capsys, exc, rc, line):
+    import pyprefill.cli as cli
+
+    def boom(args):
+        raise exc
+    monkeypatch.setattr(cli, "cmd_check", boom)
+    assert cli.main(["check"]) == rc
+    assert capsys.readouterr().err.strip() == line.strip()
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only user-input errors are shortened: an unexpected exception type propagates."""
+    import pyprefill.cli as cli
+
+    def bug(args):
+        raise KeyError("internal")
+    monkeypatch.setattr(cli, "cmd_check", bug)
+    with pytest.raises(KeyError):
+        cli.main(["check"])
