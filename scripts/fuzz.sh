@@ -21,7 +21,7 @@ FUZZ_DIR=${FUZZ_DIR:-build-fuzz}
 CXX=${FUZZ_CXX:-clang++}
 JOBS=${FUZZ_JOBS:-1}
 HOST_SOURCES=(cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp cuda/error.cpp cuda/session_state.cpp)
-FLAGS=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+FLAGS=(-std=c++17 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -Iinclude -Icuda)
 declare -A MAX_LEN=([gguf]=131072 [state]=4096)
 
