@@ -65,21 +65,6 @@ extern "C" PF_API pf_status pf_device_count(int32_t *out) {
     });
 }
 
-extern "C" PF_API const char *pf_qtype_name(int32_t qtype) {
-    switch (qtype) {
-        case PF_QTYPE_F32: return "F32";
-        case PF_QTYPE_F16: return "F16";
-        case PF_QTYPE_BF16: return "BF16";
-        case PF_QTYPE_Q4_0: return "Q4_0";
-        case PF_QTYPE_Q8_0: return "Q8_0";
-        case PF_QTYPE_Q4_K: return "Q4_K";
-        case PF_QTYPE_Q5_K: return "Q5_K";
-        case PF_QTYPE_Q6_K: return "Q6_K";
-        case PF_QTYPE_IQ4_XS: return "IQ4_XS";
-        default: return "?";
-    }
-}
-
 extern "C" PF_API pf_status pf_qtype_matrix_bytes(int32_t qtype, int64_t n, int64_t k,
                                                  size_t *out_bytes) {
     return pf::guard(__func__, [&]() -> pf_status {

@@ -63,9 +63,7 @@ extern "C" PF_API pf_status pf_model_inspect(const char *path, pf_model_info *ou
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(path != nullptr, "pf_model_inspect: path is NULL");
         PF_CHECK_ARG(out != nullptr, "pf_model_inspect: out is NULL");
-        pf_model_options o;
-        PF_TRY(pf_model_options_init(&o, sizeof o));
-        return pf::model_load(nullptr, path, o, nullptr, out);
+        return pf::model_inspect(path, out);
     });
 }
 

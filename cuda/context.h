@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "error.h"
+#include "qtype.h"  // qtype_block, matrix_bytes
 
 namespace pf {
 
@@ -73,11 +74,6 @@ void device_free(pf_context *ctx, void *ptr, size_t bytes);
 // Ensures scratch `s` holds at least `bytes` (reallocating, contents lost).
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what);
 void scratch_release(pf_context *ctx, Scratch &s);
-
-// Block geometry of a GGML type: elements and bytes per block. False for unsupported ids.
-bool qtype_block(int32_t qtype, int64_t *elems, int64_t *bytes);
-// Validates (qtype, n, k) and returns the matrix byte count; fails with a message naming `what`.
-pf_status matrix_bytes(int32_t qtype, int64_t n, int64_t k, size_t *out, const char *what);
 
 // Checks that buffer `b` (non-null, of this context) holds at least `bytes` from its start.
 pf_status check_buffer(const pf_context *ctx, const pf_buffer *b, size_t bytes, const char *fn,

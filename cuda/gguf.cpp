@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstring>
 
-#include "context.h"
 #include "error.h"
+#include "qtype.h"
 
 namespace pf {
 namespace {
@@ -63,6 +65,16 @@ size_t scalar_size(GgufType t) {
     }
 }
 
+// A float's integer value (inum of a float key), saturated: the cast of a NaN or of a value
+// outside int64's range is undefined behaviour (found by fuzz_gguf).
+int64_t saturate_to_int64(double x) {
+    constexpr double kTwo63 = 9223372036854775808.0;  // 2^63, exact in a double
+    if (std::isnan(x)) return 0;
+    if (x >= kTwo63) return INT64_MAX;
+    if (x < -kTwo63) return INT64_MIN;
+    return int64_t(x);
+}
+
 // Reads one scalar of type t into v (num and inum).
 pf_status read_scalar(Cursor &c, GgufType t, GgufValue *v, const std::string &key) {
     uint8_t raw[8] = {0};
@@ -77,8 +89,8 @@ pf_status read_scalar(Cursor &c, GgufType t, GgufValue *v, const std::string &ke
         case GgufType::I32: { int32_t x; std::memcpy(&x, raw, 4); v->inum = x; break; }
         case GgufType::U64: { uint64_t x; std::memcpy(&x, raw, 8); v->inum = int64_t(x); break; }
         case GgufType::I64: { int64_t x; std::memcpy(&x, raw, 8); v->inum = x; break; }
-        case GgufType::F32: { float x; std::memcpy(&x, raw, 4); v->num = x; v->inum = int64_t(x); return PF_STATUS_OK; }
-        case GgufType::F64: { double x; std::memcpy(&x, raw, 8); v->num = x; v->inum = int64_t(x); return PF_STATUS_OK; }
+        case GgufType::F32: { float x; std::memcpy(&x, raw, 4); v->num = x; v->inum = saturate_to_int64(x); return PF_STATUS_OK; }
+        case GgufType::F64: { double x; std::memcpy(&x, raw, 8); v->num = x; v->inum = saturate_to_int64(x); return PF_STATUS_OK; }
         default: return PF_STATUS_INTERNAL;
     }
     v->num = double(v->inum);
@@ -112,7 +124,20 @@ pf_status GgufFile::open(const char *path) {
         map_ = nullptr;
         return fail(PF_STATUS_IO_ERROR, "%s: mmap failed: %s", path, strerror(errno));
     }
-    const uint8_t *base = static_cast<const uint8_t *>(map_);
+    return parse(static_cast<const uint8_t *>(map_));
+}
+
+pf_status GgufFile::open_memory(const void *data, size_t size, const char *name) {
+    path_ = name;
+    size_ = size;
+    if (size_ < 24)
+        return fail(PF_STATUS_IO_ERROR, "%s: truncated GGUF (%zu bytes, the header alone is 24)",
+                    name, size_);
+    return parse(static_cast<const uint8_t *>(data));
+}
+
+pf_status GgufFile::parse(const uint8_t *base) {
+    const char *path = path_.c_str();
     Cursor c(base, size_, path_);
     char magic[4] = {0, 0, 0, 0};
     PF_TRY(c.bytes(magic, 4, "magic"));
@@ -186,8 +211,13 @@ pf_status GgufFile::open(const char *path) {
         }
         PF_TRY(c.get(&ti.type, ti.name.c_str()));
         PF_TRY(c.get(&ti.offset, ti.name.c_str()));
-        int64_t rows = 1;
-        for (size_t d = 1; d < ti.ne.size(); d++) rows *= ti.ne[d];
+        int64_t rows = 1;  // each ne <= 2^40, but their product can pass 2^63 (found by fuzz_gguf)
+        for (size_t d = 1; d < ti.ne.size(); d++) {
+            if (rows > INT64_MAX / ti.ne[d] || rows * ti.ne[d] > INT64_MAX / ti.ne[0])
+                return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: tensor %s has more than 2^63 elements",
+                            path, ti.name.c_str());
+            rows *= ti.ne[d];
+        }
         const pf_status s = matrix_bytes(int32_t(ti.type), rows, ti.ne[0], &ti.bytes, ti.name.c_str());
         if (s == PF_STATUS_UNSUPPORTED)
             return fail(PF_STATUS_UNSUPPORTED, "%s: tensor %s has GGML type %u, which is not supported "

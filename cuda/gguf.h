@@ -49,6 +49,9 @@ class GgufFile {
     // Maps and parses `path`. IO_ERROR for a missing, truncated or malformed file;
     // UNSUPPORTED for a tensor type this build does not know.
     pf_status open(const char *path);
+    // Parses `size` bytes at `data` (not copied: they must outlive this object); `name` stands
+    // for the path in messages. The same checks and errors as open().
+    pf_status open_memory(const void *data, size_t size, const char *name);
 
     const std::string &path() const { return path_; }
     const GgufValue *find(const std::string &key) const;
@@ -62,6 +65,8 @@ class GgufFile {
     pf_status get_str(const std::string &key, std::string *out, bool required = true) const;
 
   private:
+    pf_status parse(const uint8_t *base);  // the bytes [base, base + size_)
+
     std::string path_;
     void *map_ = nullptr;
     size_t size_ = 0;

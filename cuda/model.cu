@@ -1,9 +1,7 @@
-// model.cu — GGUF -> pf_model: metadata (spec §1.1 / §2.1), the expected tensor table
-// (§1.2 / §2.2-2.5) checked name by name, shape by shape and type by type, then the upload.
+// model.cu — GGUF -> pf_model: the host-only plan (model_plan.cpp: metadata, the expected
+// tensor table checked name by name, shape by shape and type by type), then the upload.
 #include <chrono>
 #include <cstring>
-#include <functional>
-#include <map>
 #include <memory>
 
 #include "cuda_check.cuh"
@@ -13,108 +11,33 @@
 namespace pf {
 namespace {
 
-enum class Kind { Vector, Matrix, Conv };  // Vector/Conv: F32 only; Matrix: any supported qtype
-
-struct Expect {
-    std::string name;
-    std::vector<int64_t> ne;  // GGUF order
-    Kind kind;
-    const float **vec = nullptr;   // where a Vector/Conv lands (arena pointer)
-    pf_weight **mat = nullptr;     // where a Matrix lands
-};
-
-std::string ne_str(const std::vector<int64_t> &ne) {
-    std::string s = "[";
-    for (size_t i = 0; i < ne.size(); i++) s += (i ? ", " : "") + std::to_string(ne[i]);
-    return s + "]";
+// Where planned tensor `p` lands in model `m`.
+pf_weight **matrix_slot(pf_model *m, const PlannedTensor &p) {
+    switch (p.slot) {
+        case TensorSlot::TokEmbd: return &m->tok_embd;
+        case TensorSlot::Output: return &m->output;
+        case TensorSlot::Layer: return &(m->layers[size_t(p.layer)].*p.mat);
+        default: return nullptr;
+    }
 }
 
-pf_status read_hparams(const GgufFile &f, Hparams *hp) {
-    std::string arch;
-    PF_TRY(f.get_str("general.architecture", &arch));
-    if (arch == "qwen3") hp->arch = PF_ARCH_QWEN3;
-    else if (arch == "qwen35") hp->arch = PF_ARCH_QWEN35;
-    else
-        return fail(PF_STATUS_UNSUPPORTED, "%s: unsupported architecture '%s' (supported: qwen3, qwen35)",
-                    f.path().c_str(), arch.c_str());
-    const std::string a = arch + ".";
-    PF_TRY(f.get_u32(a + "block_count", &hp->n_block));
-    int64_t nextn = 0;
-    PF_TRY(f.get_u32(a + "nextn_predict_layers", &nextn, false));
-    hp->n_layer = hp->n_block - nextn;
-    PF_TRY(f.get_u32(a + "embedding_length", &hp->n_embd));
-    PF_TRY(f.get_u32(a + "feed_forward_length", &hp->n_ff));
-    PF_TRY(f.get_u32(a + "attention.head_count", &hp->n_head));
-    PF_TRY(f.get_u32(a + "attention.head_count_kv", &hp->n_head_kv));
-    PF_TRY(f.get_u32(a + "attention.key_length", &hp->head_dim));
-    int64_t vlen = hp->head_dim;
-    PF_TRY(f.get_u32(a + "attention.value_length", &vlen, false));
-    PF_TRY(f.get_f32(a + "rope.freq_base", &hp->rope_base));
-    PF_TRY(f.get_f32(a + "attention.layer_norm_rms_epsilon", &hp->eps));
-    hp->context_length = 0;
-    PF_TRY(f.get_u32(a + "context_length", &hp->context_length, false));
-    hp->rope_dim = hp->head_dim;
-    PF_TRY(f.get_u32(a + "rope.dimension_count", &hp->rope_dim, false));
-    const char *p = f.path().c_str();
-    auto bad = [&](const char *what) {
-        return fail(PF_STATUS_IO_ERROR, "%s: inconsistent metadata: %s", p, what);
-    };
-    if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 ||
-        hp->n_head_kv <= 0 || hp->head_dim <= 0)
-        return bad("a layer count, width or head count is not positive");
-    if (hp->n_head % hp->n_head_kv) return bad("head_count is not a multiple of head_count_kv");
-    if (vlen != hp->head_dim) return bad("attention.value_length differs from key_length");
-    if (hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
-        return bad("rope.dimension_count must be even and at most key_length");
-    if (hp->arch == PF_ARCH_QWEN35) {
-        hp->interval = 4;
-        PF_TRY(f.get_u32(a + "full_attention_interval", &hp->interval, false));
-        PF_TRY(f.get_u32(a + "ssm.conv_kernel", &hp->conv_kernel));
-        PF_TRY(f.get_u32(a + "ssm.state_size", &hp->ssm_dk));
-        PF_TRY(f.get_u32(a + "ssm.group_count", &hp->ssm_hk));
-        PF_TRY(f.get_u32(a + "ssm.time_step_rank", &hp->ssm_hv));
-        int64_t inner = 0;
-        PF_TRY(f.get_u32(a + "ssm.inner_size", &inner));
-        if (hp->interval <= 0 || hp->conv_kernel < 2 || hp->ssm_dk <= 0 || hp->ssm_hk <= 0 || hp->ssm_hv <= 0)
-            return bad("an ssm.* value or full_attention_interval is not positive");
-        if (hp->ssm_hv % hp->ssm_hk) return bad("ssm.time_step_rank is not a multiple of ssm.group_count");
-        if (inner % hp->ssm_hv) return bad("ssm.inner_size is not a multiple of ssm.time_step_rank");
-        hp->ssm_dv = inner / hp->ssm_hv;
-        if (hp->ssm_dv != hp->ssm_dk) return bad("GDN value head dim differs from ssm.state_size");
+const float **vector_slot(pf_model *m, const PlannedTensor &p) {
+    switch (p.slot) {
+        case TensorSlot::OutputNorm: return &m->output_norm;
+        case TensorSlot::Layer: return &(m->layers[size_t(p.layer)].*p.vec);
+        default: return nullptr;
     }
-    return PF_STATUS_OK;
-}
-
-// Layer schedule: qwen3 all attention; qwen35 from attention.recurrent_layers when present,
-// else attention iff (il + 1) % interval == 0 (spec §2). Checked against the tensors later.
-std::vector<bool> schedule(const GgufFile &f, const Hparams &hp) {
-    std::vector<bool> attn(size_t(hp.n_layer), true);
-    if (hp.arch != PF_ARCH_QWEN35) return attn;
-    const GgufValue *rec = f.find("qwen35.attention.recurrent_layers");
-    for (int64_t il = 0; il < hp.n_layer; il++) {
-        if (rec && rec->ints.size() >= size_t(hp.n_layer)) attn[size_t(il)] = rec->ints[size_t(il)] == 0;
-        else attn[size_t(il)] = (il + 1) % hp.interval == 0;
-    }
-    return attn;
 }
 
 }  // namespace
 
-pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &o, pf_model **out,
-                     pf_model_info *inspect) {
+pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &o, pf_model **out) {
     const auto t0 = std::chrono::steady_clock::now();
     GgufFile f;
     PF_TRY(f.open(path));
-    Hparams hp;
-    PF_TRY(read_hparams(f, &hp));
-    const std::vector<bool> attn = schedule(f, hp);
-
-    const GgufTensor *emb = f.tensor("token_embd.weight");
-    if (!emb) return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight is missing", path);
-    if (emb->ne.size() != 2 || emb->ne[0] != hp.n_embd)
-        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight: expected ne [%lld, n_vocab], found %s",
-                    path, (long long)hp.n_embd, ne_str(emb->ne).c_str());
-    hp.n_vocab = emb->ne[1];
+    ModelPlan plan;
+    PF_TRY(model_plan(f, &plan));
+    const Hparams &hp = plan.hp;
 
     std::unique_ptr<pf_model> m(new pf_model());
     m->ctx = ctx;
@@ -123,94 +46,11 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
     m->gemm_leg = o.gemm_leg;
     m->progress = o.progress;
     m->progress_user = o.progress_user;
-    m->layers.resize(size_t(hp.n_layer));
+    m->layers = plan.layers;
+    m->n_attn_layers = plan.n_attn_layers;
+    const bool tied = plan.tied;
+    const size_t arena_floats = plan.arena_floats, total = plan.tensor_bytes;
 
-    const int64_t d = hp.n_embd, D = hp.head_dim;
-    std::vector<Expect> ex;
-    auto vec = [&](const std::string &n, int64_t len, const float **dst) {
-        ex.push_back({n, {len}, Kind::Vector, dst, nullptr});
-    };
-    auto mat = [&](const std::string &n, int64_t k, int64_t rows, pf_weight **dst) {
-        ex.push_back({n, {k, rows}, Kind::Matrix, nullptr, dst});
-    };
-    mat("token_embd.weight", d, hp.n_vocab, &m->tok_embd);
-    vec("output_norm.weight", d, &m->output_norm);
-    const bool tied = f.tensor("output.weight") == nullptr;
-    if (!tied) mat("output.weight", d, hp.n_vocab, &m->output);
-    int32_t n_attn = 0;
-    for (int64_t il = 0; il < hp.n_layer; il++) {
-        pf::LayerWeights &L = m->layers[size_t(il)];
-        const std::string b = "blk." + std::to_string(il) + ".";
-        L.attn = attn[size_t(il)];
-        // The tensor set must match the schedule (spec §3.3 warning): fail loudly otherwise.
-        if (hp.arch == PF_ARCH_QWEN35) {
-            const bool has_q = f.tensor(b + "attn_q.weight") != nullptr;
-            const bool has_qkv = f.tensor(b + "attn_qkv.weight") != nullptr;
-            if (L.attn && !has_q)
-                return fail(PF_STATUS_IO_ERROR,
-                            "%s: layer %lld should be an attention layer (full_attention_interval=%lld) "
-                            "but tensor %sattn_q.weight is missing%s", path, (long long)il,
-                            (long long)hp.interval, b.c_str(), has_qkv ? " (it has attn_qkv: a GDN layer)" : "");
-            if (!L.attn && !has_qkv)
-                return fail(PF_STATUS_IO_ERROR,
-                            "%s: layer %lld should be a Gated DeltaNet layer (full_attention_interval=%lld) "
-                            "but tensor %sattn_qkv.weight is missing%s", path, (long long)il,
-                            (long long)hp.interval, b.c_str(), has_q ? " (it has attn_q: an attention layer)" : "");
-        }
-        vec(b + "attn_norm.weight", d, &L.attn_norm);
-        vec(b + (hp.arch == PF_ARCH_QWEN35 ? "post_attention_norm.weight" : "ffn_norm.weight"), d, &L.post_norm);
-        mat(b + "ffn_gate.weight", d, hp.n_ff, &L.gate);
-        mat(b + "ffn_up.weight", d, hp.n_ff, &L.up);
-        mat(b + "ffn_down.weight", hp.n_ff, d, &L.down);
-        if (L.attn) {
-            L.attn_index = n_attn++;
-            mat(b + "attn_q.weight", d, hp.q_proj_dim(), &L.wq);
-            mat(b + "attn_k.weight", d, hp.kv_dim(), &L.wk);
-            mat(b + "attn_v.weight", d, hp.kv_dim(), &L.wv);
-            mat(b + "attn_output.weight", hp.n_head * D, d, &L.wo);
-            vec(b + "attn_q_norm.weight", D, &L.q_norm);
-            vec(b + "attn_k_norm.weight", D, &L.k_norm);
-        } else {
-            mat(b + "attn_qkv.weight", d, hp.conv_dim(), &L.qkv);
-            mat(b + "attn_gate.weight", d, hp.value_dim(), &L.z);
-            mat(b + "ssm_beta.weight", d, hp.ssm_hv, &L.beta);
-            mat(b + "ssm_alpha.weight", d, hp.ssm_hv, &L.alpha);
-            mat(b + "ssm_out.weight", hp.value_dim(), d, &L.ssm_out);
-            ex.push_back({b + "ssm_conv1d.weight", {hp.conv_kernel, hp.conv_dim()}, Kind::Conv, &L.conv_w, nullptr});
-            vec(b + "ssm_a", hp.ssm_hv, &L.ssm_a);
-            vec(b + "ssm_dt.bias", hp.ssm_hv, &L.dt_bias);
-            vec(b + "ssm_norm.weight", hp.ssm_dv, &L.ssm_norm);
-        }
-    }
-    m->n_attn_layers = n_attn;
-
-    // Validate everything before any device work.
-    size_t arena_floats = 0, total = 0;
-    std::vector<const GgufTensor *> found(ex.size());
-    for (size_t i = 0; i < ex.size(); i++) {
-        const Expect &e = ex[i];
-        const GgufTensor *t = f.tensor(e.name);
-        if (!t)
-            return fail(PF_STATUS_IO_ERROR, "%s: tensor %s is missing (expected ne %s)", path,
-                        e.name.c_str(), ne_str(e.ne).c_str());
-        if (t->ne != e.ne)
-            return fail(PF_STATUS_IO_ERROR, "%s: tensor %s: expected ne %s, found %s", path,
-                        e.name.c_str(), ne_str(e.ne).c_str(), ne_str(t->ne).c_str());
-        if (e.kind != Kind::Matrix && t->type != PF_QTYPE_F32)
-            return fail(PF_STATUS_UNSUPPORTED, "%s: tensor %s: expected type F32, found %s (%u)", path,
-                        e.name.c_str(), pf_qtype_name(int32_t(t->type)), t->type);
-        if (e.kind != Kind::Matrix) arena_floats += size_t(t->bytes / 4 + 63) / 64 * 64;  // 256 B aligned
-        total += t->bytes;
-        found[i] = t;
-    }
-
-    if (ctx == nullptr) {  // inspect only: the file is valid; report what it holds
-        m->output = tied ? m->tok_embd : m->output;
-        model_info(m.get(), inspect);
-        inspect->tied_output = tied;
-        inspect->weight_bytes = total;
-        return PF_STATUS_OK;
-    }
     DeviceGuard dg(ctx->device);
     PF_TRY(dg.status());
     pf_model *raw = m.get();
@@ -221,15 +61,15 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
     }
     raw->arena_bytes = arena_floats * 4;
     size_t arena_off = 0, done = 0;
-    for (size_t i = 0; i < ex.size(); i++) {
-        const Expect &e = ex[i];
-        const GgufTensor *t = found[i];
+    for (const PlannedTensor &e : plan.tensors) {
+        const GgufTensor *t = e.t;
         pf_status s = PF_STATUS_OK;
-        if (e.kind == Kind::Matrix) {
+        if (e.kind == TensorKind::Matrix) {
+            pf_weight **dst = matrix_slot(raw, e);
             const int64_t rows = t->ne[1], k = t->ne[0];
-            s = pf_weight_create(e.mat, ctx, int32_t(t->type), rows, k, t->data, t->bytes);
+            s = pf_weight_create(dst, ctx, int32_t(t->type), rows, k, t->data, t->bytes);
             if (s == PF_STATUS_OK) {
-                raw->weights.push_back(*e.mat);
+                raw->weights.push_back(*dst);
             } else {
                 s = fail(s, "%s: uploading %s: %s", path, e.name.c_str(), pf_last_error());
             }
@@ -237,7 +77,7 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
             float *dst = static_cast<float *>(raw->arena) + arena_off;
             const cudaError_t ce = cudaMemcpyAsync(dst, t->data, t->bytes, cudaMemcpyHostToDevice, ctx->stream);
             if (ce != cudaSuccess) s = cuda_fail(ce, __FILE__, __LINE__, e.name.c_str());
-            *e.vec = dst;
+            *vector_slot(raw, e) = dst;
             arena_off += size_t(t->bytes / 4 + 63) / 64 * 64;
         }
         if (s != PF_STATUS_OK) {
@@ -255,11 +95,7 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
         return s;
     }
     // Fingerprint: the dims and the file size, enough to refuse a state from another model.
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : {int64_t(hp.arch), hp.n_layer, hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_head, hp.n_head_kv,
-                      hp.head_dim, hp.ssm_hk, hp.ssm_hv, hp.ssm_dk, hp.conv_kernel, int64_t(f.file_bytes())})
-        h = (h ^ uint64_t(v)) * 1099511628211ull;
-    raw->fingerprint = h;
+    raw->fingerprint = model_fingerprint(hp, f.file_bytes());
     raw->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (o.prewarm) {
         int32_t armed = 0;

@@ -13,6 +13,7 @@
 #include "gemm.cuh"
 #include "rows.cuh"
 #include "session.h"
+#include "session_state.h"
 
 namespace pf {
 namespace {
@@ -36,7 +37,7 @@ pf_status salloc_t(pf_session *s, size_t count, T **out, const char *what) {
     return PF_STATUS_OK;
 }
 
-size_t kv_elem(int32_t kv_dtype) { return kv_dtype == PF_KV_F32 ? 4 : 2; }
+size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 
 // ---------------------------------------------------------------------------- one chunk
 
@@ -309,113 +310,76 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
 // ---------------------------------------------------------------------------- state
 
 namespace {
-struct StateHeader {
-    char magic[8];          // "PFSTATE1"
-    uint64_t fingerprint;   // the model's
-    int64_t pos;
-    int32_t kv_dtype;
-    int32_t n_attn, n_gdn;
-    int32_t last_token;
-    int64_t kv_dim, conv_floats, ssm_floats;
-};
-constexpr char kStateMagic[8] = {'P', 'F', 'S', 'T', 'A', 'T', 'E', '1'};
-
 int32_t n_gdn_layers(const pf_session *s) {
     int32_t n = 0;
     for (const float *c : s->conv) n += c != nullptr;
     return n;
 }
+
+// What this session expects of a state (and writes into one).
+StateLayout state_layout(const pf_session *s) {
+    const Hparams &hp = s->model->hp;
+    StateLayout l;
+    l.fingerprint = s->model->fingerprint;
+    l.kv_dtype = s->kv_dtype;
+    l.max_tokens = s->max_tokens;
+    l.n_attn = s->model->n_attn_layers;
+    l.n_gdn = n_gdn_layers(s);
+    l.kv_dim = hp.kv_dim();
+    l.conv_floats = (hp.conv_kernel - 1) * hp.conv_dim();
+    l.ssm_floats = hp.ssm_hv * hp.ssm_dk * hp.ssm_dv;
+    l.n_vocab = hp.n_vocab;
+    return l;
+}
+
+// The device address of a span's data: K/V cache rows from 0, or the index-th GDN layer's
+// conv window / recurrent state.
+void *span_device(pf_session *s, const StateSpan &sp) {
+    switch (sp.kind) {
+        case StateSpan::K: return s->k_cache[size_t(sp.index)];
+        case StateSpan::V: return s->v_cache[size_t(sp.index)];
+        default: break;
+    }
+    int32_t k = 0;
+    for (size_t il = 0; il < s->conv.size(); il++) {
+        if (!s->conv[il]) continue;
+        if (k++ == sp.index) return sp.kind == StateSpan::Conv ? static_cast<void *>(s->conv[il]) : s->ssm[il];
+    }
+    return nullptr;
+}
 }  // namespace
 
-size_t session_state_size(const pf_session *s) {
-    const Hparams &hp = s->model->hp;
-    const size_t kv = size_t(s->pos) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype) * 2 * size_t(s->model->n_attn_layers);
-    const size_t gdn = size_t(n_gdn_layers(s)) * 4 *
-                       size_t((hp.conv_kernel - 1) * hp.conv_dim() + hp.ssm_hv * hp.ssm_dk * hp.ssm_dv);
-    return sizeof(StateHeader) + kv + gdn;
-}
+size_t session_state_size(const pf_session *s) { return state_bytes(state_layout(s), s->pos); }
 
 pf_status session_save(pf_session *s, void *dst, size_t bytes) {
     PF_CHECK_ARG(!s->broken, "pf_session_save: the session hit a device error earlier");
-    const size_t need = session_state_size(s);
+    const StateLayout l = state_layout(s);
+    const size_t need = state_bytes(l, s->pos);
     PF_CHECK_ARG(dst != nullptr, "pf_session_save: dst is NULL");
     PF_CHECK_ARG(bytes >= need, "pf_session_save: bytes=%zu, the state needs %zu", bytes, need);
-    const Hparams &hp = s->model->hp;
-    StateHeader h;
-    std::memcpy(h.magic, kStateMagic, 8);
-    h.fingerprint = s->model->fingerprint;
-    h.pos = s->pos;
-    h.kv_dtype = s->kv_dtype;
-    h.n_attn = s->model->n_attn_layers;
-    h.n_gdn = n_gdn_layers(s);
-    h.last_token = s->last_token;
-    h.kv_dim = hp.kv_dim();
-    h.conv_floats = (hp.conv_kernel - 1) * hp.conv_dim();
-    h.ssm_floats = hp.ssm_hv * hp.ssm_dk * hp.ssm_dv;
+    const StateHeader h = state_header(l, s->pos, s->last_token);
     char *p = static_cast<char *>(dst);
     std::memcpy(p, &h, sizeof h);
-    p += sizeof h;
     DeviceGuard dg(s->ctx->device);
     PF_TRY(dg.status());
     cudaStream_t st = s->ctx->stream;
-    const size_t kv_rows = size_t(s->pos) * size_t(h.kv_dim) * kv_elem(s->kv_dtype);
-    for (int32_t i = 0; i < h.n_attn; i++) {
-        PF_CUDA_TRY(cudaMemcpyAsync(p, s->k_cache[size_t(i)], kv_rows, cudaMemcpyDeviceToHost, st));
-        p += kv_rows;
-        PF_CUDA_TRY(cudaMemcpyAsync(p, s->v_cache[size_t(i)], kv_rows, cudaMemcpyDeviceToHost, st));
-        p += kv_rows;
-    }
-    for (size_t il = 0; il < s->conv.size(); il++) {
-        if (!s->conv[il]) continue;
-        PF_CUDA_TRY(cudaMemcpyAsync(p, s->conv[il], size_t(h.conv_floats) * 4, cudaMemcpyDeviceToHost, st));
-        p += size_t(h.conv_floats) * 4;
-        PF_CUDA_TRY(cudaMemcpyAsync(p, s->ssm[il], size_t(h.ssm_floats) * 4, cudaMemcpyDeviceToHost, st));
-        p += size_t(h.ssm_floats) * 4;
-    }
+    for (const StateSpan &sp : state_spans(l, s->pos))
+        PF_CUDA_TRY(cudaMemcpyAsync(p + sp.offset, span_device(s, sp), sp.bytes, cudaMemcpyDeviceToHost, st));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     return PF_STATUS_OK;
 }
 
 pf_status session_restore(pf_session *s, const void *src, size_t bytes) {
-    PF_CHECK_ARG(src != nullptr, "pf_session_restore: src is NULL");
-    PF_CHECK_ARG(bytes >= sizeof(StateHeader), "pf_session_restore: %zu bytes is too short for a state", bytes);
+    const StateLayout l = state_layout(s);
     StateHeader h;
-    std::memcpy(&h, src, sizeof h);
-    const Hparams &hp = s->model->hp;
-    PF_CHECK_ARG(std::memcmp(h.magic, kStateMagic, 8) == 0, "pf_session_restore: not a pyprefill session state");
-    PF_CHECK_ARG(h.fingerprint == s->model->fingerprint, "pf_session_restore: the state was saved from another model");
-    PF_CHECK_ARG(h.kv_dtype == s->kv_dtype, "pf_session_restore: the state's KV dtype (%d) differs from the session's (%d)",
-                 h.kv_dtype, s->kv_dtype);
-    PF_CHECK_ARG(h.pos >= 0 && h.pos <= s->max_tokens,
-                 "pf_session_restore: the state holds %lld positions, the session's capacity is %d",
-                 (long long)h.pos, s->max_tokens);
-    PF_CHECK_ARG(h.n_attn == s->model->n_attn_layers && h.n_gdn == n_gdn_layers(s) && h.kv_dim == hp.kv_dim() &&
-                     h.conv_floats == (hp.conv_kernel - 1) * hp.conv_dim() &&
-                     h.ssm_floats == hp.ssm_hv * hp.ssm_dk * hp.ssm_dv,
-                 "pf_session_restore: the state's layout does not match this model");
-    const size_t kv_rows = size_t(h.pos) * size_t(h.kv_dim) * kv_elem(s->kv_dtype);
-    const size_t need = sizeof h + kv_rows * 2 * size_t(h.n_attn) +
-                        size_t(h.n_gdn) * 4 * size_t(h.conv_floats + h.ssm_floats);
-    PF_CHECK_ARG(bytes == need, "pf_session_restore: %zu bytes, a state of %lld positions has %zu", bytes,
-                 (long long)h.pos, need);
+    PF_TRY(state_check(src, bytes, l, &h));  // everything is checked before the session changes
     DeviceGuard dg(s->ctx->device);
     PF_TRY(dg.status());
     cudaStream_t st = s->ctx->stream;
-    const char *p = static_cast<const char *>(src) + sizeof h;
+    const char *p = static_cast<const char *>(src);
     s->broken = true;  // until every copy has landed
-    for (int32_t i = 0; i < h.n_attn; i++) {
-        PF_CUDA_TRY(cudaMemcpyAsync(s->k_cache[size_t(i)], p, kv_rows, cudaMemcpyHostToDevice, st));
-        p += kv_rows;
-        PF_CUDA_TRY(cudaMemcpyAsync(s->v_cache[size_t(i)], p, kv_rows, cudaMemcpyHostToDevice, st));
-        p += kv_rows;
-    }
-    for (size_t il = 0; il < s->conv.size(); il++) {
-        if (!s->conv[il]) continue;
-        PF_CUDA_TRY(cudaMemcpyAsync(s->conv[il], p, size_t(h.conv_floats) * 4, cudaMemcpyHostToDevice, st));
-        p += size_t(h.conv_floats) * 4;
-        PF_CUDA_TRY(cudaMemcpyAsync(s->ssm[il], p, size_t(h.ssm_floats) * 4, cudaMemcpyHostToDevice, st));
-        p += size_t(h.ssm_floats) * 4;
-    }
+    for (const StateSpan &sp : state_spans(l, h.pos))
+        PF_CUDA_TRY(cudaMemcpyAsync(span_device(s, sp), p + sp.offset, sp.bytes, cudaMemcpyHostToDevice, st));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     s->pos = h.pos;
     s->last_token = h.last_token;

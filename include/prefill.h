@@ -15,7 +15,18 @@
  *    Buffers and weights belong to their context and must be destroyed before it.
  *  - Options structs begin with struct_size and are filled by pf_X_options_init(&o, sizeof o).
  *  - Host pointers are C-contiguous. Sizes are int64_t element counts or size_t byte counts.
- *  - A context is used by one thread at a time; several contexts may live in one process.
+ *  - Threads. A context and everything made from it (its buffers, weights, models and their
+ *    sessions) is used by one thread at a time: calls on objects of one context must not
+ *    overlap, because they share the context's stream, its grow-on-demand scratch (dequantized
+ *    weights, fp16 activations, attention workspace) and its byte count. That includes two
+ *    sessions of one model: drive them from two threads only under a lock of the caller's
+ *    (work already queued stays ordered on the context's stream, so a context may pass from
+ *    thread to thread between calls). Different contexts are independent: one thread per
+ *    context may run at the same time, on one device or several. Safe from any thread at any time:
+ *    pf_version, pf_status_name, pf_status_string, pf_last_error (each thread its own),
+ *    pf_device_count, pf_qtype_name, pf_qtype_matrix_bytes, the pf_*_options_init functions,
+ *    pf_attention_plan, pf_model_inspect and pf_gemm_default_leg. pf_gemm_set_default_leg is
+ *    process-wide: call it while no projection runs.
  *  - No CUDA types appear here (cffi parses this file): the library never prints, throws
  *    or aborts across this boundary.
  *  - GGML quantization type ids are used as they are (PF_QTYPE_*).
@@ -607,7 +618,10 @@ PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_t *out_toke
 PF_API pf_status pf_session_position(const pf_session *s, int32_t *out);
 PF_API pf_status pf_session_reset(pf_session *s);
 /* State (position, KV rows, conv windows, recurrent states) as bytes: size, save, restore into
- * a session of the same model and KV dtype with enough capacity. */
+ * a session of the same model and KV dtype with enough capacity. A restore checks the whole
+ * header (format, model, KV dtype, position within the capacity, shapes, the next greedy token)
+ * and the exact byte count before the session changes: INVALID_ARGUMENT names the first
+ * mismatch and the session is as it was. The payload itself is data (not checksummed). */
 PF_API pf_status pf_session_state_size(const pf_session *s, size_t *out_bytes);
 PF_API pf_status pf_session_save(pf_session *s, void *dst, size_t bytes);
 PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes);

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -84,16 +85,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_error_line(exc: BaseException) -> str:
+    """One line naming what went wrong, for an error a user's input can cause."""
+    if isinstance(exc, PrefillError):
+        text = f"{type(exc).__name__}: {exc}"
+    elif isinstance(exc, OSError) and exc.filename is not None:   # a path: name it and why
+        text = f"{exc.filename}: {exc.strerror or exc}"
+    elif isinstance(exc, ImportError):
+        text = f"libprefill is not loadable: {exc}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    lines = text.strip().splitlines() or [type(exc).__name__]
+    return lines[0] + (" (...)" if len(lines) > 1 else "")
+
+
 def main(argv=None) -> int:
+    """Run one subcommand. A mistake in the user's input (a wrong path, an unwritable output, a
+    bad value, no GPU, a library error) prints one line `pyprefill CMD: what went wrong` on
+    stderr and returns 1; Ctrl-C returns 130. Any other exception is a bug and keeps its
+    traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["check", *(argv or [])])
     try:
         return int(args.func(args) or 0)
-    except PrefillError as exc:       # a clear one-line error, not a traceback
-        print(f"pyprefill {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except BrokenPipeError:           # `pyprefill info m.gguf | head`: the reader left
+        try:
+            sys.stdout = open(os.devnull, "w")   # no second error while Python flushes stdout
+        except OSError:
+            pass
         return 1
+    except (PrefillError, OSError, ValueError, ImportError, MemoryError) as exc:
+        print(f"pyprefill {args.command}: {user_error_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"pyprefill {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

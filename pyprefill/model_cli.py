@@ -34,6 +34,7 @@ def cmd_demo(args) -> int:
         print(f"no GPU: {why}; running the NumPy reference alone")
     rng = np.random.default_rng(args.seed)
     workdir = args.dir or tempfile.mkdtemp(prefix="pyprefill-demo-")
+    os.makedirs(workdir, exist_ok=True)   # OSError (a file in the way, no permission): one line
     status = 0
     for preset, mix in (("qwen35-tiny", "q4_k_m"), ("qwen3-tiny", "q8_0")):
         path = os.path.join(workdir, f"{preset}-{mix}.gguf")
@@ -70,18 +71,50 @@ def cmd_demo(args) -> int:
     return status
 
 
-def _load_tokens(args, model) -> np.ndarray:
-    if args.tokens:
-        return np.array([int(t) for t in args.tokens.replace(",", " ").split()], np.int32)
+def parse_token_ids(text: str) -> np.ndarray:
+    """Token ids from "1,2 3": integers >= 0 separated by commas or spaces (InvalidArgumentError
+    naming the first bad entry)."""
+    from .errors import InvalidArgumentError
+    parts = text.replace(",", " ").split()
+    if not parts:
+        raise InvalidArgumentError("--tokens: no token ids given")
+    ids = []
+    for p in parts:
+        try:
+            v = int(p)
+        except ValueError:
+            raise InvalidArgumentError(f"--tokens: {p!r} is not a token id (integers separated "
+                                       "by commas or spaces)") from None
+        if not 0 <= v < 2**31:
+            raise InvalidArgumentError(f"--tokens: {v} is not a token id (ids are >= 0)")
+        ids.append(v)
+    return np.array(ids, np.int32)
+
+
+def _load_tokens(args, path: str) -> np.ndarray:
+    if args.tokens is not None:
+        return parse_token_ids(args.tokens)
     from .tokenizer import Tokenizer
-    return np.array(Tokenizer.from_gguf(model.path).encode(args.prompt), np.int32)
+    return np.array(Tokenizer.from_gguf(path).encode(args.prompt), np.int32)
 
 
 def cmd_run(args) -> int:
-    from .model import Model
+    from .errors import InvalidArgumentError
+    from .model import Model, inspect
+    info = inspect(args.file)          # the file's faults first, on any machine (no device)
+    ids = _load_tokens(args, args.file)
+    if len(ids) == 0:
+        raise InvalidArgumentError("the prompt has no tokens")
+    if ids.max() >= info["n_vocab"]:
+        raise InvalidArgumentError(f"token id {int(ids.max())} is outside the model's vocabulary "
+                                   f"[0, {info['n_vocab']})")
+    need = len(ids) + args.n_predict + 1
+    if info["context_length"] > 0 and need > info["context_length"]:
+        raise InvalidArgumentError(f"a prompt of {len(ids)} tokens and {args.n_predict} predicted "
+                                   f"need {need} positions; the model's context_length is "
+                                   f"{info['context_length']}")
     with Model.load(args.file, gemm=args.gemm, prewarm=not args.no_prewarm) as m:
-        ids = _load_tokens(args, m)
-        s = m.session(max_tokens=len(ids) + args.n_predict + 1, chunk=args.chunk)
+        s = m.session(max_tokens=need, chunk=args.chunk)
         t0 = time.perf_counter()
         logits, tok = s.prefill(ids, "last", return_token=True)
         dt = time.perf_counter() - t0
@@ -97,9 +130,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _int_at_least(low: int):
+    """An argparse type: an int >= low (argparse prints the error and exits 2)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} is less than {low}")
+        return v
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("demo", help="the main job: a synthetic model's prefill vs the NumPy reference")
-    p.add_argument("--tokens", type=int, default=96, help="prompt length")
+    p.add_argument("--tokens", type=_int_at_least(1), default=96, help="prompt length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", help="where to write the synthetic models (default: a temp dir)")
     p.set_defaults(func=cmd_demo)
@@ -109,8 +158,8 @@ def add_parsers(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt", help="text (needs the `tokenizers` extra)")
     g.add_argument("--tokens", help="token ids, comma or space separated")
-    p.add_argument("--n-predict", type=int, default=8)
-    p.add_argument("--gemm", default="default", choices=["default", "auto", "f16", "f32"])
-    p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--n-predict", type=_int_at_least(0), default=8)
+    p.add_argument("--gemm", default="default", type=str.lower, choices=["default", "auto", "f16", "f32"])
+    p.add_argument("--chunk", type=_int_at_least(1), default=512)
     p.add_argument("--no-prewarm", action="store_true")
     p.set_defaults(func=cmd_run)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The one command for a GPU machine: build, run every test (GPU tests included, none may skip
-# for want of a device), compute-sanitizer memcheck on the kernel tests, then the benchmarks.
+# for want of a device), compute-sanitizer memcheck on the kernel tests and memcheck, racecheck,
+# initcheck and synccheck on the model-level paths (tests/python/test_model_lifecycle.py), then
+# the benchmarks.
 # Logs go under $OUT (or ./out); a short summary table is printed last.
 #   bash scripts/device-check.sh [--no-bench] [--no-sanitizer]
 set -uo pipefail
@@ -39,6 +41,34 @@ if [ $SANITIZE = 1 ] && command -v compute-sanitizer >/dev/null; then
   rc=$?
   RESULT[memcheck]=$([ $rc = 0 ] && echo clean || { [ $rc = 124 ] && echo "timed out" || echo "FAIL (rc $rc)"; })
   tail -n 5 "$OUT/memcheck.log"
+  # every tool over the model-level paths (load, chunked prefill, decode, generate, save, restore,
+  # reset, destroy) on the tiny fixtures; each bounded in time; the error count of each in the table.
+  # SANITIZER_BIG=1 adds a qwen35-0.8b-shape model under the tools in SANITIZER_BIG_TOOLS.
+  sanitize_model() {  # NAME TOOL: one tool over test_model_lifecycle.py (env PF_LIFECYCLE_SHAPES)
+    local name=$1 tool=$2 log=$OUT/$1.log rc n pass
+    timeout "${SANITIZER_MODEL_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 -m pytest -q -x -m gpu -p no:cacheprovider ${SANITIZER_MODEL_TESTS:-tests/python/test_model_lifecycle.py} \
+      ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1
+    rc=$?
+    # "ERROR SUMMARY: N errors" (racecheck: "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)")
+    n=$(grep -oE "ERROR SUMMARY: [0-9]+ error|hazards? displayed \([0-9]+ error" "$log" \
+        | tail -n 1 | grep -oE "[0-9]+ error" | grep -oE "[0-9]+")
+    pass=$(grep -oE "[0-9]+ passed" "$log" | tail -n 1)
+    case $rc in
+      0) RESULT[$name]="${n:-0} errors (${pass:-no tests passed})" ;;
+      124) RESULT[$name]="timed out after ${SANITIZER_MODEL_TIMEOUT:-300} s (${n:-?} errors so far)" ;;
+      *) RESULT[$name]="FAIL (rc $rc): ${n:-?} errors, ${pass:-0 passed}" ;;
+    esac
+    tail -n 3 "$log"
+  }
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    sanitize_model "model-$tool" "$tool"
+  done
+  if [ "${SANITIZER_BIG:-0}" = 1 ]; then
+    for tool in ${SANITIZER_BIG_TOOLS:-memcheck}; do
+      PF_LIFECYCLE_SHAPES=all PYTEST_K=0.8b sanitize_model "model-0.8b-$tool" "$tool"
+    done
+  fi
 else
   RESULT[memcheck]=skipped
 fi

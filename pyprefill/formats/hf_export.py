@@ -65,7 +65,10 @@ def _must_stay_f32(name: str, arr: np.ndarray) -> bool:
 
 
 def choose_qtype(name: str, arr: np.ndarray, quant: str | Mapping[str, int]) -> int:
-    """GGML type for tensor `name` (NumPy shape `arr.shape`) under `quant`."""
+    """GGML type for tensor `name` (NumPy shape `arr.shape`) under `quant` (a mix name in any
+    case: "Q8_0" as llama.cpp writes it, or "q8_0")."""
+    if isinstance(quant, str):
+        quant = quant.lower()
     if _must_stay_f32(name, arr) or quant == "f32":
         return QTYPE_F32
     rules = MIXES[quant] if isinstance(quant, str) else list(quant.items())
@@ -264,10 +267,12 @@ def export_hf_to_gguf(model_or_state_dict: Any, path: str, quant: str | Mapping[
                       config: Any = None, write_output: bool | None = None) -> dict[str, int]:
     """Write a GGUF file from an HF model (or a state dict + `config`).
 
-    quant: "f32", a name in MIXES ("mix", "q8_0", "f16", "bf16") or a {regex: qtype} dict.
-    Returns {tensor name: qtype written}.
+    quant: "f32", a name in MIXES ("mix", "q8_0", "f16", "bf16"; any case) or a {regex: qtype}
+    dict. Returns {tensor name: qtype written}.
     """
     import gguf
+    if isinstance(quant, str):
+        quant = quant.lower()
     if config is None:
         config = model_or_state_dict.config
         sd = model_or_state_dict.state_dict()

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .._progress import byte_bar
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, PrefillError
 from .gguf_model import expected_tensors, load_model_desc
 from .model_desc import (QTYPE_BF16, QTYPE_BLOCK, QTYPE_F16, QTYPE_F32, QTYPE_IQ4_XS,
                          QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_0, ModelDesc,
@@ -84,6 +84,7 @@ _CHUNK_BYTES = 64 << 20
 def preset_desc(model: str, n_layer: int | None = None, n_vocab: int | None = None,
                 path: str = "") -> ModelDesc:
     """The ModelDesc a synthetic file of this preset would have (no tensors, nothing written)."""
+    model = model.lower()
     if model not in PRESETS:
         raise InvalidArgumentError(f"unknown model preset '{model}' "
                                    f"(known: {', '.join(PRESETS)})")
@@ -125,6 +126,7 @@ def tensor_qtype(mix: str, name: str, desc: ModelDesc) -> int:
     elsewhere. ud (unsloth-dynamic-like): IQ4_XS FFN, Q8_0 ssm_alpha/beta, Q6_K for embeddings,
     output, attn_v, attn_qkv, Q5_K for the other matrices.
     """
+    mix = mix.lower()
     shape, _ = expected_tensors(desc)[name]
     if len(shape) == 1 or name.endswith("ssm_conv1d.weight"):
         return QTYPE_F32
@@ -292,9 +294,16 @@ def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed
     Peak memory is one ~64 MB chunk plus the tokenizer metadata.
     """
     import gguf
+    mix, model = mix.lower(), model.lower()   # "Q4_K_M" as llama.cpp writes it, or "q4_k_m"
     if mix not in MIXES:
         raise InvalidArgumentError(f"unknown quant mix '{mix}' (known: {', '.join(MIXES)})")
     out_path = os.fspath(out_path)
+    if os.path.isdir(out_path):
+        raise InvalidArgumentError(f"{out_path}: is a directory (give the path of the .gguf to write)")
+    parent = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        raise InvalidArgumentError(f"{out_path}: {os.path.dirname(out_path) or parent} {what}")
     desc = preset_desc(model, n_layer=n_layer, n_vocab=n_vocab, path=out_path)
     plan = tensor_plan(desc, mix)
     rng = np.random.default_rng(seed)
@@ -326,7 +335,7 @@ def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed
             f.write(b"\0" * (-nbytes % align))  # tensor data offsets are aligned (GGUF)
     except BaseException:
         w.close()
-        if os.path.exists(out_path):
+        if os.path.isfile(out_path):   # a partial file; never a device (-o /dev/full) or a dir
             os.remove(out_path)
         raise
     finally:
@@ -340,9 +349,14 @@ def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed
 
 def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    write_synthetic(args.model, args.quant, args.output, seed=args.seed,
-                    progress=not args.quiet, n_vocab=args.vocab, n_layer=args.layers,
-                    fast=not args.exact)
+    try:
+        write_synthetic(args.model, args.quant, args.output, seed=args.seed,
+                        progress=not args.quiet, n_vocab=args.vocab, n_layer=args.layers,
+                        fast=not args.exact)
+    except OSError as e:   # a write that failed midway (disk full): name the file
+        if e.filename is None and not isinstance(e, PrefillError):
+            raise OSError(e.errno, e.strerror, args.output) from e
+        raise
     size = os.path.getsize(args.output)
     print(f"wrote {args.output}: {size / 2**30:.2f} GiB in {time.monotonic() - t0:.1f} s")
     return 0
@@ -352,8 +366,9 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `pyprefill synth --model NAME --quant MIX -o FILE [...]`; func(args) -> int."""
     p = subparsers.add_parser("synth", help="write a synthetic GGUF model with real shapes",
                               description=write_synthetic.__doc__)
-    p.add_argument("--model", required=True, choices=list(PRESETS), help="shape preset")
-    p.add_argument("--quant", default="q4_k_m", choices=list(MIXES), help="quant mix")
+    p.add_argument("--model", required=True, type=str.lower, choices=list(PRESETS), help="shape preset")
+    p.add_argument("--quant", default="q4_k_m", type=str.lower, choices=list(MIXES),
+                   help="quant mix, any case (Q4_K_M as llama.cpp writes it)")
     p.add_argument("-o", "--output", required=True, help="output .gguf path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="override the layer count")

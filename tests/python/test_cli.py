@@ -1,4 +1,5 @@
 """The command line on any machine: help, info, synth, and clear errors (CPU)."""
+import os
 import subprocess
 import sys
 
@@ -26,12 +27,10 @@ def test_synth_then_info(tmp_path, capsys):
 
 def test_engine_commands_fail_cleanly(tmp_path, capsys):
     """Without a GPU (or on a missing file) the engine commands print one error line."""
-    from pyprefill import core
     missing = str(tmp_path / "missing.gguf")
-    assert main(["run", missing, "--tokens", "1,2"]) == 1
+    assert main(["run", missing, "--tokens", "1,2"]) == 1     # run checks the file first, anywhere
     err = capsys.readouterr().err
-    expected = "cannot open" if core.device_count() else "NoDeviceError"
-    assert expected in err and "Traceback" not in err
+    assert "cannot open" in err and "Traceback" not in err
     assert main(["bench", missing, "-p", "16"]) == 1        # checked before looking for a GPU
     err = capsys.readouterr().err
     assert "no such file" in err and "Traceback" not in err
@@ -40,3 +39,202 @@ def test_engine_commands_fail_cleanly(tmp_path, capsys):
 def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "pyprefill", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("pyprefill ")
+
+
+# ------------------------------------------------------------------ user mistakes: one line each
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    assert main(["synth", "--model", "qwen3-tiny", "--quant", "q8_0", "-o", str(path), "-q"]) == 0
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def short_context_gguf(tmp_path_factory):
+    """qwen3-tiny with context_length 16: a longer prompt cannot fit any session of it."""
+    from gguf_helpers import tiny_desc, write_gguf
+    path = tmp_path_factory.mktemp("cli") / "ctx16.gguf"
+    return str(write_gguf(path, tiny_desc("qwen3-tiny"), extra_kv={"qwen3.context_length": 16}))
+
+
+def _fails_in_one_line(capsys, argv, needle, rc=1):
+    """main(argv) exits non-zero with exactly one stderr line, naming the problem."""
+    try:
+        got = main(argv)
+    except SystemExit as e:                    # argparse: usage line + one error line, exit 2
+        got = e.code
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("pyprefill")]
+    else:
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+    assert got == rc, f"{argv}: exit {got}, stderr {err!r}"
+    assert len(lines) == 1, f"{argv}: expected one line, got {err!r}"
+    assert lines[0].startswith(f"pyprefill {argv[0]}"), lines[0]
+    assert needle in lines[0], f"{argv}: {lines[0]!r} lacks {needle!r}"
+    assert "Traceback" not in err
+
+
+def test_synth_into_a_missing_directory_is_one_line(tmp_path):
+    """The issue's case, end to end in a fresh interpreter: no traceback from the gguf writer."""
+    out = subprocess.run([sys.executable, "-m", "pyprefill", "synth", "--model", "qwen3-tiny",
+                          "-o", "missing_dir/x.gguf", "-q"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == ("pyprefill synth: InvalidArgumentError: missing_dir/x.gguf: "
+                                  "missing_dir does not exist")
+
+
+@pytest.mark.parametrize("case", ["dir_output", "file_as_dir", "bad_layers", "bad_vocab",
+                                  "unknown_quant", "unknown_model"])
+def test_synth_user_mistakes(case, tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("x")
+    argv, needle, rc = {
+        "dir_output": (["-o", str(tmp_path)], "is a directory", 1),
+        "file_as_dir": (["-o", str(tmp_path / "f.txt" / "m.gguf")], "is not a directory", 1),
+        "bad_layers": (["-o", str(tmp_path / "m.gguf"), "--layers", "0"], "n_layer must be >= 1", 1),
+        "bad_vocab": (["-o", str(tmp_path / "m.gguf"), "--vocab", "10"], "n_vocab must be >=", 1),
+        "unknown_quant": (["-o", str(tmp_path / "m.gguf"), "--quant", "q3_xl"], "invalid choice", 2),
+        "unknown_model": (["-o", str(tmp_path / "m.gguf"), "--model", "llama-7b"], "invalid choice", 2),
+    }[case]
+    if "--model" not in argv:
+        argv = ["--model", "qwen3-tiny", *argv]
+    _fails_in_one_line(capsys, ["synth", *argv, "-q"], needle, rc)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_synth_to_a_full_disk_names_the_file(capsys):
+    _fails_in_one_line(capsys, ["synth", "--model", "qwen3-tiny", "-o", "/dev/full", "-q"],
+                       "/dev/full: No space left on device")
+    assert os.path.exists("/dev/full")          # the cleanup removes partial files, not devices
+
+
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0", "q4_0", "BF16", "Ud"])
+def test_quant_names_in_any_case(quant, tmp_path):
+    from pyprefill.formats.gguf_model import load_model_desc
+    path = tmp_path / "m.gguf"
+    assert main(["synth", "--model", "QWEN35-Tiny", "--quant", quant, "-o", str(path), "-q"]) == 0
+    assert load_model_desc(path).arch == "qwen35"
+
+
+def test_quant_names_in_any_case_in_the_python_api():
+    from pyprefill.formats.hf_export import choose_qtype
+    from pyprefill.formats.synth import preset_desc, tensor_qtype
+    import numpy as np
+    desc = preset_desc("Qwen3-Tiny")
+    assert tensor_qtype("Q4_K_M", "blk.0.ffn_up.weight", desc) == tensor_qtype("q4_k_m", "blk.0.ffn_up.weight", desc)
+    w = np.zeros((64, 64), np.float32)
+    assert choose_qtype("blk.0.ffn_up.weight", w, "Q8_0") == choose_qtype("blk.0.ffn_up.weight", w, "q8_0") == 8
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "not_gguf", "empty", "truncated"])
+def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
+    path = tmp_path / "x.gguf"
+    if case == "directory":
+        path = tmp_path
+    elif case == "not_gguf":
+        path.write_text("hello")
+    elif case == "empty":
+        path.write_bytes(b"")
+    elif case == "truncated":
+        path.write_bytes(open(tiny_gguf, "rb").read()[:5000])
+    needle = {"missing": "no such file", "directory": "not a regular file", "not_gguf": "not a GGUF",
+              "empty": "not a GGUF", "truncated": "x.gguf"}[case]
+    _fails_in_one_line(capsys, ["info", str(path)], needle)
+
+
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "bad_token", "no_tokens", "negative",
+                                  "beyond_vocab", "longer_than_context", "n_predict", "chunk"])
+def test_run_user_mistakes(case, tmp_path, tiny_gguf, short_context_gguf, capsys):
+    (tmp_path / "notes.txt").write_text("not a model")
+    argv, needle, rc = {
+        "missing": ([str(tmp_path / "none.gguf"), "--tokens", "1"], "cannot open", 1),
+        "not_gguf": ([str(tmp_path / "notes.txt"), "--tokens", "1"], "truncated GGUF", 1),
+        "bad_token": ([tiny_gguf, "--tokens", "1,x,3"], "'x' is not a token id", 1),
+        "no_tokens": ([tiny_gguf, "--tokens", " , "], "no token ids given", 1),
+        "negative": ([tiny_gguf, "--tokens", "5 -1"], "-1 is not a token id", 1),
+        "beyond_vocab": ([tiny_gguf, "--tokens", "1,1024"], "outside the model's vocabulary [0, 1024)", 1),
+        "longer_than_context": ([short_context_gguf, "--tokens", ",".join(["7"] * 12)],
+                                "context_length is 16", 1),
+        "n_predict": ([tiny_gguf, "--tokens", "1", "--n-predict", "-1"], "--n-predict", 2),
+        "chunk": ([tiny_gguf, "--tokens", "1", "--chunk", "0"], "--chunk", 2),
+    }[case]
+    _fails_in_one_line(capsys, ["run", *argv], needle, rc)
+
+
+def test_run_without_a_gpu_is_one_line(tiny_gguf, capsys):
+    from pyprefill import core
+    if core.device_count():
+        pytest.skip("a GPU is present: test_run_on_a_gpu covers this machine")
+    _fails_in_one_line(capsys, ["run", tiny_gguf, "--tokens", "1,2,3"], "NoDeviceError")
+
+
+@pytest.mark.gpu
+def test_run_on_a_gpu(tiny_gguf, capsys):
+    assert main(["run", tiny_gguf, "--tokens", "1,2,3", "--n-predict", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill: 3 tokens" in out and "greedy tokens:" in out
+
+
+@pytest.mark.gpu
+def test_run_prompt_at_the_context_limit_fits(short_context_gguf, capsys):
+    """12 prompt tokens + 3 predicted + 1 = 16 positions: exactly the context length."""
+    assert main(["run", short_context_gguf, "--tokens", ",".join(["7"] * 12), "--n-predict", "3"]) == 0
+
+
+def test_demo_user_mistakes(tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("x")
+    _fails_in_one_line(capsys, ["demo", "--tokens", "0"], "--tokens", 2)
+    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", str(tmp_path / "f.txt" / "d")],
+                       "Not a directory")
+
+
+def test_bench_bad_lengths_is_one_line(tmp_path, capsys):
+    """bench's own parsing may change; the main() handler turns its ValueError into one line."""
+    try:
+        rc = main(["bench", str(tmp_path / "m.gguf"), "-p", "16,x"])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) >= 1
+
+
+def test_library_not_loadable_is_one_line(tmp_path):
+    env = dict(os.environ, PYPREFILL_LIBRARY=str(tmp_path / "libprefill.so"))
+    out = subprocess.run([sys.executable, "-m", "pyprefill", "run", str(tmp_path / "m.gguf"),
+                          "--tokens", "1"], capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pyprefill run: libprefill is not loadable"), lines
+
+
+def test_user_error_line_names_the_file():
+    from pyprefill.cli import user_error_line
+    assert user_error_line(FileNotFoundError(2, "No such file or directory", "a/b.gguf")) == \
+        "a/b.gguf: No such file or directory"
+    assert user_error_line(ValueError("bad\nsecond line")) == "ValueError: bad (...)"
+
+
+@pytest.mark.parametrize("exc,rc,line", [(KeyboardInterrupt(), 130, "pyprefill check: interrupted"),
+                                         (MemoryError(), 1, "pyprefill check: MemoryError: ")])
+def test_interrupts_and_host_memory_are_one_line(monkeypatch, capsys, exc, rc, line):
+    import pyprefill.cli as cli
+
+    def boom(args):
+        raise exc
+    monkeypatch.setattr(cli, "cmd_check", boom)
+    assert cli.main(["check"]) == rc
+    assert capsys.readouterr().err.strip() == line.strip()
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only user-input errors are shortened: an unexpected exception type propagates."""
+    import pyprefill.cli as cli
+
+    def bug(args):
+        raise KeyError("internal")
+    monkeypatch.setattr(cli, "cmd_check", bug)
+    with pytest.raises(KeyError):
+        cli.main(["check"])

@@ -50,3 +50,15 @@ def test_corrupt_files_never_crash(tmp_path, name):
             outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
     # a flip inside a string or an unused key may still validate; most mutations must be caught
     assert outcomes.get("GGUFError", 0) + outcomes.get("UnsupportedError", 0) > 150, outcomes
+
+
+REGRESSIONS = os.path.join(os.path.dirname(__file__), "..", "fuzz", "regressions", "gguf")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(REGRESSIONS)) if os.path.isdir(REGRESSIONS) else [])
+def test_fuzz_findings_are_typed_errors(name):
+    """Each input scripts/fuzz.sh once crashed on (UB, a huge allocation) is now a typed error
+    through the public entry point, with a message naming the fault."""
+    with pytest.raises((errors.GGUFError, errors.UnsupportedError)) as info:
+        inspect(os.path.join(REGRESSIONS, name))
+    assert name in str(info.value)   # the message names the file (and then the fault)

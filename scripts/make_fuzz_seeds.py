@@ -1,0 +1,111 @@
+"""Write the seed corpus of the fuzz targets (tests/fuzz/corpus/): small real inputs that pass
+every check, so that the fuzzer starts deep in the parser instead of at the magic number.
+
+gguf/: tiny valid models of both archs written by the same writer as the test GGUFs (the
+tensor table of formats.gguf_model.expected_tensors, every supported qtype on some matrix),
+plus the metadata and tensor-info prefix of each test fixture (tests/data/*.mix.gguf: real
+tokenizer arrays; the tensor data cut off, so those seeds are truncated files).
+state/: a saved state of each layout of tests/fuzz/fuzz_state.cpp at a few positions.
+
+    python scripts/make_fuzz_seeds.py          (deterministic; rewrites the corpus)
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pyprefill.formats.gguf_model import expected_tensors  # noqa: E402
+from pyprefill.formats.model_desc import (QTYPE_BF16, QTYPE_F16, QTYPE_F32, QTYPE_Q4_0,  # noqa: E402
+                                          QTYPE_Q8_0, ModelDesc, add_metadata, hparam_metadata,
+                                          row_bytes)
+
+CORPUS = ROOT / "tests" / "fuzz" / "corpus"
+
+
+def tiny(arch: str, **kw) -> ModelDesc:
+    """A valid model far smaller than the tiny presets: widths of 32, a vocabulary of 8."""
+    base = dict(path="", arch=arch, n_block=1, n_layer=1, n_embd=32, n_ff=32, n_head=2,
+                n_head_kv=1, head_dim=16, rope_base=1e4, rope_dim=16, eps=1e-6,
+                context_length=64, n_vocab=8, tied_output=True, layer_kinds=("attn",))
+    if arch == "qwen35":
+        base.update(n_block=4, n_layer=4, layer_kinds=("gdn", "gdn", "gdn", "attn"),
+                    full_attention_interval=4, conv_kernel=4, ssm_dk=16, ssm_hk=1, ssm_hv=2,
+                    ssm_inner=32, rope_dim=8)
+    base.update(kw)
+    return ModelDesc(**base)
+
+
+def write_model(path: Path, desc: ModelDesc, qtypes: list[int], rng: np.random.Generator) -> None:
+    """Every expected tensor; matrices cycle through `qtypes` (where the block divides k)."""
+    w = gguf.GGUFWriter(str(path), desc.arch)
+    add_metadata(w, hparam_metadata(desc))
+    if desc.nextn_predict_layers:
+        w.add_uint32(f"{desc.arch}.nextn_predict_layers", desc.nextn_predict_layers)
+    i = 0
+    for name, (shape, _) in expected_tensors(desc).items():
+        if len(shape) == 1 or name.endswith("ssm_conv1d.weight"):
+            q = QTYPE_F32
+        else:
+            q = qtypes[i % len(qtypes)]
+            i += 1
+            if shape[-1] % 32 and q not in (QTYPE_F32, QTYPE_F16, QTYPE_BF16):
+                q = QTYPE_F16
+        rb = row_bytes(q, shape[-1])
+        data = rng.integers(0, 256, size=(*shape[:-1], rb), dtype=np.uint8)
+        if q == QTYPE_F32:   # finite floats for the vectors
+            data = rng.standard_normal(shape).astype(np.float32).view(np.uint8)
+        w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(q))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def state_seed(fingerprint: int, kv_dtype: int, n_attn: int, n_gdn: int, kv_dim: int,
+               conv: int, ssm: int, pos: int, last: int, rng: np.random.Generator) -> bytes:
+    """A state as pf_session_save writes it (session_state.h): header, K/V rows, GDN states."""
+    head = struct.pack("<8sQqiiiiqqq", b"PFSTATE1", fingerprint, pos, kv_dtype, n_attn, n_gdn,
+                       last, kv_dim, conv, ssm)
+    elem = 4 if kv_dtype == 1 else 2
+    body = pos * kv_dim * elem * 2 * n_attn + n_gdn * 4 * (conv + ssm)
+    return head + rng.integers(0, 256, size=body, dtype=np.uint8).tobytes()
+
+
+def main() -> None:
+    rng = np.random.default_rng(2026)
+    g = CORPUS / "gguf"
+    s = CORPUS / "state"
+    for d in (g, s):
+        d.mkdir(parents=True, exist_ok=True)
+        for f in d.iterdir():
+            f.unlink()
+    write_model(g / "qwen3-f32", tiny("qwen3"), [QTYPE_F32], rng)
+    write_model(g / "qwen3-mixed-untied", tiny("qwen3", tied_output=False, n_block=2, n_layer=2,
+                                                  layer_kinds=("attn", "attn")),
+                [QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_F16, QTYPE_BF16], rng)
+    write_model(g / "qwen35-q8", tiny("qwen35"), [QTYPE_Q8_0, QTYPE_F16], rng)
+    write_model(g / "qwen35-mtp", tiny("qwen35", n_block=5, nextn_predict_layers=1),
+                [QTYPE_Q4_0, QTYPE_BF16], rng)
+    for name in ("qwen3_tiny.mix.gguf", "qwen35_hv2.mix.gguf"):
+        path = ROOT / "tests" / "data" / name
+        head = gguf.GGUFReader(str(path)).data_offset
+        (g / f"fixture-{name.split('.')[0]}-metadata").write_bytes(path.read_bytes()[:head])
+    layouts = {"qwen3-like": (0x1111222233334444, 0, 2, 0, 16, 0, 0),
+               "qwen35-like": (0x5555666677778888, 0, 1, 3, 8, 24, 32),
+               "qwen35-like-f32kv": (0x5555666677778888, 1, 1, 3, 8, 24, 32)}
+    for name, lay in layouts.items():
+        for pos, last in ((0, -1), (3, 5), (4, 63)):
+            (s / f"{name}-pos{pos}").write_bytes(state_seed(*lay, pos, last, rng))
+    total = sum(f.stat().st_size for d in (g, s) for f in d.iterdir())
+    print(f"wrote {sum(1 for d in (g, s) for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Issue 13 item 3: device out-of-memory. A session or a model that does not fit fails with
+PF_STATUS_OUT_OF_MEMORY (OutOfMemoryError) naming the allocation and its size; after 100 such
+failures the device's free memory is back where it was (within 1 MiB), the context's byte count
+is exact, and the context still computes the same logits. A prewarm that does not fit (forced
+headroom) leaves the model on the f32 leg and allocates nothing. GPU; about 30 s (the device is
+filled with ballast buffers once). PF_OOM_CYCLES overrides the 100 cycles."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from _engine_models import random_tokens, synth_model, without_context_limit
+from pyprefill import errors
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+CYCLES = int(os.environ.get("PF_OOM_CYCLES", "100"))
+EXACT = dict(kv="f32", attention="cublas")
+
+
+def _free(ctx) -> int:
+    ctx.synchronize()
+    return ctx.memory()[0]
+
+
+def _assert_back(ctx, free0: int, alloc0: int, what: str):
+    free1 = _free(ctx)
+    assert abs(free1 - free0) <= MiB, f"{what}: free device memory moved by {(free1 - free0) / MiB:+.2f} MiB"
+    assert ctx.allocated() == alloc0, f"{what}: context holds {ctx.allocated() - alloc0:+d} bytes more"
+
+
+@pytest.mark.parametrize("what", ["kv_cache", "chunk_scratch"])
+def test_session_that_does_not_fit(what, rng):
+    """A capacity (or chunk) of 2^31-1 positions asks for terabytes: OUT_OF_MEMORY naming the
+    buffer and its bytes, 100 times, and nothing leaks."""
+    from pyprefill.model import Model
+    with Model.load(without_context_limit("qwen3-tiny"), gemm="f32", prewarm=False, progress=False) as m:
+        toks = random_tokens(rng, 48, m.n_vocab)
+        with m.session(max_tokens=64, chunk=32, **EXACT) as s:
+            want = s.prefill(toks, "all")
+        ctx = m.ctx
+        free0, alloc0 = _free(ctx), ctx.allocated()
+        big = 2**31 - 1
+        kv_dim, d = m.info["n_head_kv"] * m.info["head_dim"], m.info["n_embd"]
+        if what == "kv_cache":
+            opts, needle = dict(max_tokens=big, chunk=512), f"KV cache K: cudaMalloc of {big * kv_dim * 4} bytes"
+        else:
+            opts, needle = dict(max_tokens=big, chunk=big), f"session scratch x: cudaMalloc of {big * d * 4} bytes"
+        for _ in range(CYCLES):
+            with pytest.raises(errors.OutOfMemoryError) as info:
+                m.session(**opts, **EXACT)
+            assert needle in str(info.value) and "out of device memory" in str(info.value), str(info.value)
+        _assert_back(ctx, free0, alloc0, f"{CYCLES} failed sessions ({what})")
+        with m.session(max_tokens=64, chunk=32, **EXACT) as s:
+            assert np.array_equal(s.prefill(toks, "all"), want), "the context computes differently now"
+
+
+def _fill_device(ctx, leave: int) -> list:
+    """Ballast buffers that take the device's free memory down to between `leave` and
+    `leave` + 4 MiB (1 GiB pieces, then smaller ones)."""
+    from pyprefill.core import Buffer
+    bufs, step = [], 1 << 30
+    while step >= 2 * MiB:
+        if _free(ctx) < leave + step + 2 * MiB:
+            step //= 2
+            continue
+        try:
+            bufs.append(Buffer(ctx, step))
+        except errors.OutOfMemoryError:
+            step //= 2
+    return bufs
+
+
+def test_model_and_sessions_on_a_full_device(rng):
+    """The device filled to leave half of a model's bytes: loading it fails midway (some tensors
+    uploaded, then freed), and so does a session of a model already loaded; 100 rounds of both,
+    then the ballast goes and everything fits and computes as before."""
+    from pyprefill.core import Context
+    from pyprefill.model import Model, inspect
+    big_path = synth_model("qwen35-tiny", "f32")
+    big_bytes = inspect(big_path)["weight_bytes"]
+    with Context(0) as ctx:
+        small = Model(synth_model("qwen3-tiny"), context=ctx, gemm="f32", prewarm=False, progress=False)
+        toks = random_tokens(rng, 40, small.n_vocab)
+        with small.session(max_tokens=64, chunk=32, **EXACT) as s:
+            want = s.prefill(toks, "all")
+        free0, alloc0 = _free(ctx), ctx.allocated()
+        ballast = _fill_device(ctx, leave=big_bytes // 2)
+        try:
+            free_full, alloc_full = _free(ctx), ctx.allocated()
+            assert free_full < big_bytes, f"could not fill the device ({free_full / MiB:.1f} MiB free)"
+            for _ in range(CYCLES):
+                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc of \d+ bytes failed"):
+                    Model(big_path, context=ctx, gemm="f32", prewarm=False, progress=False)
+                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc of \d+ bytes failed"):
+                    small.session(max_tokens=40960, chunk=512, **EXACT)
+            _assert_back(ctx, free_full, alloc_full, f"{CYCLES} failed loads and sessions on a full device")
+        finally:
+            for b in ballast:
+                b.close()
+        _assert_back(ctx, free0, alloc0, "after the ballast is freed")
+        with small.session(max_tokens=64, chunk=32, **EXACT) as s:
+            assert np.array_equal(s.prefill(toks, "all"), want)
+        with Model(big_path, context=ctx, gemm="f32", prewarm=False, progress=False) as m:
+            with m.session(max_tokens=64, chunk=32, **EXACT) as s:
+                assert np.isfinite(s.prefill(random_tokens(rng, 20, m.n_vocab), "last")).all()
+        small.close()
+
+
+def test_prewarm_that_does_not_fit_falls_back_without_leaking(rng):
+    """A headroom larger than the device: the prewarm (at load, and called later) reports not
+    armed, caches nothing, allocates nothing; the default leg then is the f32 leg, bit for bit."""
+    from pyprefill.model import Model
+    path = synth_model("qwen35-tiny", "q4_k_m")
+    toks = random_tokens(rng, 50, 1024)
+    with Model.load(path, gemm="f32", prewarm=False, progress=False) as ref:
+        with ref.session(max_tokens=64, chunk=32, **EXACT) as s:
+            want = s.prefill(toks, "all")
+    from pyprefill.core import Context
+    with Context(0) as ctx:
+        total = ctx.memory()[1]
+        m = Model(path, context=ctx, gemm="auto", prewarm=True, prewarm_headroom=total, progress=False)
+        assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == 0
+        free0, alloc0 = _free(ctx), ctx.allocated()
+        for headroom in (total, _free(ctx), 2**62):
+            assert m.prewarm(headroom=headroom) is False
+            assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == 0
+        _assert_back(ctx, free0, alloc0, "prewarms that did not fit")
+        with m.session(max_tokens=64, chunk=32, gemm="auto", **EXACT) as s:
+            assert np.array_equal(s.prefill(toks, "all"), want), "auto without the fp16 cache is not the f32 leg"
+        assert m.prewarm(headroom=1) is True       # and it does fit without the forced headroom
+        assert m.info["f16_armed"] == 1 and ctx.allocated() >= alloc0 + m.info["f16_bytes"] > alloc0
+        m.close()
