@@ -574,10 +574,10 @@ __global__ void __launch_bounds__(kStateThreads, 1)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float2 x = *reinterpret_cast<const float2 *>(
-                state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig);
-            S[nt][2 * h] = x.x;
-            S[nt][2 * h + 1] = x.y;
+            // scalar accesses: the state (and o below) may sit at any float offset
+            const float *x = state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig;
+            S[nt][2 * h] = x[0];
+            S[nt][2 * h + 1] = x[1];
         }
     if (tid == 0) s.max_s[0] = s.max_s[1] = s.max_v[0] = s.max_v[1] = 0u;
     __syncthreads();
@@ -726,10 +726,11 @@ __global__ void __launch_bounds__(kStateThreads, 1)
                 const int64_t t = (int64_t)c * kC + i;
                 if (t < a.rows) {
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        *reinterpret_cast<float2 *>(og + t * a.ldo + 8 * nt + 2 * tig) =
-                            make_float2(fmaf(acc[nt][2 * h], inv_v, os[nt][2 * h]),
-                                        fmaf(acc[nt][2 * h + 1], inv_v, os[nt][2 * h + 1]));
+                    for (int nt = 0; nt < NT; ++nt) {
+                        float *out = og + t * a.ldo + 8 * nt + 2 * tig;
+                        out[0] = fmaf(acc[nt][2 * h], inv_v, os[nt][2 * h]);
+                        out[1] = fmaf(acc[nt][2 * h + 1], inv_v, os[nt][2 * h + 1]);
+                    }
                 }
             }
         }
@@ -767,8 +768,11 @@ __global__ void __launch_bounds__(kStateThreads, 1)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2 *>(state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig) =
-                make_float2(S[nt][2 * h], S[nt][2 * h + 1]);
+        {
+            float *x = state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig;
+            x[0] = S[nt][2 * h];
+            x[1] = S[nt][2 * h + 1];
+        }
 }
 
 template <bool VEC>

@@ -250,10 +250,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = 16 * warp + g8 + 8 * h;
-            const float2 x =
-                *reinterpret_cast<const float2 *>(state + (int64_t)row * kDK + 8 * nt + 2 * tig);
-            S[nt][2 * h] = x.x;
-            S[nt][2 * h + 1] = x.y;
+            const float *x = state + (int64_t)row * kDK + 8 * nt + 2 * tig;  // any float offset
+            S[nt][2 * h] = x[0];
+            S[nt][2 * h + 1] = x[1];
         }
     if (tid == 0) {
         s.max_r = s.max_t = s.max_v = 0u;
@@ -606,10 +605,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (t < a.rows) {
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        float2 out;
-                        out.x = rr[nt][2 * h] + acc[nt][2 * h] * inv_v;
-                        out.y = rr[nt][2 * h + 1] + acc[nt][2 * h + 1] * inv_v;
-                        *reinterpret_cast<float2 *>(og + t * a.ldo + 8 * nt + 2 * tig) = out;
+                        float *out = og + t * a.ldo + 8 * nt + 2 * tig;  // any float offset
+                        out[0] = rr[nt][2 * h] + acc[nt][2 * h] * inv_v;
+                        out[1] = rr[nt][2 * h + 1] + acc[nt][2 * h + 1] * inv_v;
                     }
                 }
             }
@@ -662,8 +660,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = 16 * warp + g8 + 8 * h;
-            *reinterpret_cast<float2 *>(state + (int64_t)row * kDK + 8 * nt + 2 * tig) =
-                make_float2(S[nt][2 * h], S[nt][2 * h + 1]);
+            float *x = state + (int64_t)row * kDK + 8 * nt + 2 * tig;
+            x[0] = S[nt][2 * h];
+            x[1] = S[nt][2 * h + 1];
         }
 }
 

@@ -82,9 +82,9 @@ else
 fi
 
 if [ $BENCH = 1 ]; then
-  python3 -m pyprefill bench kernels --out "$OUT" ${BENCH_KERNELS:-} 2>&1 | tee "$OUT/bench_kernels.log"
+  timeout "${BENCH_TIMEOUT:-3600}" python3 -m pyprefill bench kernels --out "$OUT" ${BENCH_KERNELS:-} 2>&1 | tee "$OUT/bench_kernels.log"
   RESULT[bench_kernels]=$([ "${PIPESTATUS[0]}" = 0 ] && echo ok || echo FAIL)
-  python3 -m pyprefill bench model --out "$OUT" --plot "$OUT/bench_model.png" ${BENCH_MODEL:-} 2>&1 | tee "$OUT/bench_model.log"
+  timeout "${BENCH_TIMEOUT:-3600}" python3 -m pyprefill bench model --out "$OUT" --plot "$OUT/bench_model.png" ${BENCH_MODEL:-} 2>&1 | tee "$OUT/bench_model.log"
   RESULT[bench_model]=$([ "${PIPESTATUS[0]}" = 0 ] && echo ok || echo FAIL)
 fi
 

@@ -565,6 +565,7 @@ def test_chunked_workspace_checks(ctx, rng):
         with pytest.raises(errors.InvalidArgumentError, match="workspace"):
             _scan_in_calls(ctx, q, k, v, beta, g, S0, [64], path="chunked",
                            workspace=View(ws, 256, 0))           # 256 bytes short
+    with ctx.buffer(need + 512) as ws:
         with pytest.raises(errors.InvalidArgumentError, match="multiple of 256"):
             _scan_in_calls(ctx, q, k, v, beta, g, S0, [64], path="chunked",
                            workspace=View(ws, 4, 0))
