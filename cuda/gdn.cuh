@@ -117,16 +117,6 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
                               int64_t rows, int32_t n_k_heads, int32_t n_v_heads, int32_t dk,
                               int32_t dv, void *workspace, size_t workspace_bytes,
                               int32_t sm_count, cudaStream_t stream);
-// The experiment behind env PREFILL_GDN_CHUNK=fused (read per call; anything else: the prep +
-// state kernels): the first version of the chunked path, one kernel per (value head, 32 value
-// columns) doing a chunk's whole work in one CTA, no workspace (gdn_chunk_fused.cu).
-bool gdn_chunk_env_fused();
-pf_status gdn_chunk_fused_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk,
-                                    const float *v, int64_t ldv, const float *beta,
-                                    int64_t ld_beta, const float *g, int64_t ld_g, float *state,
-                                    float *o, int64_t ldo, int64_t rows, int32_t n_k_heads,
-                                    int32_t n_v_heads, int32_t dk, int32_t dv, int32_t sm_count,
-                                    cudaStream_t stream);
 // Rows from which the engine (and PF_GDN_SCAN_AUTO) takes the chunked path on the fast legs.
 // Provisional until measured: one full chunk.
 constexpr int64_t kGdnChunkMinRows = 64;

@@ -804,11 +804,6 @@ size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_he
     return workspace_layout((pass + kC - 1) / kC, n_k_heads, n_v_heads, nullptr, nullptr);
 }
 
-bool gdn_chunk_env_fused() {
-    const char *e = std::getenv("PREFILL_GDN_CHUNK");  // read per call: tests switch it
-    return e != nullptr && std::strcmp(e, "fused") == 0;
-}
-
 int32_t gdn_scan_env_default() {
     static const int32_t value = [] {
         const char *e = std::getenv("PREFILL_GDN_SCAN");
@@ -842,9 +837,6 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
                  "gdn_chunk_scan_rows: a row stride is below its width");
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(q && k && v && beta && g && state && o, "gdn_chunk_scan_rows: null pointer");
-    if (gdn_chunk_env_fused())  // the one-kernel experiment (gdn_chunk_fused.cu): no workspace
-        return gdn_chunk_fused_scan_rows(q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o,
-                                         ldo, rows, n_k_heads, n_v_heads, dk, dv, sm_count, stream);
     const size_t need = gdn_chunk_workspace_bytes(rows, n_k_heads, n_v_heads);
     PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need,
                  "gdn_chunk_scan_rows: workspace of %zu bytes, %zu needed", workspace_bytes, need);

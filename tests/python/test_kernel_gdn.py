@@ -442,12 +442,6 @@ CHUNK_TOL = 2e-3
 CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
-@pytest.fixture(params=["split", "fused"])
-def impl(request, monkeypatch):
-    """Both builds of the chunked path: the prep + state kernels (default) and the one-kernel
-    experiment behind PREFILL_GDN_CHUNK=fused (read per call by the library)."""
-    monkeypatch.setenv("PREFILL_GDN_CHUNK", request.param)
-    return request.param
 
 
 def ref_scan_long(q, k, v, beta, g, S0):
@@ -464,7 +458,7 @@ def ref_scan_long(q, k, v, beta, g, S0):
 @gpu
 @pytest.mark.parametrize("rows", [1, 63, 64, 65, 777])
 @pytest.mark.parametrize("heads", list(CHUNK_HEADS))
-def test_chunked_matches_float64(ctx, rng, impl, rows, heads):
+def test_chunked_matches_float64(ctx, rng, rows, heads):
     hk, hv = CHUNK_HEADS[heads]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked")
@@ -475,7 +469,7 @@ def test_chunked_matches_float64(ctx, rng, impl, rows, heads):
 
 @gpu
 @pytest.mark.parametrize("dims", ["4B", "27B"])
-def test_chunked_real_shapes(ctx, rng, impl, dims):
+def test_chunked_real_shapes(ctx, rng, dims):
     """All heads of the real models (Hv = 32: 32-column CTAs; Hv = 48: 64-column CTAs)."""
     hk, hv, dk, dv = SCAN_DIMS[dims]
     q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
@@ -486,7 +480,7 @@ def test_chunked_real_shapes(ctx, rng, impl, dims):
 
 
 @gpu
-def test_chunked_state_carried_across_calls(ctx, rng, impl):
+def test_chunked_state_carried_across_calls(ctx, rng):
     """Calls of 1, 2, 63, 64, 65 and the rest carry the state (within the bound, not bitwise:
     chunks restart at every call); the caller's workspace at a byte offset serves each call."""
     sizes = [1, 2, 63, 64, 65, 582]
@@ -503,7 +497,7 @@ def test_chunked_state_carried_across_calls(ctx, rng, impl):
 
 @gpu
 @pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
-def test_chunked_hard_cases(ctx, rng, impl, case):
+def test_chunked_hard_cases(ctx, rng, case):
     """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
     per row (exp underflows: no NaN), values of 1e4 (past fp16's range after the products: the
     per-chunk scales keep the operands finite), a fresh sequence."""
@@ -528,8 +522,8 @@ _LONG = {}
 
 
 def _long_case(rows, hk, hv):
-    """Inputs and their float64 reference for the long cases, computed once for both builds of
-    the chunked path (the reference over 8192 rows x 32 heads takes seconds)."""
+    """Inputs and their float64 reference for the long cases, computed once per session (the
+    reference over 8192 rows x 32 heads takes seconds)."""
     if (rows, hk, hv) not in _LONG:
         rng = np.random.default_rng(rows * 131 + hk * 7 + hv)
         inp = scan_inputs(rng, rows, hk, hv, 128, 128)
@@ -539,7 +533,7 @@ def _long_case(rows, hk, hv):
 
 @gpu
 @pytest.mark.parametrize("rows, hk, hv", [(8192, 16, 32), (65536, 1, 2)])
-def test_chunked_long(ctx, impl, rows, hk, hv):
+def test_chunked_long(ctx, rows, hk, hv):
     """The qwen35-4b shape at 8192 rows, and 65536 rows (eight passes of 8192): within the bound,
     no NaN or Inf."""
     (q, k, v, beta, g, S0), (ro, rS) = _long_case(rows, hk, hv)
@@ -549,7 +543,7 @@ def test_chunked_long(ctx, impl, rows, hk, hv):
 
 
 @gpu
-def test_chunked_output_in_place_over_v(ctx, rng, impl):
+def test_chunked_output_in_place_over_v(ctx, rng):
     q, k, v, beta, g, S0 = scan_inputs(rng, 130, 2, 4, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [130], o_in_place=True, path="chunked")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
