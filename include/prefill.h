@@ -588,7 +588,9 @@ typedef struct pf_session_options {
     int32_t max_tokens;    /* capacity in positions. default 4096 */
     int32_t chunk_tokens;  /* rows per internal chunk (scratch is sized for it). default 512 */
     int32_t kv_dtype;      /* 0 = fp16 KV cache (default), 1 = fp32 */
-    int32_t gemm_leg;      /* PF_GEMM_*; 0 = the model's */
+    int32_t gemm_leg;      /* PF_GEMM_*; 0 = the model's. The exact f32 leg also runs the delta
+                              rule token by token; the fast legs run it chunked
+                              (PF_GDN_SCAN_CHUNKED) for chunks of >= 64 rows */
     int32_t attn_path;     /* 0 = auto (flash for an fp16 cache), 1 = cuBLAS, 2 = flash */
 } pf_session_options;
 
