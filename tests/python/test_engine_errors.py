@@ -76,3 +76,23 @@ def test_schedule_mismatch(tmp_path):
                       extra_kv={"qwen35.full_attention_interval": 2})
     with pytest.raises(errors.GGUFError, match="should be an attention layer"):
         inspect(str(path))
+
+
+def test_a_wrapped_cause_survives(tmp_path):
+    """A message that wraps an inner one keeps the inner text whole: "malformed tensor X:
+    <cause>" used to be formatted over the cause it quoted (pf_last_error() read while being
+    written), leaving "...: 0 block size 32". A tensor whose ne0 is not a multiple of its block
+    (patched into a valid file's header) fails in the inner check."""
+    import struct
+    path = write_gguf(tmp_path / "ne0.gguf", tiny_desc("qwen3-tiny"))
+    raw = bytearray(path.read_bytes())
+    name = b"blk.1.ffn_up.weight"
+    at = raw.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)   # n_dims (u32), ne0 (u64)
+    ne0 = struct.unpack_from("<Q", raw, at + 4)[0]
+    struct.pack_into("<Q", raw, at + 4, ne0 - 12)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(errors.GGUFError) as info:
+        inspect(str(path))
+    msg = str(info.value)
+    assert msg.count("malformed tensor") == 1, msg
+    assert f"k={ne0 - 12} is not a multiple of the Q8_0 block size 32" in msg, msg
