@@ -1,10 +1,12 @@
 // api_attention.cu — the attention family's kernel-level C API: KV-cache writes, causal grouped
-// attention, argmax. Every entry validates all arguments (scalars first, then the context, then
-// the buffers) before any device work, then calls the internal entry on ctx->stream.
+// attention, argmax. Every entry validates all arguments in the order of api_views.h (scalars
+// and shapes, NULL buffers, ctx, ownership and fit, overlaps) before any device work, then calls
+// the internal entry on ctx->stream.
 #include <climits>
 #include <cmath>
 #include <cstring>
 
+#include "api_views.h"
 #include "attention.cuh"
 #include "context.h"
 #include "cuda_check.cuh"
@@ -40,11 +42,6 @@ pf_status check_cache(const pf_context *ctx, const pf_buffer *b, int64_t kv_dim,
     return PF_STATUS_OK;
 }
 
-// Bytes spanned by `rows` rows of `width` floats at row stride `ld` (0 when rows == 0).
-size_t strided_bytes(int64_t rows, int64_t width, int64_t ld) {
-    return rows > 0 ? size_t((rows - 1) * ld + width) * sizeof(float) : 0;
-}
-
 // Resolved, validated options: everything pf_attention checks before it looks at buffers.
 struct resolved_options {
     pf::attention_args args;  // pointers left null
@@ -53,11 +50,7 @@ struct resolved_options {
 
 pf_status resolve_options(const pf_attention_options *o, const char *fn, resolved_options *out) {
     PF_CHECK_ARG(o != nullptr, "%s: opts is NULL (fill one with pf_attention_options_init)", fn);
-    if (o->struct_size != sizeof(pf_attention_options))
-        return pf::fail(PF_STATUS_ABI_MISMATCH,
-                        "%s: opts->struct_size=%zu, expected %zu (fill opts with "
-                        "pf_attention_options_init)",
-                        fn, o->struct_size, sizeof(pf_attention_options));
+    PF_TRY(pf::struct_check(o, fn, "opts", "pf_attention_options_init"));
     PF_CHECK_ARG(o->n_heads >= 1 && o->n_heads <= 4096, "%s: n_heads=%d must be in 1..4096", fn,
                  (int)o->n_heads);
     PF_CHECK_ARG(o->n_kv_heads >= 1 && o->n_kv_heads <= o->n_heads,
@@ -160,39 +153,46 @@ extern "C" PF_API pf_status pf_attention_plan(const pf_attention_options *opts, 
     });
 }
 
-extern "C" PF_API pf_status pf_kv_write(pf_context *ctx, const pf_buffer *k, int64_t ldk,
-                                       const pf_buffer *v, int64_t ldv, int64_t rows,
-                                       int64_t kv_dim, pf_buffer *k_cache, pf_buffer *v_cache,
-                                       int32_t kv_dtype, int64_t pos0) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_kv_write";
+extern "C" PF_API pf_status pf_kv_write_args_init(pf_kv_write_args *args, size_t struct_size) {
+    return pf::args_init(args, struct_size, __func__, "pf_kv_write_args",
+                         [](pf_kv_write_args &a) { a.kv_dtype = PF_KV_F16; });
+}
+
+extern "C" PF_API pf_status pf_kv_write(pf_context *ctx, const pf_kv_write_args *args) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
+        PF_TRY(pf::args_check(fn, args, "pf_kv_write_args_init"));
+        const pf_kv_write_args &a = *args;
+        const int64_t kv_dim = a.kv_dim, rows = a.rows, pos0 = a.pos0;
         PF_CHECK_ARG(kv_dim >= 1 && kv_dim <= kMaxStride, "%s: kv_dim=%lld must be in 1..2^31-1",
                      fn, (long long)kv_dim);
         PF_CHECK_ARG(rows >= 0 && rows <= INT32_MAX, "%s: rows=%lld must be in 0..2^31-1", fn,
                      (long long)rows);
         PF_CHECK_ARG(pos0 >= 0 && pos0 <= INT32_MAX - rows,
                      "%s: pos0=%lld must be >= 0 and pos0 + rows < 2^31", fn, (long long)pos0);
-        const int64_t lk = ldk ? ldk : kv_dim, lv = ldv ? ldv : kv_dim;
-        PF_CHECK_ARG(lk >= kv_dim && lk <= kMaxStride, "%s: ldk=%lld must be >= kv_dim=%lld", fn,
-                     (long long)ldk, (long long)kv_dim);
-        PF_CHECK_ARG(lv >= kv_dim && lv <= kMaxStride, "%s: ldv=%lld must be >= kv_dim=%lld", fn,
-                     (long long)ldv, (long long)kv_dim);
-        PF_TRY(check_kv_dtype(kv_dtype, fn));
-        PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
-        PF_TRY(pf::check_buffer(ctx, k, strided_bytes(rows, kv_dim, lk), fn, "k"));
-        PF_TRY(pf::check_buffer(ctx, v, strided_bytes(rows, kv_dim, lv), fn, "v"));
-        PF_TRY(check_cache(ctx, k_cache, kv_dim, kv_dtype, pos0 + rows, fn, "k_cache"));
-        PF_TRY(check_cache(ctx, v_cache, kv_dim, kv_dtype, pos0 + rows, fn, "v_cache"));
-        PF_CHECK_ARG(k_cache != v_cache, "%s: k_cache and v_cache are the same buffer", fn);
-        PF_CHECK_ARG(k != k_cache && k != v_cache && v != k_cache && v != v_cache,
+        const pf::RowsView vk = pf::matrix_view(a.k, "k", rows, kv_dim, kv_dim),
+                           vv = pf::matrix_view(a.v, "v", rows, kv_dim, kv_dim);
+        PF_CHECK_ARG(vk.ld <= kMaxStride && vv.ld <= kMaxStride,
+                     "%s: k ld=%lld, v ld=%lld must be at most 2^31 - 1", fn, (long long)vk.ld,
+                     (long long)vv.ld);
+        PF_TRY(check_kv_dtype(a.kv_dtype, fn));
+        PF_TRY(pf::check_shapes(fn, {vk, vv}));
+        PF_TRY(pf::check_nulls(fn, {vk, vv}));
+        PF_TRY(pf::check_ctx(fn, ctx));
+        PF_TRY(pf::check_fits(fn, ctx, {vk, vv}));
+        PF_TRY(check_cache(ctx, a.k_cache, kv_dim, a.kv_dtype, pos0 + rows, fn, "k_cache"));
+        PF_TRY(check_cache(ctx, a.v_cache, kv_dim, a.kv_dtype, pos0 + rows, fn, "v_cache"));
+        PF_CHECK_ARG(a.k_cache != a.v_cache, "%s: k_cache and v_cache are the same buffer", fn);
+        PF_CHECK_ARG(vk.buf != a.k_cache && vk.buf != a.v_cache && vv.buf != a.k_cache &&
+                         vv.buf != a.v_cache,
                      "%s: k and v must not be cache buffers (write the fp32 cache with a "
                      "projection's strided output instead)",
                      fn);
         if (rows == 0) return PF_STATUS_OK;
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::kv_write(static_cast<const float *>(k->ptr), lk, static_cast<const float *>(v->ptr),
-                            lv, rows, kv_dim, k_cache->ptr, v_cache->ptr, kv_dtype, pos0, ctx->stream);
+        return pf::kv_write(vk.ptr(), vk.ld, vv.ptr(), vv.ld, rows, kv_dim, a.k_cache->ptr,
+                            a.v_cache->ptr, a.kv_dtype, pos0, ctx->stream);
     });
 }
 
@@ -204,11 +204,14 @@ extern "C" PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_opt
         resolved_options r;
         PF_TRY(resolve_options(opts, fn, &r));
         pf::attention_args &a = r.args;
-        PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
+        // q and out are whole buffers (offset 0) with the options' strides.
         const int64_t H = a.n_heads, D = a.head_dim;
-        PF_TRY(pf::check_buffer(ctx, q, strided_bytes(a.rows, (H - 1) * a.q_head_stride + D, a.ldq),
-                                fn, "q"));
-        PF_TRY(pf::check_buffer(ctx, out, strided_bytes(a.rows, H * D, a.ldo), fn, "out"));
+        const int64_t q_width = (H - 1) * a.q_head_stride + D;
+        const pf::RowsView vq{q, 0, a.ldq, a.rows, q_width, sizeof(float), "q"},
+            vo{out, 0, a.ldo, a.rows, H * D, sizeof(float), "out"};
+        PF_TRY(pf::check_shapes(fn, {vq, vo}));
+        PF_TRY(pf::check_ctx(fn, ctx));
+        PF_TRY(pf::check_fits(fn, ctx, {vq, vo}));
         PF_TRY(check_cache(ctx, k_cache, r.kv_dim, a.kv_dtype, a.pos0 + a.rows, fn, "k_cache"));
         PF_TRY(check_cache(ctx, v_cache, r.kv_dim, a.kv_dtype, a.pos0 + a.rows, fn, "v_cache"));
         PF_CHECK_ARG(k_cache != v_cache, "%s: k_cache and v_cache are the same buffer", fn);
@@ -225,24 +228,24 @@ extern "C" PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_opt
     });
 }
 
-extern "C" PF_API pf_status pf_argmax_rows(pf_context *ctx, const pf_buffer *x, int64_t rows,
-                                          int64_t n, int64_t ld, pf_buffer *out_ids) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_argmax_rows";
+extern "C" PF_API pf_status pf_argmax(pf_context *ctx, const pf_view *x, const pf_view *out_ids,
+                                     int64_t rows, int64_t n) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(rows >= 0 && rows <= INT32_MAX, "%s: rows=%lld must be in 0..2^31-1", fn,
                      (long long)rows);
         PF_CHECK_ARG(n >= 1 && n <= INT32_MAX, "%s: n=%lld must be in 1..2^31-1", fn, (long long)n);
-        const int64_t l = ld ? ld : n;
-        PF_CHECK_ARG(l >= n && l <= kMaxStride, "%s: ld=%lld must be >= n=%lld (and <= 2^31 - 1)", fn,
-                     (long long)ld, (long long)n);
-        PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
-        PF_TRY(pf::check_buffer(ctx, x, strided_bytes(rows, n, l), fn, "x"));
-        PF_TRY(pf::check_buffer(ctx, out_ids, size_t(rows) * sizeof(int32_t), fn, "out_ids"));
-        PF_CHECK_ARG(out_ids != x, "%s: out_ids and x are the same buffer", fn);
+        pf::RowsView vx, vo;
+        PF_TRY(pf::matrix_arg(fn, x, "x", rows, n, n, &vx));
+        PF_TRY(pf::vector_arg(fn, out_ids, "out_ids", rows, &vo, sizeof(int32_t)));
+        PF_CHECK_ARG(vx.ld >= n && vx.ld <= kMaxStride,
+                     "%s: x ld=%lld must be >= n=%lld (and <= 2^31 - 1)", fn, (long long)vx.ld,
+                     (long long)n);
+        PF_TRY(pf::check_views(fn, ctx, {vx, vo}));
+        PF_CHECK_ARG(!pf::views_overlap(vx, vo), "%s: out_ids overlaps x", fn);
         if (rows == 0) return PF_STATUS_OK;
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::argmax_rows(static_cast<const float *>(x->ptr), rows, n, l,
-                               static_cast<int32_t *>(out_ids->ptr), ctx->stream);
+        return pf::argmax_rows(vx.ptr(), rows, n, vx.ld, vo.ptr<int32_t>(), ctx->stream);
     });
 }

@@ -17,6 +17,7 @@ pf_status context_teardown(pf_context *ctx) {
     pf::scratch_release(ctx, ctx->scratch_f32);
     pf::scratch_release(ctx, ctx->scratch_f16_w);
     pf::scratch_release(ctx, ctx->scratch_f16_x);
+    pf::scratch_release(ctx, ctx->scratch_gdn);
     if (ctx->lt) cublasLtDestroy(ctx->lt);
     if (ctx->blas_tc) cublasDestroy(ctx->blas_tc);
     if (ctx->blas_f32) cublasDestroy(ctx->blas_f32);

@@ -1,16 +1,24 @@
 // api_gdn.cu — kernel-level C API of the Gated DeltaNet ops (gdn.cuh). Each entry checks every
-// argument (scalars, then NULL buffers, then ctx, then buffer ownership and sizes, then
-// overlaps: see api_views.h) before any device work, then calls the internal entry on the
-// context's stream.
+// argument in the order of api_views.h (scalars and shapes, NULL buffers, ctx, ownership and
+// fit, overlaps) before any device work, then calls the internal entry on the context's stream.
 #include "api_views.h"
 #include "cuda_check.cuh"
 #include "gdn.cuh"
 
-extern "C" PF_API pf_status pf_gdn_conv1d_rows(pf_context *ctx, const pf_buffer *m, int64_t m_off,
-                                              int64_t ldm, pf_buffer *window, int64_t window_off,
-                                              const pf_buffer *weight, int64_t weight_off,
-                                              pf_buffer *u, int64_t u_off, int64_t ldu,
-                                              int64_t rows, int64_t conv_dim, int32_t kc) {
+namespace {
+
+pf_status v_heads_arg(const char *fn, int64_t rows, int32_t n_v_heads) {
+    PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
+    PF_CHECK_ARG(n_v_heads >= 1 && n_v_heads <= 65536, "%s: n_v_heads=%d out of range [1, 65536]",
+                 fn, n_v_heads);
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" PF_API pf_status pf_gdn_conv1d(pf_context *ctx, const pf_view *m, const pf_view *window,
+                                         const pf_view *weight, const pf_view *u, int64_t rows,
+                                         int64_t conv_dim, int32_t kc) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
@@ -18,12 +26,11 @@ extern "C" PF_API pf_status pf_gdn_conv1d_rows(pf_context *ctx, const pf_buffer 
                      "%s: conv_dim=%lld out of range [1, 2^31]", fn, (long long)conv_dim);
         PF_CHECK_ARG(kc >= 2 && kc <= pf::kGdnMaxConvKernel, "%s: kc=%d must be in [2, %d]", fn,
                      kc, pf::kGdnMaxConvKernel);
-        if (ldm == 0) ldm = conv_dim;
-        if (ldu == 0) ldu = conv_dim;
-        const pf::RowsView vm{m, m_off, ldm, rows, conv_dim, "m"},
-            vu{u, u_off, ldu, rows, conv_dim, "u"};
-        const pf::RowsView vwin = pf::vec_view(window, window_off, (kc - 1) * conv_dim, "window");
-        const pf::RowsView vw = pf::vec_view(weight, weight_off, kc * conv_dim, "weight");
+        pf::RowsView vm, vwin, vw, vu;
+        PF_TRY(pf::matrix_arg(fn, m, "m", rows, conv_dim, conv_dim, &vm));
+        PF_TRY(pf::vector_arg(fn, window, "window", (kc - 1) * conv_dim, &vwin));
+        PF_TRY(pf::vector_arg(fn, weight, "weight", kc * conv_dim, &vw));
+        PF_TRY(pf::matrix_arg(fn, u, "u", rows, conv_dim, conv_dim, &vu));
         PF_TRY(pf::check_views(fn, ctx, {vm, vwin, vw, vu}));
         PF_CHECK_ARG(!pf::views_overlap(vu, vm), "%s: u overlaps m", fn);
         PF_CHECK_ARG(!pf::views_overlap(vu, vwin), "%s: u overlaps window", fn);
@@ -32,53 +39,47 @@ extern "C" PF_API pf_status pf_gdn_conv1d_rows(pf_context *ctx, const pf_buffer 
         PF_CHECK_ARG(!pf::views_overlap(vwin, vw), "%s: window overlaps weight", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_conv1d_rows(vm.ptr(), ldm, vwin.ptr(), vw.ptr(), vu.ptr(), ldu, rows,
+        return pf::gdn_conv1d_rows(vm.ptr(), vm.ld, vwin.ptr(), vw.ptr(), vu.ptr(), vu.ld, rows,
                                    conv_dim, kc, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_gdn_l2norm_rows(pf_context *ctx, pf_buffer *x, int64_t x_off,
-                                              int64_t ldx, int64_t rows, int32_t n_heads,
-                                              int64_t head_stride, int32_t head_dim, float eps,
-                                              float scale) {
+extern "C" PF_API pf_status pf_gdn_l2norm(pf_context *ctx, const pf_view *x, int64_t rows,
+                                         int32_t n_heads, int32_t head_dim, int64_t head_stride,
+                                         float eps, float scale) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        int64_t width = 0;
-        PF_TRY(pf::heads_args(fn, rows, n_heads, &head_stride, head_dim, &ldx, &width));
+        int64_t width = 0, natural_ld = 0;
+        PF_TRY(pf::heads_args(fn, rows, n_heads, head_dim, &head_stride, &width, &natural_ld));
         PF_TRY(pf::eps_arg(fn, eps));
         PF_CHECK_ARG(std::isfinite(scale), "%s: scale=%g must be finite", fn, (double)scale);
-        const pf::RowsView vx{x, x_off, ldx, rows, width, "x"};
+        pf::RowsView vx;
+        PF_TRY(pf::matrix_arg(fn, x, "x", rows, width, natural_ld, &vx));
         PF_TRY(pf::check_views(fn, ctx, {vx}));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_l2norm_rows(vx.ptr(), ldx, rows, n_heads, head_stride, head_dim, eps, scale,
-                                   ctx->stream);
+        return pf::gdn_l2norm_rows(vx.ptr(), vx.ld, rows, n_heads, head_stride, head_dim, eps,
+                                   scale, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_gdn_gates_rows(pf_context *ctx, const pf_buffer *b, int64_t b_off,
-                                             int64_t ldb, const pf_buffer *alpha,
-                                             int64_t alpha_off, int64_t ld_alpha,
-                                             const pf_buffer *ssm_a, int64_t ssm_a_off,
-                                             const pf_buffer *dt_bias, int64_t dt_bias_off,
-                                             pf_buffer *beta, int64_t beta_off, int64_t ld_beta,
-                                             pf_buffer *g, int64_t g_off, int64_t ld_g,
-                                             int64_t rows, int32_t n_v_heads) {
+extern "C" PF_API pf_status pf_gdn_gates_args_init(pf_gdn_gates_args *args, size_t struct_size) {
+    return pf::args_init(args, struct_size, __func__, "pf_gdn_gates_args");
+}
+
+extern "C" PF_API pf_status pf_gdn_gates(pf_context *ctx, const pf_gdn_gates_args *args) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
-        PF_CHECK_ARG(n_v_heads >= 1 && n_v_heads <= 65536,
-                     "%s: n_v_heads=%d out of range [1, 65536]", fn, n_v_heads);
-        const int64_t h = n_v_heads;
-        if (ldb == 0) ldb = h;
-        if (ld_alpha == 0) ld_alpha = h;
-        if (ld_beta == 0) ld_beta = h;
-        if (ld_g == 0) ld_g = h;
-        const pf::RowsView vb{b, b_off, ldb, rows, h, "b"},
-            va{alpha, alpha_off, ld_alpha, rows, h, "alpha"},
-            vbeta{beta, beta_off, ld_beta, rows, h, "beta"}, vg{g, g_off, ld_g, rows, h, "g"};
-        const pf::RowsView vssm = pf::vec_view(ssm_a, ssm_a_off, h, "ssm_a"),
-                           vdt = pf::vec_view(dt_bias, dt_bias_off, h, "dt_bias");
+        PF_TRY(pf::args_check(fn, args, "pf_gdn_gates_args_init"));
+        const pf_gdn_gates_args &a = *args;
+        PF_TRY(v_heads_arg(fn, a.rows, a.n_v_heads));
+        const int64_t h = a.n_v_heads;
+        const pf::RowsView vb = pf::matrix_view(a.b, "b", a.rows, h, h),
+                           va = pf::matrix_view(a.alpha, "alpha", a.rows, h, h),
+                           vssm = pf::vector_view(a.ssm_a, "ssm_a", h),
+                           vdt = pf::vector_view(a.dt_bias, "dt_bias", h),
+                           vbeta = pf::matrix_view(a.beta, "beta", a.rows, h, h),
+                           vg = pf::matrix_view(a.g, "g", a.rows, h, h);
         PF_TRY(pf::check_views(fn, ctx, {vb, va, vssm, vdt, vbeta, vg}));
         for (const pf::RowsView *out : {&vbeta, &vg})
             for (const pf::RowsView *in : {&vb, &va, &vssm, &vdt})
@@ -87,33 +88,32 @@ extern "C" PF_API pf_status pf_gdn_gates_rows(pf_context *ctx, const pf_buffer *
         PF_CHECK_ARG(!pf::views_overlap(vbeta, vg), "%s: beta overlaps g", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_gates_rows(vb.ptr(), ldb, va.ptr(), ld_alpha, vssm.ptr(), vdt.ptr(),
-                                  vbeta.ptr(), ld_beta, vg.ptr(), ld_g, rows, n_v_heads,
+        return pf::gdn_gates_rows(vb.ptr(), vb.ld, va.ptr(), va.ld, vssm.ptr(), vdt.ptr(),
+                                  vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, a.rows, a.n_v_heads,
                                   ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_gdn_gated_rms_norm_rows(pf_context *ctx, const pf_buffer *o,
-                                                      int64_t o_off, int64_t ldo,
-                                                      const pf_buffer *z, int64_t z_off,
-                                                      int64_t ldz, const pf_buffer *w,
-                                                      int64_t w_off, pf_buffer *y, int64_t y_off,
-                                                      int64_t ldy, int64_t rows,
-                                                      int32_t n_v_heads, int32_t dv, float eps) {
+extern "C" PF_API pf_status pf_gdn_gated_rms_norm_args_init(pf_gdn_gated_rms_norm_args *args,
+                                                           size_t struct_size) {
+    return pf::args_init(args, struct_size, __func__, "pf_gdn_gated_rms_norm_args",
+                         [](pf_gdn_gated_rms_norm_args &a) { a.eps = 1e-6f; });  // qwen35's eps
+}
+
+extern "C" PF_API pf_status pf_gdn_gated_rms_norm(pf_context *ctx,
+                                                 const pf_gdn_gated_rms_norm_args *args) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
-        PF_CHECK_ARG(n_v_heads >= 1 && n_v_heads <= 65536,
-                     "%s: n_v_heads=%d out of range [1, 65536]", fn, n_v_heads);
-        PF_CHECK_ARG(dv >= 1 && dv <= 65536, "%s: dv=%d out of range [1, 65536]", fn, dv);
-        PF_TRY(pf::eps_arg(fn, eps));
-        const int64_t width = (int64_t)n_v_heads * dv;
-        if (ldo == 0) ldo = width;
-        if (ldz == 0) ldz = width;
-        if (ldy == 0) ldy = width;
-        const pf::RowsView vo{o, o_off, ldo, rows, width, "o"}, vz{z, z_off, ldz, rows, width, "z"},
-            vy{y, y_off, ldy, rows, width, "y"};
-        const pf::RowsView vw = pf::vec_view(w, w_off, dv, "w");
+        PF_TRY(pf::args_check(fn, args, "pf_gdn_gated_rms_norm_args_init"));
+        const pf_gdn_gated_rms_norm_args &a = *args;
+        PF_TRY(v_heads_arg(fn, a.rows, a.n_v_heads));
+        PF_CHECK_ARG(a.dv >= 1 && a.dv <= 65536, "%s: dv=%d out of range [1, 65536]", fn, a.dv);
+        PF_TRY(pf::eps_arg(fn, a.eps));
+        const int64_t width = (int64_t)a.n_v_heads * a.dv;
+        const pf::RowsView vo = pf::matrix_view(a.o, "o", a.rows, width, width),
+                           vz = pf::matrix_view(a.z, "z", a.rows, width, width),
+                           vw = pf::vector_view(a.w, "w", a.dv),
+                           vy = pf::matrix_view(a.y, "y", a.rows, width, width);
         PF_TRY(pf::check_views(fn, ctx, {vo, vz, vw, vy}));
         PF_CHECK_ARG(pf::views_same(vy, vo) || !pf::views_overlap(vy, vo),
                      "%s: y overlaps o (only y == o, same offset and ld, is allowed)", fn);
@@ -121,49 +121,120 @@ extern "C" PF_API pf_status pf_gdn_gated_rms_norm_rows(pf_context *ctx, const pf
         PF_CHECK_ARG(!pf::views_overlap(vy, vw), "%s: y overlaps w", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_gated_rms_norm_rows(vo.ptr(), ldo, vz.ptr(), ldz, vw.ptr(), vy.ptr(), ldy,
-                                           rows, n_v_heads, dv, eps, ctx->stream);
+        return pf::gdn_gated_rms_norm_rows(vo.ptr(), vo.ld, vz.ptr(), vz.ld, vw.ptr(), vy.ptr(),
+                                           vy.ld, a.rows, a.n_v_heads, a.dv, a.eps, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_gdn_scan_rows(
-    pf_context *ctx, const pf_buffer *q, int64_t q_off, int64_t ldq, const pf_buffer *k,
-    int64_t k_off, int64_t ldk, const pf_buffer *v, int64_t v_off, int64_t ldv,
-    const pf_buffer *beta, int64_t beta_off, int64_t ld_beta, const pf_buffer *g, int64_t g_off,
-    int64_t ld_g, pf_buffer *state, int64_t state_off, pf_buffer *o, int64_t o_off, int64_t ldo,
-    int64_t rows, int32_t n_k_heads, int32_t n_v_heads, int32_t dk, int32_t dv) {
+extern "C" PF_API pf_status pf_gdn_scan_args_init(pf_gdn_scan_args *args, size_t struct_size) {
+    return pf::args_init(args, struct_size, __func__, "pf_gdn_scan_args",
+                         [](pf_gdn_scan_args &a) { a.path = PF_GDN_SCAN_AUTO; });
+}
+
+namespace {
+
+// The scalar checks of pf_gdn_scan and pf_gdn_scan_plan, and the path a call runs.
+pf_status scan_plan(const char *fn, const pf_gdn_scan_args &a, int32_t *path, size_t *ws) {
+    PF_CHECK_ARG(a.rows >= 0, "%s: rows=%lld < 0", fn, (long long)a.rows);
+    PF_CHECK_ARG(a.n_k_heads >= 1 && a.n_k_heads <= 65536 && a.n_v_heads >= 1 &&
+                     a.n_v_heads <= 65536 && a.n_v_heads % a.n_k_heads == 0,
+                 "%s: n_v_heads=%d must be a multiple of n_k_heads=%d (both in [1, 65536])",
+                 fn, a.n_v_heads, a.n_k_heads);
+    const auto dim_ok = [](int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; };
+    PF_CHECK_ARG(dim_ok(a.dk) && dim_ok(a.dv),
+                 "%s: dk=%d, dv=%d; each must be 16, 32, 64 or 128", fn, a.dk, a.dv);
+    PF_CHECK_ARG(a.path == PF_GDN_SCAN_AUTO || a.path == PF_GDN_SCAN_SEQUENTIAL ||
+                     a.path == PF_GDN_SCAN_CHUNKED,
+                 "%s: path=%d (PF_GDN_SCAN_AUTO 0, PF_GDN_SCAN_SEQUENTIAL 1, "
+                 "PF_GDN_SCAN_CHUNKED 2)",
+                 fn, a.path);
+    const bool chunk_ok = pf::gdn_chunk_supported(a.dk, a.dv);
+    if (a.path == PF_GDN_SCAN_CHUNKED && !chunk_ok)
+        return pf::fail(PF_STATUS_UNSUPPORTED,
+                        "%s: path=PF_GDN_SCAN_CHUNKED is built for dk = dv = 128, got dk=%d, "
+                        "dv=%d; use PF_GDN_SCAN_AUTO or PF_GDN_SCAN_SEQUENTIAL",
+                        fn, a.dk, a.dv);
+    int32_t run = a.path;
+    if (run == PF_GDN_SCAN_AUTO) {
+        const int32_t env = pf::gdn_scan_env_default();  // 0 auto, 1 sequential, 2 chunked
+        const bool chunk = chunk_ok && (env == 2 || (env == 0 && a.rows >= pf::kGdnChunkMinRows));
+        run = chunk ? PF_GDN_SCAN_CHUNKED : PF_GDN_SCAN_SEQUENTIAL;
+    }
+    *path = run;
+    *ws = run == PF_GDN_SCAN_CHUNKED
+              ? pf::gdn_chunk_workspace_bytes(a.rows, a.n_k_heads, a.n_v_heads)
+              : 0;
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" PF_API pf_status pf_gdn_scan_plan(const pf_gdn_scan_args *args, int32_t *out_path,
+                                             size_t *out_workspace_bytes) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
-        PF_CHECK_ARG(n_k_heads >= 1 && n_k_heads <= 65536 && n_v_heads >= 1 &&
-                         n_v_heads <= 65536 && n_v_heads % n_k_heads == 0,
-                     "%s: n_v_heads=%d must be a multiple of n_k_heads=%d (both in [1, 65536])",
-                     fn, n_v_heads, n_k_heads);
-        const auto dim_ok = [](int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; };
-        PF_CHECK_ARG(dim_ok(dk) && dim_ok(dv), "%s: dk=%d, dv=%d; each must be 16, 32, 64 or 128",
-                     fn, dk, dv);
-        const int64_t kw = (int64_t)n_k_heads * dk, vw = (int64_t)n_v_heads * dv;
-        if (ldq == 0) ldq = kw;
-        if (ldk == 0) ldk = kw;
-        if (ldv == 0) ldv = vw;
-        if (ldo == 0) ldo = vw;
-        if (ld_beta == 0) ld_beta = n_v_heads;
-        if (ld_g == 0) ld_g = n_v_heads;
-        const pf::RowsView vq{q, q_off, ldq, rows, kw, "q"}, vk{k, k_off, ldk, rows, kw, "k"},
-            vv{v, v_off, ldv, rows, vw, "v"}, vbeta{beta, beta_off, ld_beta, rows, n_v_heads, "beta"},
-            vg{g, g_off, ld_g, rows, n_v_heads, "g"}, vo{o, o_off, ldo, rows, vw, "o"};
-        const pf::RowsView vs = pf::vec_view(state, state_off, vw * dk, "state");
-        PF_TRY(pf::check_views(fn, ctx, {vq, vk, vv, vbeta, vg, vs, vo}));
+        PF_TRY(pf::args_check(fn, args, "pf_gdn_scan_args_init"));
+        int32_t path = 0;
+        size_t ws = 0;
+        PF_TRY(scan_plan(fn, *args, &path, &ws));
+        if (out_path) *out_path = path;
+        if (out_workspace_bytes) *out_workspace_bytes = ws;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args *args) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
+        PF_TRY(pf::args_check(fn, args, "pf_gdn_scan_args_init"));
+        const pf_gdn_scan_args &a = *args;
+        int32_t run = PF_GDN_SCAN_SEQUENTIAL;
+        size_t ws_bytes = 0;
+        PF_TRY(scan_plan(fn, a, &run, &ws_bytes));
+        const int64_t kw = (int64_t)a.n_k_heads * a.dk, vw = (int64_t)a.n_v_heads * a.dv,
+                      h = a.n_v_heads;
+        const pf::RowsView vq = pf::matrix_view(a.q, "q", a.rows, kw, kw),
+                           vk = pf::matrix_view(a.k, "k", a.rows, kw, kw),
+                           vv = pf::matrix_view(a.v, "v", a.rows, vw, vw),
+                           vbeta = pf::matrix_view(a.beta, "beta", a.rows, h, h),
+                           vg = pf::matrix_view(a.g, "g", a.rows, h, h),
+                           vs = pf::vector_view(a.state, "state", vw * a.dk),
+                           vo = pf::matrix_view(a.o, "o", a.rows, vw, vw);
+        const bool own_ws = a.workspace.buf != nullptr && run == PF_GDN_SCAN_CHUNKED;
+        // The caller's workspace, in bytes (a vector of ws_bytes uint8 at byte offset off).
+        const pf::RowsView vw_ = pf::vector_view(a.workspace, "workspace", int64_t(ws_bytes), 1);
+        if (own_ws) PF_TRY(pf::check_views(fn, ctx, {vq, vk, vv, vbeta, vg, vs, vo, vw_}));
+        else PF_TRY(pf::check_views(fn, ctx, {vq, vk, vv, vbeta, vg, vs, vo}));
         for (const pf::RowsView *in : {&vq, &vk, &vbeta, &vg, &vs})
             PF_CHECK_ARG(!pf::views_overlap(vo, *in), "%s: o overlaps %s", fn, in->name);
         PF_CHECK_ARG(pf::views_same(vo, vv) || !pf::views_overlap(vo, vv),
                      "%s: o overlaps v (only o == v, same offset and ld, is allowed)", fn);
         for (const pf::RowsView *in : {&vq, &vk, &vv, &vbeta, &vg})
             PF_CHECK_ARG(!pf::views_overlap(vs, *in), "%s: state overlaps %s", fn, in->name);
+        if (own_ws) {
+            PF_CHECK_ARG(a.workspace.off % 256 == 0, "%s: workspace offset %lld is not a multiple "
+                         "of 256 bytes", fn, (long long)a.workspace.off);
+            for (const pf::RowsView *in : {&vq, &vk, &vv, &vbeta, &vg, &vs, &vo})
+                PF_CHECK_ARG(a.workspace.buf != in->buf, "%s: workspace shares a buffer with %s",
+                             fn, in->name);
+        }
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_scan_rows(vq.ptr(), ldq, vk.ptr(), ldk, vv.ptr(), ldv, vbeta.ptr(), ld_beta,
-                                 vg.ptr(), ld_g, vs.ptr(), vo.ptr(), ldo, rows, n_k_heads,
-                                 n_v_heads, dk, dv, ctx->stream);
+        if (run == PF_GDN_SCAN_SEQUENTIAL || a.rows == 0)
+            return pf::gdn_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld,
+                                     vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(),
+                                     vo.ld, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv,
+                                     ctx->stream);
+        void *ws = nullptr;
+        if (own_ws) {
+            ws = static_cast<char *>(a.workspace.buf->ptr) + a.workspace.off;
+        } else {
+            PF_TRY(pf::scratch_reserve(ctx, ctx->scratch_gdn, ws_bytes, "GDN chunk workspace"));
+            ws = ctx->scratch_gdn.ptr;
+        }
+        return pf::gdn_chunk_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld,
+                                       vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(),
+                                       vo.ld, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv, ws,
+                                       ws_bytes, 0, ctx->stream);
     });
 }

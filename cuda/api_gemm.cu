@@ -1,9 +1,11 @@
 // api_gemm.cu — the C API of the gemm family: dequantization, embedding gather, projections,
 // fp16 caches and prewarm, fused kernels on the blocks. Every entry validates all of its
-// arguments (scalars first, then the weight, then ctx, then the buffers) before any device
-// work, then delegates to the internal entry points on ctx->stream.
+// arguments in the order of api_views.h (scalars and shapes, NULL weight and views, ctx,
+// ownership and fit, overlaps) before any device work, then delegates to the internal entry
+// points on ctx->stream.
 #include <climits>
 
+#include "api_views.h"
 #include "context.h"
 #include "cuda_check.cuh"
 #include "dequant.cuh"
@@ -12,51 +14,44 @@
 
 namespace {
 
-// Bytes spanned by `rows` rows of `width` elements of `elem` bytes at row stride `ld`:
-// ((rows-1)*ld + width) * elem, 0 for rows == 0. False on int64 / size_t overflow.
-bool strided_bytes(int64_t rows, int64_t ld, int64_t width, size_t elem, size_t *out) {
-    if (rows == 0) {
-        *out = 0;
-        return true;
-    }
-    int64_t span = 0;
-    if (__builtin_mul_overflow(rows - 1, ld, &span) || __builtin_add_overflow(span, width, &span))
-        return false;
-    size_t b = 0;
-    if (__builtin_mul_overflow(size_t(span), elem, &b)) return false;
-    *out = b;
-    return true;
-}
+constexpr int64_t kMaxBlasDim = INT_MAX;  // cuBLAS sizes and leading dimensions are int
 
-pf_status check_rows_stride(const char *fn, int64_t rows, const char *ld_name, int64_t ld,
-                            const char *width_name, int64_t width, size_t *bytes) {
-    PF_CHECK_ARG(ld >= width, "%s: %s=%lld < %s=%lld", fn, ld_name, (long long)ld, width_name,
-                 (long long)width);
-    PF_CHECK_ARG(strided_bytes(rows, ld, width, sizeof(float), bytes),
-                 "%s: rows=%lld x %s=%lld overflows", fn, (long long)rows, ld_name, (long long)ld);
+pf_status weight_arg(const char *fn, const pf_weight *w, const char *name) {
+    PF_CHECK_ARG(w != nullptr, "%s: %s is NULL", fn, name);
     return PF_STATUS_OK;
 }
 
-pf_status check_weight(const char *fn, const char *arg, const pf_weight *w, const pf_context *ctx) {
-    PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
-    PF_CHECK_ARG(w->ctx == ctx, "%s: %s belongs to another context", fn, arg);
+// The operands of a rows-in, rows-out entry: x [rows][ld] with k columns (ld 0 = k), out
+// [rows][ld] with n columns (ld 0 = n), both fp32. w is known non-NULL.
+pf_status rows_io_args(const char *fn, const pf_weight *w, const pf_view *x, const pf_view *out,
+                       const char *out_name, int64_t rows, int64_t n, pf::RowsView *vx,
+                       pf::RowsView *vo) {
+    PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
+    PF_TRY(pf::matrix_arg(fn, x, "x", rows, w->k, w->k, vx));
+    return pf::matrix_arg(fn, out, out_name, rows, n, n, vo);
+}
+
+// Phases 1-5 of api_views.h for those operands: shapes, NULL buffers, ctx, w and both buffers of
+// ctx and large enough, x and out not overlapping.
+pf_status check_rows_io(const char *fn, const pf_context *ctx, const pf_weight *w,
+                        const pf::RowsView &vx, const pf::RowsView &vo) {
+    PF_TRY(pf::check_shapes(fn, {vx, vo}));
+    PF_TRY(pf::check_nulls(fn, {vx, vo}));
+    PF_TRY(pf::check_ctx(fn, ctx));
+    PF_TRY(pf::check_weight(fn, ctx, w, "w"));
+    PF_TRY(pf::check_fits(fn, ctx, {vx, vo}));
+    PF_CHECK_ARG(!pf::views_overlap(vx, vo), "%s: %s overlaps x", fn, vo.name);
     return PF_STATUS_OK;
 }
 
-// The checks every rows-in, rows-out entry shares: x [rows][ldx] with k columns, out
-// [rows][ldo] with n columns (both fp32), w and both buffers of ctx, x and out not overlapping.
-pf_status check_rows_io(const char *fn, pf_context *ctx, const pf_weight *w, const pf_buffer *x,
-                        int64_t rows, int64_t ldx, const pf_buffer *out, const char *out_name,
-                        const char *ldo_name, int64_t ldo, int64_t n) {
-    size_t xb = 0, ob = 0;
-    PF_TRY(check_rows_stride(fn, rows, "ldx", ldx, "k", w->k, &xb));
-    PF_TRY(check_rows_stride(fn, rows, ldo_name, ldo, "n", n, &ob));
-    PF_TRY(check_weight(fn, "w", w, ctx));
-    PF_TRY(pf::check_buffer(ctx, x, xb, fn, "x"));
-    PF_TRY(pf::check_buffer(ctx, out, ob, fn, out_name));
-    PF_CHECK_ARG(rows == 0 || x != out, "%s: x and %s are the same buffer (they must not overlap)",
-                 fn, out_name);
-    return PF_STATUS_OK;
+// Phases 1-4 for the one output view of an entry that reads weight w (dequantize, embed).
+pf_status check_weight_out(const char *fn, const pf_context *ctx, const pf_weight *w,
+                           const char *w_name, const pf::RowsView &vo) {
+    PF_TRY(pf::check_shapes(fn, {vo}));
+    PF_TRY(pf::check_nulls(fn, {vo}));
+    PF_TRY(pf::check_ctx(fn, ctx));
+    PF_TRY(pf::check_weight(fn, ctx, w, w_name));
+    return pf::check_fits(fn, ctx, {vo});
 }
 
 }  // namespace
@@ -80,77 +75,81 @@ extern "C" PF_API pf_status pf_gemm_set_default_leg(int32_t leg) {
     });
 }
 
-extern "C" PF_API pf_status pf_dequantize(pf_context *ctx, const pf_weight *w, pf_buffer *out,
+extern "C" PF_API pf_status pf_dequantize(pf_context *ctx, const pf_weight *w, const pf_view *out,
                                          int32_t out_f16) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_dequantize";
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(out_f16 == 0 || out_f16 == 1, "%s: out_f16=%d must be 0 or 1", fn, int(out_f16));
-        PF_CHECK_ARG(w != nullptr, "%s: w is NULL", fn);
-        PF_TRY(check_weight(fn, "w", w, ctx));
-        size_t bytes = 0;
-        PF_CHECK_ARG(!__builtin_mul_overflow(size_t(w->n) * size_t(w->k), out_f16 ? 2u : 4u, &bytes),
-                     "%s: n=%lld x k=%lld overflows", fn, (long long)w->n, (long long)w->k);
-        PF_TRY(pf::check_buffer(ctx, out, bytes, fn, "out"));
+        PF_TRY(weight_arg(fn, w, "w"));
+        const size_t elem = out_f16 ? sizeof(uint16_t) : sizeof(float);
+        pf::RowsView vo;
+        PF_TRY(pf::matrix_arg(fn, out, "out", w->n, w->k, w->k, &vo, elem));
+        if (vo.ld != w->k)  // the dequantize launcher writes packed [n][k]
+            return pf::fail(PF_STATUS_UNSUPPORTED,
+                            "%s: out row stride ld=%lld; rows are written packed (ld 0 or k=%lld)",
+                            fn, (long long)vo.ld, (long long)w->k);
+        PF_TRY(check_weight_out(fn, ctx, w, "w", vo));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::dequantize(w->data, w->qtype, w->n, w->k, out->ptr, out_f16 == 1, ctx->stream);
+        return pf::dequantize(w->data, w->qtype, w->n, w->k, vo.ptr<void>(), out_f16 == 1,
+                              ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_embed_rows(pf_context *ctx, const pf_weight *table,
-                                         const int32_t *ids, int64_t rows, pf_buffer *out,
-                                         int64_t ldo) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_embed_rows";
+extern "C" PF_API pf_status pf_embed(pf_context *ctx, const pf_weight *table, const int32_t *ids,
+                                    int64_t rows, const pf_view *out) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
         PF_CHECK_ARG(rows == 0 || ids != nullptr, "%s: ids is NULL (rows=%lld)", fn, (long long)rows);
-        PF_CHECK_ARG(table != nullptr, "%s: table is NULL", fn);
+        PF_TRY(weight_arg(fn, table, "table"));
         for (int64_t r = 0; r < rows; ++r)
             PF_CHECK_ARG(ids[r] >= 0 && ids[r] < table->n,
                          "%s: ids[%lld] = %d is outside [0, n_vocab=%lld)", fn, (long long)r,
                          int(ids[r]), (long long)table->n);
-        size_t out_bytes = 0;
-        PF_TRY(check_rows_stride(fn, rows, "ldo", ldo, "k", table->k, &out_bytes));
-        PF_TRY(check_weight(fn, "table", table, ctx));
-        PF_TRY(pf::check_buffer(ctx, out, out_bytes, fn, "out"));
+        pf::RowsView vo;
+        PF_TRY(pf::matrix_arg(fn, out, "out", rows, table->k, table->k, &vo));
+        PF_TRY(check_weight_out(fn, ctx, table, "table", vo));
         if (rows == 0) return PF_STATUS_OK;
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
         // The ids travel through the activation scratch (stream-ordered with every user of it).
         PF_TRY(pf::scratch_reserve(ctx, ctx->scratch_f16_x, size_t(rows) * sizeof(int32_t),
-                                   "pf_embed_rows: ids"));
+                                   "pf_embed: ids"));
         int32_t *dids = static_cast<int32_t *>(ctx->scratch_f16_x.ptr);
         // Pageable source: returns once the ids are staged, so the caller may reuse them.
         PF_CUDA_TRY(cudaMemcpyAsync(dids, ids, size_t(rows) * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, ctx->stream));
-        return pf::embed_rows(table->data, table->qtype, table->n, table->k, dids, rows,
-                              static_cast<float *>(out->ptr), ldo, ctx->stream);
+        return pf::embed_rows(table->data, table->qtype, table->n, table->k, dids, rows, vo.ptr(),
+                              vo.ld, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_buffer *x,
-                                      int64_t rows, int64_t ldx, pf_buffer *y, int64_t ldy,
-                                      int32_t accumulate, int32_t leg) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_project";
+extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_view *x,
+                                      const pf_view *y, int64_t rows, int32_t accumulate,
+                                      int32_t leg) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
         PF_CHECK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d must be 0 or 1", fn,
                      int(accumulate));
         PF_CHECK_ARG(leg >= PF_GEMM_DEFAULT && leg <= PF_GEMM_INT8,
                      "%s: leg=%d is not a pf_gemm_leg (0..4)", fn, int(leg));
-        PF_CHECK_ARG(w != nullptr, "%s: w is NULL", fn);
-        PF_CHECK_ARG(rows <= INT_MAX && ldx <= INT_MAX && ldy <= INT_MAX && w->n <= INT_MAX &&
-                         w->k <= INT_MAX,
-                     "%s: rows=%lld, ldx=%lld, ldy=%lld, n=%lld, k=%lld must fit in int32", fn,
-                     (long long)rows, (long long)ldx, (long long)ldy, (long long)w->n,
+        PF_TRY(weight_arg(fn, w, "w"));
+        pf::RowsView vx, vy;
+        PF_TRY(rows_io_args(fn, w, x, y, "y", rows, w->n, &vx, &vy));
+        PF_CHECK_ARG(rows <= kMaxBlasDim && vx.ld <= kMaxBlasDim && vy.ld <= kMaxBlasDim &&
+                         w->n <= kMaxBlasDim && w->k <= kMaxBlasDim,
+                     "%s: rows=%lld, x ld=%lld, y ld=%lld, n=%lld, k=%lld must fit in int32", fn,
+                     (long long)rows, (long long)vx.ld, (long long)vy.ld, (long long)w->n,
                      (long long)w->k);
         int32_t run = 0;
         PF_TRY(pf::resolve_gemm_leg(w, leg, &run));  // INT8: UNSUPPORTED before device work
-        PF_TRY(check_rows_io(fn, ctx, w, x, rows, ldx, y, "y", "ldy", ldy, w->n));
+        PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::project(ctx, w, static_cast<const float *>(x->ptr), rows, ldx,
-                           static_cast<float *>(y->ptr), ldy, accumulate == 1, leg);
+        // The view offsets are applied here: pf::project takes pointers to row 0, column 0.
+        return pf::project(ctx, w, vx.ptr(), rows, vx.ld, vy.ptr(), vy.ld, accumulate == 1, leg);
     });
 }
 
@@ -187,11 +186,7 @@ extern "C" PF_API pf_status pf_prewarm_f16(pf_context *ctx, pf_weight *const *we
         const char *fn = "pf_prewarm_f16";
         PF_CHECK_ARG(count >= 0, "%s: count=%d < 0", fn, int(count));
         PF_CHECK_ARG(count == 0 || weights != nullptr, "%s: weights is NULL (count=%d)", fn, int(count));
-        if (report && report->struct_size != sizeof(pf_prewarm_report))
-            return pf::fail(PF_STATUS_ABI_MISMATCH,
-                            "%s: report->struct_size=%zu, expected %zu (fill report with "
-                            "pf_prewarm_report_init)",
-                            fn, report->struct_size, sizeof(pf_prewarm_report));
+        if (report) PF_TRY(pf::struct_check(report, fn, "report", "pf_prewarm_report_init"));
         for (int32_t i = 0; i < count; ++i)
             PF_CHECK_ARG(weights[i] != nullptr, "%s: weights[%d] is NULL", fn, int(i));
         PF_CHECK_ARG(ctx != nullptr, "%s: ctx is NULL", fn);
@@ -216,11 +211,10 @@ pf_status check_fused_weight(const char *fn, const pf_weight *w) {
 }
 }  // namespace
 
-extern "C" PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const pf_buffer *x,
-                                    int64_t rows, int64_t ldx, pf_buffer *y, int64_t ldy,
-                                    int32_t accumulate) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_qgemm";
+extern "C" PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const pf_view *x,
+                                    const pf_view *y, int64_t rows, int32_t accumulate) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
         PF_CHECK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d must be 0 or 1", fn,
                      int(accumulate));
@@ -228,47 +222,50 @@ extern "C" PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const 
         PF_CHECK_ARG(rows == 1 || w->k % 32 == 0,
                      "%s: k=%lld must be a multiple of 32 for the tiled kernel (rows=%lld)", fn,
                      (long long)w->k, (long long)rows);
-        PF_TRY(check_rows_io(fn, ctx, w, x, rows, ldx, y, "y", "ldy", ldy, w->n));
+        pf::RowsView vx, vy;
+        PF_TRY(rows_io_args(fn, w, x, y, "y", rows, w->n, &vx, &vy));
+        PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::qgemm(w->data, w->qtype, w->n, w->k, static_cast<const float *>(x->ptr), rows,
-                         ldx, static_cast<float *>(y->ptr), ldy, accumulate == 1, ctx->stream);
+        return pf::qgemm(w->data, w->qtype, w->n, w->k, vx.ptr(), rows, vx.ld, vy.ptr(), vy.ld,
+                         accumulate == 1, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w,
-                                           const pf_buffer *x, int64_t rows, int64_t ldx,
-                                           pf_buffer *out, int64_t ldo) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_qgemm_swiglu";
+extern "C" PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w, const pf_view *x,
+                                           const pf_view *out, int64_t rows) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
         PF_TRY(check_fused_weight(fn, w));
         PF_CHECK_ARG(w->n % 2 == 0, "%s: w has n=%lld rows; gate+up needs an even count (2 x n_ff)",
                      fn, (long long)w->n);
         PF_CHECK_ARG(w->k % 32 == 0, "%s: k=%lld must be a multiple of 32", fn, (long long)w->k);
         const int64_t n = w->n / 2;
-        PF_TRY(check_rows_io(fn, ctx, w, x, rows, ldx, out, "out", "ldo", ldo, n));
+        pf::RowsView vx, vo;
+        PF_TRY(rows_io_args(fn, w, x, out, "out", rows, n, &vx, &vo));
+        PF_TRY(check_rows_io(fn, ctx, w, vx, vo));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::qgemm_swiglu(w->data, w->qtype, n, w->k, static_cast<const float *>(x->ptr),
-                                rows, ldx, static_cast<float *>(out->ptr), ldo, ctx->stream);
+        return pf::qgemm_swiglu(w->data, w->qtype, n, w->k, vx.ptr(), rows, vx.ld, vo.ptr(), vo.ld,
+                                ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_qgemv(pf_context *ctx, const pf_weight *w, const pf_buffer *x,
-                                    pf_buffer *y, int32_t accumulate) {
-    return pf::guard(__func__, [&]() -> pf_status {
-        const char *fn = "pf_qgemv";
+extern "C" PF_API pf_status pf_qgemv(pf_context *ctx, const pf_weight *w, const pf_view *x,
+                                    const pf_view *y, int32_t accumulate) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
         PF_CHECK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d must be 0 or 1", fn,
                      int(accumulate));
         PF_TRY(check_fused_weight(fn, w));
-        PF_TRY(check_weight(fn, "w", w, ctx));
-        PF_TRY(pf::check_buffer(ctx, x, size_t(w->k) * sizeof(float), fn, "x"));
-        PF_TRY(pf::check_buffer(ctx, y, size_t(w->n) * sizeof(float), fn, "y"));
-        PF_CHECK_ARG(x != y, "%s: x and y are the same buffer (they must not overlap)", fn);
+        pf::RowsView vx, vy;
+        PF_TRY(pf::vector_arg(fn, x, "x", w->k, &vx));
+        PF_TRY(pf::vector_arg(fn, y, "y", w->n, &vy));
+        PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::qgemv(w->data, w->qtype, w->n, w->k, static_cast<const float *>(x->ptr),
-                         static_cast<float *>(y->ptr), accumulate == 1, ctx->stream);
+        return pf::qgemv(w->data, w->qtype, w->n, w->k, vx.ptr(), vy.ptr(), accumulate == 1,
+                         ctx->stream);
     });
 }

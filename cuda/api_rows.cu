@@ -1,91 +1,98 @@
 // api_rows.cu — kernel-level C API of the row kernels (rows.cuh). Each entry checks every
-// argument (scalars, then NULL buffers, then ctx, then buffer ownership and sizes, then
-// overlaps: see api_views.h) before any device work, then calls the internal entry on the
-// context's stream.
+// argument in the order of api_views.h (scalars and shapes, NULL buffers, ctx, ownership and
+// fit, overlaps) before any device work, then calls the internal entry on the context's stream.
 #include "api_views.h"
 #include "cuda_check.cuh"
 #include "rows.cuh"
 
-extern "C" PF_API pf_status pf_rms_norm_rows(pf_context *ctx, const pf_buffer *x, int64_t x_off,
-                                            int64_t ldx, const pf_buffer *w, int64_t w_off,
-                                            pf_buffer *y, int64_t y_off, int64_t ldy,
-                                            int64_t rows, int64_t cols, float eps) {
+namespace {
+
+pf_status cols_args(const char *fn, int64_t rows, int64_t cols) {
+    PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
+    PF_CHECK_ARG(cols >= 1, "%s: cols=%lld must be >= 1", fn, (long long)cols);
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" PF_API pf_status pf_rms_norm(pf_context *ctx, const pf_view *x, const pf_view *w,
+                                       const pf_view *y, int64_t rows, int64_t cols, float eps) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
-        PF_CHECK_ARG(cols >= 1, "%s: cols=%lld must be >= 1", fn, (long long)cols);
+        PF_TRY(cols_args(fn, rows, cols));
         PF_TRY(pf::eps_arg(fn, eps));
-        if (ldx == 0) ldx = cols;
-        if (ldy == 0) ldy = cols;
-        const pf::RowsView vx{x, x_off, ldx, rows, cols, "x"}, vy{y, y_off, ldy, rows, cols, "y"};
-        const pf::RowsView vw = pf::vec_view(w, w_off, cols, "w");
+        pf::RowsView vx, vw, vy;
+        PF_TRY(pf::matrix_arg(fn, x, "x", rows, cols, cols, &vx));
+        PF_TRY(pf::vector_arg(fn, w, "w", cols, &vw));
+        PF_TRY(pf::matrix_arg(fn, y, "y", rows, cols, cols, &vy));
         PF_TRY(pf::check_views(fn, ctx, {vx, vw, vy}));
         PF_CHECK_ARG(pf::views_same(vx, vy) || !pf::views_overlap(vx, vy),
                      "%s: y overlaps x (only y == x, same offset and ld, is allowed)", fn);
         PF_CHECK_ARG(!pf::views_overlap(vw, vy), "%s: y overlaps w", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::rms_norm_rows(vx.ptr(), ldx, vw.ptr(), vy.ptr(), ldy, rows, cols, eps,
+        return pf::rms_norm_rows(vx.ptr(), vx.ld, vw.ptr(), vy.ptr(), vy.ld, rows, cols, eps,
                                  ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_head_rms_norm_rows(pf_context *ctx, pf_buffer *x, int64_t x_off,
-                                                 int64_t ldx, int64_t rows, int32_t n_heads,
-                                                 int64_t head_stride, int32_t head_dim,
-                                                 const pf_buffer *w, int64_t w_off, float eps) {
+extern "C" PF_API pf_status pf_head_rms_norm(pf_context *ctx, const pf_view *x, const pf_view *w,
+                                            int64_t rows, int32_t n_heads, int32_t head_dim,
+                                            int64_t head_stride, float eps) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        int64_t width = 0;
-        PF_TRY(pf::heads_args(fn, rows, n_heads, &head_stride, head_dim, &ldx, &width));
+        int64_t width = 0, natural_ld = 0;
+        PF_TRY(pf::heads_args(fn, rows, n_heads, head_dim, &head_stride, &width, &natural_ld));
         PF_TRY(pf::eps_arg(fn, eps));
-        const pf::RowsView vx{x, x_off, ldx, rows, width, "x"};
-        const pf::RowsView vw = pf::vec_view(w, w_off, head_dim, "w");
+        pf::RowsView vx, vw;
+        PF_TRY(pf::matrix_arg(fn, x, "x", rows, width, natural_ld, &vx));
+        PF_TRY(pf::vector_arg(fn, w, "w", head_dim, &vw));
         PF_TRY(pf::check_views(fn, ctx, {vx, vw}));
         PF_CHECK_ARG(!pf::views_overlap(vx, vw), "%s: x overlaps w", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::head_rms_norm_rows(vx.ptr(), ldx, rows, n_heads, head_stride, head_dim,
+        return pf::head_rms_norm_rows(vx.ptr(), vx.ld, rows, n_heads, head_stride, head_dim,
                                       vw.ptr(), eps, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_rope_neox_rows(pf_context *ctx, pf_buffer *x, int64_t x_off,
-                                             int64_t ldx, int64_t rows, int32_t n_heads,
-                                             int64_t head_stride, int32_t head_dim,
-                                             int32_t rot_dim, int64_t pos0, float base) {
+extern "C" PF_API pf_status pf_rope_neox_args_init(pf_rope_neox_args *args, size_t struct_size) {
+    return pf::args_init(args, struct_size, __func__, "pf_rope_neox_args");
+}
+
+extern "C" PF_API pf_status pf_rope_neox(pf_context *ctx, const pf_rope_neox_args *args) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        int64_t width = 0;
-        PF_TRY(pf::heads_args(fn, rows, n_heads, &head_stride, head_dim, &ldx, &width));
-        PF_CHECK_ARG(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim,
-                     "%s: rot_dim=%d must be even and in [2, head_dim=%d]", fn, rot_dim, head_dim);
-        PF_CHECK_ARG(pos0 >= 0 && pos0 <= (int64_t(1) << 52), "%s: pos0=%lld out of range", fn,
-                     (long long)pos0);
-        PF_CHECK_ARG(base > 1.0f && std::isfinite(base), "%s: base=%g must be finite and > 1", fn,
-                     (double)base);
-        const pf::RowsView vx{x, x_off, ldx, rows, width, "x"};
+        PF_TRY(pf::args_check(fn, args, "pf_rope_neox_args_init"));
+        const pf_rope_neox_args &a = *args;
+        int64_t head_stride = a.head_stride, width = 0, natural_ld = 0;
+        PF_TRY(pf::heads_args(fn, a.rows, a.n_heads, a.head_dim, &head_stride, &width,
+                              &natural_ld));
+        PF_CHECK_ARG(a.rot_dim >= 2 && a.rot_dim % 2 == 0 && a.rot_dim <= a.head_dim,
+                     "%s: rot_dim=%d must be even and in [2, head_dim=%d]", fn, a.rot_dim,
+                     a.head_dim);
+        PF_CHECK_ARG(a.pos0 >= 0 && a.pos0 <= (int64_t(1) << 52), "%s: pos0=%lld out of range",
+                     fn, (long long)a.pos0);
+        PF_CHECK_ARG(a.base > 1.0f && std::isfinite(a.base), "%s: base=%g must be finite and > 1",
+                     fn, (double)a.base);
+        const pf::RowsView vx = pf::matrix_view(a.x, "x", a.rows, width, natural_ld);
         PF_TRY(pf::check_views(fn, ctx, {vx}));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::rope_neox_rows(vx.ptr(), ldx, rows, n_heads, head_stride, head_dim, rot_dim,
-                                  pos0, base, ctx->stream);
+        return pf::rope_neox_rows(vx.ptr(), vx.ld, a.rows, a.n_heads, head_stride, a.head_dim,
+                                  a.rot_dim, a.pos0, a.base, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_swiglu_rows(pf_context *ctx, const pf_buffer *g, int64_t g_off,
-                                          int64_t ldg, const pf_buffer *u, int64_t u_off,
-                                          int64_t ldu, pf_buffer *out, int64_t out_off,
-                                          int64_t ldo, int64_t rows, int64_t cols) {
+extern "C" PF_API pf_status pf_swiglu(pf_context *ctx, const pf_view *g, const pf_view *u,
+                                     const pf_view *out, int64_t rows, int64_t cols) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
-        PF_CHECK_ARG(cols >= 1, "%s: cols=%lld must be >= 1", fn, (long long)cols);
-        if (ldg == 0) ldg = cols;
-        if (ldu == 0) ldu = cols;
-        if (ldo == 0) ldo = cols;
-        const pf::RowsView vg{g, g_off, ldg, rows, cols, "g"}, vu{u, u_off, ldu, rows, cols, "u"},
-            vo{out, out_off, ldo, rows, cols, "out"};
+        PF_TRY(cols_args(fn, rows, cols));
+        pf::RowsView vg, vu, vo;
+        PF_TRY(pf::matrix_arg(fn, g, "g", rows, cols, cols, &vg));
+        PF_TRY(pf::matrix_arg(fn, u, "u", rows, cols, cols, &vu));
+        PF_TRY(pf::matrix_arg(fn, out, "out", rows, cols, cols, &vo));
         PF_TRY(pf::check_views(fn, ctx, {vg, vu, vo}));
         PF_CHECK_ARG(pf::views_same(vo, vg) || !pf::views_overlap(vo, vg),
                      "%s: out overlaps g (only out == g, same offset and ld, is allowed)", fn);
@@ -93,47 +100,44 @@ extern "C" PF_API pf_status pf_swiglu_rows(pf_context *ctx, const pf_buffer *g, 
                      "%s: out overlaps u (only out == u, same offset and ld, is allowed)", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::swiglu_rows(vg.ptr(), ldg, vu.ptr(), ldu, vo.ptr(), ldo, rows, cols,
+        return pf::swiglu_rows(vg.ptr(), vg.ld, vu.ptr(), vu.ld, vo.ptr(), vo.ld, rows, cols,
                                ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_add_rows(pf_context *ctx, pf_buffer *y, int64_t y_off, int64_t ldy,
-                                       const pf_buffer *x, int64_t x_off, int64_t ldx,
-                                       int64_t rows, int64_t cols) {
+extern "C" PF_API pf_status pf_add(pf_context *ctx, const pf_view *y, const pf_view *x,
+                                  int64_t rows, int64_t cols) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
-        PF_CHECK_ARG(cols >= 1, "%s: cols=%lld must be >= 1", fn, (long long)cols);
-        if (ldy == 0) ldy = cols;
-        if (ldx == 0) ldx = cols;
-        const pf::RowsView vy{y, y_off, ldy, rows, cols, "y"}, vx{x, x_off, ldx, rows, cols, "x"};
+        PF_TRY(cols_args(fn, rows, cols));
+        pf::RowsView vy, vx;
+        PF_TRY(pf::matrix_arg(fn, y, "y", rows, cols, cols, &vy));
+        PF_TRY(pf::matrix_arg(fn, x, "x", rows, cols, cols, &vx));
         PF_TRY(pf::check_views(fn, ctx, {vy, vx}));
         PF_CHECK_ARG(!pf::views_overlap(vy, vx), "%s: y overlaps x", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::add_rows(vy.ptr(), ldy, vx.ptr(), ldx, rows, cols, ctx->stream);
+        return pf::add_rows(vy.ptr(), vy.ld, vx.ptr(), vx.ld, rows, cols, ctx->stream);
     });
 }
 
-extern "C" PF_API pf_status pf_sigmoid_gate_rows(pf_context *ctx, pf_buffer *o, int64_t o_off,
-                                                int64_t ldo, const pf_buffer *gate,
-                                                int64_t gate_off, int64_t ldgate,
-                                                int64_t gate_head_stride, int64_t rows,
-                                                int32_t n_heads, int32_t head_dim) {
+extern "C" PF_API pf_status pf_sigmoid_gate(pf_context *ctx, const pf_view *o,
+                                           const pf_view *gate, int64_t rows, int32_t n_heads,
+                                           int32_t head_dim, int64_t gate_head_stride) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {
-        int64_t gate_width = 0;
-        PF_TRY(pf::heads_args(fn, rows, n_heads, &gate_head_stride, head_dim, &ldgate, &gate_width));
+        int64_t gate_width = 0, gate_ld = 0;
+        PF_TRY(pf::heads_args(fn, rows, n_heads, head_dim, &gate_head_stride, &gate_width,
+                              &gate_ld));
         const int64_t width = (int64_t)n_heads * head_dim;
-        if (ldo == 0) ldo = width;
-        const pf::RowsView vo{o, o_off, ldo, rows, width, "o"},
-            vg{gate, gate_off, ldgate, rows, gate_width, "gate"};
+        pf::RowsView vo, vg;
+        PF_TRY(pf::matrix_arg(fn, o, "o", rows, width, width, &vo));
+        PF_TRY(pf::matrix_arg(fn, gate, "gate", rows, gate_width, gate_ld, &vg));
         PF_TRY(pf::check_views(fn, ctx, {vo, vg}));
         PF_CHECK_ARG(!pf::views_overlap(vo, vg), "%s: o overlaps gate", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::sigmoid_gate_rows(vo.ptr(), ldo, vg.ptr(), ldgate, gate_head_stride, rows,
+        return pf::sigmoid_gate_rows(vo.ptr(), vo.ld, vg.ptr(), vg.ld, gate_head_stride, rows,
                                      n_heads, head_dim, ctx->stream);
     });
 }

@@ -9,12 +9,11 @@
 #include <unordered_map>
 
 #include "attention.cuh"
-#include "cuda_check.cuh"
+#include "common.cuh"
 
 namespace pf {
 namespace {
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 // fp32 -> fp16, round to nearest even, saturating: |x| > 65504 would round to inf (at 65520 and
@@ -86,28 +85,6 @@ __global__ void gather_q_kernel(const __grid_constant__ gather_args a) {
 
 constexpr int kSoftmaxThreads = 256;
 
-// Block-wide max / sum for kSoftmaxThreads threads: warp shuffles, then one value per warp in
-// shared memory. Every thread returns the result.
-__device__ float block_max(float v, float *sh) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = sh[0];
-    for (int w = 1; w < kSoftmaxThreads / 32; ++w) r = fmaxf(r, sh[w]);
-    __syncthreads();  // sh is reused by the next reduction
-    return r;
-}
-
-__device__ float block_sum(float v, float *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = 0.f;
-    for (int w = 0; w < kSoftmaxThreads / 32; ++w) r += sh[w];  // same order in every thread
-    __syncthreads();
-    return r;
-}
-
 // One block per score row (h, t): row t of a pass sees keys 0..pos0 + t (pos0 = the pass's first
 // position); P = exp(s - max) / sum over those, 0 past them (the PV GEMM reads the whole row).
 // P may alias the scores (fp32 cache: in place, each element read before it is written by the
@@ -127,10 +104,10 @@ __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_kernel(const _
     P *p = static_cast<P *>(a.probs) + row * a.T;
     float m = -INFINITY;
     for (int64_t j = threadIdx.x; j < valid; j += kSoftmaxThreads) m = fmaxf(m, s[j]);
-    m = block_max(m, sh);
+    m = block_max_serial<kSoftmaxThreads>(m, sh);  // no partial is NaN: fmaxf skips NaN
     float sum = 0.f;
     for (int64_t j = threadIdx.x; j < valid; j += kSoftmaxThreads) sum += expf(s[j] - m);
-    sum = block_sum(sum, sh);
+    sum = block_sum_serial<kSoftmaxThreads>(sum, sh);
     const float inv = 1.f / sum;  // sum >= 1 (the max term); NaN scores propagate as NaN
     for (int64_t j = threadIdx.x; j < a.T; j += kSoftmaxThreads)
         p[j] = j < valid ? from_float<P>(expf(s[j] - m) * inv) : from_float<P>(0.f);
@@ -296,8 +273,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         float alpha[2], base[2];
         for (int i = 0; i < 2; ++i) {
             // The 4 lanes of a quad (same gid) hold the row's columns: reduce over lane bits 0-1.
-            tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-            tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+            tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(kFullMask, tile_max[i], 1));
+            tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(kFullMask, tile_max[i], 2));
             const float new_max = fmaxf(row_max[i], tile_max[i]);
             // A row with no visible key so far keeps max -inf; use 0 as the base so that
             // exp2(-inf - base) = 0 instead of NaN. (Key 0 is visible to every row, so this only
@@ -345,8 +322,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
     // Normalise and store the rows of this chunk (fp32; scalar stores: ldo may be odd).
     for (int i = 0; i < 2; ++i) {
         float l = row_sum[i];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        l += __shfl_xor_sync(kFullMask, l, 1);
+        l += __shfl_xor_sync(kFullMask, l, 2);
         const float inv = 1.f / l;  // l >= 1 (the max term); NaN inputs stay NaN
         const int64_t m = m0 + warp * 16 + gid + 8 * i;
         if (m >= packed) continue;
@@ -388,8 +365,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __gri
         if (ranks_before(v, int32_t(i), best, bi)) best = v, bi = int32_t(i);
     }
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const float ov = __shfl_xor_sync(kFullMask, best, o);
+        const int32_t oi = __shfl_xor_sync(kFullMask, bi, o);
         if (ranks_before(ov, oi, best, bi)) best = ov, bi = oi;
     }
     if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
@@ -505,7 +482,7 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
             gather_q_kernel<__half><<<grid_for(H * n * D), 256, 0, st>>>(ga);
         else
             gather_q_kernel<float><<<grid_for(H * n * D), 256, 0, st>>>(ga);
-        PF_LAUNCH_CHECK("gather_q");
+        PF_LAUNCH_CHECK("gather_q_kernel<%s>", f16 ? "__half" : "float");
 
         // Column-major view (cuBLAS): for KV head g, C (T x G*n, ldc T) = op(A) B with
         // A = K cache at column g*D as (D x T, lda kv_dim), transposed; B = gathered q of heads
@@ -531,7 +508,7 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
             causal_softmax_kernel<__half><<<unsigned(H * n), kSoftmaxThreads, 0, st>>>(sa);
         else
             causal_softmax_kernel<float><<<unsigned(H * n), kSoftmaxThreads, 0, st>>>(sa);
-        PF_LAUNCH_CHECK("causal_softmax");
+        PF_LAUNCH_CHECK("causal_softmax_kernel<%s>", f16 ? "__half" : "float");
 
         // For KV head g, batch over its heads i: C (D x n, ldc ldo) = A B with A = V cache at
         // column g*D as (D x T, lda kv_dim), shared (stride 0); B = P of head g*G+i as (T x n,
@@ -564,9 +541,8 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
 template <int D, int BC>
 pf_status launch_flash(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = flash_smem_bytes<D, BC>();
-    // Above the 48 KiB default: opt in (per device; cheap, so done on every launch).
-    PF_CUDA_TRY(cudaFuncSetAttribute(flash_attn_kernel<D, BC>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // Above the 48 KiB default: opt in, once per device.
+    PF_TRY(set_max_dynamic_smem(flash_attn_kernel<D, BC>, int(smem), "flash_attn_kernel"));
     flash_args f;
     f.q = a.q;
     f.ldq = a.ldq;
@@ -582,7 +558,7 @@ pf_status launch_flash(const attention_args &a, cudaStream_t st) {
     f.scale_log2 = a.scale * 1.4426950408889634f;
     const dim3 grid(unsigned(ceil_div(a.rows * f.G, kFlashBM)), unsigned(a.n_kv_heads));
     flash_attn_kernel<D, BC><<<grid, kFlashThreads, smem, st>>>(f);
-    PF_LAUNCH_CHECK("flash_attn");
+    PF_LAUNCH_CHECK("flash_attn_kernel<%d, %d>", D, BC);
     return PF_STATUS_OK;
 }
 
@@ -607,7 +583,7 @@ pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int
         kv_write_kernel<__half><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
     else
         kv_write_kernel<float><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("kv_write");
+    PF_LAUNCH_CHECK("kv_write_kernel<%s>", kv_dtype == PF_KV_F16 ? "__half" : "float");
     return PF_STATUS_OK;
 }
 
@@ -691,7 +667,7 @@ pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32
                  (long long)ld);
     if (rows == 0) return PF_STATUS_OK;
     argmax_rows_kernel<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(argmax_args{x, n, ld, out_ids});
-    PF_LAUNCH_CHECK("argmax_rows");
+    PF_LAUNCH_CHECK("argmax_rows_kernel");
     return PF_STATUS_OK;
 }
 

@@ -1,4 +1,5 @@
-// cuda_check.cuh — CUDA / cuBLAS error mapping. Included by .cu files only.
+// cuda_check.cuh — CUDA / cuBLAS error mapping. Included by .cu files only (kernel files get it
+// through common.cuh, which adds the launch check PF_LAUNCH_CHECK).
 #pragma once
 
 #include <cublasLt.h>
@@ -27,6 +28,3 @@ pf_status cublas_fail(cublasStatus_t s, const char *file, int line, const char *
         if (pf_b_ != CUBLAS_STATUS_SUCCESS)                                   \
             return pf::cublas_fail(pf_b_, __FILE__, __LINE__, #expr);         \
     } while (0)
-
-// After a kernel launch: launch-configuration errors surface here, not at a later call.
-#define PF_LAUNCH_CHECK(name) PF_CUDA_TRY(cudaGetLastError())

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common.cuh"
 #include "context.h"
-#include "cuda_check.cuh"
 #include "dequant.cuh"
 #include "quant.cuh"
 
@@ -100,7 +100,8 @@ pf_status launch(int32_t qtype, const dequant_args &a, bool out_f16, cudaStream_
             launch_type<Q, false>(a, stream);
     });
     if (!ok) return fail(PF_STATUS_UNSUPPORTED, "%s: GGML type %d is not supported", what, int(qtype));
-    PF_LAUNCH_CHECK(what);
+    PF_LAUNCH_CHECK("dequant_kernel<%s, %s> (%s)", pf_qtype_name(qtype), out_f16 ? "fp16" : "fp32",
+                    what);
     return PF_STATUS_OK;
 }
 

@@ -1,6 +1,7 @@
 // error.cpp — pf_last_error (per thread, unlike NCCL's global) and the status names. Host-only
 // (no CUDA), so that the host-only parsers (gguf.cpp, model_plan.cpp, session_state.cpp) link
 // without the CUDA runtime, e.g. into the fuzz targets; the CUDA/cuBLAS mapping is in error.cu.
+#include <cstring>
 #include <cstdio>
 
 #include "error.h"
@@ -31,10 +32,14 @@ const char *const kStatusStrings[PF_STATUS_COUNT] = {
 namespace pf {
 
 pf_status fail(pf_status status, const char *fmt, ...) {
+    // Formatted into a local buffer first: an argument may be pf_last_error() itself (a message
+    // that wraps the previous one), which vsnprintf must not read while overwriting it.
+    char text[sizeof g_last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    std::memcpy(g_last_error, text, sizeof text);
     return status;
 }
 

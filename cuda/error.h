@@ -44,13 +44,14 @@ pf_status struct_init(T *s, size_t struct_size, const char *fn, const char *type
     return PF_STATUS_OK;
 }
 
-// Checks a struct the caller filled (via its _init function) before the library reads it.
+// Checks a struct the caller filled (via its _init function, named by `init` when given)
+// before the library reads it.
 template <class T>
-pf_status struct_check(const T *s, const char *fn, const char *name) {
+pf_status struct_check(const T *s, const char *fn, const char *name, const char *init = nullptr) {
     if (s->struct_size != sizeof(T))
         return fail(PF_STATUS_ABI_MISMATCH,
-                    "%s: %s->struct_size=%zu, expected %zu (fill %s with its _init function)", fn,
-                    name, s->struct_size, sizeof(T), name);
+                    "%s: %s->struct_size=%zu, expected %zu (fill %s with %s)", fn, name,
+                    s->struct_size, sizeof(T), name, init ? init : "its _init function");
     return PF_STATUS_OK;
 }
 

@@ -5,26 +5,16 @@
 // launches of itself with rows = 1 bit for bit (the per-token twin).
 #include <cuda_pipeline_primitives.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
-#include "cuda_check.cuh"
+#include "common.cuh"
 #include "gdn.cuh"
 
 namespace pf {
 namespace {
-
-constexpr int kWarp = 32;
-constexpr int kHeadWarps = 4;           // warp-per-head kernels: 4 heads per 128-thread block
-constexpr int64_t kMaxGridX = INT_MAX;  // gridDim.x limit (2^31 - 1)
-constexpr int64_t kMaxGridY = 65535;    // gridDim.y limit
-
-__device__ __forceinline__ float warp_sum(float v) {
-    // Butterfly: all lanes end with the bitwise-same sum (a + b == b + a in IEEE arithmetic).
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
 
 __device__ __forceinline__ float silu_(float x) { return x / (1.0f + expf(-x)); }
 
@@ -112,15 +102,12 @@ struct L2Args {
 
 // One warp per (row, head).
 __global__ void l2norm_kernel(const __grid_constant__ L2Args a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
-    if (gw >= a.rows * a.n_heads) return;  // whole warps exit together
-    const int lane = threadIdx.x % kWarp;
-    float *x = a.x + (gw / a.n_heads) * a.ld + (gw % a.n_heads) * a.head_stride;
-    float s = 0.0f;
-    for (int i = lane; i < a.head_dim; i += kWarp) s = fmaf(x[i], x[i], s);
-    s = warp_sum(s);
+    int64_t r, h;
+    if (!warp_row_head(a.rows, a.n_heads, r, h)) return;
+    float *x = a.x + r * a.ld + h * a.head_stride;
+    const float s = warp_sum_squares(x, a.head_dim);
     const float f = (1.0f / sqrtf(s + a.eps)) * a.scale;  // HF: x * rsqrt(sum x^2 + eps)
-    for (int i = lane; i < a.head_dim; i += kWarp) x[i] = x[i] * f;
+    for (int i = threadIdx.x % kWarpSize; i < a.head_dim; i += kWarpSize) x[i] = x[i] * f;
 }
 
 // ------------------------------------------------------------------------------ gates
@@ -171,18 +158,16 @@ struct GatedNormArgs {
 // One warp per (row, value head). In place (y == o) is safe: a lane rewrites only the elements
 // it read, after the warp's sum is complete.
 __global__ void gated_rms_norm_kernel(const __grid_constant__ GatedNormArgs a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
-    if (gw >= a.rows * a.n_v_heads) return;
-    const int lane = threadIdx.x % kWarp;
-    const int64_t r = gw / a.n_v_heads, col = (gw % a.n_v_heads) * a.dv;
+    int64_t r, h;
+    if (!warp_row_head(a.rows, a.n_v_heads, r, h)) return;
+    const int64_t col = h * a.dv;
     const float *o = a.o + r * a.ldo + col;
     const float *z = a.z + r * a.ldz + col;
     float *y = a.y + r * a.ldy + col;
-    float s = 0.0f;
-    for (int i = lane; i < a.dv; i += kWarp) s = fmaf(o[i], o[i], s);
-    s = warp_sum(s);
+    const float s = warp_sum_squares(o, a.dv);
     const float inv = 1.0f / sqrtf(s / (float)a.dv + a.eps);
-    for (int i = lane; i < a.dv; i += kWarp) y[i] = ((o[i] * inv) * a.w[i]) * silu_(z[i]);
+    for (int i = threadIdx.x % kWarpSize; i < a.dv; i += kWarpSize)
+        y[i] = ((o[i] * inv) * a.w[i]) * silu_(z[i]);
 }
 
 // ------------------------------------------------------------------------------ delta-rule scan
@@ -214,7 +199,7 @@ struct ScanArgs {
 // with the bitwise-same value.
 __device__ __forceinline__ float part_sum(float v) {
 #pragma unroll
-    for (int off = 1; off < kScanParts; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    for (int off = 1; off < kScanParts; off <<= 1) v += __shfl_xor_sync(kFullMask, v, off);
     return v;
 }
 
@@ -223,8 +208,8 @@ __device__ __forceinline__ float part_sum(float v) {
 __device__ __forceinline__ void part_sum2(float &a, float &b) {
 #pragma unroll
     for (int off = 1; off < kScanParts; off <<= 1) {
-        const float ta = __shfl_xor_sync(0xffffffffu, a, off);
-        const float tb = __shfl_xor_sync(0xffffffffu, b, off);
+        const float ta = __shfl_xor_sync(kFullMask, a, off);
+        const float tb = __shfl_xor_sync(kFullMask, b, off);
         a += ta;
         b += tb;
     }
@@ -273,29 +258,23 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
     const int64_t hk_col = (int64_t)jk * DK;          // the paired key head in q / k rows
     float *state = a.state + (int64_t)j * DK * a.dv + col0;
 
-    // Issue the async copies of tile [t0, t0 + nt) into buffer b, as one commit group.
+    // Issue the async copies of tile [t0, t0 + nt) into buffer b, as one commit group: k and q
+    // rows, then v rows, in pieces of V floats (V = 4: 16-byte copies; V = 1: 4-byte copies).
     const auto stage = [&](int b, int64_t t0, int nt) {
-        if (a.vec4) {
-            for (int e = tid; e < nt * (DK / 4); e += kThreads) {
-                const int tt = e / (DK / 4), d = (e % (DK / 4)) * 4;
-                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (t0 + tt) * a.ldk + hk_col + d, 16);
-                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (t0 + tt) * a.ldq + hk_col + d, 16);
+        const auto copy_kqv = [&](auto piece) {
+            constexpr int V = decltype(piece)::value;
+            for (int e = tid; e < nt * (DK / V); e += kThreads) {
+                const int tt = e / (DK / V), d = (e % (DK / V)) * V;
+                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (t0 + tt) * a.ldk + hk_col + d, 4 * V);
+                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (t0 + tt) * a.ldq + hk_col + d, 4 * V);
             }
-            for (int e = tid; e < nt * (COLS / 4); e += kThreads) {
-                const int tt = e / (COLS / 4), cc = (e % (COLS / 4)) * 4;
-                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (t0 + tt) * a.ldv + hv_col + cc, 16);
+            for (int e = tid; e < nt * (COLS / V); e += kThreads) {
+                const int tt = e / (COLS / V), cc = (e % (COLS / V)) * V;
+                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (t0 + tt) * a.ldv + hv_col + cc, 4 * V);
             }
-        } else {
-            for (int e = tid; e < nt * DK; e += kThreads) {
-                const int tt = e / DK, d = e % DK;
-                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (t0 + tt) * a.ldk + hk_col + d, 4);
-                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (t0 + tt) * a.ldq + hk_col + d, 4);
-            }
-            for (int e = tid; e < nt * COLS; e += kThreads) {
-                const int tt = e / COLS, cc = e % COLS;
-                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (t0 + tt) * a.ldv + hv_col + cc, 4);
-            }
-        }
+        };
+        if (a.vec4) copy_kqv(std::integral_constant<int, 4>{});
+        else copy_kqv(std::integral_constant<int, 1>{});
         for (int e = tid; e < nt; e += kThreads) {
             __pipeline_memcpy_async(&sbeta[b][e], a.beta + (t0 + e) * a.ld_beta + j, 4);
             __pipeline_memcpy_async(&sg[b][e], a.g + (t0 + e) * a.ld_g + j, 4);
@@ -397,7 +376,7 @@ pf_status gdn_conv1d_rows(const float *m, int64_t ldm, float *window, const floa
         case 8: conv1d_silu_kernel<8><<<grid, kConvThreads, 0, stream>>>(a); break;
         default: return fail(PF_STATUS_INTERNAL, "gdn_conv1d_rows: kc=%d not dispatched", kc);
     }
-    PF_LAUNCH_CHECK("conv1d_silu_kernel");
+    PF_LAUNCH_CHECK("conv1d_silu_kernel<%d>", kc);
     return PF_STATUS_OK;
 }
 
@@ -420,8 +399,7 @@ pf_status gdn_l2norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
     PF_CHECK_ARG(x != nullptr, "gdn_l2norm_rows: x is NULL");
     const L2Args a{x, ld, rows, n_heads, head_stride, head_dim, eps, scale};
     const int64_t warps = rows * n_heads;
-    l2norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp, 0,
-                    stream>>>(a);
+    l2norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("l2norm_kernel");
     return PF_STATUS_OK;
 }
@@ -469,8 +447,7 @@ pf_status gdn_gated_rms_norm_rows(const float *o, int64_t ldo, const float *z, i
     PF_CHECK_ARG(o && z && w && y, "gdn_gated_rms_norm_rows: null pointer");
     const GatedNormArgs a{o, ldo, z, ldz, w, y, ldy, rows, n_v_heads, dv, eps};
     const int64_t warps = rows * n_v_heads;
-    gated_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp,
-                            0, stream>>>(a);
+    gated_rms_norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_kernel");
     return PF_STATUS_OK;
 }
@@ -502,11 +479,15 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
                          ldv % 4 == 0;
     const ScanArgs a{q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o, ldo, rows,
                      n_k_heads, dv, vec4};
-    // 16 value columns per block (128 threads) when that gives >= 256 blocks (2 per SM on a
-    // 132-SM H100/H200: Hv*dv >= 4096, e.g. Hv = 32, dv = 128); else 8 columns (64 threads) so
-    // that small head counts (Hv = 16) still fill the GPU. Either way one thread holds dk/8
-    // state entries and the per-token arithmetic is the same.
-    const bool wide = vw / 16 >= 256;
+    // 16 value columns per block (128 threads) when that gives about 2 blocks per SM: 2 x SMs
+    // rounded down to a multiple of 32, at least 32 (256 on a 132-SM H100/H200: Hv*dv >= 4096,
+    // e.g. Hv = 32, dv = 128); else 8 columns (64 threads) so that small head counts (Hv = 16)
+    // still fill the GPU. Either way one thread holds dk/8 state entries and the per-token
+    // arithmetic is the same: the choice changes speed, never a bit of the result.
+    int sms = 0;
+    PF_TRY(device_sm_count(&sms));
+    const int64_t min_wide_blocks = std::max<int64_t>(32, 2 * int64_t(sms) / 32 * 32);
+    const bool wide = vw / 16 >= min_wide_blocks;
     const unsigned grid = (unsigned)(vw / (wide ? 16 : 8));
 #define PF_SCAN_CASE(DK)                                                                  \
     case DK:                                                                              \
@@ -521,7 +502,7 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
         default: return fail(PF_STATUS_INTERNAL, "gdn_scan_rows: dk=%d not dispatched", dk);
     }
 #undef PF_SCAN_CASE
-    PF_LAUNCH_CHECK("scan_kernel");
+    PF_LAUNCH_CHECK("scan_kernel<%d, %d>", dk, wide ? 16 : 8);
     return PF_STATUS_OK;
 }
 

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "error.h"
@@ -96,6 +97,37 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
                         int64_t ld_g, float *state, float *o, int64_t ldo, int64_t rows,
                         int32_t n_k_heads, int32_t n_v_heads, int32_t dk, int32_t dv,
                         cudaStream_t stream);
+
+// G7 in the chunkwise-parallel form (spec §3.2.1) on tensor cores (gdn_chunk.cu): same
+// arguments and result as gdn_scan_rows up to rounding (fp16 operands with exact per-chunk
+// power-of-two scales, fp32 accumulation and state: 3e-4 to 7e-4 relative against float64
+// measured), for dk = dv = 128 (UNSUPPORTED otherwise). q and k must be L2-normalised
+// (|x| <= 1). Not bitwise equal to the sequential scan, nor across different splits of one
+// sequence into calls (chunk boundaries restart at every call). Runs in passes of at most
+// kGdnPassRows rows, each a prep kernel (all chunks in parallel) and a state kernel (chunks in
+// sequence); `workspace` (device, >= gdn_chunk_workspace_bytes(rows, ...) bytes, 256-byte
+// aligned) holds the prep results of one pass. sm_count sizes the grid (0 = the device's). Asynchronous
+// on `stream`; allocates nothing.
+constexpr int64_t kGdnPassRows = 8192;
+bool gdn_chunk_supported(int32_t dk, int32_t dv);
+size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_heads);
+pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk,
+                              const float *v, int64_t ldv, const float *beta, int64_t ld_beta,
+                              const float *g, int64_t ld_g, float *state, float *o, int64_t ldo,
+                              int64_t rows, int32_t n_k_heads, int32_t n_v_heads, int32_t dk,
+                              int32_t dv, void *workspace, size_t workspace_bytes,
+                              int32_t sm_count, cudaStream_t stream);
+// Rows from which the engine (and PF_GDN_SCAN_AUTO) takes the chunked path on the fast legs.
+// Provisional until measured: one full chunk.
+constexpr int64_t kGdnChunkMinRows = 64;
+// What "auto" means for the delta rule, from env PREFILL_GDN_SCAN (read once): 0 auto (chunked
+// on the fast legs from kGdnChunkMinRows rows), 1 sequential, 2 chunked wherever supported.
+int32_t gdn_scan_env_default();
+pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk,
+                              const float *v, int64_t ldv, const float *beta, int64_t ld_beta,
+                              const float *g, int64_t ld_g, float *state, float *o, int64_t ldo,
+                              int64_t rows, int32_t n_k_heads, int32_t n_v_heads, int32_t dk,
+                              int32_t dv, int32_t sm_count, cudaStream_t stream);
 
 // ------------------------------------------------------------------ per-token twins (decode)
 // One token: the row entries with rows = 1 (identical arithmetic, hence bitwise-equal results).

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda_check.cuh"
+#include "common.cuh"
 #include "dequant.cuh"
 #include "gemm.cuh"
 #include "qgemm.cuh"
@@ -88,22 +88,6 @@ struct cast_args {
     int accumulate;
 };
 
-__device__ __forceinline__ float block_max(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < (blockDim.x >> 5) ? red[lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-        if (lane == 0) red[0] = v;
-    }
-    __syncthreads();
-    const float m = red[0];
-    __syncthreads();  // red is reused by the next row of the grid-stride loop
-    return m;
-}
-
 // One block per row: max|x| of the row, a power-of-two scale when it exceeds kF16RowMax, the
 // fp16 cast, and the pre-scale of the existing output row for accumulate. kVec: x rows are
 // 16-byte aligned and k % 4 == 0, so 4 elements move per float4 load / 8-byte store (the second
@@ -123,7 +107,7 @@ __global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
         } else {
             for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
         }
-        m = block_max(m, red);
+        m = block_max(m, red);  // >= 0: fmaxf skips NaN elements
         float scale = 1.0f, inv = 1.0f;
         if (m > kF16RowMax && m <= FLT_MAX) {  // Inf/NaN rows stay unscaled: they propagate as in f32
             int e2 = 0;
@@ -229,11 +213,12 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     float *inv = reinterpret_cast<float *>(static_cast<char *>(ctx->scratch_f16_x.ptr) + xh_bytes);
     const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
     const cast_args ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
-    if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0)
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0;
+    if (vec)
         cast_rows_f16_kernel<true><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
     else
         cast_rows_f16_kernel<false><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
-    PF_LAUNCH_CHECK("cast_rows_f16");
+    PF_LAUNCH_CHECK("cast_rows_f16_kernel<%s>", vec ? "true" : "false");
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     const float beta = accumulate ? 1.0f : 0.0f;
     if (whole) {
@@ -249,7 +234,7 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
         }
     }
     unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, n});
-    PF_LAUNCH_CHECK("unscale_rows");
+    PF_LAUNCH_CHECK("unscale_rows_kernel");
     return PF_STATUS_OK;
 }
 

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common.cuh"
 #include "context.h"
-#include "cuda_check.cuh"
 #include "qgemm.cuh"
 #include "quant.cuh"
 
@@ -25,7 +25,6 @@ constexpr int kThreads = 256; // 16 x 16 threads, 4 x 4 outputs each
 constexpr int kTM = kBM / 16, kTN = kBN / 16;
 constexpr int kPad = 1;       // row stride 33 floats: the column reads of the inner loop hit
                               // 32 different banks
-constexpr int kMaxGridY = 65535;
 constexpr int kGemvWarps = 8; // outputs per GEMV block
 
 struct qgemm_args {
@@ -152,7 +151,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(const __grid_con
             for (int e = 0; e < 8; ++e) acc = fmaf(v[e], xv[e], acc);
         }
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (lane == 0) a.y[j] = a.accumulate ? a.y[j] + acc : acc;
 }
 
@@ -185,7 +184,8 @@ pf_status launch_gemm(const void *w, int32_t qtype, int64_t n, int64_t k, const 
     dispatch_qtype(qtype, [&](auto tag) {
         qgemm_kernel<decltype(tag)::value, kSwiglu><<<grid, kThreads, 0, stream>>>(a);
     });
-    PF_LAUNCH_CHECK(what);
+    PF_LAUNCH_CHECK("qgemm_kernel<%s, %s> (%s)", pf_qtype_name(qtype), kSwiglu ? "true" : "false",
+                    what);
     return PF_STATUS_OK;
 }
 
@@ -210,7 +210,7 @@ pf_status qgemv(const void *w, int32_t qtype, int64_t n, int64_t k, const float 
         else
             qgemv_kernel<Q, false><<<grid, kGemvWarps * 32, 0, stream>>>(a);
     });
-    PF_LAUNCH_CHECK("qgemv");
+    PF_LAUNCH_CHECK("qgemv_kernel<%s, %s>", pf_qtype_name(qtype), vec_x ? "true" : "false");
     return PF_STATUS_OK;
 }
 

@@ -90,6 +90,22 @@ __device__ __forceinline__ void get_scale_min_k4(int j, const uint8_t *q, int &s
     }
 }
 
+// d * sc and dmin * m of sub-block j of a Q4_K / Q5_K block: both products exact (<= 17 bits).
+template <class Block>
+__device__ __forceinline__ void k4_scale_min(const Block *b, int j, float &d1, float &m1) {
+    int sc, m;
+    get_scale_min_k4(j, b->scales, sc, m);
+    d1 = __half2float(b->d) * float(sc);
+    m1 = __half2float(b->dmin) * float(m);
+}
+
+// The scale of sub-block ib (0..7, 32 elements) of an IQ4_XS block: d * (6-bit scale - 32).
+__device__ __forceinline__ float iq4xs_scale(const block_iq4_xs *b, int ib) {
+    const int ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xF) |
+                   (((b->scales_h >> (2 * ib)) & 3) << 4);
+    return __half2float(b->d) * float(ls - 32);
+}
+
 // ------------------------------------------------------------------ per-type traits
 
 // qtraits<Q>: kElems elements per block in kBytes bytes; decode(block, i) = element i (fp32).
@@ -156,20 +172,16 @@ struct qtraits<PF_QTYPE_Q4_K> {
     __device__ static __forceinline__ float decode(const uint8_t *p, int i) {
         const block_q4_K *b = reinterpret_cast<const block_q4_K *>(p);
         const int j = i >> 5, l = i & 31;  // sub-block of 32, element in it
-        int sc, m;
-        get_scale_min_k4(j, b->scales, sc, m);
+        float d1, m1;
+        k4_scale_min(b, j, d1, m1);
         const int q = (b->qs[(j >> 1) * 32 + l] >> ((j & 1) << 2)) & 0xF;
-        const float d1 = __half2float(b->d) * float(sc);     // exact (<= 17 bits)
-        const float m1 = __half2float(b->dmin) * float(m);   // exact
-        return d1 * float(q) - m1;                            // one rounding, as ggml
+        return d1 * float(q) - m1;  // one rounding, as ggml
     }
     __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
         const block_q4_K *b = reinterpret_cast<const block_q4_K *>(p);
         const int j = i0 >> 5;  // the 8 elements share one sub-block of 32
-        int sc, m;
-        get_scale_min_k4(j, b->scales, sc, m);
-        const float d1 = __half2float(b->d) * float(sc);
-        const float m1 = __half2float(b->dmin) * float(m);
+        float d1, m1;
+        k4_scale_min(b, j, d1, m1);
         const uint8_t *q = b->qs + (j >> 1) * 32 + (i0 & 31);
         const int sh = (j & 1) << 2;
 #pragma unroll
@@ -182,21 +194,17 @@ struct qtraits<PF_QTYPE_Q5_K> {
     __device__ static __forceinline__ float decode(const uint8_t *p, int i) {
         const block_q5_K *b = reinterpret_cast<const block_q5_K *>(p);
         const int j = i >> 5, l = i & 31;
-        int sc, m;
-        get_scale_min_k4(j, b->scales, sc, m);
+        float d1, m1;
+        k4_scale_min(b, j, d1, m1);
         const int q = ((b->qs[(j >> 1) * 32 + l] >> ((j & 1) << 2)) & 0xF) |
                       (((b->qh[l] >> j) & 1) << 4);
-        const float d1 = __half2float(b->d) * float(sc);
-        const float m1 = __half2float(b->dmin) * float(m);
         return d1 * float(q) - m1;
     }
     __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
         const block_q5_K *b = reinterpret_cast<const block_q5_K *>(p);
         const int j = i0 >> 5, l0 = i0 & 31;
-        int sc, m;
-        get_scale_min_k4(j, b->scales, sc, m);
-        const float d1 = __half2float(b->d) * float(sc);
-        const float m1 = __half2float(b->dmin) * float(m);
+        float d1, m1;
+        k4_scale_min(b, j, d1, m1);
         const uint8_t *q = b->qs + (j >> 1) * 32 + l0;
         const int sh = (j & 1) << 2;
 #pragma unroll
@@ -235,18 +243,14 @@ struct qtraits<PF_QTYPE_IQ4_XS> {
     __device__ static __forceinline__ float decode(const uint8_t *p, int i) {
         const block_iq4_xs *b = reinterpret_cast<const block_iq4_xs *>(p);
         const int ib = i >> 5, j = i & 31;
-        const int ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xF) |
-                       (((b->scales_h >> (2 * ib)) & 3) << 4);
-        const float dl = __half2float(b->d) * float(ls - 32);
+        const float dl = iq4xs_scale(b, ib);
         const int q = (b->qs[ib * 16 + (j & 15)] >> ((j >> 4) << 2)) & 0xF;
         return dl * float(iq4nl_value(q));
     }
     __device__ static __forceinline__ void decode8(const uint8_t *p, int i0, float *v) {
         const block_iq4_xs *b = reinterpret_cast<const block_iq4_xs *>(p);
         const int ib = i0 >> 5, j0 = i0 & 31;
-        const int ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xF) |
-                       (((b->scales_h >> (2 * ib)) & 3) << 4);
-        const float dl = __half2float(b->d) * float(ls - 32);
+        const float dl = iq4xs_scale(b, ib);
         const uint8_t *q = b->qs + ib * 16 + (j0 & 15);
         const int sh = (j0 >> 4) << 2;
 #pragma unroll

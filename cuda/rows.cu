@@ -4,41 +4,14 @@
 #include <climits>
 #include <cmath>
 
-#include "cuda_check.cuh"
+#include "common.cuh"
 #include "rows.cuh"
 
 namespace pf {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kElemBlock = 256;        // elementwise kernels: 8 warps, enough to hide latency
 constexpr int kNormBlock = 256;        // full-row RMSNorm: one block per row
-constexpr int kHeadWarps = 4;          // warp-per-head kernels: 4 heads per block of 128 threads
-constexpr int64_t kMaxGridY = 65535;   // hardware limit of gridDim.y
-constexpr int64_t kMaxGridX = INT_MAX; // hardware limit of gridDim.x (2^31 - 1)
-
-// Butterfly sum over the 32 lanes. Every lane ends with the bitwise-same value: at each step
-// lane l adds its partner's partial to its own, and a + b == b + a in IEEE arithmetic.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32, <= 1024), fixed order: per-thread strided
-// partials, butterfly within each warp, then warp 0 butterflies the per-warp sums. Every thread
-// returns the same value. `red` is shared scratch of >= 32 floats.
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const int n_warps = blockDim.x / kWarp;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = lane < n_warps ? red[lane] : 0.0f;  // padding lanes add exact zeros
-    t = warp_sum(t);
-    __syncthreads();  // every warp has read red[] before a later call may overwrite it
-    return t;
-}
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -57,7 +30,7 @@ struct RmsNormArgs {
 // One block per row. In place is safe: each thread rewrites only elements it read itself,
 // after the block-wide sum (which synchronises) is complete.
 __global__ void rms_norm_kernel(const __grid_constant__ RmsNormArgs a) {
-    __shared__ float red[kWarp];
+    __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
     const float *x = a.x + r * a.ldx;
     float *y = a.y + r * a.ldy;
@@ -83,16 +56,13 @@ struct HeadNormArgs {
 
 // One warp per (row, head); lanes stride over the head's elements.
 __global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
-    const int64_t gw = (int64_t)blockIdx.x * kHeadWarps + threadIdx.x / kWarp;
-    if (gw >= a.rows * a.n_heads) return;  // whole warps exit together: shuffles stay full
-    const int lane = threadIdx.x % kWarp;
-    const int64_t r = gw / a.n_heads, h = gw % a.n_heads;
+    int64_t r, h;
+    if (!warp_row_head(a.rows, a.n_heads, r, h)) return;
     float *x = a.x + r * a.ld + h * a.head_stride;
-    float s = 0.0f;
-    for (int i = lane; i < a.head_dim; i += kWarp) s = fmaf(x[i], x[i], s);
-    s = warp_sum(s);
+    const float s = warp_sum_squares(x, a.head_dim);
     const float inv = 1.0f / sqrtf(s / (float)a.head_dim + a.eps);
-    for (int i = lane; i < a.head_dim; i += kWarp) x[i] = (x[i] * inv) * a.w[i];
+    for (int i = threadIdx.x % kWarpSize; i < a.head_dim; i += kWarpSize)
+        x[i] = (x[i] * inv) * a.w[i];
 }
 
 // ------------------------------------------------------------------------------ RoPE
@@ -140,6 +110,28 @@ __global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
 constexpr int kElemPer = 4;
 constexpr int kElemTile = kElemBlock * kElemPer;
 
+// One kernel for the three ops: a.row(r) gives row r's pointers w; a.in0(w, c) and a.in1(w, c)
+// read the two inputs of column c (0 past the end), a.store(w, c, x0, x1) writes the result.
+template <class Args>
+__global__ void __launch_bounds__(kElemBlock) elementwise_kernel(const __grid_constant__ Args a) {
+    const typename Args::Row w = a.row(blockIdx.x);
+    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
+         base += (int64_t)gridDim.y * kElemTile) {
+        float v0[kElemPer], v1[kElemPer];
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            v0[e] = c < a.cols ? a.in0(w, c) : 0.0f;
+            v1[e] = c < a.cols ? a.in1(w, c) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < kElemPer; ++e) {
+            const int64_t c = base + e * kElemBlock;
+            if (c < a.cols) a.store(w, c, v0[e], v1[e]);
+        }
+    }
+}
+
 struct SwigluArgs {
     const float *g;
     int64_t ldg;
@@ -148,29 +140,19 @@ struct SwigluArgs {
     float *out;
     int64_t ldo;
     int64_t cols;
-};
 
-__global__ void __launch_bounds__(kElemBlock) swiglu_kernel(const __grid_constant__ SwigluArgs a) {
-    const int64_t r = blockIdx.x;
-    const float *g = a.g + r * a.ldg, *u = a.u + r * a.ldu;
-    float *out = a.out + r * a.ldo;
-    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
-         base += (int64_t)gridDim.y * kElemTile) {
-        float gv[kElemPer], uv[kElemPer];
-#pragma unroll
-        for (int e = 0; e < kElemPer; ++e) {
-            const int64_t c = base + e * kElemBlock;
-            gv[e] = c < a.cols ? g[c] : 0.0f;
-            uv[e] = c < a.cols ? u[c] : 0.0f;
-        }
-#pragma unroll
-        for (int e = 0; e < kElemPer; ++e) {
-            const int64_t c = base + e * kElemBlock;
-            // g -> -inf: exp(-g) = inf and g / inf = -0, no NaN
-            if (c < a.cols) out[c] = (gv[e] / (1.0f + expf(-gv[e]))) * uv[e];
-        }
+    struct Row {
+        const float *g, *u;
+        float *out;
+    };
+    __device__ Row row(int64_t r) const { return {g + r * ldg, u + r * ldu, out + r * ldo}; }
+    __device__ float in0(const Row &w, int64_t c) const { return w.g[c]; }
+    __device__ float in1(const Row &w, int64_t c) const { return w.u[c]; }
+    // g -> -inf: exp(-g) = inf and g / inf = -0, no NaN
+    __device__ void store(const Row &w, int64_t c, float gv, float uv) const {
+        w.out[c] = (gv / (1.0f + expf(-gv))) * uv;
     }
-}
+};
 
 struct AddArgs {
     float *y;
@@ -178,28 +160,16 @@ struct AddArgs {
     const float *x;
     int64_t ldx;
     int64_t cols;
-};
 
-__global__ void __launch_bounds__(kElemBlock) add_kernel(const __grid_constant__ AddArgs a) {
-    const int64_t r = blockIdx.x;
-    float *y = a.y + r * a.ldy;
-    const float *x = a.x + r * a.ldx;
-    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
-         base += (int64_t)gridDim.y * kElemTile) {
-        float yv[kElemPer], xv[kElemPer];
-#pragma unroll
-        for (int e = 0; e < kElemPer; ++e) {
-            const int64_t c = base + e * kElemBlock;
-            yv[e] = c < a.cols ? y[c] : 0.0f;
-            xv[e] = c < a.cols ? x[c] : 0.0f;
-        }
-#pragma unroll
-        for (int e = 0; e < kElemPer; ++e) {
-            const int64_t c = base + e * kElemBlock;
-            if (c < a.cols) y[c] = yv[e] + xv[e];
-        }
-    }
-}
+    struct Row {
+        float *y;
+        const float *x;
+    };
+    __device__ Row row(int64_t r) const { return {y + r * ldy, x + r * ldx}; }
+    __device__ float in0(const Row &w, int64_t c) const { return w.y[c]; }
+    __device__ float in1(const Row &w, int64_t c) const { return w.x[c]; }
+    __device__ void store(const Row &w, int64_t c, float yv, float xv) const { w.y[c] = yv + xv; }
+};
 
 struct GateArgs {
     float *o;
@@ -209,32 +179,24 @@ struct GateArgs {
     int64_t gate_head_stride;
     int32_t head_dim;
     int32_t cols;  // n_heads * head_dim (< 2^31: 32-bit division per element)
+
+    struct Row {
+        float *o;
+        const float *gate;
+    };
+    __device__ Row row(int64_t r) const { return {o + r * ldo, gate + r * ldgate}; }
+    __device__ float in0(const Row &w, int64_t c) const { return w.o[c]; }
+    __device__ float in1(const Row &w, int64_t c) const {
+        const int ci = (int)c;
+        return w.gate[(int64_t)(ci / head_dim) * gate_head_stride + ci % head_dim];
+    }
+    __device__ void store(const Row &w, int64_t c, float ov, float gv) const {
+        w.o[c] = ov * sigmoidf_(gv);
+    }
 };
 
-__global__ void __launch_bounds__(kElemBlock) sigmoid_gate_kernel(const __grid_constant__ GateArgs a) {
-    const int64_t r = blockIdx.x;
-    float *o = a.o + r * a.ldo;
-    const float *gate = a.gate + r * a.ldgate;
-    for (int64_t base = (int64_t)blockIdx.y * kElemTile + threadIdx.x; base < a.cols;
-         base += (int64_t)gridDim.y * kElemTile) {
-        float ov[kElemPer], gv[kElemPer];
-#pragma unroll
-        for (int e = 0; e < kElemPer; ++e) {
-            const int c = (int)(base + e * kElemBlock);
-            const bool in = base + e * kElemBlock < a.cols;
-            ov[e] = in ? o[c] : 0.0f;
-            gv[e] = in ? gate[(int64_t)(c / a.head_dim) * a.gate_head_stride + c % a.head_dim] : 0.0f;
-        }
-#pragma unroll
-        for (int e = 0; e < kElemPer; ++e) {
-            const int64_t c = base + e * kElemBlock;
-            if (c < a.cols) o[c] = ov[e] * sigmoidf_(gv[e]);
-        }
-    }
-}
-
 dim3 elementwise_grid(int64_t rows, int64_t cols) {
-    int64_t yb = (cols + kElemTile - 1) / kElemTile;
+    int64_t yb = ceil_div(cols, kElemTile);
     if (yb > kMaxGridY) yb = kMaxGridY;
     return dim3((unsigned)rows, (unsigned)yb, 1);
 }
@@ -291,8 +253,7 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
                  (const void *)w);
     const HeadNormArgs a{x, ld, rows, n_heads, head_stride, head_dim, w, eps};
     const int64_t warps = rows * n_heads;
-    head_rms_norm_kernel<<<(unsigned)((warps + kHeadWarps - 1) / kHeadWarps), kHeadWarps * kWarp,
-                           0, stream>>>(a);
+    head_rms_norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("head_rms_norm_kernel");
     return PF_STATUS_OK;
 }
@@ -332,8 +293,8 @@ pf_status swiglu_rows(const float *g, int64_t ldg, const float *u, int64_t ldu, 
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(g && u && out, "swiglu_rows: null pointer");
     const SwigluArgs a{g, ldg, u, ldu, out, ldo, cols};
-    swiglu_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("swiglu_kernel");
+    elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("elementwise_kernel<SwigluArgs>");
     return PF_STATUS_OK;
 }
 
@@ -347,8 +308,8 @@ pf_status add_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t r
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(y && x, "add_rows: null pointer");
     const AddArgs a{y, ldy, x, ldx, cols};
-    add_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("add_kernel");
+    elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("elementwise_kernel<AddArgs>");
     return PF_STATUS_OK;
 }
 
@@ -373,8 +334,8 @@ pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ld
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && gate, "sigmoid_gate_rows: null pointer");
     const GateArgs a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols};
-    sigmoid_gate_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("sigmoid_gate_kernel");
+    elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("elementwise_kernel<GateArgs>");
     return PF_STATUS_OK;
 }
 

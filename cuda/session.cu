@@ -104,8 +104,18 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     PF_TRY(gdn_l2norm_rows(u, cd, T, Hk, dk, dk, kL2NormEps, float(1.0 / std::sqrt(double(dk))), st));
     PF_TRY(gdn_l2norm_rows(u + kd, cd, T, Hk, dk, dk, kL2NormEps, 1.0f, st));
     // G6-G7 delta rule (tiled pairing), G8 gated RMSNorm in place on o
-    PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
-                         Hk, int32_t(Hv), dk, dv, st));
+    // The chunked (tensor-core) delta rule on the fast legs from kGdnChunkMinRows rows on; the
+    // sequential scan on the exact f32 leg, for decode and for short chunks.
+    int32_t run = PF_GEMM_F32;
+    PF_TRY(resolve_gemm_leg(L.qkv, s->leg, &run));
+    const int32_t pick = gdn_scan_env_default();
+    if (gdn_chunk_supported(dk, dv) && s->gdn_ws != nullptr &&
+        (pick == 2 || (pick == 0 && run != PF_GEMM_F32 && T >= kGdnChunkMinRows)))
+        PF_TRY(gdn_chunk_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o,
+                                   vd, T, Hk, int32_t(Hv), dk, dv, s->gdn_ws, s->gdn_ws_bytes, 0, st));
+    else
+        PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
+                             Hk, int32_t(Hv), dk, dv, st));
     PF_TRY(gdn_gated_rms_norm_rows(o, vd, z, vd, L.ssm_norm, o, vd, T, int32_t(Hv), dv, eps, st));
     return project(ctx, L.ssm_out, o, T, vd, s->x, hp.n_embd, true, s->leg);
 }
@@ -195,6 +205,11 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
         if (m->layers[size_t(il)].attn) continue;
         A(size_t((hp.conv_kernel - 1) * hp.conv_dim()), &r->conv[size_t(il)], "conv window");
         A(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv), &r->ssm[size_t(il)], "recurrent state");
+    }
+    // The chunked delta rule's workspace (prep results of one pass of <= chunk rows).
+    if (st == PF_STATUS_OK && hp.ssm_hv > 0 && gdn_chunk_supported(int32_t(hp.ssm_dk), int32_t(hp.ssm_dv))) {
+        r->gdn_ws_bytes = gdn_chunk_workspace_bytes(T, int32_t(hp.ssm_hk), int32_t(hp.ssm_hv));
+        if (r->gdn_ws_bytes) st = salloc(r, r->gdn_ws_bytes, &r->gdn_ws, "GDN chunk workspace");
     }
     if (st != PF_STATUS_OK) return fail_cleanup(st);
     if ((st = session_reset(r)) != PF_STATUS_OK) return fail_cleanup(st);

@@ -23,6 +23,8 @@ struct pf_session {
     float *logits = nullptr;         // [lm_rows][n_vocab]
     int32_t lm_rows = 0;
     int32_t *argmax = nullptr;       // [1]
+    void *gdn_ws = nullptr;          // chunked delta rule workspace (gdn_chunk_workspace_bytes)
+    size_t gdn_ws_bytes = 0;
     std::vector<std::pair<void *, size_t>> allocs;
 };
 

@@ -30,6 +30,30 @@
  *  - No CUDA types appear here (cffi parses this file): the library never prints, throws
  *    or aborts across this boundary.
  *  - GGML quantization type ids are used as they are (PF_QTYPE_*).
+ *  - Kernel-level ops (one op family per section below; names pf_<noun>[_<verb>], no _rows
+ *    suffix: every op works on rows of tokens):
+ *    . Every matrix or vector operand is a view, pf_view {buf, off, ld}, passed as
+ *      `const pf_view *` (or held by value in an argument struct): element (r, c) is element
+ *      off + r*ld + c of buf, counted in the operand's dtype (float32 unless the op says
+ *      otherwise). ld 0 = the op's natural width for that operand (named per op); a vector
+ *      operand (one row: a norm weight, a state, one token) ignores ld. A view may start inside
+ *      a wider row, e.g. the gate half of a q projection. Weights are pf_weight handles; a KV
+ *      cache is a whole buffer (its capacity is its size); pf_attention takes its strides in
+ *      pf_attention_options and q, out as whole buffers.
+ *    . An entry takes at most 8 parameters. One that needs more takes a size-prefixed argument
+ *      struct pf_<op>_args, filled by pf_<op>_args_init(&a, sizeof a) (zeroes it, sets
+ *      struct_size and the documented defaults) and then by the caller; a struct_size that
+ *      differs from the library's is ABI_MISMATCH. pf_attention_options is this op's struct.
+ *    . Checks run in one order, so that every scalar check works without a device: scalars and
+ *      shapes (offsets >= 0, ld >= width, sizes in range; sizes never overflow), then NULL
+ *      views and buffers, then ctx, then ownership (buffers and weights of ctx) and fit (the
+ *      buffer holds the view's last element), then overlaps (an output may alias an input only
+ *      where the op says so: same buffer, offset and ld).
+ *    . rows == 0 is a no-op after the checks. Calls are asynchronous on ctx's stream unless
+ *      stated otherwise.
+ *
+ * Version 0.2 changed the kernel-level entry points (views, argument structs, names); the core
+ * and model-level entry points are those of 0.1.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -44,7 +68,7 @@
 #endif
 
 #define PF_VERSION_MAJOR 0
-#define PF_VERSION_MINOR 1
+#define PF_VERSION_MINOR 2
 #define PF_VERSION_PATCH 0
 
 #ifdef __cplusplus
@@ -148,6 +172,17 @@ PF_API pf_status pf_weight_create(pf_weight **out, pf_context *ctx, int32_t qtyp
 PF_API void pf_weight_destroy(pf_weight *w);
 PF_API pf_status pf_weight_info_get(const pf_weight *w, pf_weight_info *out);
 
+/* ---------------------------------------------------------------- views (kernel level) */
+
+/* An operand of a kernel-level op: element (r, c) is element off + r*ld + c of buf, in the
+ * operand's dtype (see the conventions at the top). */
+typedef struct pf_view {
+    pf_buffer *buf; /* the buffer; must belong to the op's context. no default (NULL) */
+    int64_t off;    /* element offset of row 0, column 0, >= 0. default 0 */
+    int64_t ld;     /* row stride in elements, >= the operand's width; 0 = the op's natural
+                       width. Ignored for vector operands. default 0 */
+} pf_view;
+
 /* ---- attention (kernel level) ---- */
 
 /* KV cache of one attention layer: two buffers, K and V, each [capacity][kv_dim] row-major with
@@ -200,38 +235,50 @@ PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t st
 PF_API pf_status pf_attention_plan(const pf_attention_options *opts, int32_t *out_path,
                                    int64_t *out_rows_per_pass, size_t *out_workspace_bytes);
 
-/* Writes `rows` rows into a KV cache at positions pos0..pos0+rows-1, converting to kv_dtype
+/* Writes a->rows rows into a KV cache at positions pos0..pos0+rows-1, converting to kv_dtype
  * (fp16: round to nearest even, saturating at +-65504; NaN stays NaN):
- *   k_cache[pos0 + r][c] = k[r * ldk + c], v_cache[pos0 + r][c] = v[r * ldv + c], c < kv_dim.
- * k, v: float32 [rows][ldk] / [rows][ldv]; ldk, ldv >= kv_dim, 0 = kv_dim. pos0 + rows must not
- * exceed either cache's capacity. For an fp32 cache a projection may instead write straight into
- * the cache (output at row pos0, row stride kv_dim). k_cache and v_cache are distinct buffers. */
-PF_API pf_status pf_kv_write(pf_context *ctx, const pf_buffer *k, int64_t ldk, const pf_buffer *v,
-                             int64_t ldv, int64_t rows, int64_t kv_dim, pf_buffer *k_cache,
-                             pf_buffer *v_cache, int32_t kv_dtype, int64_t pos0);
+ *   k_cache[pos0 + r][c] = k[r][c], v_cache[pos0 + r][c] = v[r][c], c < kv_dim.
+ * pos0 + rows must not exceed either cache's capacity. For an fp32 cache a projection may
+ * instead write straight into the cache (a view at element pos0*kv_dim, ld kv_dim). */
+typedef struct pf_kv_write_args {
+    size_t struct_size;  /* set by pf_kv_write_args_init; do not change */
+    pf_view k, v;        /* float32 [rows][ld] sources, kv_dim columns read; ld 0 = kv_dim,
+                            at most 2^31 - 1. no default */
+    pf_buffer *k_cache;  /* K cache (whole buffer, see above) of kv_dtype. no default (NULL) */
+    pf_buffer *v_cache;  /* V cache, a buffer distinct from k_cache; neither cache may be the
+                            buffer of k or v. no default (NULL) */
+    int64_t rows;        /* rows to write, 0..2^31-1. default 0 */
+    int64_t kv_dim;      /* n_kv_heads * head_dim, 1..2^31-1. no default (0) */
+    int64_t pos0;        /* cache row of row 0, >= 0, pos0 + rows < 2^31. default 0 */
+    int32_t kv_dtype;    /* pf_kv_dtype of both caches. default PF_KV_F16 */
+} pf_kv_write_args;
+
+PF_API pf_status pf_kv_write_args_init(pf_kv_write_args *args, size_t struct_size);
+PF_API pf_status pf_kv_write(pf_context *ctx, const pf_kv_write_args *args);
 
 /* Causal grouped attention of `opts->rows` query rows at positions pos0..pos0+rows-1 over the
  * cache rows 0..pos0+rows-1 (spec B2):
  *   out[t][h*D + d] = sum_{j <= pos0+t} softmax_j(scale * q_h[t] . K[j, g]) V[j, g][d],
  *   g = h / (H / Hkv), q_h[t] = q[t * q_row_stride + h * q_head_stride + 0..D-1].
- * q: float32; out: float32 [rows][out_row_stride] (columns past H*D untouched); k_cache, v_cache:
- * kv_dtype caches (see above) with capacity >= pos0 + rows. out must be a buffer distinct from
- * q and the caches. Runs on the context's stream. */
+ * q: float32 buffer (from its start); out: float32 [rows][out_row_stride] buffer (columns past
+ * H*D untouched); k_cache, v_cache: kv_dtype caches (see above) with capacity >= pos0 + rows.
+ * out must be a buffer distinct from q and the caches. Runs on the context's stream. */
 PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_options *opts, const pf_buffer *q,
                               const pf_buffer *k_cache, const pf_buffer *v_cache, pf_buffer *out);
 
-/* Greedy decoding: out_ids[r] = argmax_{i < n} x[r * ld + i] for r < rows (int32).
- * x: float32 [rows][ld], ld >= n (0 = n), 1 <= n <= 2^31 - 1. Ties go to the lowest index; NaN
- * ranks above every number (numpy.argmax's rule: the first NaN wins); a row of -inf gives 0. */
-PF_API pf_status pf_argmax_rows(pf_context *ctx, const pf_buffer *x, int64_t rows, int64_t n,
-                                int64_t ld, pf_buffer *out_ids);
+/* Greedy decoding: out_ids[r] = argmax_{i < n} x[r][i] for r < rows.
+ * x: float32 [rows][ld] view, ld 0 = n, at most 2^31 - 1; 1 <= n <= 2^31 - 1. out_ids: a
+ * vector of rows int32 (off counted in int32), not overlapping x. Ties go to the lowest index;
+ * NaN ranks above every number (numpy.argmax's rule: the first NaN wins); a row of -inf
+ * gives 0. */
+PF_API pf_status pf_argmax(pf_context *ctx, const pf_view *x, const pf_view *out_ids, int64_t rows,
+                           int64_t n);
 
 /* ---- gemm (kernel level) ---- */
 /* Dequantization, the embedding gather, projections Y = X . W^T through a chosen leg, the
  * weights' fp16 caches and their all-or-nothing prewarm, and the fused Q4_0 / Q8_0 kernels.
- * Activations are float32 row-major; a row stride (ldx, ldy, ldo) is in elements and must be
- * >= the row's width; columns beyond the width are never written. Buffers and weights must
- * belong to ctx. Calls are asynchronous on ctx's stream unless stated otherwise. */
+ * Activations are float32 views [rows][ld]; columns beyond an output's width are never
+ * written; an output must not overlap an input. Weights must belong to ctx. */
 
 typedef enum pf_gemm_leg {
     PF_GEMM_DEFAULT = 0, /* the process default: env PREFILL_GEMM = f16 | f32 | auto (unset = auto) */
@@ -249,28 +296,28 @@ PF_API pf_status pf_gemm_default_leg(int32_t *out);
  * env value. Process-wide; meant for tests and tools. */
 PF_API pf_status pf_gemm_set_default_leg(int32_t leg);
 
-/* Dequantizes weight w ([n][k]) into out: row-major [n][k], float32 when out_f16 == 0 (equal
- * to gguf.quants.dequantize), fp16 (round to nearest even) when out_f16 == 1. out must hold
- * n*k*4 (or n*k*2) bytes. */
-PF_API pf_status pf_dequantize(pf_context *ctx, const pf_weight *w, pf_buffer *out,
+/* Dequantizes weight w ([n][k]) into out: [n][k] of float32 elements when out_f16 == 0 (equal
+ * to gguf.quants.dequantize), fp16 elements (round to nearest even) when out_f16 == 1; out.off
+ * counts those elements. Rows are written packed: out.ld must be 0 or k (else UNSUPPORTED). */
+PF_API pf_status pf_dequantize(pf_context *ctx, const pf_weight *w, const pf_view *out,
                                int32_t out_f16);
 
-/* Embedding gather: out[r*ldo + j] = float32 row ids[r] of table ([n_vocab][k] = [n][k]), for
+/* Embedding gather: out[r][j] = float32 row ids[r] of table ([n_vocab][k] = [n][k]), for
  * r < rows, j < k. ids: HOST array of `rows` int32 token ids, each in [0, n_vocab) (else
  * INVALID_ARGUMENT naming the position and the value; nothing is written). ids may be NULL
- * only when rows == 0. out holds >= ((rows-1)*ldo + k)*4 bytes. Synchronous for ids (copied
+ * only when rows == 0. out: float32 [rows][ld] view, ld 0 = k. Synchronous for ids (copied
  * to the device before returning). */
-PF_API pf_status pf_embed_rows(pf_context *ctx, const pf_weight *table, const int32_t *ids,
-                               int64_t rows, pf_buffer *out, int64_t ldo);
+PF_API pf_status pf_embed(pf_context *ctx, const pf_weight *table, const int32_t *ids,
+                          int64_t rows, const pf_view *out);
 
 /* Projection: Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i] for r < rows,
- * j < n, with W = weight w ([n][k]). x: float32 [rows][ldx] (ldx >= k), y: float32 [rows][ldy]
- * (ldy >= n); x and y must not overlap. accumulate: 0 or 1 (1 = the fused residual add).
- * leg: a pf_gemm_leg. rows == 0 is a no-op. Activations beyond the fp16 range on the f16 leg
- * are scaled per row by a power of two (exact), never turned into Inf. */
-PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_buffer *x, int64_t rows,
-                            int64_t ldx, pf_buffer *y, int64_t ldy, int32_t accumulate,
-                            int32_t leg);
+ * j < n, with W = weight w ([n][k]). x: float32 [rows][ld] view, ld 0 = k; y: float32
+ * [rows][ld] view, ld 0 = n; rows and both ld at most 2^31 - 1 (cuBLAS); x and y must not
+ * overlap. accumulate: 0 or 1 (1 = the fused residual add). leg: a pf_gemm_leg. Activations
+ * beyond the fp16 range on the f16 leg are scaled per row by a power of two (exact), never
+ * turned into Inf. */
+PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_view *x, const pf_view *y,
+                            int64_t rows, int32_t accumulate, int32_t leg);
 
 /* Caches w as fp16 ([n][k], n*k*2 bytes; pf_weight_info.f16_bytes reports it); a no-op when
  * already cached. pf_weight_drop_f16 frees the cache (waits for ctx's stream); no-op if none. */
@@ -305,132 +352,183 @@ PF_API pf_status pf_prewarm_f16(pf_context *ctx, pf_weight *const *weights, int3
 /* Fused kernels straight on the weight's blocks (no dequantized copy; built for every
  * supported type, Q4_0 / Q8_0 being the ones they are meant for), fp32 math on exactly decoded
  * weights (bound 1e-5). The tiled kernels (pf_qgemm with rows > 1, pf_qgemm_swiglu) need k a
- * multiple of 32. pf_qgemm: same contract as pf_project (rows == 1 runs the GEMV).
+ * multiple of 32.
+ * pf_qgemm: the contract of pf_project (rows == 1 runs the GEMV).
  * pf_qgemm_swiglu: w is [2n][k], rows [0, n) gate and [n, 2n) up; out[r][j] = silu(g) * u
- * with g = X[r] . W[j], u = X[r] . W[n+j]; out: float32 [rows][ldo], ldo >= n.
- * pf_qgemv: one row, x float32 [k], y float32 [n] (+= when accumulate). */
-PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const pf_buffer *x, int64_t rows,
-                          int64_t ldx, pf_buffer *y, int64_t ldy, int32_t accumulate);
-PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w, const pf_buffer *x,
-                                 int64_t rows, int64_t ldx, pf_buffer *out, int64_t ldo);
-PF_API pf_status pf_qgemv(pf_context *ctx, const pf_weight *w, const pf_buffer *x, pf_buffer *y,
+ * with g = X[r] . W[j], u = X[r] . W[n+j]; x: [rows][ld], ld 0 = k; out: [rows][ld], ld 0 = n.
+ * pf_qgemv: one row; x and y are vectors of k and n floats (y += when accumulate). */
+PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const pf_view *x, const pf_view *y,
+                          int64_t rows, int32_t accumulate);
+PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w, const pf_view *x,
+                                 const pf_view *out, int64_t rows);
+PF_API pf_status pf_qgemv(pf_context *ctx, const pf_weight *w, const pf_view *x, const pf_view *y,
                           int32_t accumulate);
 
 /* ---- rows (kernel level) ---- */
-/* Row kernels of the prefill on float32 activations. Every matrix argument is a triple
- * (buffer, off, ld): row r, column c is element off + r*ld + c of the buffer (floats), so a view
- * may start inside a wider row (e.g. the gate half of a q projection). ld = 0 means the view's
- * width. Buffers must belong to ctx and hold the view's last element. rows == 0 is a no-op after
- * the checks. Asynchronous on ctx's stream; fp32 math, deterministic (fixed reduction orders);
- * bound 1e-5 relative against float64. */
+/* Row kernels of the prefill on float32 views. Matrix operands are [rows][ld] with ld 0 = the
+ * width named per op. Per-head ops address head h of row r at column h*head_stride of the view
+ * (head_stride >= head_dim, 0 = head_dim; qwen35 [q | gate] rows: 2*head_dim) and take ld 0 =
+ * n_heads*head_stride. fp32 math, deterministic (fixed reduction orders); bound 1e-5 relative
+ * against float64. */
 
-/* RMSNorm: y[r][c] = x[r][c] / sqrt(mean_c(x[r][.]^2) + eps) * w[c], c < cols.
- * w: cols floats at w_off. y may be x itself (same off and ld); no other overlap. */
-PF_API pf_status pf_rms_norm_rows(pf_context *ctx, const pf_buffer *x, int64_t x_off, int64_t ldx,
-                                  const pf_buffer *w, int64_t w_off, pf_buffer *y, int64_t y_off,
-                                  int64_t ldy, int64_t rows, int64_t cols, float eps);
+/* RMSNorm: y[r][c] = x[r][c] / sqrt(mean_c(x[r][.]^2) + eps) * w[c], c < cols; eps finite,
+ * >= 0. w: vector of cols floats. x, y: ld 0 = cols. y may be x itself (same buffer, off and
+ * ld); no other overlap. */
+PF_API pf_status pf_rms_norm(pf_context *ctx, const pf_view *x, const pf_view *w, const pf_view *y,
+                             int64_t rows, int64_t cols, float eps);
 
-/* Per-head RMSNorm in place (QK-norm): head h of row r is the head_dim floats at
- * x_off + r*ldx + h*head_stride, normalised as above with w (head_dim floats at w_off).
- * head_stride >= head_dim (0 = head_dim; qwen35 [q | gate] rows: 2*head_dim);
- * ldx 0 = n_heads*head_stride. */
-PF_API pf_status pf_head_rms_norm_rows(pf_context *ctx, pf_buffer *x, int64_t x_off, int64_t ldx,
-                                       int64_t rows, int32_t n_heads, int64_t head_stride,
-                                       int32_t head_dim, const pf_buffer *w, int64_t w_off,
-                                       float eps);
+/* Per-head RMSNorm in place (QK-norm): each head of x is normalised as above with w (vector of
+ * head_dim floats), which must not overlap x. n_heads, head_dim in 1..65536. */
+PF_API pf_status pf_head_rms_norm(pf_context *ctx, const pf_view *x, const pf_view *w, int64_t rows,
+                                  int32_t n_heads, int32_t head_dim, int64_t head_stride,
+                                  float eps);
 
-/* Partial NEOX RoPE in place (spec B1), heads addressed as in pf_head_rms_norm_rows. Row t is
- * at position pos0 + t; pairs (i, i + rot_dim/2) for i < rot_dim/2 rotate by
- * phi = p * base^(-2i/rot_dim); dims [rot_dim, head_dim) are untouched. rot_dim even,
- * 2..head_dim; base > 1; pos0 >= 0. The angle is computed in float64 (exact to fp32 rounding
- * at any position). */
-PF_API pf_status pf_rope_neox_rows(pf_context *ctx, pf_buffer *x, int64_t x_off, int64_t ldx,
-                                   int64_t rows, int32_t n_heads, int64_t head_stride,
-                                   int32_t head_dim, int32_t rot_dim, int64_t pos0, float base);
+/* Partial NEOX RoPE in place (spec B1). Row t is at position pos0 + t; pairs (i, i + rot_dim/2)
+ * for i < rot_dim/2 rotate by phi = p * base^(-2i/rot_dim); dims [rot_dim, head_dim) are
+ * untouched. The angle is computed in float64 (exact to fp32 rounding at any position). */
+typedef struct pf_rope_neox_args {
+    size_t struct_size;  /* set by pf_rope_neox_args_init; do not change */
+    pf_view x;           /* float32 [rows][ld] of heads, rotated in place; ld 0 =
+                            n_heads*head_stride. no default */
+    int64_t rows;        /* rows, >= 0. default 0 */
+    int32_t n_heads;     /* heads per row, 1..65536. no default (0) */
+    int32_t head_dim;    /* floats per head, 1..65536. no default (0) */
+    int64_t head_stride; /* floats from one head to the next, >= head_dim; 0 = head_dim.
+                            default 0 */
+    int32_t rot_dim;     /* rotated dims, even, 2..head_dim. no default (0) */
+    float base;          /* frequency base, finite, > 1. no default (0) */
+    int64_t pos0;        /* position of row 0, 0..2^52. default 0 */
+} pf_rope_neox_args;
 
-/* SwiGLU: out[r][c] = silu(g[r][c]) * u[r][c], silu(x) = x / (1 + exp(-x)), c < cols.
- * out may be g or u itself (same off and ld); no other overlap. */
-PF_API pf_status pf_swiglu_rows(pf_context *ctx, const pf_buffer *g, int64_t g_off, int64_t ldg,
-                                const pf_buffer *u, int64_t u_off, int64_t ldu, pf_buffer *out,
-                                int64_t out_off, int64_t ldo, int64_t rows, int64_t cols);
+PF_API pf_status pf_rope_neox_args_init(pf_rope_neox_args *args, size_t struct_size);
+PF_API pf_status pf_rope_neox(pf_context *ctx, const pf_rope_neox_args *args);
 
-/* Residual add: y[r][c] += x[r][c], c < cols. x and y must not overlap. */
-PF_API pf_status pf_add_rows(pf_context *ctx, pf_buffer *y, int64_t y_off, int64_t ldy,
-                             const pf_buffer *x, int64_t x_off, int64_t ldx, int64_t rows,
-                             int64_t cols);
+/* SwiGLU: out[r][c] = silu(g[r][c]) * u[r][c], silu(x) = x / (1 + exp(-x)), c < cols; ld 0 =
+ * cols. out may be g or u itself (same buffer, off and ld); no other overlap. */
+PF_API pf_status pf_swiglu(pf_context *ctx, const pf_view *g, const pf_view *u, const pf_view *out,
+                           int64_t rows, int64_t cols);
+
+/* Residual add: y[r][c] += x[r][c], c < cols; ld 0 = cols. x and y must not overlap. */
+PF_API pf_status pf_add(pf_context *ctx, const pf_view *y, const pf_view *x, int64_t rows,
+                        int64_t cols);
 
 /* Sigmoid output gate (qwen35 attention, spec A8), in place on o:
- *   o[r][h*head_dim + i] *= sigmoid(gate[gate_off + r*ldgate + h*gate_head_stride + i]).
- * qwen35: gate is the q-projection output with gate_off = head_dim (the gate half of head 0),
- * gate_head_stride = 2*head_dim (0 = head_dim), ldgate = 2*n_heads*head_dim
- * (0 = n_heads*gate_head_stride). ldo 0 = n_heads*head_dim. o and gate must not overlap. */
-PF_API pf_status pf_sigmoid_gate_rows(pf_context *ctx, pf_buffer *o, int64_t o_off, int64_t ldo,
-                                      const pf_buffer *gate, int64_t gate_off, int64_t ldgate,
-                                      int64_t gate_head_stride, int64_t rows, int32_t n_heads,
-                                      int32_t head_dim);
+ *   o[r][h*head_dim + i] *= sigmoid(gate[r][h*gate_head_stride + i]).
+ * o: ld 0 = n_heads*head_dim; gate: heads as above with gate_head_stride (0 = head_dim),
+ * ld 0 = n_heads*gate_head_stride. qwen35: gate is the q-projection output viewed from
+ * off = head_dim (the gate half of head 0), gate_head_stride = 2*head_dim. o and gate must not
+ * overlap. */
+PF_API pf_status pf_sigmoid_gate(pf_context *ctx, const pf_view *o, const pf_view *gate,
+                                 int64_t rows, int32_t n_heads, int32_t head_dim,
+                                 int64_t gate_head_stride);
 
 /* ---- gdn (kernel level) ---- */
-/* Gated DeltaNet ops (spec 3.2), same (buffer, off, ld) convention as the row kernels. Each is
- * bitwise equal to `rows` calls of itself with rows = 1 over the same rows in order (the
- * per-token twin used by decode). State buffers (conv window, recurrent state) are float32 and
- * updated in place, so consecutive calls continue one sequence. */
+/* Gated DeltaNet ops (spec 3.2) on float32 views, as the row kernels. Each is bitwise equal to
+ * `rows` calls of itself with rows = 1 over the same rows in order (the per-token twin used by
+ * decode). State operands (conv window, recurrent state) are float32 vectors updated in place,
+ * so consecutive calls continue one sequence. */
 
-/* Causal depthwise conv1d + SiLU over a chunk (G3). m: pre-conv rows [rows][ldm] (conv_dim
- * used). window: (kc-1)*conv_dim floats at window_off, [kc-1][conv_dim], oldest row first;
- * replaced by the last kc-1 rows of concat(window, m) (valid for rows < kc-1 too). weight:
- * conv_dim*kc floats at weight_off, [conv_dim][kc], tap kc-1 multiplies the current token.
- * u[r][ch] = silu(sum_i X[r+i][ch] * weight[ch][i]), X = concat(window, m). kc in 2..8.
- * u must not overlap m, window or weight. */
-PF_API pf_status pf_gdn_conv1d_rows(pf_context *ctx, const pf_buffer *m, int64_t m_off,
-                                    int64_t ldm, pf_buffer *window, int64_t window_off,
-                                    const pf_buffer *weight, int64_t weight_off, pf_buffer *u,
-                                    int64_t u_off, int64_t ldu, int64_t rows, int64_t conv_dim,
-                                    int32_t kc);
+/* Causal depthwise conv1d + SiLU over a chunk (G3). m: pre-conv rows [rows][ld], conv_dim
+ * columns read, ld 0 = conv_dim. window: vector of (kc-1)*conv_dim floats, [kc-1][conv_dim],
+ * oldest row first; replaced by the last kc-1 rows of concat(window, m) (valid for rows < kc-1
+ * too). weight: vector of conv_dim*kc floats, [conv_dim][kc], tap kc-1 multiplies the current
+ * token. u[r][ch] = silu(sum_i X[r+i][ch] * weight[ch][i]), X = concat(window, m); u: ld 0 =
+ * conv_dim. conv_dim in 1..2^31, kc in 2..8. u must not overlap m, window or weight; window
+ * must not overlap m or weight. */
+PF_API pf_status pf_gdn_conv1d(pf_context *ctx, const pf_view *m, const pf_view *window,
+                               const pf_view *weight, const pf_view *u, int64_t rows,
+                               int64_t conv_dim, int32_t kc);
 
 /* Per-head L2 norm in place (G5), HF's formula: x_h <- x_h * rsqrt(sum x_h^2 + eps) * scale,
- * heads addressed as in pf_head_rms_norm_rows. eps 1e-6 for qwen35; scale 1 for k,
- * 1/sqrt(head_dim) for q. (llama.cpp's x / max(||x||, eps) differs by ~eps/(2||x||^2).) */
-PF_API pf_status pf_gdn_l2norm_rows(pf_context *ctx, pf_buffer *x, int64_t x_off, int64_t ldx,
-                                    int64_t rows, int32_t n_heads, int64_t head_stride,
-                                    int32_t head_dim, float eps, float scale);
+ * heads addressed as in the row kernels. eps finite, >= 0 (1e-6 for qwen35); scale finite: 1
+ * for k, 1/sqrt(head_dim) for q. (llama.cpp's x / max(||x||, eps) differs by ~eps/(2||x||^2).) */
+PF_API pf_status pf_gdn_l2norm(pf_context *ctx, const pf_view *x, int64_t rows, int32_t n_heads,
+                               int32_t head_dim, int64_t head_stride, float eps, float scale);
 
 /* Gates (G2): beta[r][j] = sigmoid(b[r][j]); g[r][j] = ssm_a[j] * softplus(alpha[r][j] +
- * dt_bias[j]) (softplus(x) = x for x > 20), j < n_v_heads. b, alpha, beta, g: [rows][ld]
- * views (ld 0 = n_v_heads); ssm_a, dt_bias: n_v_heads floats. Outputs must not overlap inputs
- * or each other. */
-PF_API pf_status pf_gdn_gates_rows(pf_context *ctx, const pf_buffer *b, int64_t b_off, int64_t ldb,
-                                   const pf_buffer *alpha, int64_t alpha_off, int64_t ld_alpha,
-                                   const pf_buffer *ssm_a, int64_t ssm_a_off,
-                                   const pf_buffer *dt_bias, int64_t dt_bias_off, pf_buffer *beta,
-                                   int64_t beta_off, int64_t ld_beta, pf_buffer *g, int64_t g_off,
-                                   int64_t ld_g, int64_t rows, int32_t n_v_heads);
+ * dt_bias[j]) (softplus(x) = x for x > 20), j < n_v_heads. Outputs must not overlap inputs or
+ * each other. */
+typedef struct pf_gdn_gates_args {
+    size_t struct_size;  /* set by pf_gdn_gates_args_init; do not change */
+    pf_view b, alpha;    /* float32 [rows][ld] inputs, ld 0 = n_v_heads. no default */
+    pf_view ssm_a;       /* vector of n_v_heads floats (-exp(A_log)). no default */
+    pf_view dt_bias;     /* vector of n_v_heads floats. no default */
+    pf_view beta, g;     /* float32 [rows][ld] outputs, ld 0 = n_v_heads. no default */
+    int64_t rows;        /* rows, >= 0. default 0 */
+    int32_t n_v_heads;   /* value heads, 1..65536. no default (0) */
+} pf_gdn_gates_args;
+
+PF_API pf_status pf_gdn_gates_args_init(pf_gdn_gates_args *args, size_t struct_size);
+PF_API pf_status pf_gdn_gates(pf_context *ctx, const pf_gdn_gates_args *args);
 
 /* Gated RMSNorm (G8): y[r][j*dv + i] = RMSNorm(o[r][j*dv + .]; w, eps)[i] * silu(z[r][j*dv + i])
- * for j < n_v_heads, i < dv. w: dv floats (ssm_norm). y may be o itself (same off and ld); no
- * other overlap. ld 0 = n_v_heads*dv. */
-PF_API pf_status pf_gdn_gated_rms_norm_rows(pf_context *ctx, const pf_buffer *o, int64_t o_off,
-                                            int64_t ldo, const pf_buffer *z, int64_t z_off,
-                                            int64_t ldz, const pf_buffer *w, int64_t w_off,
-                                            pf_buffer *y, int64_t y_off, int64_t ldy, int64_t rows,
-                                            int32_t n_v_heads, int32_t dv, float eps);
+ * for j < n_v_heads, i < dv. y may be o itself (same buffer, off and ld); no other overlap. */
+typedef struct pf_gdn_gated_rms_norm_args {
+    size_t struct_size;  /* set by pf_gdn_gated_rms_norm_args_init; do not change */
+    pf_view o, z;        /* float32 [rows][ld] inputs, ld 0 = n_v_heads*dv. no default */
+    pf_view w;           /* vector of dv floats (ssm_norm, shared by the heads). no default */
+    pf_view y;           /* float32 [rows][ld] output, ld 0 = n_v_heads*dv. no default */
+    int64_t rows;        /* rows, >= 0. default 0 */
+    int32_t n_v_heads;   /* value heads, 1..65536. no default (0) */
+    int32_t dv;          /* floats per value head, 1..65536. no default (0) */
+    float eps;           /* finite, >= 0. default 1e-6 (qwen35) */
+} pf_gdn_gated_rms_norm_args;
 
-/* Gated delta rule (G7), sequential scan with the state on chip. q, k: [rows][ld] views of
- * n_k_heads heads of dk (ld 0 = n_k_heads*dk; typically inside the conv output, q at column 0,
- * k at n_k_heads*dk, already L2-normalised, q scaled by 1/sqrt(dk)); v: n_v_heads heads of dv;
- * beta, g: [rows][ld] of n_v_heads; state: n_v_heads*dk*dv floats at state_off,
- * [n_v_heads][dk][dv] (key index, then value index), read and written back; o: [rows][ldo] of
- * n_v_heads heads of dv. Value head j uses key head j % n_k_heads (qwen35 tiled pairing).
- * Per token, per head: S = exp(g) S; e = (v - S^T k) * beta; S += k e^T; o = S^T q.
- * dk, dv in {16, 32, 64, 128}; n_v_heads a multiple of n_k_heads. o must not overlap q, k,
- * beta, g or state; o may be v itself (same off and ld). */
-PF_API pf_status pf_gdn_scan_rows(pf_context *ctx, const pf_buffer *q, int64_t q_off, int64_t ldq,
-                                  const pf_buffer *k, int64_t k_off, int64_t ldk,
-                                  const pf_buffer *v, int64_t v_off, int64_t ldv,
-                                  const pf_buffer *beta, int64_t beta_off, int64_t ld_beta,
-                                  const pf_buffer *g, int64_t g_off, int64_t ld_g,
-                                  pf_buffer *state, int64_t state_off, pf_buffer *o, int64_t o_off,
-                                  int64_t ldo, int64_t rows, int32_t n_k_heads, int32_t n_v_heads,
-                                  int32_t dk, int32_t dv);
+PF_API pf_status pf_gdn_gated_rms_norm_args_init(pf_gdn_gated_rms_norm_args *args,
+                                                 size_t struct_size);
+PF_API pf_status pf_gdn_gated_rms_norm(pf_context *ctx, const pf_gdn_gated_rms_norm_args *args);
+
+/* Gated delta rule (G7) over `rows` tokens. Value head j uses key head j % n_k_heads (qwen35
+ * tiled pairing). Per token, per head: S = exp(g) S; e = (v - S^T k) * beta; S += k e^T;
+ * o = S^T q. The state is read at the start and written back at the end, so consecutive calls
+ * continue one sequence. */
+typedef enum pf_gdn_scan_path {
+    PF_GDN_SCAN_AUTO = 0,       /* chunked for dk = dv = 128 and rows >= 64, else sequential.
+                                   Env PREFILL_GDN_SCAN=sequential|chunked overrides the choice
+                                   (read once per process) */
+    PF_GDN_SCAN_SEQUENTIAL = 1, /* token by token with the state on chip: the exact path (fp32,
+                                   bound 1e-5) and decode's; bitwise equal to `rows` calls of
+                                   one row */
+    PF_GDN_SCAN_CHUNKED = 2     /* chunkwise-parallel WY/UT form (spec 3.2.1) on tensor cores:
+                                   fp16 operands with exact per-chunk power-of-two scales, fp32
+                                   accumulation and state; about 5e-4 relative against float64
+                                   (bound 2e-3). dk = dv = 128 only (else UNSUPPORTED); q and k
+                                   must be L2-normalised (|x| <= 1). Chunks of 64 rows restart at
+                                   every call: not bitwise equal across different splits */
+} pf_gdn_scan_path;
+
+typedef struct pf_gdn_scan_args {
+    size_t struct_size; /* set by pf_gdn_scan_args_init; do not change */
+    pf_view q, k;       /* float32 [rows][ld], n_k_heads heads of dk (ld 0 = n_k_heads*dk);
+                           typically inside the conv output (q at column 0, k at n_k_heads*dk),
+                           already L2-normalised, q scaled by 1/sqrt(dk). no default */
+    pf_view v;          /* float32 [rows][ld], n_v_heads heads of dv (ld 0 = n_v_heads*dv).
+                           no default */
+    pf_view beta, g;    /* float32 [rows][ld] of n_v_heads (ld 0 = n_v_heads). no default */
+    pf_view state;      /* float32 [n_v_heads][dk][dv] (key index, then value index) at element
+                           off, read and written back; ld is ignored. no default */
+    pf_view o;          /* float32 [rows][ld], n_v_heads heads of dv (ld 0 = n_v_heads*dv); must
+                           not overlap q, k, beta, g or state; may be v itself (same buffer,
+                           off and ld). no default */
+    int64_t rows;       /* tokens, >= 0. default 0 */
+    int32_t n_k_heads;  /* key heads, 1..65536. no default (0) */
+    int32_t n_v_heads;  /* value heads, a multiple of n_k_heads, <= 65536. no default (0) */
+    int32_t dk, dv;     /* head dims, each 16, 32, 64 or 128. no default (0) */
+    int32_t path;       /* pf_gdn_scan_path. default PF_GDN_SCAN_AUTO */
+    pf_view workspace;  /* the chunked path's scratch: bytes from BYTE offset off (ld ignored),
+                           at least pf_gdn_scan_plan's workspace bytes, 256-byte aligned, not
+                           overlapping any operand. buf NULL (default): the context's own
+                           scratch, grown on demand (an allocation on the call) */
+} pf_gdn_scan_args;
+
+PF_API pf_status pf_gdn_scan_args_init(pf_gdn_scan_args *args, size_t struct_size);
+/* What pf_gdn_scan would run for `args` (pure; no context or device needed; views unread):
+ * *out_path is PF_GDN_SCAN_SEQUENTIAL or PF_GDN_SCAN_CHUNKED and *out_workspace_bytes the
+ * scratch it needs (0 for sequential). Out pointers may be NULL. The same argument errors as
+ * pf_gdn_scan for the scalar fields. */
+PF_API pf_status pf_gdn_scan_plan(const pf_gdn_scan_args *args, int32_t *out_path,
+                                  size_t *out_workspace_bytes);
+PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args *args);
 
 /* ---- models and sessions (model level) ----
  * A model is a GGUF file of arch qwen3 or qwen35, validated tensor by tensor and uploaded to a
@@ -490,7 +588,9 @@ typedef struct pf_session_options {
     int32_t max_tokens;    /* capacity in positions. default 4096 */
     int32_t chunk_tokens;  /* rows per internal chunk (scratch is sized for it). default 512 */
     int32_t kv_dtype;      /* 0 = fp16 KV cache (default), 1 = fp32 */
-    int32_t gemm_leg;      /* PF_GEMM_*; 0 = the model's */
+    int32_t gemm_leg;      /* PF_GEMM_*; 0 = the model's. The exact f32 leg also runs the delta
+                              rule token by token; the fast legs run it chunked
+                              (PF_GDN_SCAN_CHUNKED) for chunks of >= 64 rows */
     int32_t attn_path;     /* 0 = auto (flash for an fp16 cache), 1 = cuBLAS, 2 = flash */
 } pf_session_options;
 

@@ -6,6 +6,7 @@ package (importlib.resources), or at $PYPREFILL_LIBRARY, or in a source checkout
 """
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from importlib.resources import files
@@ -75,6 +76,33 @@ def _load():
 
 lib = _load()
 _lib_version = lib.pf_version()
-if _lib_version // 10000 != HEADER_VERSION[0]:
-    raise ImportError(f"libprefill version {_lib_version} does not match the header's major "
-                      f"version {HEADER_VERSION[0]} ({header_path()})")
+# 0.x: a minor version may change the API (0.2 changed the kernel level), so 0.x must match x.
+_lib_mm = (_lib_version // 10000, _lib_version // 100 % 100)
+if _lib_mm[0] != HEADER_VERSION[0] or (HEADER_VERSION[0] == 0 and _lib_mm[1] != HEADER_VERSION[1]):
+    raise ImportError(f"libprefill version {_lib_mm[0]}.{_lib_mm[1]} does not match the header's "
+                      f"{HEADER_VERSION[0]}.{HEADER_VERSION[1]} ({header_path()})")
+
+
+def enum_map(ctype: str, prefix: str, *, lower: bool = True) -> dict[str, int]:
+    """Names of a C enum of the header, read from the declarations: {suffix after `prefix`
+    (lower-cased unless lower=False): value}, in value order. E.g. enum_map("pf_gemm_leg",
+    "PF_GEMM_") == {"default": 0, "auto": 1, "f32": 2, "f16": 3, "int8": 4}."""
+    items = sorted(ffi.typeof(ctype).relements.items(), key=lambda kv: kv[1])
+    return {(n[len(prefix):].lower() if lower else n[len(prefix):]): int(v)
+            for n, v in items if n.startswith(prefix)}
+
+
+def enum_value(value, names: dict[str, int], arg: str, *, any_int: bool = False) -> int:
+    """A C enum value from one of `names` (any case) or an int: one of the values, or any int
+    when any_int (the library then judges it). InvalidArgumentError naming `arg` otherwise."""
+    from .errors import InvalidArgumentError
+    if isinstance(value, str):
+        for name, v in names.items():
+            if name.lower() == value.lower():
+                return v
+        raise InvalidArgumentError(f"{arg}: unknown name {value!r} (known: {', '.join(names)})")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            and (any_int or int(value) in names.values()):
+        return int(value)
+    raise InvalidArgumentError(f"{arg}: {value!r} is neither a name ({', '.join(names)}) nor one "
+                               f"of the values {sorted(set(names.values()))}")

@@ -72,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         from .model_cli import add_parsers as reg
         reg(s)
 
-    for register in (add_info_parser, add_synth_parser):
+    def add_bench_parser(s):
+        from .bench.cli import add_parser as reg
+        reg(s)
+
+    for register in (add_info_parser, add_synth_parser, add_bench_parser):
         _optional(register, sub)
     try:
         add_engine_parsers(sub)

@@ -11,11 +11,10 @@ import weakref
 import numpy as np
 
 from ._errors import _check
-from ._ffi import ffi, lib
+from ._ffi import enum_map, enum_value, ffi, lib
 from .errors import InvalidArgumentError, PrefillError
 
-QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
-          "IQ4_XS": 23, "BF16": 30}
+QTYPES = enum_map("pf_qtype", "PF_QTYPE_", lower=False)   # {"F32": 0, "F16": 1, "Q4_0": 2, ...}
 
 
 def device_count() -> int:
@@ -30,13 +29,8 @@ def version() -> str:
 
 
 def qtype_id(qtype) -> int:
-    """A GGML type id from an int or a name ("Q4_K")."""
-    if isinstance(qtype, str):
-        try:
-            return QTYPES[qtype.upper()]
-        except KeyError:
-            raise InvalidArgumentError(f"unknown qtype name {qtype!r} (known: {', '.join(QTYPES)})")
-    return int(qtype)
+    """A GGML type id from a name ("Q4_K") or an int (the library judges unknown ids)."""
+    return enum_value(qtype, QTYPES, "qtype", any_int=True)
 
 
 def matrix_bytes(qtype, n: int, k: int) -> int:

@@ -8,32 +8,26 @@
 """
 from __future__ import annotations
 
-import sys
-import time
 import weakref
 
 import numpy as np
 
 from ._errors import _check
-from ._ffi import ffi, lib
+from ._ffi import enum_map, enum_value, ffi, lib
+from ._progress import StageBars
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
 
 from .kernels.attention import KV_DTYPES as _KV, PATHS as _ATTN
+from .kernels.gemm import LEGS as _LEGS
 
-_LOGITS = {"none": 0, "last": 1, "all": 2}
-ARCH_NAMES = {1: "qwen3", 2: "qwen35"}
+LOGITS = enum_map("pf_logits_mode", "PF_LOGITS_")    # {"none": 0, "last": 1, "all": 2}
+ARCHS = enum_map("pf_arch", "PF_ARCH_")               # {"qwen3": 1, "qwen35": 2}
+ARCH_NAMES = {v: k for k, v in ARCHS.items()}
 
 
 def _leg_id(gemm) -> int:
-    if isinstance(gemm, int):
-        return gemm
-    names = {"default": 0, "auto": lib.PF_GEMM_AUTO, "f32": lib.PF_GEMM_F32,
-             "f16": lib.PF_GEMM_F16, "int8": lib.PF_GEMM_INT8}
-    try:
-        return names[gemm]
-    except KeyError:
-        raise InvalidArgumentError(f"gemm: unknown leg {gemm!r} (known: {', '.join(names)})")
+    return enum_value(gemm, _LEGS, "gemm", any_int=True)
 
 
 def _info_dict(i) -> dict:
@@ -49,31 +43,6 @@ def inspect(path: str) -> dict:
     return _info_dict(i)
 
 
-class _ProgressBar:
-    """A one-line stderr progress bar per stage (no dependency)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.stage, self.t0, self.last = None, 0.0, 0.0
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if stage != self.stage:
-            self.stage, self.t0 = stage, now
-        if done < total and now - self.last < 0.1:
-            return
-        self.last = now
-        frac = done / total if total else 1.0
-        bar = "#" * int(30 * frac)
-        sys.stderr.write(f"\r{stage:8s} [{bar:30s}] {frac * 100:5.1f}% {done / 2**30:6.2f} GiB "
-                         f"{now - self.t0:5.1f}s")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 class Model(_Owner):
     """A qwen3 / qwen35 GGUF model on one device (owns its Context unless one is given)."""
 
@@ -86,12 +55,12 @@ class Model(_Owner):
         opts.gemm_leg = _leg_id(gemm)
         opts.prewarm = 1 if prewarm else 0
         opts.prewarm_headroom_bytes = prewarm_headroom
-        bar = _ProgressBar(progress)
+        bars = StageBars(progress)
 
         @ffi.callback("void(void *, const char *, int64_t, int64_t)")
         def _progress(user, stage, done, total):
             try:
-                bar(ffi.string(stage).decode(), done, total)
+                bars(ffi.string(stage).decode(), done, total)
             except Exception:   # a callback must never raise into C
                 pass
 
@@ -104,6 +73,8 @@ class Model(_Owner):
             if self._own_ctx:
                 self.ctx.close()
             raise
+        finally:
+            bars.close()
         self._adopt(out[0], lib.pf_model_destroy, self.ctx)
         self.path = str(path)
         self.ctx._children.add(self)    # closing the context first closes this model
@@ -191,8 +162,8 @@ class Session(_Owner):
         ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32).reshape(-1)
         if ids.size == 0:
             raise InvalidArgumentError("tokens: need at least one token")
-        if logits not in _LOGITS:
-            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(_LOGITS)}")
+        if logits not in LOGITS:
+            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(LOGITS)}")
         V = self.model.n_vocab
         out = None
         if logits == "last":
@@ -202,7 +173,7 @@ class Session(_Owner):
         tok = ffi.new("int32_t *")
         lview = as_carray(out, "logits", np.float32, writable=True) if out is not None else ffi.NULL
         _check(lib.pf_session_prefill(self.ptr, ffi.from_buffer("int32_t[]", ids), ids.size,
-                                      _LOGITS[logits], ffi.cast("float *", lview) if out is not None else ffi.NULL,
+                                      LOGITS[logits], ffi.cast("float *", lview) if out is not None else ffi.NULL,
                                       0 if out is None else out.size, tok))
         if return_token:
             return out, int(tok[0])

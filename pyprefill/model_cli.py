@@ -1,9 +1,8 @@
-"""Engine subcommands of the `pyprefill` CLI: demo (the main job), run, bench."""
+"""Engine subcommands of the `pyprefill` CLI: demo (the main job) and run (`bench` lives in
+pyprefill.bench)."""
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import tempfile
 import time
 
@@ -131,48 +130,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from .model import Model
-    lengths = [int(p) for p in args.p.split(",")]
-    rows = []
-    t0 = time.perf_counter()
-    with Model.load(args.file, gemm=args.gemm, prewarm=args.gemm != "f32", progress=not args.json) as m:
-        wall_load = time.perf_counter() - t0
-        info = m.info
-        rng = np.random.default_rng(0)
-        s = m.session(max_tokens=max(lengths), chunk=args.chunk)
-        free0, total = m.ctx.memory()
-        for n in lengths:
-            ids = rng.integers(0, m.n_vocab, size=n).astype(np.int32)
-            times = []
-            for rep in range(args.warmup + args.repeats):
-                s.reset()
-                t = time.perf_counter()
-                s.prefill(ids, "last")
-                if rep >= args.warmup:
-                    times.append(time.perf_counter() - t)
-            med = statistics.median(times)
-            rows.append({"tokens": n, "median_s": med, "tok_per_s": n / med, "times_s": times})
-        free1, _ = m.ctx.memory()
-        result = {"file": args.file, "arch": info["arch"], "gemm": args.gemm, "chunk": args.chunk,
-                  "load_ms": info["load_ms"], "prewarm_ms": info["prewarm_ms"],
-                  "wall_load_s": wall_load, "f16_armed": bool(info["f16_armed"]),
-                  "weight_bytes": info["weight_bytes"], "f16_bytes": info["f16_bytes"],
-                  "context_device_bytes": m.ctx.allocated(), "device_used_bytes": total - free1,
-                  "results": rows}
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    print(f"\n{args.file}: {info['arch']}, gemm={args.gemm} (fp16 cache {'armed' if info['f16_armed'] else 'not armed'}), "
-          f"chunk={args.chunk}; load {info['load_ms'] / 1e3:.2f} s, prewarm {info['prewarm_ms'] / 1e3:.2f} s; "
-          f"device memory in use {result['device_used_bytes'] / 2**30:.2f} GiB")
-    print("| prompt tokens | median ms | tokens/s |")
-    print("|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['tokens']} | {r['median_s'] * 1e3:.1f} | {r['tok_per_s']:.0f} |")
-    return 0
-
-
 def _int_at_least(low: int):
     """An argparse type: an int >= low (argparse prints the error and exits 2)."""
     import argparse
@@ -206,13 +163,3 @@ def add_parsers(sub) -> None:
     p.add_argument("--chunk", type=_int_at_least(1), default=512)
     p.add_argument("--no-prewarm", action="store_true")
     p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("bench", help="prefill tokens/s, llama-bench style")
-    p.add_argument("file")
-    p.add_argument("-p", default="512,2048,8192", help="prompt lengths")
-    p.add_argument("--gemm", default="auto", choices=["auto", "f16", "f32"])
-    p.add_argument("--chunk", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_bench)

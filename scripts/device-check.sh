@@ -4,14 +4,16 @@
 # initcheck and synccheck on the model-level paths (tests/python/test_model_lifecycle.py), then
 # the benchmarks.
 # Logs go under $OUT (or ./out); a short summary table is printed last.
-#   bash scripts/device-check.sh [--no-bench] [--no-sanitizer]
+#   bash scripts/device-check.sh [--no-tests] [--no-bench] [--no-sanitizer]
+# Env: BENCH_KERNELS / BENCH_MODEL add arguments to the two bench suites (e.g.
+# BENCH_KERNELS="--families gdn -p 8192,32768" BENCH_MODEL="--models qwen35-4b --gemm f16").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; SANITIZE=1
+TESTS=1; BENCH=1; SANITIZE=1
 for a in "$@"; do
-  case "$a" in --no-bench) BENCH=0 ;; --no-sanitizer) SANITIZE=0 ;; esac
+  case "$a" in --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-sanitizer) SANITIZE=0 ;; esac
 done
 if ls .whl/*.whl >/dev/null 2>&1; then   # cffi, pycparser, gguf: missing from the GPU image
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -23,8 +25,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 declare -A RESULT
 t0=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; bash scripts/test.sh -j 1 -V; } 2>&1 | tee "$OUT/test.log"
-RESULT[tests]=$([ "${PIPESTATUS[0]}" = 0 ] && echo pass || echo FAIL)
+if [ $TESTS = 1 ]; then
+  export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --durations=12"
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; bash scripts/test.sh -j 1 -V; } 2>&1 | tee "$OUT/test.log"
+  RESULT[tests]=$([ "${PIPESTATUS[0]}" = 0 ] && echo pass || echo FAIL)
+else  # the library alone (the benchmarks need it)
+  bash scripts/test.sh -N > "$OUT/test.log" 2>&1 || true
+  RESULT[tests]=skipped
+fi
 RESULT[test_time]=$(( $(date +%s) - t0 ))
 export PYPREFILL_LIBRARY=$BUILD_DIR/libprefill.so PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 skips=$(grep -cE "SKIPPED \[" "$OUT/test.log" || true)
@@ -73,9 +81,11 @@ else
   RESULT[memcheck]=skipped
 fi
 
-if [ $BENCH = 1 ] && [ -f scripts/bench.py ]; then
-  python3 scripts/bench.py all --out "$OUT" 2>&1
-  RESULT[bench]=$([ "${PIPESTATUS[0]}" = 0 ] && echo ok || echo FAIL)
+if [ $BENCH = 1 ]; then
+  timeout "${BENCH_TIMEOUT:-3600}" python3 -m pyprefill bench kernels --out "$OUT" ${BENCH_KERNELS:-} 2>&1 | tee "$OUT/bench_kernels.log"
+  RESULT[bench_kernels]=$([ "${PIPESTATUS[0]}" = 0 ] && echo ok || echo FAIL)
+  timeout "${BENCH_TIMEOUT:-3600}" python3 -m pyprefill bench model --out "$OUT" --plot "$OUT/bench_model.png" ${BENCH_MODEL:-} 2>&1 | tee "$OUT/bench_model.log"
+  RESULT[bench_model]=$([ "${PIPESTATUS[0]}" = 0 ] && echo ok || echo FAIL)
 fi
 
 echo

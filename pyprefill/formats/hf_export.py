@@ -306,24 +306,32 @@ def export_hf_to_gguf(model_or_state_dict: Any, path: str, quant: str | Mapping[
 # GGUF (dequantized) -> HF
 # ---------------------------------------------------------------------------------------------
 
-def _gguf_reader(path: str) -> Callable[[str], np.ndarray]:
+def _gguf_reader(path: str, workers: int = 1) -> Callable[[str], np.ndarray]:
     """name -> dequantized float32 NumPy array (validated by load_model_desc); `.names` holds the
-    file's tensor names."""
+    file's tensor names. workers > 1 dequantizes every tensor ahead in a thread pool (gguf's
+    NumPy dequantizer is the slow part of loading a large file)."""
     from .gguf_model import load_model_desc, read_tensor
     desc = load_model_desc(path)
+    ahead = {}
+    if workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(workers) as pool:
+            ahead = {name: pool.submit(read_tensor, desc, name, np.float32) for name in desc.tensors}
 
     def read(name: str) -> np.ndarray:
-        return read_tensor(desc, name, np.float32)
+        fut = ahead.pop(name, None)
+        return fut.result() if fut is not None else read_tensor(desc, name, np.float32)
     read.names = set(desc.tensors)  # type: ignore[attr-defined]
     return read
 
 
-def hf_state_dict_from_gguf(path: str, config: Any) -> dict[str, np.ndarray]:
+def hf_state_dict_from_gguf(path: str, config: Any, workers: int = 1) -> dict[str, np.ndarray]:
     """The HF state dict (float32 NumPy) whose export would be the file's dequantized weights:
     the inverse of `gguf_tensors_from_hf` (norms − 1 for qwen35 except ssm_norm, A_log =
-    log(−ssm_a), inverse V-head reorder, conv unsqueeze). Tied files give lm_head = embed."""
+    log(−ssm_a), inverse V-head reorder, conv unsqueeze). Tied files give lm_head = embed.
+    workers: threads that dequantize ahead (see _gguf_reader)."""
     arch = _arch(config)
-    read = _gguf_reader(path)
+    read = _gguf_reader(path, workers)
     minus1 = (lambda a: a - np.float32(1)) if arch == "qwen35" else (lambda a: a)
     sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": read("token_embd.weight"),
                                  "model.norm.weight": minus1(read("output_norm.weight"))}
@@ -362,11 +370,12 @@ def hf_state_dict_from_gguf(path: str, config: Any) -> dict[str, np.ndarray]:
     return sd
 
 
-def load_gguf_into_hf(model: Any, path: str) -> None:
+def load_gguf_into_hf(model: Any, path: str, workers: int = 1) -> None:
     """Overwrite every parameter of an HF model with the GGUF file's dequantized weights
-    (inverse transforms), keeping the model's dtype. Fails on any missing/unexpected key."""
+    (inverse transforms), keeping the model's dtype. Fails on any missing/unexpected key.
+    workers: threads that dequantize ahead (see _gguf_reader)."""
     import torch
-    sd = hf_state_dict_from_gguf(path, model.config)
+    sd = hf_state_dict_from_gguf(path, model.config, workers)
     own = model.state_dict()
     missing = set(own) - set(sd)
     extra = set(sd) - set(own)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
+from .._progress import byte_bar
 from ..errors import InvalidArgumentError, PrefillError
 from .gguf_model import expected_tensors, load_model_desc
 from .model_desc import (QTYPE_BF16, QTYPE_BLOCK, QTYPE_F16, QTYPE_F32, QTYPE_IQ4_XS,
@@ -261,40 +261,6 @@ def synthetic_vocab(arch: str, n_vocab: int, seed: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
-# progress
-
-class _Progress:
-    """tqdm when installed, else a stderr line every ~2 s; disabled when enable is False."""
-
-    def __init__(self, total: int, desc: str, enable: bool):
-        self.total, self.done, self.enable = total, 0, enable
-        self.t0 = self.last = time.monotonic()
-        self.bar = None
-        if enable:
-            try:
-                from tqdm import tqdm
-                self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True,
-                                unit_divisor=1024)
-            except ImportError:
-                print(f"{desc}: {total / 2**30:.2f} GiB", file=sys.stderr)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif self.enable and (time.monotonic() - self.last > 2 or self.done == self.total):
-            self.last = time.monotonic()
-            el = self.last - self.t0
-            print(f"  {self.done / 2**30:7.2f} / {self.total / 2**30:.2f} GiB "
-                  f"({100 * self.done / max(self.total, 1):5.1f}%, "
-                  f"{self.done / 2**20 / max(el, 1e-9):.0f} MiB/s)", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-# ---------------------------------------------------------------------------------------------
 # writer
 
 def _add_metadata(w: Any, desc: ModelDesc, model: str, mix: str, seed: int) -> None:
@@ -352,7 +318,7 @@ def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed
                           raw_dtype=gguf.GGMLQuantizationType(qtype))
         sizes.append(nbytes)
     align = w.data_alignment
-    bar = _Progress(sum(sizes), f"synth {model} {mix}", progress)
+    bar = byte_bar(sum(sizes), f"synth {model} {mix}", progress)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -33,6 +33,39 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, dtype: DType = np.float64
     return x / np.sqrt(ms + _f(eps, dtype)) * _f(w, dtype)
 
 
+def project(x: np.ndarray, w: np.ndarray, dtype: DType = np.float64) -> np.ndarray:
+    """A projection (spec §0): `x @ W.T`, W in NumPy (out, in) order. x: (..., in) -> (..., out)."""
+    return _f(x, dtype) @ _f(w, dtype).T
+
+
+def _head_columns(n_heads: int, head_dim: int, head_stride: int, col0: int) -> np.ndarray:
+    """Column indices (n_heads, head_dim) of the heads inside a row: head h at
+    col0 + h*head_stride (head_stride 0 = head_dim)."""
+    stride = head_stride or head_dim
+    if stride < head_dim or col0 < 0:
+        raise ValueError(f"head_stride={head_stride} < head_dim={head_dim} or col0={col0} < 0")
+    return col0 + stride * np.arange(n_heads)[:, None] + np.arange(head_dim)[None, :]
+
+
+def heads(x: np.ndarray, n_heads: int, head_dim: int, head_stride: int = 0, col0: int = 0,
+          dtype: DType = np.float64) -> np.ndarray:
+    """The heads inside activation rows, as the kernels address them: x (T, ld) -> (T, n_heads,
+    head_dim), head h = columns [col0 + h*head_stride, + head_dim) (head_stride 0 = head_dim).
+    qwen35's q-projection rows hold per-head [q | gate]: q heads at head_stride 2·D from column
+    0, gate heads at 2·D from column D (§7.3)."""
+    return _f(x, dtype)[:, _head_columns(n_heads, head_dim, head_stride, col0)]
+
+
+def put_heads(x: np.ndarray, h: np.ndarray, head_stride: int = 0, col0: int = 0,
+              dtype: DType = np.float64) -> np.ndarray:
+    """A copy of x (T, ld) as `dtype` with the heads of `heads(x, H, D, head_stride, col0)`
+    replaced by h (T, H, D); every other column unchanged."""
+    out = _f(x, dtype).copy()
+    _, n_heads, head_dim = h.shape
+    out[:, _head_columns(n_heads, head_dim, head_stride, col0)] = h
+    return out
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), elementwise."""
     return x * sigmoid(x)

@@ -95,6 +95,71 @@ int main(void) {
         pf_model_destroy(NULL);
     }
 
+    /* kernel level (0.2): views, argument structs, and the checking order (scalars and shapes,
+     * NULL views and buffers, ctx), all before any device work */
+    {
+        pf_view v0 = {NULL, 0, 0}, bad_off = {NULL, -3, 0}, narrow = {NULL, 0, 4};
+        pf_gdn_scan_args sa;
+        pf_gdn_gates_args ga;
+        pf_gdn_gated_rms_norm_args na;
+        pf_rope_neox_args ra;
+        pf_kv_write_args ka;
+        int32_t ids[2] = {0, 1};
+        EXPECT_STATUS(pf_rms_norm(NULL, &v0, &v0, &v0, -1, 8, 1e-6f), PF_STATUS_INVALID_ARGUMENT, "rows=-1");
+        EXPECT_STATUS(pf_rms_norm(NULL, NULL, &v0, &v0, 1, 8, 1e-6f), PF_STATUS_INVALID_ARGUMENT,
+                      "view x is NULL");
+        EXPECT_STATUS(pf_rms_norm(NULL, &bad_off, &v0, &v0, 1, 8, 1e-6f), PF_STATUS_INVALID_ARGUMENT,
+                      "x offset=-3");
+        EXPECT_STATUS(pf_rms_norm(NULL, &narrow, &v0, &v0, 1, 8, 1e-6f), PF_STATUS_INVALID_ARGUMENT,
+                      "x row stride ld=4");
+        EXPECT_STATUS(pf_rms_norm(NULL, &v0, &v0, &v0, 1, 8, 1e-6f), PF_STATUS_INVALID_ARGUMENT, "x is NULL");
+        EXPECT_STATUS(pf_head_rms_norm(NULL, &v0, &v0, 1, 2, 128, 64, 1e-6f), PF_STATUS_INVALID_ARGUMENT,
+                      "head_stride=64");
+        EXPECT_STATUS(pf_add(NULL, &v0, &v0, 0, 8), PF_STATUS_INVALID_ARGUMENT, "y is NULL");
+        EXPECT_STATUS(pf_project(NULL, NULL, &v0, &v0, 1, 0, 9), PF_STATUS_INVALID_ARGUMENT, "leg=9");
+        EXPECT_STATUS(pf_project(NULL, NULL, &v0, &v0, 1, 0, 0), PF_STATUS_INVALID_ARGUMENT, "w is NULL");
+        EXPECT_STATUS(pf_qgemv(NULL, NULL, &v0, &v0, 2), PF_STATUS_INVALID_ARGUMENT, "accumulate=2");
+        EXPECT_STATUS(pf_dequantize(NULL, NULL, &v0, 0), PF_STATUS_INVALID_ARGUMENT, "w is NULL");
+        EXPECT_STATUS(pf_embed(NULL, NULL, ids, 2, &v0), PF_STATUS_INVALID_ARGUMENT, "table is NULL");
+        EXPECT_STATUS(pf_argmax(NULL, &v0, &v0, 1, 0), PF_STATUS_INVALID_ARGUMENT, "n=0");
+        EXPECT_STATUS(pf_argmax(NULL, &v0, &v0, 1, 10), PF_STATUS_INVALID_ARGUMENT, "x is NULL");
+
+        /* argument structs: NULL, ABI, defaults, then the op's own checks */
+        EXPECT_STATUS(pf_gdn_scan(NULL, NULL), PF_STATUS_INVALID_ARGUMENT, "pf_gdn_scan_args_init");
+        EXPECT_STATUS(pf_gdn_scan_args_init(&sa, sizeof sa - 8), PF_STATUS_ABI_MISMATCH, "struct_size");
+        EXPECT_STATUS(pf_gdn_scan_args_init(&sa, sizeof sa), PF_STATUS_OK, NULL);
+        if (sa.struct_size != sizeof sa || sa.path != PF_GDN_SCAN_AUTO || sa.rows != 0 || sa.q.buf != NULL) {
+            fprintf(stderr, "FAIL pf_gdn_scan_args_init defaults\n");
+            failures++;
+        }
+        sa.n_k_heads = 2; sa.n_v_heads = 4; sa.dk = 32; sa.dv = 32; sa.rows = 3;
+        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_INVALID_ARGUMENT, "q is NULL");
+        sa.path = PF_GDN_SCAN_CHUNKED;
+        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_UNSUPPORTED, "built for dk = dv = 128");
+        sa.path = 3;
+        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_INVALID_ARGUMENT, "path=3");
+        sa.path = PF_GDN_SCAN_SEQUENTIAL; sa.dv = 48;
+        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_INVALID_ARGUMENT, "dv=48");
+        sa.struct_size = 8;
+        EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_ABI_MISMATCH, "pf_gdn_scan_args_init");
+        EXPECT_STATUS(pf_gdn_gates_args_init(&ga, sizeof ga), PF_STATUS_OK, NULL);
+        EXPECT_STATUS(pf_gdn_gates(NULL, &ga), PF_STATUS_INVALID_ARGUMENT, "n_v_heads=0");
+        EXPECT_STATUS(pf_gdn_gated_rms_norm_args_init(&na, sizeof na), PF_STATUS_OK, NULL);
+        if (na.eps != 1e-6f) { fprintf(stderr, "FAIL gated_rms_norm eps default %g\n", (double)na.eps); failures++; }
+        na.n_v_heads = 4; na.dv = 16;
+        EXPECT_STATUS(pf_gdn_gated_rms_norm(NULL, &na), PF_STATUS_INVALID_ARGUMENT, "o is NULL");
+        EXPECT_STATUS(pf_rope_neox_args_init(&ra, sizeof ra), PF_STATUS_OK, NULL);
+        ra.n_heads = 2; ra.head_dim = 64; ra.rot_dim = 64;
+        EXPECT_STATUS(pf_rope_neox(NULL, &ra), PF_STATUS_INVALID_ARGUMENT, "base=0");
+        ra.base = 1e6f;
+        EXPECT_STATUS(pf_rope_neox(NULL, &ra), PF_STATUS_INVALID_ARGUMENT, "x is NULL");
+        EXPECT_STATUS(pf_kv_write_args_init(&ka, sizeof ka), PF_STATUS_OK, NULL);
+        if (ka.kv_dtype != PF_KV_F16) { fprintf(stderr, "FAIL kv_write kv_dtype default\n"); failures++; }
+        EXPECT_STATUS(pf_kv_write(NULL, &ka), PF_STATUS_INVALID_ARGUMENT, "kv_dim=0");
+        ka.kv_dim = 256; ka.rows = 2;
+        EXPECT_STATUS(pf_kv_write(NULL, &ka), PF_STATUS_INVALID_ARGUMENT, "k is NULL");
+    }
+
     /* devices */
     EXPECT_STATUS(pf_device_count(&n_dev), PF_STATUS_OK, NULL);
     if (n_dev == 0) {

@@ -12,6 +12,9 @@ int main() {
         return 1;
     }
     if (std::strcmp(pf_status_name(PF_STATUS_NO_DEVICE), "PF_STATUS_NO_DEVICE") != 0) return 1;
+    // Kernel level: views by pointer, checked before any device work (ctx NULL comes last).
+    const pf_view x{nullptr, 0, 0};
+    if (pf_add(nullptr, &x, &x, -1, 8) != PF_STATUS_INVALID_ARGUMENT) return 1;
     std::printf("prefill.h as C++17: ok\n");
     return 0;
 }

@@ -49,3 +49,36 @@ def make_weight(ctx, rng, qtype: str, n: int, k: int):
     data = random_blocks(n, k, core.qtype_id(qtype), rng)
     ref = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
     return ctx.weight(qtype, n, k, data), ref
+
+
+# ----------------------------------------------------------------------------- C argument checks
+# The C API checks scalars and shapes, then NULL views and buffers, then ctx: tests call it with
+# ctx = NULL and views without a buffer, so that every check up to the NULL-buffer phase runs on
+# the CPU.
+
+
+def null_view(off: int = 0, ld: int = 0):
+    """A `pf_view *` without a buffer (its offset and row stride still checked)."""
+    from pyprefill._ffi import ffi
+    return ffi.new("pf_view *", {"buf": ffi.NULL, "off": off, "ld": ld})
+
+
+def c_args(ctype: str, **fields):
+    """A `pf_<op>_args *` filled by its _init function, then by `fields` (a dict value fills the
+    fields of a view, e.g. q={"ld": 100})."""
+    from pyprefill._ffi import ffi, lib
+    a = ffi.new(f"{ctype} *")
+    assert getattr(lib, f"{ctype}_init")(a, ffi.sizeof(ctype)) == lib.PF_STATUS_OK
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            for vk, vv in value.items():
+                setattr(getattr(a, key), vk, vv)
+        else:
+            setattr(a, key, value)
+    return a
+
+
+def status_and_error(status) -> tuple[int, str]:
+    """(status, pf_last_error()) right after a C call."""
+    from pyprefill._ffi import ffi, lib
+    return int(status), ffi.string(lib.pf_last_error()).decode()

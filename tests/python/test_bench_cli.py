@@ -1,180 +1,361 @@
-"""CPU checks of scripts/bench.py: the CLI parses, tables render, and without a GPU the whole
-run exits 0 saying the benchmarks were skipped."""
-import importlib.util
+"""CPU checks of pyprefill.bench: argument parsing, the no-GPU path, the timer's statistics on a
+fake clock, the L2 rotation count, tables, JSON and the plot from synthetic rows. Nothing here
+times anything real."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pyprefill.bench import cli, report
+from pyprefill.bench._common import Recorder
+from pyprefill.bench.timer import (EventClock, HostClock, calls_per_batch, measure, rotation,
+                                   summarize)
+
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "scripts" / "bench.py"
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_under_test", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+PKG = ROOT / "pyprefill" / "bench"
+TINY = ROOT / "tests" / "data" / "qwen3_tiny.f32.gguf"
 
 
 def _has_gpu() -> bool:
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return True
-    except Exception:
-        pass
-    try:
-        from pyprefill import core
-        return core.device_count() > 0
-    except Exception:
-        return False
+    from pyprefill.bench._common import detect_gpu
+    return detect_gpu()[0]
 
 
-def test_help():
-    r = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True,
-                       env=_env(), timeout=120)
+def _args(*argv):
+    return cli.resolve(cli.build_parser().parse_args(list(argv)))
+
+
+def _bench(*argv):
+    return subprocess.run([sys.executable, "-m", "pyprefill.bench", *argv], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+# ------------------------------------------------------------------------------ arguments
+
+def test_help_names_both_forms():
+    r = _bench("--help")
     assert r.returncode == 0, r.stderr
-    for word in ("kernels", "model", "all", "--out", "--quick"):
+    for word in ("FILE", "kernels", "model", "all", "--out", "--quick", "--plot", "--peer", "--json",
+                 "--gemm", "--chunk", "--models", "--lengths"):
         assert word in r.stdout
 
 
-def test_bad_subcommand_fails():
-    r = subprocess.run([sys.executable, str(BENCH), "nonsense"], capture_output=True, text=True,
-                       env=_env(), timeout=120)
-    assert r.returncode != 0
+def test_scripts_bench_is_a_shim():
+    shim = ROOT / "scripts" / "bench.py"
+    assert len(shim.read_text().splitlines()) <= 10
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(shim), "--help"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and "kernels|model|all" in r.stdout, r.stderr
+
+
+def test_pyprefill_bench_is_the_package(capsys):
+    from pyprefill.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    assert "llama-bench" in capsys.readouterr().out
+
+
+def test_file_defaults_and_lengths_either_way():
+    a = _args("m.gguf")
+    assert a.suite is None and a.lengths == [512, 2048, 8192] and a.gemm == ["auto"]
+    assert a.peer == "hf" and a.chunk == 2048
+    assert _args("m.gguf", "-p", "512,2048", "--gemm", "f16,f32").lengths == [512, 2048]
+    assert _args("m.gguf", "--lengths", "512", "4096,32768").lengths == [512, 4096, 32768]
+    assert _args("m.gguf", "--gemm", "f16", "f32").gemm == ["f16", "f32"]
+
+
+def test_suite_defaults_and_quick():
+    a = _args("model")
+    assert a.suite == "model" and a.models == ["qwen35-4b", "qwen3-4b"] and a.gemm == ["f16", "f32"]
+    q = _args("all", "--quick", "--out", "x", "--models", "qwen3-0.6b,qwen35-0.8b")
+    assert q.lengths == [512] and q.gemm == ["f16"] and q.reps <= 3 and q.model_reps <= 2
+    assert q.models == ["qwen3-0.6b", "qwen35-0.8b"] and q.out == "x"
+    assert _args("kernels", "--quick").models == ["qwen35-0.8b"]
+    assert _args("kernels").families == ["gemm", "rows", "gdn", "attention"]
+    assert _args("kernels", "--families", "gdn,attention").families == ["gdn", "attention"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["m.gguf", "--models", "qwen3-4b"], "--models"),
+    (["all", "--json"], "--json"),
+    (["model", "--models", "qwen9-huge"], "unknown preset"),
+    (["m.gguf", "-p", "5x"], "integers"),
+    (["m.gguf", "-p", "0"], "positive"),
+    (["kernels", "--families", "gdn,mla"], "unknown mla"),
+])
+def test_usage_errors(argv, words, capsys):
+    assert cli.run(cli.build_parser().parse_args(argv)) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_bad_choice_fails():
+    assert _bench("all", "--peer", "vllm").returncode != 0
+
+
+def test_missing_file_is_an_error_on_any_machine(tmp_path, capsys):
+    assert cli.main([str(tmp_path / "missing.gguf")]) == 1
+    assert "no such file" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(_has_gpu(), reason="a GPU is present: the real run is device-check.sh's")
-def test_no_gpu_all_quick_skips(tmp_path):
-    r = subprocess.run([sys.executable, str(BENCH), "all", "--out", str(tmp_path / "o"), "--quick"],
-                       capture_output=True, text=True, env=_env(), timeout=300)
+@pytest.mark.parametrize("argv", [["all", "--quick", "--out", "OUT"],
+                                  [str(TINY), "-p", "16", "--json"]], ids=["suites", "file"])
+def test_no_gpu_skips_with_status_0(tmp_path, argv):
+    argv = [str(tmp_path) if a == "OUT" else a for a in argv]
+    r = _bench(*argv, "--plot", str(tmp_path / "p.png"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no GPU: benchmarks skipped" in r.stdout
+    assert "Traceback" not in r.stderr
 
 
-def test_parse_args_quick_limits_reps():
-    b = _load()
-    a = b.parse_args(["all", "--quick", "--out", "x"])
-    assert a.what == "all" and a.quick and a.out == "x"
-    assert a.reps <= 3 and a.model_reps <= 2
-    a = b.parse_args(["model"])
-    assert a.lengths == [512, 2048, 8192] and a.models == ["qwen35-4b", "qwen3-4b"]
-    assert a.legs == ["f16", "f32"]
+# ------------------------------------------------------------------------------ timer
+
+class FakeDevice:
+    """A clock that advances only when a call 'runs': call i costs costs[i] seconds."""
+
+    def __init__(self, costs):
+        self.t, self.costs, self.syncs, self.calls = 0.0, costs, 0, []
+
+    def now(self):
+        return self.t
+
+    def synchronize(self):
+        self.syncs += 1
+
+    def call(self, i):
+        self.calls.append(i)
+        self.t += self.costs(i)
 
 
-def test_timing_helpers():
-    b = _load()
-    s = b.summarize([3.0, 1.0, 2.0])
-    assert s["median_ms"] == 2.0 and s["min_ms"] == 1.0 and s["reps_ms"] == [3.0, 1.0, 2.0]
-    assert b.n_sets(1) == 8 and b.n_sets(1 << 30) == 1
-    assert b._calls_per_batch(1.0, 0.02, 200) == 1 and b._calls_per_batch(1e-6, 0.02, 200) == 200
+def test_measure_on_a_fake_clock():
+    # unit u = 1/1024 s keeps the fake times exact. The probe (i = 2) costs u -> batches of 5
+    # calls for a 5u target; batch r's calls cost (r + 1) u each: per-call times 1, 2, 3, 4 u
+    u = 1 / 1024
+    dev = FakeDevice(lambda i: u if i < 3 else u * (1 + (i - 3) // 5))
+    setups = []
+    t = measure(dev.call, HostClock(dev.synchronize, dev.now), reps=4, warmup=2, target_s=5 * u,
+                max_calls=100, setup=setups.append)
+    ms = 1e3 * u
+    assert t["calls_per_batch"] == 5
+    assert t["reps_ms"] == pytest.approx([ms, 2 * ms, 3 * ms, 4 * ms])
+    assert t["median_ms"] == pytest.approx(2.5 * ms) and t["mean_ms"] == pytest.approx(2.5 * ms)
+    assert t["min_ms"] == pytest.approx(ms) and t["max_ms"] == pytest.approx(4 * ms)
+    assert t["std_ms"] == pytest.approx(1.2909944 * ms, rel=1e-6)  # sample std of 1, 2, 3, 4
+    assert dev.calls == list(range(2 + 1 + 4 * 5))                 # warm-up, probe, batches
+    assert dev.syncs == 2 * (1 + 4)                                 # around the probe and each batch
+    assert setups == [0, 1, 2, 3, 8, 13, 18]                        # before each warm-up call and batch
 
-    class FakeCtx:
-        calls = 0
+
+def test_measure_batch_size_is_bounded():
+    dev = FakeDevice(lambda i: 1e-9)
+    t = measure(dev.call, HostClock(dev.synchronize, dev.now), reps=2, warmup=0, max_calls=7)
+    assert t["calls_per_batch"] == 7
+    dev = FakeDevice(lambda i: 1.0)
+    t = measure(dev.call, HostClock(dev.synchronize, dev.now), reps=1, warmup=0)
+    assert t["calls_per_batch"] == 1 and t["std_ms"] == 0.0
+
+
+def test_event_clock_reads_elapsed_time_between_events():
+    class Event:
+        stamp = 0.0
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            Event.stamp += 2.0          # ms
+            self.t = Event.stamp
 
         def synchronize(self):
-            FakeCtx.calls += 1
-    seen = []
-    t = b.time_ours(seen.append, FakeCtx(), reps=4, warm=2, target_s=0.0, cap=3)
-    assert len(t["reps_ms"]) == 4 and t["calls_per_batch"] >= 1
-    assert len(seen) == 3 + 4 * t["calls_per_batch"]
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class Torch:
+        class cuda:
+            pass
+    Torch.cuda.Event = Event
+    t = measure(lambda i: None, EventClock(Torch), reps=3, warmup=1, target_s=0.0)
+    assert t["calls_per_batch"] == 1 and t["reps_ms"] == pytest.approx([2.0, 2.0, 2.0])
 
 
-def test_tables_and_output(tmp_path):
-    b = _load()
-    k = {"rows": [{"op": "proj attn_qkv", "T": 512, "impl": "ours f16 leg", "median_ms": 0.1,
-                   "tflops": 200.0, "ratio_vs_peer": 0.9, "note": ""}]}
-    t = b.kernels_table(k)
-    assert "| proj attn_qkv | 512 | ours f16 leg | 0.1000 | 200.0 |" in t
-    m = {"peak_fp16_tflops": 700.0,
-         "rows": [{"model": "qwen35-4b", "impl": "ours f16", "T": 2048, "median_ms": 40.0,
-                   "tok_s": 51200.0, "ratio_vs_hf": 1.5, "roofline_tok_s": 1e5, "pct_roofline": 51.2,
-                   "load_ms": 900.0, "prewarm_ms": 300.0, "allocated_bytes": 2 ** 33},
-                  {"model": "qwen3-4b", "impl": "HF bf16 sdpa", "T": 512, "error": "build: boom"}]}
-    t = b.model_table(m)
-    assert "| qwen35-4b | ours f16 | 2048 | 40.00 | 51200 | 1.50 |" in t and "build: boom" in t
-    b.write_out(str(tmp_path), "model", m, t)
-    assert json.loads((tmp_path / "bench_model.json").read_text())["peak_fp16_tflops"] == 700.0
-    assert (tmp_path / "bench_model.md").read_text().startswith("Whole-model prefill")
+def test_summarize_and_calls_per_batch():
+    s = summarize([3.0, 1.0, 2.0])
+    assert s["median_ms"] == 2.0 and s["min_ms"] == 1.0 and s["max_ms"] == 3.0
+    assert s["reps_ms"] == [3.0, 1.0, 2.0] and s["std_ms"] == pytest.approx(1.0)
+    assert calls_per_batch(1.0, 0.02, 200) == 1 and calls_per_batch(1e-6, 0.02, 200) == 200
+    assert calls_per_batch(0.004, 0.02, 200) == 5
 
 
-def test_capi_detection_skips_cleanly():
-    b = _load()
-
-    class T:
-        def __init__(self, cname):
-            self.cname = cname
-
-    class FakeFFI:
-        def typeof(self, f):
-            class FT:
-                args = [T("pf_context *"), T("const pf_buffer *"), T("int64_t")]
-            return FT()
-
-    class FakeLib:
-        def pf_present(self):
-            return 0
-
-    api = b.CApi.__new__(b.CApi)
-    api.ffi, api.lib, api.check = FakeFFI(), FakeLib(), lambda s: None
-    assert api.fn(["pf_missing", "pf_present"], [b.CTX, b.BUF, b.I64]) is not None
-    with pytest.raises(b.Skip, match="absent"):
-        api.fn("pf_missing", [b.CTX])
-    with pytest.raises(b.Skip, match="differs"):
-        api.fn("pf_present", [b.CTX, b.BUF, b.I32])
+def test_rotation_passes_twice_l2_when_a_set_fits():
+    L2 = 50 << 20
+    assert rotation(60 << 20, L2) == 1 and rotation(L2, L2) == 1      # one set already spills L2
+    for size in (26 << 20, 10 << 20, 3 << 20):
+        n = rotation(size, L2)
+        assert n * size > 2 * L2 and (n - 1) * size <= 2 * L2
+    assert rotation(1 << 10, L2) == 64 and rotation(1 << 10, L2, max_sets=8) == 8
+    assert rotation(0, L2, max_sets=4) == 4
 
 
-def test_capi_signatures_match_header():
-    """Every C function bench.py calls is declared in include/prefill.h with the argument types
-    it passes (else the GPU run would skip that op with a 'differs' line)."""
-    import re
-    cffi = pytest.importorskip("cffi")
-    from pyprefill._ffi import HEADER, cdef_source   # needs only the header, not the library
-    b = _load()
-    ffi = cffi.FFI()
-    ffi.cdef(cdef_source(HEADER))
-    decl = ffi._parser._declarations
-    env = {k: getattr(b, k) for k in ("CTX", "BUF", "W", "I64", "I32", "F32")}
-    found = 0
-    for m in re.finditer(r'api\.fn\(\s*(\[[^\]]*\]|"[^"]+")\s*,\s*(\[[^\]]*\])\)', BENCH.read_text(), re.S):
-        names = eval(m.group(1))
-        names = [names] if isinstance(names, str) else names
-        kinds = eval(m.group(2), env)
-        declared = [n for n in names if "function " + n in decl]
-        if not declared:
-            continue                     # not in the header yet: the GPU run skips it
-        with ffi._lock:
-            args = [a.cname.replace("const ", "") for a in ffi._get_cached_btype(decl["function " + declared[0]][0]).args]
-        assert args == kinds, (declared[0], args, kinds)
-        found += 1
-    assert found >= 1
+# ------------------------------------------------------------------------------ recorder
+
+def test_recorder_skips_once_per_missing_peer_and_guards(capsys):
+    from pyprefill.errors import UnsupportedError
+    rec = Recorder()
+    assert rec.optional("no_such_module_for_bench", "the peer") is None
+    assert rec.optional("no_such_module_for_bench", "the peer") is None
+    assert rec.guard("chunked scan", _raise, UnsupportedError("no chunked path yet")) is None
+    assert rec.guard("attention", _raise, RuntimeError("boom\nmore")) is None
+    assert rec.guard("fine", lambda: 7) == 7
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["skipped: the peer: no_such_module_for_bench not importable "
+                   "(No module named 'no_such_module_for_bench')",
+                   "skipped: chunked scan: unsupported: no chunked path yet",
+                   "skipped: attention: RuntimeError: boom"]
+    assert [s["what"] for s in rec.skipped] == ["the peer", "chunked scan", "attention"]
+
+
+def _raise(exc):
+    raise exc
+
+
+# ------------------------------------------------------------------------------ output
+
+KERNEL_ROWS = [{"op": "proj attn_qkv", "T": 512, "impl": "ours f16 leg", "median_ms": 0.1,
+                "std_ms": 0.002, "tflops": 200.0, "ratio_vs_peer": 0.9, "sets": 2, "note": ""}]
+MODEL_ROWS = [
+    {"model": "qwen35-4b", "impl": "ours f16", "T": 512, "median_ms": 20.0, "tok_s": 25600.0,
+     "tok_s_std": 310.0, "ratio_vs_hf": 4.0, "size_bytes": 2.5 * 2**30, "params": 4.2e9,
+     "roofline_tok_s": 1e5, "pct_roofline": 25.6, "load_ms": 900.0, "prewarm_ms": 18.0,
+     "allocated_bytes": 11 * 2**30, "reps_ms": [19.8, 20.0, 20.4]},
+    {"model": "qwen35-4b", "impl": "ours f16", "T": 2048, "median_ms": 40.0, "tok_s": 51200.0,
+     "tok_s_std": 500.0, "ratio_vs_hf": 1.5, "size_bytes": 2.5 * 2**30, "params": 4.2e9},
+    {"model": "qwen35-4b", "impl": "ours f32", "T": 2048, "error": "load: boom",
+     "size_bytes": 2.5 * 2**30, "params": 4.2e9},
+    {"model": "qwen35-4b", "impl": "HF bf16 sdpa+FLA", "T": 512, "median_ms": 80.0,
+     "tok_s": 6400.0, "tok_s_std": 40.0},
+    {"model": "qwen35-4b", "impl": "HF bf16 sdpa+FLA", "T": 2048, "median_ms": 60.0,
+     "tok_s": 34133.3, "tok_s_std": 100.0},
+]
+
+
+def test_kernels_and_model_tables():
+    t = report.kernels_table(KERNEL_ROWS)
+    assert "| proj attn_qkv | 512 | ours f16 leg | 0.1000 | 0.0020 | 200.0 |  | 0.90 | 2 |" in t
+    t = report.model_table(MODEL_ROWS, 700.0)
+    assert "700.0 TF/s" in t
+    assert "| qwen35-4b | ours f16 | 2048 | 40.00 | 51200 | 500 | 1.50 |" in t
+    assert "| 11.00 |" in t and "load: boom" in t
+
+
+def test_llama_bench_table():
+    t = report.llama_table(MODEL_ROWS).splitlines()
+    assert t[0] == ("| model | size | params | backend | test | t/s | HF bf16 sdpa+FLA t/s "
+                    "| ours / HF |")
+    assert t[2] == ("| qwen35-4b | 2.50 GiB | 4.20 B | CUDA pyprefill f16 | pp512 "
+                    "| 25600.00 ± 310.00 | 6400.00 ± 40.00 | 4.00 |")
+    assert "pp2048 | error: load: boom |" in t[4]
+    assert len(t) == 2 + 3                                   # our rows only; HF as a column
+    alone = report.llama_table([r for r in MODEL_ROWS if r["impl"].startswith("ours")])
+    assert "HF" not in alone and alone.splitlines()[0].endswith("| test | t/s |")
+
+
+def test_write_json_and_markdown(tmp_path):
+    data = {"rows": MODEL_ROWS, "peak_fp16_tflops": 700.0, "args": {"plot": None}}
+    report.write(str(tmp_path / "o"), "model", data, report.model_table(MODEL_ROWS, 700.0))
+    back = json.loads((tmp_path / "o" / "bench_model.json").read_text())
+    assert back["peak_fp16_tflops"] == 700.0 and back["rows"][0]["reps_ms"] == [19.8, 20.0, 20.4]
+    assert (tmp_path / "o" / "bench_model.md").read_text().startswith("Whole-model prefill")
+    report.write(None, "model", data, "")                   # no --out: nothing written
+
+
+def test_plot_from_rows(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the `plot` extra) is not installed here")
+    rec = Recorder()
+    path = tmp_path / "p" / "bench_model.png"
+    assert report.plot(MODEL_ROWS + [dict(MODEL_ROWS[0], model="qwen3-4b")], str(path), rec)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not rec.skipped
+
+
+def test_plot_without_matplotlib_or_rows_is_one_skipped_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)       # import matplotlib -> ImportError
+    rec = Recorder()
+    assert not report.plot(MODEL_ROWS, str(tmp_path / "p.png"), rec)
+    assert not report.plot(KERNEL_ROWS, str(tmp_path / "p.png"), rec)
+    assert [s["what"] for s in rec.skipped] == ["plot", "plot"]
+    assert "matplotlib not importable" in rec.skipped[0]["why"]
+    assert not (tmp_path / "p.png").exists()
+
+
+# ------------------------------------------------------------------------------ structure
+
+FAMILIES = ("gemm", "rows", "gdn", "attention")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_wrapper_calls_live_in_one_adapter_block(family):
+    """`K.` (the family's pyprefill.kernels module) appears only between the adapter markers."""
+    lines = (PKG / f"{family}.py").read_text().splitlines()
+    start = next(i for i, s in enumerate(lines) if s.startswith("# -- the wrapper calls"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# ----"))
+    outside = [s for i, s in enumerate(lines) if not start <= i <= end and "K." in s
+               and not s.startswith("from ..kernels import")]
+    assert outside == [] and any("K." in s for s in lines[start:end])
+
+
+def test_no_raw_library_calls_or_path_edits():
+    for path in PKG.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"\blib\.pf_|_ffi|sys\.path", text), path.name
+
+
+def test_shapes_come_from_the_presets():
+    pytest.importorskip("pyprefill.kernels.gemm", reason="libprefill not loadable")
+    from pyprefill.bench import attention, gdn, gemm
+    from pyprefill.formats.synth import preset_desc
+    d = preset_desc("qwen35-4b")
+    assert gemm.projections() == [("attn_qkv", 8192, 2560), ("ffn_gate", 9216, 2560),
+                                   ("ffn_down", 2560, 9216)]
+    assert gemm.projections()[0] == ("attn_qkv", d.conv_dim, d.n_embd)
+    heads = [(preset_desc(m).ssm_hk, preset_desc(m).ssm_hv, preset_desc(m).ssm_dk)
+             for m in gdn.SHAPES]
+    assert heads == [(16, 32, 128), (16, 48, 128)]
+    attn = [(preset_desc(m).n_head, preset_desc(m).n_head_kv, preset_desc(m).head_dim)
+            for m in attention.SHAPES]
+    assert attn == [(16, 4, 256), (32, 8, 128)]
+    assert attention.causal_pairs(4, 0) == 10 and attention.causal_pairs(2, 3) == 4 + 5
+
+
+def test_param_counts_of_a_tiny_model():
+    from pyprefill.bench.model import param_counts
+    from pyprefill.formats.gguf_model import load_model_desc
+    desc = load_model_desc(str(TINY))
+    total, non_embd = param_counts(desc)
+    embd = sum(int(__import__("numpy").prod(t.shape)) for n, t in desc.tensors.items()
+               if n in ("token_embd.weight", "output.weight"))
+    assert total == non_embd + embd and 0 < non_embd < total
 
 
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
 def test_build_hf_tiny(tmp_path, preset):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    pytest.importorskip("gguf")
+    from pyprefill.bench.model import build_hf
     from pyprefill.formats.synth import write_synthetic
-    b = _load()
     path = tmp_path / f"{preset}.gguf"
     write_synthetic(preset, "q4_k_m", path, progress=False)
     # With flash-linear-attention installed, HF's Qwen3.5 runs FLA's Triton kernels, which need
     # CUDA tensors: build the peer where it will run.
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = b.build_hf(torch, preset, str(path), device=device)
+    model = build_hf(torch, str(path), device=device)
     assert next(model.parameters()).dtype == torch.bfloat16
-    assert b.non_embedding_params(str(path)) > 0
     with torch.no_grad():
         ids = torch.randint(0, model.config.vocab_size, (1, 16), device=device)
         out = model(ids, use_cache=False, logits_to_keep=1)

@@ -32,7 +32,7 @@ def test_matrix_bytes_errors_are_typed():
         core.matrix_bytes("Q8_0", -1, 32)
     with pytest.raises(errors.UnsupportedError, match="GGML type 10 is not supported"):
         core.matrix_bytes(10, 1, 256)
-    with pytest.raises(errors.InvalidArgumentError, match="unknown qtype name"):
+    with pytest.raises(errors.InvalidArgumentError, match="qtype: unknown name"):
         core.matrix_bytes("Q3_XL", 1, 256)
 
 

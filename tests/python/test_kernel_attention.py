@@ -1,7 +1,8 @@
 """Attention family: KV-cache writes, causal grouped attention (cuBLAS and flash paths), argmax.
 
-GPU tests compare against a float64 NumPy reference of spec §0.1 B2 written here (for fp16 caches
-the reference reads the same fp16-rounded K/V, so the bound measures the kernel). CPU tests cover
+GPU tests compare against the oracle's float64 attention of spec §0.1 B2 (ops.attention_gqa, with
+ops.heads reading the query heads out of the q rows; for fp16 caches the reference reads the same
+fp16-rounded K/V, so the bound measures the kernel). CPU tests cover
 every argument check the C API makes before it needs a device (ctx = NULL comes last), the
 options/plan logic, and the Python wrappers' own checks.
 """
@@ -10,10 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from helpers import assert_close
+from helpers import assert_close, c_args, null_view
+from helpers import status_and_error as _status_and_error
 from pyprefill import errors
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import attention as A
+from pyprefill.kernels._common import View
+from pyprefill.reference import ops
 
 gpu = pytest.mark.gpu
 
@@ -33,23 +37,14 @@ LEGS = [("cublas", "f32", 1e-5), ("cublas", "f16", 3e-3), ("flash", "f16", 3e-3)
 # ------------------------------------------------------------------------------ reference
 
 def ref_attention(q, k_cache, v_cache, *, H, Hkv, D, pos0, qhs, scale=None):
-    """float64 causal grouped attention: query head h reads KV head h // (H // Hkv)."""
+    """The oracle's float64 causal grouped attention on the kernels' layouts: q rows with head h
+    at column h*qhs, caches [capacity][Hkv*D]; query head h reads KV head h // (H // Hkv)."""
     rows = q.shape[0]
-    G = H // Hkv
     scale = 1.0 / math.sqrt(D) if not scale else scale
-    T = pos0 + rows
-    K = k_cache[:T].astype(np.float64).reshape(T, Hkv, D)
-    V = v_cache[:T].astype(np.float64).reshape(T, Hkv, D)
-    visible = np.arange(T)[None, :] <= (pos0 + np.arange(rows))[:, None]   # [rows][T]
-    out = np.empty((rows, H, D))
-    for h in range(H):
-        qh = q[:, h * qhs:h * qhs + D].astype(np.float64)
-        s = np.where(visible, (qh @ K[:, h // G].T) * scale, -np.inf)
-        s -= s.max(axis=1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=1, keepdims=True)
-        out[:, h] = p @ V[:, h // G]
-    return out.reshape(rows, H * D)
+    cap = k_cache.shape[0]
+    o = ops.attention_gqa(ops.heads(q, H, D, qhs), k_cache.reshape(cap, Hkv, D),
+                          v_cache.reshape(cap, Hkv, D), pos0, scale)
+    return o.reshape(rows, H * D)
 
 
 def make_inputs(rng, *, H, Hkv, D, qmult, rows, pos0, kv_dtype, extra=5, q_gain=1.0):
@@ -120,7 +115,7 @@ def test_cublas_budget_bounds_the_scratch(ctx, rng):
     """A small budget gives small passes; the context's scratch stays within the budget."""
     H, Hkv, D, rows, pos0 = 8, 2, 256, 777, 1000
     budget = 1 << 20
-    p = A.plan(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, path="cublas",
+    p = A.attention_plan(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, path="cublas",
                scores_budget_bytes=budget)
     assert 1 <= p["rows_per_pass"] < rows and p["workspace_bytes"] <= budget
     q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
@@ -291,8 +286,8 @@ def test_kv_write_strided_rows(ctx, rng):
     rows, kv_dim, ld = 9, 256, 256 * 3 + 1
     src = rng.standard_normal((rows, ld)).astype(np.float32)
     with ctx.upload(src) as bs, ctx.buffer(20 * kv_dim * 4) as kc, ctx.buffer(20 * kv_dim * 4) as vc:
-        A.kv_write(ctx, bs, bs, kc, vc, rows=rows, kv_dim=kv_dim, pos0=11, kv_dtype="f32",
-                   ldk=ld, ldv=ld)
+        A.kv_write(ctx, View(bs, 0, ld), View(bs, 0, ld), kc, vc, rows=rows, kv_dim=kv_dim,
+                   pos0=11, kv_dtype="f32")
         k = kc.download(np.float32, (20, kv_dim))
         v = vc.download(np.float32, (20, kv_dim))
     assert np.array_equal(k[11:20], src[:, :kv_dim]) and np.array_equal(v[11:20], src[:, :kv_dim])
@@ -306,7 +301,9 @@ def test_kv_write_buffer_checks(ctx):
         with pytest.raises(errors.InvalidArgumentError, match="need 5 rows but k_cache holds 4"):
             A.kv_write(ctx, k, k, kc, vc, rows=4, kv_dim=kv_dim, pos0=1)
         with pytest.raises(errors.InvalidArgumentError, match="k holds"):
-            A.kv_write(ctx, k, k, kc, vc, rows=5, kv_dim=kv_dim, pos0=0, ldk=0)
+            A.kv_write(ctx, k, k, kc, vc, rows=5, kv_dim=kv_dim, pos0=0)
+        with pytest.raises(errors.InvalidArgumentError, match="k holds"):
+            A.kv_write(ctx, View(k, 1), k, kc, vc, rows=4, kv_dim=kv_dim, pos0=0)
         with pytest.raises(errors.InvalidArgumentError, match="same buffer"):
             A.kv_write(ctx, k, k, kc, kc, rows=1, kv_dim=kv_dim, pos0=0)
         A.kv_write(ctx, k, k, kc, vc, rows=4, kv_dim=kv_dim, pos0=0)
@@ -318,7 +315,7 @@ def test_kv_write_buffer_checks(ctx):
 @pytest.mark.parametrize("rows,n", [(1, 7), (7, 248320), (777, 1000), (3, 1)])
 def test_argmax_matches_numpy(ctx, rng, rows, n):
     x = rng.standard_normal((rows, n)).astype(np.float32)
-    assert np.array_equal(A.argmax_rows_np(ctx, x), np.argmax(x, axis=1).astype(np.int32))
+    assert np.array_equal(A.argmax_np(ctx, x), np.argmax(x, axis=1).astype(np.int32))
 
 
 @gpu
@@ -335,7 +332,7 @@ def test_argmax_ties_nan_and_inf(ctx, rng):
     x[6, :] = -1.0
     x[6, [0, n - 1]] = -0.5
     x[7, 4096:] = 7.0                                 # tie spread over many threads
-    got = A.argmax_rows_np(ctx, x)
+    got = A.argmax_np(ctx, x)
     want = np.argmax(x, axis=1).astype(np.int32)
     assert np.array_equal(got, want), (got, want)
     assert list(got[:6]) == [5, 0, 10, 0, n - 1, 1234]
@@ -346,11 +343,12 @@ def test_argmax_with_row_stride(ctx, rng):
     rows, n, ld = 5, 1000, 1003
     x = rng.standard_normal((rows, ld)).astype(np.float32)
     x[:, n:] = 100.0                                  # past n: must be ignored
-    with ctx.upload(x) as bx, ctx.buffer(rows * 4) as bo:
+    with ctx.upload(x) as bx, ctx.buffer((rows + 3) * 4) as bo:
         bo.poison()
-        A.argmax_rows(ctx, bx, bo, rows=rows, n=n, ld=ld)
-        got = bo.download(np.int32, (rows,))
-    assert np.array_equal(got, np.argmax(x[:, :n], axis=1))
+        A.argmax(ctx, View(bx, 0, ld), View(bo, 3), rows=rows, n=n)   # ids at element 3
+        got = bo.download(np.int32, (rows + 3,))
+    assert np.array_equal(got[3:], np.argmax(x[:, :n], axis=1))
+    assert (got[:3] == -1).all(), "out_ids before its offset were written"
 
 
 # ------------------------------------------------------------------------------ CPU: options
@@ -358,11 +356,7 @@ def test_argmax_with_row_stride(ctx, rng):
 def _opts(**kw):
     base = dict(n_heads=16, n_kv_heads=4, head_dim=256, rows=7, pos0=3)
     base.update(kw)
-    return A.options(**base)
-
-
-def _status_and_error(status):
-    return int(status), ffi.string(lib.pf_last_error()).decode()
+    return A.attention_options(**base)
 
 
 def test_options_init_defaults():
@@ -446,7 +440,7 @@ def test_flash_unsupported_is_reported_before_device_work(kw):
     s, msg = _status_and_error(lib.pf_attention(ffi.NULL, o, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL))
     assert s == lib.PF_STATUS_UNSUPPORTED and "PF_ATTN_FLASH" in msg
     with pytest.raises(errors.UnsupportedError):
-        A.plan(**{**dict(n_heads=16, n_kv_heads=4, head_dim=256, rows=7, pos0=3), **kw})
+        A.attention_plan(**{**dict(n_heads=16, n_kv_heads=4, head_dim=256, rows=7, pos0=3), **kw})
 
 
 # ------------------------------------------------------------------------------ CPU: plan
@@ -458,7 +452,7 @@ def _bytes(H, n, D, T, f16):
 
 def test_plan_auto_picks_flash_for_fp16_128_and_256():
     for D in (128, 256):
-        p = A.plan(n_heads=16, n_kv_heads=4, head_dim=D, rows=512, pos0=0)
+        p = A.attention_plan(n_heads=16, n_kv_heads=4, head_dim=D, rows=512, pos0=0)
         assert p == {"path": "flash", "rows_per_pass": 0, "workspace_bytes": 0}
 
 
@@ -466,7 +460,7 @@ def test_plan_auto_picks_flash_for_fp16_128_and_256():
                                 dict(path="cublas"),
                                 dict(rows=1, pos0=100000)])   # decode over a long cache
 def test_plan_auto_picks_cublas(kw):
-    p = A.plan(**{**dict(n_heads=16, n_kv_heads=4, head_dim=256, rows=512, pos0=0), **kw})
+    p = A.attention_plan(**{**dict(n_heads=16, n_kv_heads=4, head_dim=256, rows=512, pos0=0), **kw})
     assert p["path"] == "cublas"
 
 
@@ -476,48 +470,63 @@ def test_plan_rows_per_pass_from_budget():
     T = pos0 + rows
     for budget in (0, 1 << 20, 64 << 20, 1 << 30):
         for kv in ("f16", "f32"):
-            p = A.plan(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, kv_dtype=kv,
+            p = A.attention_plan(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, kv_dtype=kv,
                        path="cublas", scores_budget_bytes=budget)
             eff = budget or 256 << 20
             n = p["rows_per_pass"]
             assert n == min(rows, max(1, eff // _bytes(H, 1, D, T, kv == "f16")))
             assert p["workspace_bytes"] == _bytes(H, n, D, T, kv == "f16") <= eff
-    p = A.plan(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, path="cublas")
+    p = A.attention_plan(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, path="cublas")
     assert p["rows_per_pass"] == (256 << 20) // _bytes(H, 1, D, T, True) == 337
 
 
 def test_plan_explicit_rows_per_pass_and_clamp():
     kw = dict(n_heads=8, n_kv_heads=2, head_dim=256, pos0=10, path="cublas")
-    assert A.plan(rows=777, rows_per_pass=100, **kw)["rows_per_pass"] == 100
-    assert A.plan(rows=777, rows_per_pass=5000, **kw)["rows_per_pass"] == 777
-    assert A.plan(rows=0, **kw)["rows_per_pass"] == 1
-    assert A.plan(rows=5, rows_per_pass=0, scores_budget_bytes=1, **kw)["rows_per_pass"] == 1
+    assert A.attention_plan(rows=777, rows_per_pass=100, **kw)["rows_per_pass"] == 100
+    assert A.attention_plan(rows=777, rows_per_pass=5000, **kw)["rows_per_pass"] == 777
+    assert A.attention_plan(rows=0, **kw)["rows_per_pass"] == 1
+    assert A.attention_plan(rows=5, rows_per_pass=0, scores_budget_bytes=1, **kw)["rows_per_pass"] == 1
 
 
 # ------------------------------------------------------------------------------ CPU: kv_write
 
-def _kv_write_null(**kw):
-    a = dict(ldk=0, ldv=0, rows=4, kv_dim=512, kv_dtype=0, pos0=0)
-    a.update(kw)
-    return _status_and_error(lib.pf_kv_write(ffi.NULL, ffi.NULL, a["ldk"], ffi.NULL, a["ldv"],
-                                             a["rows"], a["kv_dim"], ffi.NULL, ffi.NULL,
-                                             a["kv_dtype"], a["pos0"]))
+def _kv_write_null(ldk=0, ldv=0, offk=0, **kw):
+    a = c_args("pf_kv_write_args", k={"ld": ldk, "off": offk}, v={"ld": ldv},
+               **{"rows": 4, "kv_dim": 512, **kw})
+    return _status_and_error(lib.pf_kv_write(ffi.NULL, a))
 
 
 @pytest.mark.parametrize("bad,message", [
     (dict(kv_dim=0), "kv_dim=0"), (dict(kv_dim=-4), "kv_dim=-4"), (dict(kv_dim=2**31), "kv_dim="),
     (dict(rows=-1), "rows=-1"), (dict(rows=2**31), "rows="), (dict(pos0=-1), "pos0=-1"),
-    (dict(pos0=2**31 - 2), "pos0 + rows"), (dict(ldk=511), "ldk=511"), (dict(ldv=100), "ldv=100"),
-    (dict(ldk=-1), "ldk=-1"), (dict(kv_dtype=7), "kv_dtype=7"),
+    (dict(pos0=2**31 - 2), "pos0 + rows"), (dict(ldk=511), "k row stride ld=511"),
+    (dict(ldv=100), "v row stride ld=100"), (dict(ldk=-1), "k row stride ld=-1"),
+    (dict(ldk=2**31), "k ld=2147483648"), (dict(offk=-2), "k offset=-2"),
+    (dict(kv_dtype=7), "kv_dtype=7"),
 ])
 def test_kv_write_rejects_bad_arguments(bad, message):
     s, msg = _kv_write_null(**bad)
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and message in msg, msg
 
 
-def test_kv_write_valid_arguments_reach_the_ctx_check():
+def test_kv_write_args_init_and_struct_checks():
+    a = ffi.new("pf_kv_write_args *")
+    assert lib.pf_kv_write_args_init(a, ffi.sizeof("pf_kv_write_args") - 4) == lib.PF_STATUS_ABI_MISMATCH
+    assert lib.pf_kv_write_args_init(a, ffi.sizeof("pf_kv_write_args")) == lib.PF_STATUS_OK
+    assert (a.kv_dtype, a.rows, a.kv_dim, a.pos0) == (lib.PF_KV_F16, 0, 0, 0)
+    assert a.k_cache == ffi.NULL and a.v_cache == ffi.NULL and a.k.buf == ffi.NULL
+    s, msg = _status_and_error(lib.pf_kv_write(ffi.NULL, ffi.NULL))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "pf_kv_write_args_init" in msg
+    a.struct_size = 8
+    s, msg = _status_and_error(lib.pf_kv_write(ffi.NULL, a))
+    assert s == lib.PF_STATUS_ABI_MISMATCH and "pf_kv_write_args_init" in msg
+
+
+def test_kv_write_valid_arguments_reach_the_null_and_ctx_checks():
     s, msg = _kv_write_null(ldk=1024, ldv=512, kv_dtype=1, pos0=100)
-    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "ctx is NULL" in msg
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "k is NULL" in msg
+    s, msg = _kv_write_null(rows=0)
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "k is NULL" in msg
 
 
 # ------------------------------------------------------------------------------ CPU: argmax
@@ -527,49 +536,59 @@ def test_kv_write_valid_arguments_reach_the_ctx_check():
     (1, 2**31, 0, "n="), (1, 10, 9, "ld=9"), (1, 10, -1, "ld=-1"), (1, 10, 2**31, "ld="),
 ])
 def test_argmax_rejects_bad_arguments(rows, n, ld, message):
-    s, msg = _status_and_error(lib.pf_argmax_rows(ffi.NULL, ffi.NULL, rows, n, ld, ffi.NULL))
+    s, msg = _status_and_error(lib.pf_argmax(ffi.NULL, null_view(ld=ld), null_view(), rows, n))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and message in msg, msg
 
 
-def test_argmax_valid_arguments_reach_the_ctx_check():
-    s, msg = _status_and_error(lib.pf_argmax_rows(ffi.NULL, ffi.NULL, 3, 248320, 248320 + 4, ffi.NULL))
-    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "ctx is NULL" in msg
+def test_argmax_valid_arguments_reach_the_null_and_ctx_checks():
+    s, msg = _status_and_error(lib.pf_argmax(ffi.NULL, null_view(ld=248320 + 4), null_view(off=7), 3, 248320))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "x is NULL" in msg
+    s, msg = _status_and_error(lib.pf_argmax(ffi.NULL, null_view(), ffi.NULL, 3, 10))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "view out_ids is NULL" in msg
+    s, msg = _status_and_error(lib.pf_argmax(ffi.NULL, null_view(), null_view(off=-1), 3, 10))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "out_ids offset=-1" in msg
 
 
 # ------------------------------------------------------------------------------ CPU: wrappers
 
 def test_wrapper_rejects_names():
     with pytest.raises(errors.InvalidArgumentError, match="kv_dtype"):
-        A.options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1, kv_dtype="bf16")
+        A.attention_options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1, kv_dtype="bf16")
     with pytest.raises(errors.InvalidArgumentError, match="path"):
-        A.options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1, path="sdpa")
-    assert A.options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1, kv_dtype=np.float32).kv_dtype == 1
+        A.attention_options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1, path="sdpa")
+    assert A.attention_options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1,
+                               kv_dtype=np.float32).kv_dtype == 1
+    assert A.KV_DTYPES == {"f16": 0, "f32": 1} and A.PATHS == {"auto": 0, "cublas": 1, "flash": 2}
 
 
 def test_numpy_wrappers_check_arrays_before_the_device():
     q = np.zeros((3, 256), np.float32)
     k = np.zeros((10, 256), np.float16)
     kw = dict(n_heads=2, n_kv_heads=2, head_dim=128, pos0=0)
-    with pytest.raises(errors.InvalidArgumentError, match="q: dtype float64"):
+    with pytest.raises(errors.InvalidArgumentError, match="q: expected dtype float32, got float64"):
         A.attention_np(None, q.astype(np.float64), k, k, **kw)
-    with pytest.raises(errors.InvalidArgumentError, match="v_cache: dtype float32"):
+    with pytest.raises(errors.InvalidArgumentError, match="v_cache: expected dtype float16, got float32"):
         A.attention_np(None, q, k, k.astype(np.float32), **kw)
     with pytest.raises(errors.InvalidArgumentError, match="128 columns"):
         A.attention_np(None, q, k, k, **{**kw, "n_kv_heads": 1})
     with pytest.raises(errors.InvalidArgumentError, match="capacity 10"):
         A.attention_np(None, q, k, k, **{**kw, "pos0": 8})
-    with pytest.raises(errors.InvalidArgumentError, match="expected 2 dimensions"):
+    with pytest.raises(errors.InvalidArgumentError, match="expected a 2-D array"):
         A.attention_np(None, q[0], k, k, **kw)
-    with pytest.raises(errors.InvalidArgumentError, match="x: dtype float64"):
-        A.argmax_rows_np(None, np.zeros((2, 3)))
+    with pytest.raises(errors.InvalidArgumentError, match="x: expected dtype float32, got float64"):
+        A.argmax_np(None, np.zeros((2, 3)))
     with pytest.raises(errors.InvalidArgumentError, match="no columns"):
-        A.argmax_rows_np(None, np.zeros((2, 0), np.float32))
+        A.argmax_np(None, np.zeros((2, 0), np.float32))
     with pytest.raises(errors.InvalidArgumentError, match="exceeds the cache capacity"):
         A.kv_write_np(None, np.zeros((3, 256), np.float32), np.zeros((3, 256), np.float32),
                       k, k, pos0=8)
     with pytest.raises(errors.InvalidArgumentError, match="v: shape"):
         A.kv_write_np(None, np.zeros((3, 256), np.float32), np.zeros((2, 256), np.float32),
                       k, k, pos0=0)
+    with pytest.raises(errors.InvalidArgumentError, match="k: expected a pyprefill Buffer or View"):
+        A.kv_write(None, None, None, k, k, rows=1, kv_dim=256, pos0=0)
+    with pytest.raises(errors.InvalidArgumentError, match="q: expected a pyprefill Buffer"):
+        A.attention(None, q, k, k, q, n_heads=2, n_kv_heads=2, head_dim=128, rows=3)
 
 
 def test_reference_is_grouped_not_tiled():

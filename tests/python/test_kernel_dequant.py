@@ -5,11 +5,13 @@ and small fp16 d, subnormal d, zero d, and maximal 6-bit sub-scales."""
 import gguf
 import numpy as np
 import pytest
+from helpers import null_view, status_and_error
 
 from pyprefill import core, errors
 from pyprefill._errors import _check
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gemm
+from pyprefill.kernels._common import View
 
 QTYPES = ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q8_0": (32, 34),
@@ -103,27 +105,26 @@ def test_random_blocks_are_valid(rng, qtype, regime):
 
 
 def _status(call) -> tuple[int, str]:
-    s = call()
-    return s, ffi.string(lib.pf_last_error()).decode()
+    return status_and_error(call())
 
 
 def test_dequantize_argument_checks():
-    s, msg = _status(lambda: lib.pf_dequantize(ffi.NULL, ffi.NULL, ffi.NULL, 2))
+    s, msg = _status(lambda: lib.pf_dequantize(ffi.NULL, ffi.NULL, null_view(), 2))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "out_f16=2" in msg
-    s, msg = _status(lambda: lib.pf_dequantize(ffi.NULL, ffi.NULL, ffi.NULL, 0))
+    s, msg = _status(lambda: lib.pf_dequantize(ffi.NULL, ffi.NULL, null_view(), 0))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
 
 
-def test_embed_rows_argument_checks():
+def test_embed_argument_checks():
     ids = ffi.new("int32_t[]", [0, 1, 2])
-    s, msg = _status(lambda: lib.pf_embed_rows(ffi.NULL, ffi.NULL, ids, -1, ffi.NULL, 16))
+    s, msg = _status(lambda: lib.pf_embed(ffi.NULL, ffi.NULL, ids, -1, null_view()))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "rows=-1" in msg
-    s, msg = _status(lambda: lib.pf_embed_rows(ffi.NULL, ffi.NULL, ffi.NULL, 3, ffi.NULL, 16))
+    s, msg = _status(lambda: lib.pf_embed(ffi.NULL, ffi.NULL, ffi.NULL, 3, null_view()))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "ids is NULL" in msg
-    s, msg = _status(lambda: lib.pf_embed_rows(ffi.NULL, ffi.NULL, ids, 3, ffi.NULL, 16))
+    s, msg = _status(lambda: lib.pf_embed(ffi.NULL, ffi.NULL, ids, 3, null_view()))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "table is NULL" in msg
     with pytest.raises(errors.InvalidArgumentError, match="rows=-2"):
-        _check(lib.pf_embed_rows(ffi.NULL, ffi.NULL, ids, -2, ffi.NULL, 16))
+        _check(lib.pf_embed(ffi.NULL, ffi.NULL, ids, -2, null_view()))
 
 
 def test_embed_ids_python_checks():
@@ -146,7 +147,7 @@ def test_dequantize_f32_matches_gguf(ctx, rng, qtype, regime):
     data = random_blocks(rng, qtype, n, k, regime)
     ref = oracle(data, qtype)
     with ctx.weight(qtype, n, k, data) as w:
-        out = gemm.dequantize(ctx, w)
+        out = gemm.dequantize_np(ctx, w)
     assert out.shape == ref.shape and np.isfinite(out).all()
     d = ulp_distance(out, ref)
     assert d.max() <= 1, (f"{qtype}/{regime}: {int((d > 1).sum())} elements > 1 ulp off; first at "
@@ -162,7 +163,7 @@ def test_dequantize_f16_is_rounded_oracle(ctx, rng, qtype, regime):
     with np.errstate(over="ignore"):                 # "large" K-quant values round to fp16 Inf
         ref = oracle(data, qtype).astype(np.float16)
     with ctx.weight(qtype, n, k, data) as w:
-        out = gemm.dequantize(ctx, w, f16=True)
+        out = gemm.dequantize_np(ctx, w, f16=True)
     assert out.dtype == np.float16 and out.shape == ref.shape
     assert not np.isnan(out).any()
     ref_b, out_b = ref.view(np.uint16), out.view(np.uint16)
@@ -177,49 +178,49 @@ def test_dequantize_large_matrix_int64_offsets(ctx, rng):
     n, k, qtype = 151936, 1024, "Q8_0"
     data = random_blocks(rng, qtype, n, k)
     with ctx.weight(qtype, n, k, data) as w:
-        out = gemm.dequantize(ctx, w)
+        out = gemm.dequantize_np(ctx, w)
     for rows in (slice(0, 3), slice(n // 2, n // 2 + 3), slice(n - 3, n)):
         assert ulp_distance(out[rows], oracle(data[rows], qtype)).max() <= 1
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_embed_rows_matches_oracle_rows(ctx, rng, qtype):
+def test_embed_matches_oracle_rows(ctx, rng, qtype):
     n_vocab, k = 300, 512
     data = random_blocks(rng, qtype, n_vocab, k)
     ids = np.concatenate([[0, n_vocab - 1, 5, 5], rng.integers(0, n_vocab, 33)]).astype(np.int32)
     ldo = k + 17
     with ctx.weight(qtype, n_vocab, k, data) as w:
-        out = gemm.embed_rows(ctx, w, ids, ldo=ldo)
+        out = gemm.embed_np(ctx, w, ids, ldo=ldo)
     assert out.shape == (ids.size, ldo)
     assert np.isnan(out[:, k:]).all(), "columns beyond k were written"
     assert ulp_distance(out[:, :k], oracle(data[ids], qtype)).max() <= 1
 
 
 @pytest.mark.gpu
-def test_embed_rows_real_vocab(ctx, rng):
+def test_embed_real_vocab(ctx, rng):
     n_vocab, k, qtype = 151936, 1024, "Q6_K"
     data = random_blocks(rng, qtype, n_vocab, k)
     ids = rng.integers(0, n_vocab, 777).astype(np.int32)
     ids[:2] = [0, n_vocab - 1]
     with ctx.weight(qtype, n_vocab, k, data) as w:
-        out = gemm.embed_rows(ctx, w, ids)
+        out = gemm.embed_np(ctx, w, ids)
     assert ulp_distance(out, oracle(data[ids], qtype)).max() <= 1
 
 
 @pytest.mark.gpu
-def test_embed_rows_rejects_out_of_range_ids(ctx, rng):
+def test_embed_rejects_out_of_range_ids(ctx, rng):
     n_vocab, k = 100, 64
     data = random_blocks(rng, "Q8_0", n_vocab, k)
     with ctx.weight("Q8_0", n_vocab, k, data) as w, ctx.buffer(4 * k * 3) as out:
         out.poison()
         with pytest.raises(errors.InvalidArgumentError, match=r"ids\[2\] = 100 is outside \[0, n_vocab=100\)"):
-            gemm.embed_rows_into(ctx, w, np.array([1, 2, 100], np.int32), out, k)
+            gemm.embed(ctx, w, np.array([1, 2, 100], np.int32), View(out, 0, k))
         with pytest.raises(errors.InvalidArgumentError, match=r"ids\[0\] = -1"):
-            gemm.embed_rows_into(ctx, w, np.array([-1, 2, 3], np.int32), out, k)
+            gemm.embed(ctx, w, np.array([-1, 2, 3], np.int32), out)
         ctx.synchronize()
         assert np.isnan(out.download(np.float32, (3, k))).all(), "a rejected call wrote output"
-        empty = gemm.embed_rows(ctx, w, np.zeros(0, np.int32))
+        empty = gemm.embed_np(ctx, w, np.zeros(0, np.int32))
         assert empty.shape == (0, k)
 
 
@@ -228,6 +229,11 @@ def test_dequantize_rejects_small_output(ctx, rng):
     data = random_blocks(rng, "Q4_0", 4, 64)
     with ctx.weight("Q4_0", 4, 64, data) as w, ctx.buffer(4 * 64 * 4 - 4) as out:
         with pytest.raises(errors.InvalidArgumentError, match="out holds 1020 bytes"):
-            gemm.dequantize_into(ctx, w, out)
-        gemm.dequantize_into(ctx, w, out, f16=True)   # 512 bytes suffice for fp16
+            gemm.dequantize(ctx, w, out)
+        with pytest.raises(errors.InvalidArgumentError, match="out holds 1020 bytes"):
+            gemm.dequantize(ctx, w, View(out, 300), f16=True)    # (300 + 256) fp16 > 1020 bytes
+        with pytest.raises(errors.UnsupportedError, match="written packed"):
+            gemm.dequantize(ctx, w, View(out, 0, 65))
+        gemm.dequantize(ctx, w, out, f16=True)   # 512 bytes suffice for fp16
+        gemm.dequantize(ctx, w, View(out, 1, 64), f16=True)      # at an fp16 element offset
         ctx.synchronize()

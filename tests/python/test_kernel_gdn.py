@@ -2,16 +2,19 @@
 float64 NumPy references (bound 1e-5, DESIGN.md); the per-token twins (rows = 1, T launches)
 bitwise equal to the row kernels; state carried across calls; the C API's argument checks (CPU).
 
-References are plain float64 NumPy written here from spec §3.2 (G2, G3, G5, G7, G8)."""
+The references are the oracle's (pyprefill.reference.ops, spec §3.2 G2, G3, G5, G7, G8; itself
+checked against HF fixtures): ops.causal_conv1d_silu, ops.l2_norm, ops.gdn_gates,
+ops.gated_rms_norm and ops.delta_rule_recurrent, on the kernels' [T][heads * dim] rows."""
 import numpy as np
 import pytest
 
-from helpers import assert_close
+from helpers import assert_close, c_args, null_view as V, randn
 from pyprefill import errors
 from pyprefill._errors import _check
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gdn as G
-from pyprefill.kernels.rows import View, poisoned, upload
+from pyprefill.kernels._common import View, poisoned, upload
+from pyprefill.reference import ops
 
 RTOL = 1e-5
 NULL = ffi.NULL
@@ -19,78 +22,36 @@ gpu = pytest.mark.gpu
 ROWS = [1, 7, 777]
 
 # ----------------------------------------------------------------------------- references
-
-
-def silu64(x):
-    return x / (1.0 + np.exp(-x))
-
-
-def softplus64(x):
-    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
-
-
-def ref_conv(m, window, weight):
-    """(u, new_window) in float64: X = concat(window, m); c[t] = sum_i X[t+i] * weight[:, i]."""
-    kc = weight.shape[1]
-    X = np.concatenate([window, m]).astype(np.float64)
-    T = m.shape[0]
-    c = np.zeros((T, m.shape[1]))
-    for i in range(kc):
-        c += X[i:i + T] * weight[:, i].astype(np.float64)
-    return silu64(c), X[T:T + kc - 1]
+# Thin adapters from the kernels' row layout to the oracle's (T, heads, dim) arrays.
 
 
 def ref_l2(x, eps, scale):
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps) * scale
-
-
-def ref_gates(b, alpha, ssm_a, dt_bias):
-    beta = 1.0 / (1.0 + np.exp(-b.astype(np.float64)))
-    g = ssm_a.astype(np.float64) * softplus64(alpha.astype(np.float64) + dt_bias)
-    return beta, g
+    """Per-head L2 norm of x (..., dim), times scale (G5)."""
+    return ops.l2_norm(x, eps) * scale
 
 
 def ref_gated_norm(o, z, w, hv, eps):
-    T = o.shape[0]
-    dv = w.shape[0]
-    o3 = o.reshape(T, hv, dv).astype(np.float64)
-    y = o3 / np.sqrt((o3 * o3).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
-    return (y * silu64(z.reshape(T, hv, dv).astype(np.float64))).reshape(T, hv * dv)
+    """G8 on [T][hv*dv] rows."""
+    T, dv = o.shape[0], w.shape[0]
+    return ops.gated_rms_norm(o.reshape(T, hv, dv), w, z.reshape(T, hv, dv), eps).reshape(T, hv * dv)
 
 
 def ref_scan(q, k, v, beta, g, S0):
-    """Spec G7 in float64, value head j paired with key head j % Hk. Returns (o, S)."""
+    """G7 on [T][heads*dim] rows (value head j paired with key head j % Hk). Returns (o, S)."""
     hv, dk, dv = S0.shape
     T = q.shape[0]
     hk = q.shape[1] // dk
-    pair = np.arange(hv) % hk
-    qh = q.reshape(T, hk, dk).astype(np.float64)[:, pair]
-    kh = k.reshape(T, hk, dk).astype(np.float64)[:, pair]
-    vh = v.reshape(T, hv, dv).astype(np.float64)
-    S = S0.astype(np.float64).copy()
-    o = np.empty((T, hv, dv))
-    for t in range(T):
-        S *= np.exp(g[t].astype(np.float64))[:, None, None]
-        kv = np.einsum("jab,ja->jb", S, kh[t])
-        e = (vh[t] - kv) * beta[t].astype(np.float64)[:, None]
-        S += kh[t][:, :, None] * e[:, None, :]
-        o[t] = np.einsum("jab,ja->jb", S, qh[t])
+    o, S = ops.delta_rule_recurrent(q.reshape(T, hk, dk), k.reshape(T, hk, dk),
+                                    v.reshape(T, hv, dv), g, beta, S0)
     return o.reshape(T, hv * dv), S
 
 
 # ----------------------------------------------------------------------------- inputs
 
 
-def randn(rng, *shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
 def l2n32(x, hk, dk, scale=1.0):
     """Rows of hk heads of dk, L2-normalised per head (as the model's G5), float32."""
-    x3 = x.reshape(x.shape[0], hk, dk).astype(np.float64)
-    x3 = x3 / np.sqrt((x3 * x3).sum(-1, keepdims=True) + 1e-6) * scale
-    return x3.reshape(x.shape).astype(np.float32)
+    return ref_l2(x.reshape(x.shape[0], hk, dk), 1e-6, scale).reshape(x.shape).astype(np.float32)
 
 
 def scan_inputs(rng, T, hk, hv, dk, dv, state_scale=0.5):
@@ -102,7 +63,7 @@ def scan_inputs(rng, T, hk, hv, dk, dv, state_scale=0.5):
     beta = (1.0 / (1.0 + np.exp(-rng.standard_normal((T, hv))))).astype(np.float32)
     ssm_a = -np.exp(rng.uniform(-1, 1, hv))
     dt_bias = rng.uniform(-1, 1, hv)
-    g = (ssm_a * softplus64(rng.standard_normal((T, hv)) + dt_bias)).astype(np.float32)
+    g = (ssm_a * ops.softplus(rng.standard_normal((T, hv)) + dt_bias)).astype(np.float32)
     S0 = randn(rng, hv, dk, dv, scale=state_scale)
     return q, k, v, beta, g, S0
 
@@ -116,8 +77,8 @@ def scan_inputs(rng, T, hk, hv, dk, dv, state_scale=0.5):
 def test_conv1d(ctx, rng, rows, conv_dim):
     kc = 4
     m, window, weight = randn(rng, rows, conv_dim), randn(rng, kc - 1, conv_dim), randn(rng, conv_dim, kc, scale=0.5)
-    u, new_window = G.gdn_conv1d(ctx, m, window, weight)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    u, new_window = G.gdn_conv1d_np(ctx, m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d u", ref_u, u, rtol=RTOL)
     assert np.array_equal(new_window, ref_w.astype(np.float32)), "window must be the last kc-1 rows of concat(window, m)"
 
@@ -126,8 +87,8 @@ def test_conv1d(ctx, rng, rows, conv_dim):
 @pytest.mark.parametrize("kc", [2, 3, 5, 8])
 def test_conv1d_other_kernel_sizes(ctx, rng, kc):
     m, window, weight = randn(rng, 40, 200), randn(rng, kc - 1, 200), randn(rng, 200, kc)
-    u, new_window = G.gdn_conv1d(ctx, m, window, weight)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    u, new_window = G.gdn_conv1d_np(ctx, m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d u", ref_u, u, rtol=RTOL)
     assert np.array_equal(new_window, ref_w.astype(np.float32))
 
@@ -144,8 +105,8 @@ def _conv_in_calls(ctx, m, window, weight, sizes, *, strided=False):
             poisoned(ctx, T * ld * 4) as bu:
         t = 0
         for n in sizes:
-            G.gdn_conv1d_rows(ctx, View(bm, t * ld + cm, ld), bwin, bw, View(bu, t * ld + cu, ld),
-                              n, C, kc)
+            G.gdn_conv1d(ctx, View(bm, t * ld + cm, ld), bwin, bw, View(bu, t * ld + cu, ld), n, C,
+                         kc)
             t += n
         assert t == T
         u = bu.download(np.float32, (T, ld))
@@ -165,7 +126,7 @@ def test_conv1d_twin_and_chunking_are_bitwise(ctx, rng):
     uc, wc = _conv_in_calls(ctx, m, window, weight, [1, 2, 1, 1, 2, 17, 16, 1, 9], strided=True)
     for u, w in ((ut, wt), (uc, wc)):
         assert np.array_equal(u, u1) and np.array_equal(w, w1)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d chunked", ref_u, uc, rtol=RTOL)
     assert np.array_equal(w1, ref_w.astype(np.float32))
 
@@ -174,8 +135,8 @@ def test_conv1d_twin_and_chunking_are_bitwise(ctx, rng):
 def test_conv1d_many_rows_uses_several_chunks_per_channel(ctx, rng):
     T, C, kc = 3000, 130, 4   # > one chunk of rows per thread, channel count not a multiple of 128
     m, window, weight = randn(rng, T, C), randn(rng, kc - 1, C), randn(rng, C, kc)
-    u, new_window = G.gdn_conv1d(ctx, m, window, weight)
-    ref_u, ref_w = ref_conv(m, window, weight)
+    u, new_window = G.gdn_conv1d_np(ctx, m, window, weight)
+    ref_u, ref_w = ops.causal_conv1d_silu(m, window, weight)
     assert_close("conv1d long", ref_u, u, rtol=RTOL)
     assert np.array_equal(new_window, ref_w.astype(np.float32))
 
@@ -192,10 +153,10 @@ def test_l2norm_q_and_k_inside_conv_rows(ctx, rng, rows, hk, dk):
     conv_dim = 2 * key_dim + 2 * key_dim   # q | k | v (v wider, as for Hv = 2 Hk)
     u = randn(rng, rows, conv_dim, scale=2.0)
     scale = 1.0 / np.sqrt(dk)
-    out = G.gdn_l2norm(ctx, u, hk, dk, 1e-6, scale, col0=0)
-    out = G.gdn_l2norm(ctx, out, hk, dk, 1e-6, 1.0, col0=key_dim)
-    ref_q = ref_l2(u[:, :key_dim].reshape(rows, hk, dk), 1e-6, scale).reshape(rows, key_dim)
-    ref_k = ref_l2(u[:, key_dim:2 * key_dim].reshape(rows, hk, dk), 1e-6, 1.0).reshape(rows, key_dim)
+    out = G.gdn_l2norm_np(ctx, u, hk, dk, 1e-6, scale, col0=0)
+    out = G.gdn_l2norm_np(ctx, out, hk, dk, 1e-6, 1.0, col0=key_dim)
+    ref_q = ref_l2(ops.heads(u, hk, dk), 1e-6, scale).reshape(rows, key_dim)
+    ref_k = ref_l2(ops.heads(u, hk, dk, col0=key_dim), 1e-6, 1.0).reshape(rows, key_dim)
     assert_close("l2 q", ref_q, out[:, :key_dim], rtol=RTOL)
     assert_close("l2 k", ref_k, out[:, key_dim:2 * key_dim], rtol=RTOL)
     assert np.array_equal(out[:, 2 * key_dim:], u[:, 2 * key_dim:]), "v columns changed"
@@ -207,9 +168,9 @@ def test_l2norm_twin_is_bitwise(ctx, rng):
     ld = 3 * hk * dk
     x = randn(rng, T, ld)
     with upload(ctx, x) as a, upload(ctx, x) as b:
-        G.gdn_l2norm_rows(ctx, View(a, 0, ld), T, 2 * hk, dk, 1e-6, 0.125)
+        G.gdn_l2norm(ctx, View(a, 0, ld), T, 2 * hk, dk, 1e-6, 0.125)
         for t in range(T):
-            G.gdn_l2norm_rows(ctx, View(b, t * ld, ld), 1, 2 * hk, dk, 1e-6, 0.125)
+            G.gdn_l2norm(ctx, View(b, t * ld, ld), 1, 2 * hk, dk, 1e-6, 0.125)
         assert np.array_equal(a.download(np.float32, x.shape), b.download(np.float32, x.shape))
 
 
@@ -225,8 +186,8 @@ def test_gates(ctx, rng, rows, hv):
     alpha[0, 0] = 25.0     # softplus above its threshold: x itself
     ssm_a = (-np.exp(rng.uniform(-1, 1, hv))).astype(np.float32)
     dt_bias = rng.uniform(-1, 1, hv).astype(np.float32)
-    beta, g = G.gdn_gates(ctx, b, alpha, ssm_a, dt_bias)
-    rb, rg = ref_gates(b, alpha, ssm_a, dt_bias)
+    beta, g = G.gdn_gates_np(ctx, b, alpha, ssm_a, dt_bias)
+    rb, rg = ops.gdn_gates(b, alpha, ssm_a, dt_bias)
     assert_close("beta", rb, beta, rtol=RTOL)
     assert_close("g", rg, g, rtol=RTOL)
     assert (g <= 0).all() and ((beta > 0) & (beta < 1)).all()
@@ -247,12 +208,12 @@ def test_gates_twin_is_bitwise_and_strided(ctx, rng):
                 t = 0
                 for n in calls:
                     r = t * 2 * hv
-                    G.gdn_gates_rows(ctx, View(bba, r, 2 * hv), View(bba, r + hv, 2 * hv), bs, bd,
-                                     View(bo, r, 2 * hv), View(bo, r + hv, 2 * hv), n, hv)
+                    G.gdn_gates(ctx, View(bba, r, 2 * hv), View(bba, r + hv, 2 * hv), bs, bd,
+                                View(bo, r, 2 * hv), View(bo, r + hv, 2 * hv), n, hv)
                     t += n
                 outs.append(bo.download(np.float32, (T, 2 * hv)))
     assert np.array_equal(outs[0], outs[1])
-    rb, rg = ref_gates(ba[:, :hv], ba[:, hv:], ssm_a, dt)
+    rb, rg = ops.gdn_gates(ba[:, :hv], ba[:, hv:], ssm_a, dt)
     assert_close("beta", rb, outs[0][:, :hv], rtol=RTOL)
     assert_close("g", rg, outs[0][:, hv:], rtol=RTOL)
 
@@ -267,7 +228,7 @@ def test_gated_rms_norm(ctx, rng, rows, hv, dv):
     o = randn(rng, rows, hv * dv)
     z = randn(rng, rows, hv * dv, scale=2.0)
     w = randn(rng, dv)
-    y = G.gdn_gated_rms_norm(ctx, o, z, w, hv, 1e-6)
+    y = G.gdn_gated_rms_norm_np(ctx, o, z, w, hv, 1e-6)
     assert_close("gated_rms_norm", ref_gated_norm(o, z, w, hv, 1e-6), y, rtol=RTOL)
 
 
@@ -276,7 +237,7 @@ def test_gated_rms_norm_in_place(ctx, rng):
     rows, hv, dv = 7, 32, 128
     o, z, w = randn(rng, rows, hv * dv), randn(rng, rows, hv * dv), randn(rng, dv)
     with upload(ctx, o) as bo, upload(ctx, z) as bz, upload(ctx, w) as bw:
-        G.gdn_gated_rms_norm_rows(ctx, bo, bz, bw, bo, rows, hv, dv, 1e-6)
+        G.gdn_gated_rms_norm(ctx, bo, bz, bw, bo, rows, hv, dv, 1e-6)
         y = bo.download(np.float32, o.shape)
     assert_close("gated_rms_norm in place", ref_gated_norm(o, z, w, hv, 1e-6), y, rtol=RTOL)
 
@@ -301,7 +262,7 @@ SCAN_DIMS = {  # hk, hv, dk, dv
 def test_scan_matches_float64_recurrence(ctx, rng, rows, dims):
     hk, hv, dk, dv = SCAN_DIMS[dims]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, dk, dv)
-    o, S = G.gdn_scan(ctx, q, k, v, beta, g, S0)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
     assert_close("scan o", ro, o, rtol=RTOL)
     assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
@@ -313,13 +274,14 @@ def test_scan_head_pairing_is_tiled(ctx, rng, r):
     """Hv = r*Hk: value head j reads key head j % Hk (a grouped j // r pairing would fail)."""
     hk, dk, dv = 4, 32, 32
     q, k, v, beta, g, S0 = scan_inputs(rng, 20, hk, r * hk, dk, dv)
-    o, S = G.gdn_scan(ctx, q, k, v, beta, g, S0)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
     assert_close("scan o", ro, o, rtol=RTOL)
     assert_close("scan state", rS.reshape(r * hk, -1), S.reshape(r * hk, -1), rtol=RTOL)
 
 
-def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False):
+def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False, path="sequential",
+                   workspace=None):
     """The scan over consecutive calls of the given row counts, with q, k, v inside one
     conv-output matrix [T][q | k | v | pad] and beta, g inside one [T][beta | g] matrix, as the
     engine lays them out. Returns (o, S); checks that nothing outside o's columns was written."""
@@ -337,9 +299,9 @@ def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False):
         for n in sizes:
             r = t * ld
             out = View(bu, r + 2 * kw, ld) if o_in_place else View(bo, t * ldo + 4, ldo)
-            G.gdn_scan_rows(ctx, View(bu, r, ld), View(bu, r + kw, ld), View(bu, r + 2 * kw, ld),
-                            View(bbg, t * 2 * hv, 2 * hv), View(bbg, t * 2 * hv + hv, 2 * hv),
-                            bs, out, n, hk, hv, dk, dv)
+            G.gdn_scan(ctx, View(bu, r, ld), View(bu, r + kw, ld), View(bu, r + 2 * kw, ld),
+                       View(bbg, t * 2 * hv, 2 * hv), View(bbg, t * 2 * hv + hv, 2 * hv),
+                       bs, out, n, hk, hv, dk, dv, path, workspace)
             t += n
         assert t == T
         S = bs.download(np.float32, S0.shape)
@@ -394,7 +356,7 @@ def test_scan_from_zero_state_long(ctx, rng):
     hk, hv, dk, dv = SCAN_DIMS["tiny-32"]
     q, k, v, beta, g, _ = scan_inputs(rng, 2000, hk, hv, dk, dv)
     S0 = np.zeros((hv, dk, dv), np.float32)
-    o, S = G.gdn_scan(ctx, q, k, v, beta, g, S0)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
     ro, rS = ref_scan(q, k, v, beta, g, S0)
     assert_close("scan o", ro, o, rtol=RTOL)
     assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
@@ -419,15 +381,15 @@ def test_gdn_chain_two_chunks_equals_one(ctx, rng):
         win, S = window.copy(), np.zeros((hv, dk, dv), np.float32)
         ys, t = [], 0
         for n in splits:
-            u, win = G.gdn_conv1d(ctx, np.ascontiguousarray(m[t:t + n]), win, weight)
-            u = G.gdn_l2norm(ctx, u, hk, dk, 1e-6, 1.0 / np.sqrt(dk), col0=0)
-            u = G.gdn_l2norm(ctx, u, hk, dk, 1e-6, 1.0, col0=key_dim)
-            beta, g = G.gdn_gates(ctx, np.ascontiguousarray(b[t:t + n]),
+            u, win = G.gdn_conv1d_np(ctx, np.ascontiguousarray(m[t:t + n]), win, weight)
+            u = G.gdn_l2norm_np(ctx, u, hk, dk, 1e-6, 1.0 / np.sqrt(dk), col0=0)
+            u = G.gdn_l2norm_np(ctx, u, hk, dk, 1e-6, 1.0, col0=key_dim)
+            beta, g = G.gdn_gates_np(ctx, np.ascontiguousarray(b[t:t + n]),
                                   np.ascontiguousarray(alpha[t:t + n]), ssm_a, dt)
-            o, S = G.gdn_scan(ctx, np.ascontiguousarray(u[:, :key_dim]),
+            o, S = G.gdn_scan_np(ctx, np.ascontiguousarray(u[:, :key_dim]),
                               np.ascontiguousarray(u[:, key_dim:2 * key_dim]),
                               np.ascontiguousarray(u[:, 2 * key_dim:]), beta, g, S)
-            ys.append(G.gdn_gated_rms_norm(ctx, o, np.ascontiguousarray(z[t:t + n]), norm_w, hv))
+            ys.append(G.gdn_gated_rms_norm_np(ctx, o, np.ascontiguousarray(z[t:t + n]), norm_w, hv))
             t += n
         return np.concatenate(ys), win, S
 
@@ -437,17 +399,184 @@ def test_gdn_chain_two_chunks_equals_one(ctx, rng):
 
 
 @gpu
+def test_scan_paths(ctx, rng):
+    """AUTO: the sequential scan for dims other than 128 (bit for bit), the chunked one for
+    dk = dv = 128 from 64 rows (bit for bit with an explicit CHUNKED); CHUNKED on other dims is
+    UNSUPPORTED before any device work."""
+    hk, hv, dk, dv = SCAN_DIMS["tiny-32"]
+    q, k, v, beta, g, S0 = scan_inputs(rng, 65, hk, hv, dk, dv)
+    oa, Sa = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="auto")
+    os_, Ss = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="sequential")
+    assert np.array_equal(oa, os_) and np.array_equal(Sa, Ss)
+    with pytest.raises(errors.UnsupportedError, match="built for dk = dv = 128"):
+        G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
+    q, k, v, beta, g, S0 = scan_inputs(rng, 65, 2, 4, 128, 128)
+    oa, Sa = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="auto")
+    oc, Sc = _scan_in_calls(ctx, q, k, v, beta, g, S0, [65], path="chunked")
+    assert np.array_equal(oa, oc) and np.array_equal(Sa, Sc)
+
+
+def test_scan_plan():
+    """The path AUTO picks and the chunked workspace (CPU: no device needed)."""
+    assert G.gdn_scan_plan(63, 16, 32, 128, 128) == {"path": "sequential", "workspace_bytes": 0}
+    p = G.gdn_scan_plan(64, 16, 32, 128, 128)
+    assert p["path"] == "chunked" and p["workspace_bytes"] > 0
+    assert G.gdn_scan_plan(4096, 16, 32, 64, 64)["path"] == "sequential"
+    assert G.gdn_scan_plan(8, 16, 32, 128, 128, path="chunked")["path"] == "chunked"
+    # the workspace covers one pass: it stops growing past kGdnPassRows (8192) rows
+    w8, w16 = (G.gdn_scan_plan(n, 16, 32, 128, 128)["workspace_bytes"] for n in (8192, 16384))
+    assert w8 == w16 > G.gdn_scan_plan(4096, 16, 32, 128, 128)["workspace_bytes"]
+    with pytest.raises(errors.UnsupportedError, match="dk = dv = 128"):
+        G.gdn_scan_plan(64, 2, 4, 64, 64, path="chunked")
+    with pytest.raises(errors.InvalidArgumentError, match="multiple of n_k_heads"):
+        G.gdn_scan_plan(64, 3, 4, 128, 128)
+
+
+# ----------------------------------------------------------------------------- GPU: chunked scan
+# The chunkwise-parallel delta rule (spec §3.2.1) on tensor cores: fp16 operands with exact
+# per-chunk power-of-two scales, fp32 accumulation and state. Bound 2e-3 relative against the
+# float64 recurrence (issue 9), on model-like inputs (q, k L2-normalised, beta in (0, 1), decays
+# from ssm_a * softplus).
+
+CHUNK_TOL = 2e-3
+CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
+
+
+
+
+def ref_scan_long(q, k, v, beta, g, S0):
+    """The float64 chunked form (ops.delta_rule_chunked, itself checked against the recurrence
+    in test_reference_ops): the same function, fast enough for tens of thousands of rows."""
+    hv, dk, dv = S0.shape
+    T = q.shape[0]
+    hk = q.shape[1] // dk
+    o, S = ops.delta_rule_chunked(q.reshape(T, hk, dk), k.reshape(T, hk, dk),
+                                  v.reshape(T, hv, dv), g, beta, S0)
+    return o.reshape(T, hv * dv), S
+
+
+@gpu
+@pytest.mark.parametrize("rows", [1, 63, 64, 65, 777])
+@pytest.mark.parametrize("heads", list(CHUNK_HEADS))
+def test_chunked_matches_float64(ctx, rng, rows, heads):
+    hk, hv = CHUNK_HEADS[heads]
+    q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
+    o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked")
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close("chunked o", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("dims", ["4B", "27B"])
+def test_chunked_real_shapes(ctx, rng, dims):
+    """All heads of the real models (Hv = 32: 32-column CTAs; Hv = 48: 64-column CTAs)."""
+    hk, hv, dk, dv = SCAN_DIMS[dims]
+    q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
+    ro, rS = ref_scan_long(q, k, v, beta, g, S0)
+    assert_close("chunked o", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+def test_chunked_state_carried_across_calls(ctx, rng):
+    """Calls of 1, 2, 63, 64, 65 and the rest carry the state (within the bound, not bitwise:
+    chunks restart at every call); the caller's workspace at a byte offset serves each call."""
+    sizes = [1, 2, 63, 64, 65, 582]
+    q, k, v, beta, g, S0 = scan_inputs(rng, sum(sizes), 2, 4, 128, 128)
+    need = G.gdn_scan_plan(max(sizes), 2, 4, 128, 128, path="chunked")["workspace_bytes"]
+    with ctx.buffer(need + 512) as ws:
+        ws.poison()
+        oc, Sc = _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, path="chunked",
+                                workspace=View(ws, 256, 0))
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close("chunked o (carried)", ro, oc, rtol=CHUNK_TOL)
+    assert_close("chunked state (carried)", rS.reshape(4, -1), Sc.reshape(4, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
+def test_chunked_hard_cases(ctx, rng, case):
+    """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
+    per row (exp underflows: no NaN), values of 1e4 (past fp16's range after the products: the
+    per-chunk scales keep the operands finite), a fresh sequence."""
+    q, k, v, beta, g, S0 = scan_inputs(rng, 300, 2, 4, 128, 128)
+    if case == "no decay, beta~1":
+        g = np.full_like(g, -1e-6)
+        beta = np.full_like(beta, 0.999)
+    elif case == "strong decay":
+        g = np.full_like(g, -40.0)
+    elif case == "large values":
+        v *= np.float32(1e4)
+        S0 *= np.float32(1e4)
+    else:
+        S0 = np.zeros_like(S0)
+    o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [300], path="chunked")
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close(f"chunked o ({case})", ro, o, rtol=CHUNK_TOL)
+    assert_close(f"chunked state ({case})", rS.reshape(4, -1), S.reshape(4, -1), rtol=CHUNK_TOL)
+
+
+_LONG = {}
+
+
+def _long_case(rows, hk, hv):
+    """Inputs and their float64 reference for the long cases, computed once per session (the
+    reference over 8192 rows x 32 heads takes seconds)."""
+    if (rows, hk, hv) not in _LONG:
+        rng = np.random.default_rng(rows * 131 + hk * 7 + hv)
+        inp = scan_inputs(rng, rows, hk, hv, 128, 128)
+        _LONG[rows, hk, hv] = inp, ref_scan_long(*inp)
+    return _LONG[rows, hk, hv]
+
+
+@gpu
+@pytest.mark.parametrize("rows, hk, hv", [(8192, 16, 32), (65536, 1, 2)])
+def test_chunked_long(ctx, rows, hk, hv):
+    """The qwen35-4b shape at 8192 rows, and 65536 rows (eight passes of 8192): within the bound,
+    no NaN or Inf."""
+    (q, k, v, beta, g, S0), (ro, rS) = _long_case(rows, hk, hv)
+    o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
+    assert_close("chunked o (long)", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state (long)", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+def test_chunked_output_in_place_over_v(ctx, rng):
+    q, k, v, beta, g, S0 = scan_inputs(rng, 130, 2, 4, 128, 128)
+    o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [130], o_in_place=True, path="chunked")
+    ro, rS = ref_scan(q, k, v, beta, g, S0)
+    assert_close("chunked o (in place)", ro, o, rtol=CHUNK_TOL)
+    assert_close("chunked state", rS.reshape(4, -1), S.reshape(4, -1), rtol=CHUNK_TOL)
+
+
+@gpu
+def test_chunked_workspace_checks(ctx, rng):
+    q, k, v, beta, g, S0 = scan_inputs(rng, 64, 2, 4, 128, 128)
+    need = G.gdn_scan_plan(64, 2, 4, 128, 128)["workspace_bytes"]
+    with ctx.buffer(need) as ws:
+        with pytest.raises(errors.InvalidArgumentError, match="workspace"):
+            _scan_in_calls(ctx, q, k, v, beta, g, S0, [64], path="chunked",
+                           workspace=View(ws, 256, 0))           # 256 bytes short
+    with ctx.buffer(need + 512) as ws:
+        with pytest.raises(errors.InvalidArgumentError, match="multiple of 256"):
+            _scan_in_calls(ctx, q, k, v, beta, g, S0, [64], path="chunked",
+                           workspace=View(ws, 4, 0))
+
+
+@gpu
 def test_gdn_buffer_checks_on_device(ctx):
     with ctx.buffer(4096 * 4) as a, ctx.buffer(64 * 4) as small:
         with pytest.raises(errors.InvalidArgumentError, match="u overlaps m"):
-            G.gdn_conv1d_rows(ctx, View(a, 0, 64), small, View(a, 2048, 0), View(a, 10, 64), 2, 16, 4)
+            G.gdn_conv1d(ctx, View(a, 0, 64), small, View(a, 2048, 0), View(a, 10, 64), 2, 16, 4)
         with pytest.raises(errors.InvalidArgumentError, match="weight holds 256 bytes"):
-            G.gdn_conv1d_rows(ctx, a, View(a, 3000, 0), small, View(a, 1000, 0), 2, 32, 4)
+            G.gdn_conv1d(ctx, a, View(a, 3000, 0), small, View(a, 1000, 0), 2, 32, 4)
         with pytest.raises(errors.InvalidArgumentError, match="o overlaps q"):
-            G.gdn_scan_rows(ctx, View(a, 0, 64), View(a, 16, 64), View(a, 32, 64), small,
-                            View(small, 8, 0), View(a, 3000, 0), View(a, 0, 64), 2, 1, 1, 16, 16)
+            G.gdn_scan(ctx, View(a, 0, 64), View(a, 16, 64), View(a, 32, 64), small,
+                       View(small, 8, 0), View(a, 3000, 0), View(a, 0, 64), 2, 1, 1, 16, 16)
         with pytest.raises(errors.InvalidArgumentError, match="state holds"):
-            G.gdn_scan_rows(ctx, a, a, a, a, a, small, View(a, 2048, 0), 1, 1, 1, 16, 16)
+            G.gdn_scan(ctx, a, a, a, a, a, small, View(a, 2048, 0), 1, 1, 1, 16, 16)
 
 
 # ----------------------------------------------------------------------------- CPU: checks
@@ -459,62 +588,93 @@ def _err(status, match):
 
 
 def test_c_api_conv1d_checks():
-    f = lib.pf_gdn_conv1d_rows
-    _err(f(NULL, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, -1, 64, 4), "rows=-1")
-    _err(f(NULL, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 1, 0, 4), "conv_dim=0")
-    _err(f(NULL, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 1, 64, 1), "kc=1")
-    _err(f(NULL, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 1, 64, 9), "kc=9")
-    _err(f(NULL, NULL, 0, 63, NULL, 0, NULL, 0, NULL, 0, 0, 1, 64, 4), "m row stride ld=63")
-    _err(f(NULL, NULL, 0, 0, NULL, -1, NULL, 0, NULL, 0, 0, 1, 64, 4), "window offset=-1")
-    _err(f(NULL, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 1, 64, 4), "m is NULL")
+    f = lib.pf_gdn_conv1d
+    _err(f(NULL, V(), V(), V(), V(), -1, 64, 4), "rows=-1")
+    _err(f(NULL, V(), V(), V(), V(), 1, 0, 4), "conv_dim=0")
+    _err(f(NULL, V(), V(), V(), V(), 1, 64, 1), "kc=1")
+    _err(f(NULL, V(), V(), V(), V(), 1, 64, 9), "kc=9")
+    _err(f(NULL, V(ld=63), V(), V(), V(), 1, 64, 4), "m row stride ld=63")
+    _err(f(NULL, V(), V(off=-1), V(), V(), 1, 64, 4), "window offset=-1")
+    _err(f(NULL, V(), V(), NULL, V(), 1, 64, 4), "view weight is NULL")
+    _err(f(NULL, V(), V(), V(), V(), 1, 64, 4), "m is NULL")
 
 
 def test_c_api_l2norm_and_gates_and_norm_checks():
-    _err(lib.pf_gdn_l2norm_rows(NULL, NULL, 0, 0, 1, 16, 0, 0, 1e-6, 1.0), "head_dim=0")
-    _err(lib.pf_gdn_l2norm_rows(NULL, NULL, 0, 0, 1, 16, 0, 128, -1.0, 1.0), "eps")
-    _err(lib.pf_gdn_l2norm_rows(NULL, NULL, 0, 0, 1, 16, 0, 128, 1e-6, float("inf")), "scale")
-    _err(lib.pf_gdn_l2norm_rows(NULL, NULL, 0, 0, 1, 16, 0, 128, 1e-6, 1.0), "x is NULL")
-    gates = lib.pf_gdn_gates_rows
-    _err(gates(NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 1, 0), "n_v_heads=0")
-    _err(gates(NULL, NULL, 0, 8, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 1, 16), "b row stride ld=8")
-    _err(gates(NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 1, 16), "b is NULL")
-    norm = lib.pf_gdn_gated_rms_norm_rows
-    _err(norm(NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0, 1, 16, 0, 1e-6), "dv=0")
-    _err(norm(NULL, NULL, 0, 0, NULL, 0, 100, NULL, 0, NULL, 0, 0, 1, 16, 128, 1e-6), "z row stride")
-    _err(norm(NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0, 1, 16, 128, 1e-6), "o is NULL")
+    _err(lib.pf_gdn_l2norm(NULL, V(), 1, 16, 0, 0, 1e-6, 1.0), "head_dim=0")
+    _err(lib.pf_gdn_l2norm(NULL, V(), 1, 16, 128, 0, -1.0, 1.0), "eps")
+    _err(lib.pf_gdn_l2norm(NULL, V(), 1, 16, 128, 0, 1e-6, float("inf")), "scale")
+    _err(lib.pf_gdn_l2norm(NULL, V(), 1, 16, 128, 64, 1e-6, 1.0), "head_stride=64")
+    _err(lib.pf_gdn_l2norm(NULL, V(), 1, 16, 128, 0, 1e-6, 1.0), "x is NULL")
+    gates = lib.pf_gdn_gates
+    _err(gates(NULL, NULL), "args is NULL")
+    _err(gates(NULL, c_args("pf_gdn_gates_args", rows=1)), "n_v_heads=0")
+    _err(gates(NULL, c_args("pf_gdn_gates_args", rows=1, n_v_heads=16, b={"ld": 8})), "b row stride ld=8")
+    _err(gates(NULL, c_args("pf_gdn_gates_args", rows=1, n_v_heads=16)), "b is NULL")
+    norm = lib.pf_gdn_gated_rms_norm
+    defaults = c_args("pf_gdn_gated_rms_norm_args")
+    assert defaults.eps == pytest.approx(1e-6) and defaults.rows == 0 and defaults.dv == 0
+    _err(norm(NULL, c_args("pf_gdn_gated_rms_norm_args", rows=1, n_v_heads=16)), "dv=0")
+    _err(norm(NULL, c_args("pf_gdn_gated_rms_norm_args", rows=1, n_v_heads=16, dv=128, eps=-1.0)), "eps")
+    _err(norm(NULL, c_args("pf_gdn_gated_rms_norm_args", rows=1, n_v_heads=16, dv=128,
+                          z={"ld": 100})), "z row stride")
+    _err(norm(NULL, c_args("pf_gdn_gated_rms_norm_args", rows=1, n_v_heads=16, dv=128)), "o is NULL")
 
 
 def test_c_api_scan_checks():
-    def scan(rows=1, hk=16, hv=32, dk=128, dv=128, ldq=0, ld_beta=0):
-        return lib.pf_gdn_scan_rows(NULL, NULL, 0, ldq, NULL, 0, 0, NULL, 0, 0, NULL, 0, ld_beta,
-                                    NULL, 0, 0, NULL, 0, NULL, 0, 0, rows, hk, hv, dk, dv)
+    def scan(rows=1, hk=16, hv=32, dk=128, dv=128, ldq=0, ld_beta=0, path=0, state_ld=0):
+        return lib.pf_gdn_scan(NULL, c_args("pf_gdn_scan_args", rows=rows, n_k_heads=hk,
+                                           n_v_heads=hv, dk=dk, dv=dv, path=path, q={"ld": ldq},
+                                           beta={"ld": ld_beta}, state={"ld": state_ld}))
+    a = c_args("pf_gdn_scan_args")
+    assert (a.struct_size, a.path, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv) == \
+        (ffi.sizeof("pf_gdn_scan_args"), lib.PF_GDN_SCAN_AUTO, 0, 0, 0, 0, 0)
+    assert all((getattr(a, f).buf, getattr(a, f).off, getattr(a, f).ld) == (NULL, 0, 0)
+               for f in ("q", "k", "v", "beta", "g", "state", "o", "workspace"))
     _err(scan(rows=-1), "rows=-1")
     _err(scan(hv=24), "n_v_heads=24 must be a multiple of n_k_heads=16")
     _err(scan(hk=0), "n_k_heads=0")
     _err(scan(dk=96), "dk=96")
     _err(scan(dv=256), "dv=256")
+    _err(scan(path=3), "path=3")
     _err(scan(ldq=100), "q row stride ld=100")
     _err(scan(ld_beta=31), "beta row stride ld=31")
+    _err(scan(state_ld=5), "q is NULL")          # the state is a vector: its ld is ignored
     _err(scan(), "q is NULL")
+    _err(scan(path=lib.PF_GDN_SCAN_SEQUENTIAL), "q is NULL")
+    _err(scan(path=lib.PF_GDN_SCAN_CHUNKED), "q is NULL")
+    with pytest.raises(errors.UnsupportedError, match="built for dk = dv = 128, got dk=64"):
+        _check(scan(path=lib.PF_GDN_SCAN_CHUNKED, dk=64, dv=64))
+    bad = c_args("pf_gdn_scan_args")
+    bad.struct_size = 16
+    with pytest.raises(errors.AbiMismatchError, match="pf_gdn_scan_args_init"):
+        _check(lib.pf_gdn_scan(NULL, bad))
+    _err(lib.pf_gdn_scan(NULL, NULL), "args is NULL")
+    with pytest.raises(errors.AbiMismatchError, match="struct_size"):
+        _check(lib.pf_gdn_scan_args_init(a, ffi.sizeof("pf_gdn_scan_args") + 8))
 
 
 def test_python_wrappers_check_shapes():
     s = np.zeros((4, 16, 16), np.float32)
     q = np.zeros((3, 32), np.float32)
     with pytest.raises(errors.InvalidArgumentError, match="v: expected 64 columns"):
-        G.gdn_scan(None, q, q, np.zeros((3, 32), np.float32), np.zeros((3, 4), np.float32),
-                   np.zeros((3, 4), np.float32), s)
+        G.gdn_scan_np(None, q, q, np.zeros((3, 32), np.float32), np.zeros((3, 4), np.float32),
+                      np.zeros((3, 4), np.float32), s)
     with pytest.raises(errors.InvalidArgumentError, match="beta: 2 rows"):
-        G.gdn_scan(None, q, q, np.zeros((3, 64), np.float32), np.zeros((2, 4), np.float32),
-                   np.zeros((3, 4), np.float32), s)
+        G.gdn_scan_np(None, q, q, np.zeros((3, 64), np.float32), np.zeros((2, 4), np.float32),
+                      np.zeros((3, 4), np.float32), s)
     with pytest.raises(errors.InvalidArgumentError, match="state: expected a 3-D array"):
-        G.gdn_scan(None, q, q, q, q, q, np.zeros((4, 16), np.float32))
+        G.gdn_scan_np(None, q, q, q, q, q, np.zeros((4, 16), np.float32))
+    with pytest.raises(errors.InvalidArgumentError, match="path: unknown name 'wy'"):
+        G.gdn_scan_np(None, q, q, np.zeros((3, 64), np.float32), np.zeros((3, 4), np.float32),
+                      np.zeros((3, 4), np.float32), s, path="wy")
     with pytest.raises(errors.InvalidArgumentError, match="window: expected shape"):
-        G.gdn_conv1d(None, np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32),
-                     np.zeros((8, 4), np.float32))
+        G.gdn_conv1d_np(None, np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32),
+                        np.zeros((8, 4), np.float32))
     with pytest.raises(errors.InvalidArgumentError, match="kc in"):
-        G.gdn_conv1d(None, np.zeros((2, 8), np.float32), np.zeros((0, 8), np.float32),
-                     np.zeros((8, 1), np.float32))
+        G.gdn_conv1d_np(None, np.zeros((2, 8), np.float32), np.zeros((0, 8), np.float32),
+                        np.zeros((8, 1), np.float32))
     with pytest.raises(errors.InvalidArgumentError, match="ctx: expected a pyprefill Context"):
-        G.gdn_gates(None, np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32),
-                    np.zeros(4, np.float32), np.zeros(4, np.float32))
+        G.gdn_gates_np(None, np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32),
+                       np.zeros(4, np.float32), np.zeros(4, np.float32))
+    assert G.SCAN_PATHS == {"auto": 0, "sequential": 1, "chunked": 2}
+    assert G.scan_path_id("Sequential") == lib.PF_GDN_SCAN_SEQUENTIAL and G.scan_path_id(2) == 2

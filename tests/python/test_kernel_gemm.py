@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_close, make_weight, randn
+from helpers import assert_close, make_weight, null_view, randn, status_and_error
 
 from pyprefill import core, errors
 from pyprefill._errors import _check
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gemm
+from pyprefill.kernels._common import View
+from pyprefill.reference import ops
 
 QTYPES = ["F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 F32_BOUND, F16_BOUND = 1e-5, 3e-3
@@ -26,32 +28,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _status(call) -> tuple[int, str]:
-    s = call()
-    return s, ffi.string(lib.pf_last_error()).decode()
+    return status_and_error(call())
 
 
 def test_project_argument_checks_before_device_work():
-    N = ffi.NULL
-    s, msg = _status(lambda: lib.pf_project(N, N, N, -1, 16, N, 16, 0, 0))
+    N, v = ffi.NULL, null_view()
+    s, msg = _status(lambda: lib.pf_project(N, N, v, v, -1, 0, 0))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "rows=-1" in msg
-    s, msg = _status(lambda: lib.pf_project(N, N, N, 4, 16, N, 16, 2, 0))
+    s, msg = _status(lambda: lib.pf_project(N, N, v, v, 4, 2, 0))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "accumulate=2" in msg
-    s, msg = _status(lambda: lib.pf_project(N, N, N, 4, 16, N, 16, 0, 9))
+    s, msg = _status(lambda: lib.pf_project(N, N, v, v, 4, 0, 9))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "leg=9 is not a pf_gemm_leg" in msg
-    s, msg = _status(lambda: lib.pf_project(N, N, N, 4, 16, N, 16, 0, lib.PF_GEMM_F16))
+    s, msg = _status(lambda: lib.pf_project(N, N, v, v, 4, 0, lib.PF_GEMM_F16))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
 
 
 def test_fused_argument_checks_before_device_work():
-    N = ffi.NULL
-    s, msg = _status(lambda: lib.pf_qgemm(N, N, N, -3, 32, N, 32, 0))
+    N, v = ffi.NULL, null_view()
+    s, msg = _status(lambda: lib.pf_qgemm(N, N, v, v, -3, 0))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "rows=-3" in msg
-    s, msg = _status(lambda: lib.pf_qgemm(N, N, N, 3, 32, N, 32, 0))
+    s, msg = _status(lambda: lib.pf_qgemm(N, N, v, v, 3, 0))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
-    s, msg = _status(lambda: lib.pf_qgemm_swiglu(N, N, N, 3, 32, N, 32))
+    s, msg = _status(lambda: lib.pf_qgemm_swiglu(N, N, v, v, 3))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
-    s, msg = _status(lambda: lib.pf_qgemv(N, N, N, N, 5))
+    s, msg = _status(lambda: lib.pf_qgemv(N, N, v, v, 5))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "accumulate=5" in msg
+    s, msg = _status(lambda: lib.pf_qgemv(N, N, v, v, 1))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
 
 
 def test_prewarm_argument_checks():
@@ -80,20 +83,21 @@ def test_prewarm_argument_checks():
 
 
 def test_leg_names_and_setter():
+    assert gemm.LEGS == {"default": 0, "auto": 1, "f32": 2, "f16": 3, "int8": 4}
     assert gemm.leg_id("F16") == lib.PF_GEMM_F16 and gemm.leg_id("auto") == lib.PF_GEMM_AUTO
-    with pytest.raises(errors.InvalidArgumentError, match="unknown leg 'f8'"):
+    with pytest.raises(errors.InvalidArgumentError, match="leg: unknown name 'f8'"):
         gemm.leg_id("f8")
     with pytest.raises(errors.InvalidArgumentError, match="leg=4 must be"):
-        gemm.set_default_leg("int8")
-    before = gemm.default_leg()
+        gemm.gemm_set_default_leg("int8")
+    before = gemm.gemm_default_leg()
     try:
-        gemm.set_default_leg("f32")
-        assert gemm.default_leg() == "f32"
-        gemm.set_default_leg("f16")
-        assert gemm.default_leg() == "f16"
+        gemm.gemm_set_default_leg("f32")
+        assert gemm.gemm_default_leg() == "f32"
+        gemm.gemm_set_default_leg("f16")
+        assert gemm.gemm_default_leg() == "f16"
     finally:
-        gemm.set_default_leg("default")
-    assert gemm.default_leg() == before
+        gemm.gemm_set_default_leg("default")
+    assert gemm.gemm_default_leg() == before
 
 
 def _default_leg_in_subprocess(value):
@@ -103,7 +107,7 @@ def _default_leg_in_subprocess(value):
         env["PREFILL_GEMM"] = value
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     code = ("from pyprefill.kernels import gemm\n"
-            "print(gemm.default_leg()); print(gemm.default_leg())")
+            "print(gemm.gemm_default_leg()); print(gemm.gemm_default_leg())")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        cwd=str(ROOT), timeout=120)
     assert r.returncode == 0, r.stderr
@@ -124,7 +128,8 @@ def test_env_default_leg(value, expect, n_warn):
 
 
 def _ref(x: np.ndarray, w64: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64)[:, :w64.shape[1]] @ w64.T
+    """The oracle's projection (x @ W.T in float64) of x's first k columns."""
+    return ops.project(x[:, :w64.shape[1]], w64)
 
 
 @pytest.mark.gpu
@@ -134,7 +139,7 @@ def test_f32_leg_every_qtype(ctx, rng, qtype, rows):
     w, w64 = make_weight(ctx, rng, qtype, 96, 512)
     with w:
         x = randn(rng, rows, 512)
-        assert_close(f"f32/{qtype}", _ref(x, w64), gemm.project(ctx, w, x, leg="f32"),
+        assert_close(f"f32/{qtype}", _ref(x, w64), gemm.project_np(ctx, w, x, leg="f32"),
                      rtol=F32_BOUND)
 
 
@@ -146,10 +151,10 @@ def test_f16_leg_every_qtype(ctx, rng, qtype, rows, cached):
     w, w64 = make_weight(ctx, rng, qtype, 96, 512)
     with w:
         if cached:
-            gemm.cache_f16(w)
+            gemm.weight_cache_f16(w)
             assert w.info()["f16_bytes"] == 96 * 512 * 2
         x = randn(rng, rows, 512)
-        assert_close(f"f16/{qtype}", _ref(x, w64), gemm.project(ctx, w, x, leg="f16"),
+        assert_close(f"f16/{qtype}", _ref(x, w64), gemm.project_np(ctx, w, x, leg="f16"),
                      rtol=F16_BOUND)
 
 
@@ -163,9 +168,9 @@ def test_real_dims(ctx, rng, qtype, rows, k, n, leg, cached):
     w, w64 = make_weight(ctx, rng, qtype, n, k)
     with w:
         if cached:
-            gemm.cache_f16(w)
+            gemm.weight_cache_f16(w)
         x = randn(rng, rows, k)
-        assert_close(f"{leg}/{qtype} {rows}x{k}->{n}", _ref(x, w64), gemm.project(ctx, w, x, leg=leg),
+        assert_close(f"{leg}/{qtype} {rows}x{k}->{n}", _ref(x, w64), gemm.project_np(ctx, w, x, leg=leg),
                      rtol=F32_BOUND if leg == "f32" else F16_BOUND)
 
 
@@ -178,13 +183,13 @@ def test_strided_x_and_y_gap_untouched(ctx, rng, leg, cached, accumulate):
     w, w64 = make_weight(ctx, rng, "Q4_K", n, k)
     with w:
         if cached:
-            gemm.cache_f16(w)
+            gemm.weight_cache_f16(w)
         x = randn(rng, rows, k + 13)                       # ldx = k + 13: the tail is ignored
         x[:, k:] = np.nan
         ldy = n + 37
         y0 = np.full((rows, ldy), 12345.0, np.float32)     # sentinel in every column
         y0[:, :n] = randn(rng, rows, n)
-        out = gemm.project(ctx, w, x, leg=leg, accumulate=accumulate, y=y0)
+        out = gemm.project_np(ctx, w, x, leg=leg, accumulate=accumulate, y=y0)
         assert (out[:, n:] == 12345.0).all(), "columns beyond n were written"
         ref = _ref(x[:, :k], w64) + (y0[:, :n] if accumulate else 0.0)
         assert_close(f"{leg} strided acc={accumulate}", ref, out[:, :n],
@@ -200,14 +205,14 @@ def test_f16_leg_activations_beyond_fp16_range(ctx, rng, cached, accumulate, pad
     w, w64 = make_weight(ctx, rng, "Q8_0", n, k)
     with w:
         if cached:
-            gemm.cache_f16(w)
+            gemm.weight_cache_f16(w)
         x = randn(rng, rows, k + int(padded))     # ldx = k + 1: the unaligned (scalar) cast path
         x[0] *= 1e5                 # a whole row ~1e5 (fp16 max is 65504)
         x[2, 3] = -2.5e5            # one spike in an otherwise small row
         x[4] *= 3e7                 # far beyond
         x[5] *= 1e-3                # a small row next to them
         y0 = (randn(rng, rows, n) * 100.0) if accumulate else None
-        out = gemm.project(ctx, w, x, leg="f16", accumulate=accumulate, y=y0)
+        out = gemm.project_np(ctx, w, x, leg="f16", accumulate=accumulate, y=y0)
         ref = _ref(x, w64) + (y0 if accumulate else 0.0)
         assert np.isfinite(out).all(), "fp16 overflow leaked into the output"
         assert_close("f16 |x|~1e5", ref, out, rtol=F16_BOUND, worst_rtol=F16_BOUND)
@@ -220,7 +225,7 @@ def test_accumulate_is_residual_add(ctx, rng, leg):
     w, w64 = make_weight(ctx, rng, "Q6_K", n, k)
     with w:
         x, y0 = randn(rng, rows, k), randn(rng, rows, n)
-        out = gemm.project(ctx, w, x, leg=leg, accumulate=True, y=y0)
+        out = gemm.project_np(ctx, w, x, leg=leg, accumulate=True, y=y0)
         assert_close(f"{leg} residual", _ref(x, w64) + y0, out,
                      rtol=F32_BOUND if leg == "f32" else F16_BOUND)
 
@@ -231,22 +236,22 @@ def test_auto_and_default_legs(ctx, rng):
     w, w64 = make_weight(ctx, rng, "Q4_K", n, k)
     with w:
         x = randn(rng, rows, k)
-        f32 = gemm.project(ctx, w, x, leg="f32")
-        assert np.array_equal(gemm.project(ctx, w, x, leg="auto"), f32)   # no cache: f32
-        gemm.cache_f16(w)
-        f16 = gemm.project(ctx, w, x, leg="f16")
-        assert np.array_equal(gemm.project(ctx, w, x, leg="auto"), f16)   # cache: f16
+        f32 = gemm.project_np(ctx, w, x, leg="f32")
+        assert np.array_equal(gemm.project_np(ctx, w, x, leg="auto"), f32)   # no cache: f32
+        gemm.weight_cache_f16(w)
+        f16 = gemm.project_np(ctx, w, x, leg="f16")
+        assert np.array_equal(gemm.project_np(ctx, w, x, leg="auto"), f16)   # cache: f16
         assert not np.array_equal(f16, f32)
         try:
-            gemm.set_default_leg("f32")
-            assert np.array_equal(gemm.project(ctx, w, x), f32)
-            gemm.set_default_leg("auto")
-            assert np.array_equal(gemm.project(ctx, w, x), f16)
+            gemm.gemm_set_default_leg("f32")
+            assert np.array_equal(gemm.project_np(ctx, w, x), f32)
+            gemm.gemm_set_default_leg("auto")
+            assert np.array_equal(gemm.project_np(ctx, w, x), f16)
         finally:
-            gemm.set_default_leg("default")
-        gemm.drop_f16(w)
+            gemm.gemm_set_default_leg("default")
+        gemm.weight_drop_f16(w)
         assert w.info()["f16_bytes"] == 0
-        assert np.array_equal(gemm.project(ctx, w, x, leg="auto"), f32)
+        assert np.array_equal(gemm.project_np(ctx, w, x, leg="auto"), f32)
 
 
 @pytest.mark.gpu
@@ -255,18 +260,20 @@ def test_int8_leg_unsupported_and_bad_calls(ctx, rng):
     with w:
         x = randn(rng, 3, 128)
         with pytest.raises(errors.UnsupportedError, match="int8 leg"):
-            gemm.project(ctx, w, x, leg="int8")
+            gemm.project_np(ctx, w, x, leg="int8")
         with pytest.raises(errors.InvalidArgumentError, match="fewer than 128 columns"):
-            gemm.project(ctx, w, x[:, :64].copy())
+            gemm.project_np(ctx, w, x[:, :64].copy())
         with ctx.upload(x) as xb:
-            with pytest.raises(errors.InvalidArgumentError, match="ldx=100 < k=128"):
-                gemm.project_into(ctx, w, xb, 3, 100, xb, 64)
-            with pytest.raises(errors.InvalidArgumentError, match="same buffer"):
-                gemm.project_into(ctx, w, xb, 3, 128, xb, 64)
+            with pytest.raises(errors.InvalidArgumentError, match="x row stride ld=100 must be >= its width 128"):
+                gemm.project(ctx, w, View(xb, 0, 100), View(xb, 0, 64), 3)
+            with pytest.raises(errors.InvalidArgumentError, match="y overlaps x"):
+                gemm.project(ctx, w, View(xb, 0, 128), View(xb, 0, 64), 3)
             with ctx.buffer(4 * 64 * 3 - 4) as small:
                 with pytest.raises(errors.InvalidArgumentError, match="y holds 764 bytes"):
-                    gemm.project_into(ctx, w, xb, 3, 128, small, 64)
-        empty = gemm.project(ctx, w, np.zeros((0, 128), np.float32))
+                    gemm.project(ctx, w, View(xb, 0, 128), View(small, 0, 64), 3)
+                with pytest.raises(errors.InvalidArgumentError, match="y holds 764 bytes"):
+                    gemm.project(ctx, w, xb, View(small, 1), 3)     # the offset counts
+        empty = gemm.project_np(ctx, w, np.zeros((0, 128), np.float32))
         assert empty.shape == (0, 64)
 
 
@@ -290,12 +297,12 @@ def test_prewarm_all_or_nothing(ctx, rng):
         assert all(w.info()["f16_bytes"] == 0 for w in ws)
         assert ctx.allocated() == alloc0
 
-        gemm.cache_f16(ws[0])                                            # one already cached
+        gemm.weight_cache_f16(ws[0])                                            # one already cached
         rep = gemm.prewarm_f16(ctx, ws, headroom_bytes=2 * total)
         assert not rep["armed"] and rep["weights_cached"] == 1
         assert ws[0].info()["f16_bytes"] > 0, "a cache made before the call was dropped"
         assert ws[1].info()["f16_bytes"] == 0 and ws[2].info()["f16_bytes"] == 0
-        gemm.drop_f16(ws[0])
+        gemm.weight_drop_f16(ws[0])
         assert ctx.allocated() == alloc0
 
         rep = gemm.prewarm_f16(ctx, ws + [ws[1]], headroom_bytes=1 << 20)  # repeated entry once
@@ -306,16 +313,16 @@ def test_prewarm_all_or_nothing(ctx, rng):
         for (w, w64), (q, n, k) in zip(made, shapes):
             assert w.info()["f16_bytes"] == n * k * 2
             x = randn(rng, 5, k)
-            assert_close(f"prewarmed {q}", _ref(x, w64), gemm.project(ctx, w, x, leg="auto"),
+            assert_close(f"prewarmed {q}", _ref(x, w64), gemm.project_np(ctx, w, x, leg="auto"),
                          rtol=F16_BOUND)
-            assert np.array_equal(gemm.project(ctx, w, x, leg="auto"),
-                                  gemm.project(ctx, w, x, leg="f16"))
+            assert np.array_equal(gemm.project_np(ctx, w, x, leg="auto"),
+                                  gemm.project_np(ctx, w, x, leg="f16"))
 
         rep = gemm.prewarm_f16(ctx, ws)                                  # all cached: done
         assert rep["armed"] and rep["weights_added"] == 0 and rep["bytes_needed"] == 0
         assert gemm.prewarm_f16(ctx, [])["armed"]
         for w in ws:
-            gemm.drop_f16(w)
+            gemm.weight_drop_f16(w)
         assert ctx.allocated() == alloc0
     finally:
         for w in ws:

@@ -152,6 +152,62 @@ def test_small_ops_formulas() -> None:
     np.testing.assert_array_equal(s, [0.0, 0.5, 1.0])
 
 
+def test_project_is_x_times_w_transposed() -> None:
+    """§0: a projection is x @ W.T with W in (out, in) order: y[t, j] = Σ_i x[t, i] W[j, i]."""
+    rng = _rng(7)
+    x, w = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((4, 5))
+    y = ops.project(x, w)
+    assert y.dtype == np.float64 and y.shape == (3, 4)
+    for t in range(3):
+        for j in range(4):
+            np.testing.assert_allclose(y[t, j], sum(float(x[t, i]) * w[j, i] for i in range(5)),
+                                       rtol=1e-13)
+    np.testing.assert_allclose(ops.project(x[0], w), y[0], rtol=1e-13)   # one row
+    assert ops.project(x, w, np.float32).dtype == np.float32
+
+
+def test_heads_address_qwen35_q_gate_rows_as_the_attention_mixer() -> None:
+    """heads() reads the kernels' row layout: head h at col0 + h*head_stride. On qwen35's
+    [q | gate] q-projection rows (§7.3) it must give the mixer's own split: q heads at stride 2D
+    from column 0, gate heads at stride 2D from column D."""
+    rng = _rng(8)
+    T, H, D = 3, 4, 6
+    qg = rng.standard_normal((T, 2 * H * D))
+    split = qg.reshape(T, H, 2 * D)                       # as ops.attention_mixer(gated=True)
+    np.testing.assert_array_equal(ops.heads(qg, H, D, 2 * D), split[:, :, :D])
+    np.testing.assert_array_equal(ops.heads(qg, H, D, 2 * D, D), split[:, :, D:])
+    np.testing.assert_array_equal(ops.heads(qg, 2 * H, D), qg.reshape(T, 2 * H, D))  # stride 0 = D
+    # the definition, with an offset and a stride that leaves gaps
+    x = rng.standard_normal((2, 40)).astype(np.float32)
+    h = ops.heads(x, 3, 5, 11, 4)
+    assert h.dtype == np.float64 and h.shape == (2, 3, 5)
+    for t in range(2):
+        for hh in range(3):
+            for d in range(5):
+                assert h[t, hh, d] == x[t, 4 + 11 * hh + d]
+    with pytest.raises(ValueError):
+        ops.heads(x, 2, 5, 4)                             # overlapping heads
+
+
+def test_put_heads_replaces_only_the_heads() -> None:
+    rng = _rng(9)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    new = rng.standard_normal((3, 3, 5))
+    y = ops.put_heads(x, new, 11, 4)
+    assert y.dtype == np.float64 and y.shape == x.shape
+    np.testing.assert_array_equal(ops.heads(y, 3, 5, 11, 4), new)
+    mask = np.ones(40, bool)
+    for hh in range(3):
+        mask[4 + 11 * hh:4 + 11 * hh + 5] = False
+    np.testing.assert_array_equal(y[:, mask], x[:, mask].astype(np.float64))
+    # a per-head op through heads/put_heads equals the mixer's per-head QK-norm on (T, H, D)
+    w = rng.standard_normal(5)
+    packed = rng.standard_normal((3, 15))
+    via = ops.put_heads(packed, ops.rms_norm(ops.heads(packed, 3, 5), w, 1e-6))
+    np.testing.assert_allclose(via, ops.rms_norm(packed.reshape(3, 3, 5), w, 1e-6).reshape(3, 15),
+                               rtol=1e-13)
+
+
 def test_v_head_reorder_index_map_and_inverse() -> None:
     """§3.3: GGUF row (jj·Hk + kk)·h + e = HF row (kk·r + jj)·h + e; inverse restores."""
     from pyprefill.formats.hf_export import v_reorder, v_reorder_inverse

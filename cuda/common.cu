@@ -1,0 +1,62 @@
+// common.cu — the host side of common.cuh: per-device set-up and the launch-failure message.
+#include <cstdarg>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "common.cuh"
+
+namespace pf {
+namespace {
+
+std::mutex g_device_mu;                              // guards the two caches below
+std::map<int, int> g_sm_count;                       // device -> SM count
+std::map<std::pair<int, const void *>, int> g_smem;  // (device, kernel) -> dynamic smem allowed
+
+}  // namespace
+
+pf_status device_sm_count(int *out) {
+    int dev = 0;
+    PF_CUDA_TRY(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(g_device_mu);
+    auto it = g_sm_count.find(dev);
+    if (it == g_sm_count.end()) {
+        int n = 0;
+        PF_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        it = g_sm_count.emplace(dev, n).first;
+    }
+    *out = it->second;
+    return PF_STATUS_OK;
+}
+
+pf_status set_max_dynamic_smem(const void *kernel, int bytes, const char *name) {
+    int dev = 0;
+    PF_CUDA_TRY(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(g_device_mu);
+    int &allowed = g_smem[{dev, kernel}];  // 0 for a new entry
+    if (allowed >= bytes) return PF_STATUS_OK;
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) {
+        char what[160];
+        std::snprintf(what, sizeof what, "%s: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, %d)",
+                      name, bytes);
+        return cuda_fail(e, __FILE__, __LINE__, what);
+    }
+    allowed = bytes;
+    return PF_STATUS_OK;
+}
+
+pf_status launch_fail(cudaError_t e, const char *file, int line, const char *fmt, ...) {
+    char kernel[128];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(kernel, sizeof kernel, fmt, ap);
+    va_end(ap);
+    char what[160];
+    std::snprintf(what, sizeof what, "launch of %s", kernel);
+    return cuda_fail(e, file, line, what);
+}
+
+}  // namespace pf

@@ -1,0 +1,867 @@
+// gdn_chunk.cu — the gated delta rule (spec G7) in its chunkwise-parallel form (spec §3.2.1) on
+// tensor cores: the long-prompt path of the fast legs. The sequential scan in gdn.cu stays the
+// exact path (f32 leg) and the decode path.
+//
+// Algorithm, per value head j and chunk of C = 64 rows (K, Q: rows of key head j % Hk; S: the
+// state entering the chunk; every product accumulates in fp32):
+//   gamma = cumsum(g)                         in-chunk log-decay, non-increasing
+//   Gam_ij = exp(gamma_i - gamma_j), i >= j   masked before the exp (never exp(-gamma) alone)
+//   A  = strictly-lower(beta_i k_i.k_j Gam_ij);  Tm = (I + A)^-1
+//   R  = beta (V - e^gamma (K S))             "the delta": what the chunk still has to write
+//   V' = Tm R                                 (= U - W S of the spec, without forming W)
+//   O  = e^gamma (Q S) + P V',  P = (Q K^T) Gam (lower, diagonal included)
+//   S  = e^gamma_last S + K^T (e^(gamma_last - gamma) V')
+// Folding W S into Tm (beta V - beta e^gamma K S) is exact algebra (spec: U = Tm beta V,
+// W = Tm beta e^gamma K) and saves the 64x64x128 W product per chunk.
+//
+// Two kernels per pass of at most kGdnPassRows rows:
+//  prep  (grid: chunks x key heads, all in parallel): K and Q to fp16 (kept for the state
+//        kernel), K K^T and Q K^T once per key head, then per value head of that key head the
+//        gates (gamma, beta), A, Tm = (I + A)^-1 (16x16 diagonal blocks by forward substitution
+//        in fp32, then two levels of block merges on TF32 tensor cores) and P; Tm and P go to
+//        the workspace as fp16. Nothing here depends on the state, so it is off the recurrence.
+//  state (grid: value heads x dv/BV column slices, sequential over chunks): the state slice
+//        S[:, cols] (128 x BV fp32) lives in mma accumulator registers; per chunk three tensor-
+//        core steps ([K; Q] S, Tm R, then P V' and K^T V') and four barriers, with the next
+//        chunk's operands in flight (cp.async, two stages). The delta rule is independent across
+//        value columns, so the 128 columns of a head split into CTAs (32 heads x 4 = 128 CTAs on
+//        a 132-SM H100/H200).
+//
+// Precision: fp16 tensor-core operands (11-bit significand: TF32's rounding unit, 2^-11), fp32
+// accumulation, fp32 state, gates, decays and triangular inverse. Operands whose range the data
+// do not bound (S, R, V', Tm) are stored in fp16 with an exact power-of-two scale per chunk,
+// chosen from the tile's max |x| (S, Tm) or from a bound derived from maxima already known
+// (R <= max|V| + sqrt(dk) max|S|, V' <= max_i sum_j |Tm_ij| max|R|), so that no element exceeds
+// 2^15 (fp16: 65504) and no barrier is spent on a reduction; the scale is undone exactly in
+// fp32. q and k must be L2-normalised (|x| <= 1, as G5 produces): they go to fp16 unscaled.
+// Measured against float64: 3e-4 to 7e-4 relative (bound 2e-3).
+//
+// Written for sm_80+ (mma.sync, ldmatrix, cp.async): it runs unchanged on Hopper.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.cuh"
+#include "cuda_check.cuh"
+#include "gdn.cuh"
+
+namespace pf {
+namespace {
+
+constexpr int kC = 64;          // chunk rows (spec §3.2.1)
+constexpr int kDK = 128;        // dk = dv of the chunked path (all qwen35 sizes)
+constexpr int kLdH = kDK + 8;   // fp16 row stride of K, Q: 272 B, ldmatrix rows hit 8 distinct 16 B bank groups
+constexpr int kLdF = kC + 4;    // fp32 row stride of 64-wide tiles: fragment reads (row g, col tig) conflict-free
+constexpr int kLdP = kC + 8;    // fp16 row stride of 64-wide tiles (Tm, P): 144 B
+constexpr int kLdX = 32 + 4;    // fp32 merge scratch (32 x 32)
+constexpr float kScaleTop = 14.0f;  // scaled fp16 tiles: max |x| below 2^15
+constexpr float kSqrtDk = 11.3138f; // >= sqrt(128): |k . s| <= ||k|| ||s|| <= sqrt(dk) max|s|
+
+// ------------------------------------------------------------------ tensor-core primitives
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane i gives the row address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// d += a (16x16 fp16, row) * b (16x8 fp16, col), fp32 accumulation.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// d += a (16x8 tf32, row) * b (8x8 tf32, col), fp32 accumulation (the triangular merges: fp32
+// range for Tm, 2^-11 operand rounding).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+// Lane addresses of ldmatrix x4 for the operand shapes used here (tile origin (r0, c0) in the
+// stored array, lane i):
+//  A, stored [m][k]:               row r0 + (i&7) + 8((i>>3)&1), col c0 + 8(i>>4)
+//  A, stored [k][m] (.trans):      row r0 + (i&7) + 8(i>>4),     col c0 + 8((i>>3)&1)
+//  B pair, stored [n][k]:          row r0 + (i&7) + 8(i>>4),     col c0 + 8((i>>3)&1)
+//  B pair, stored [k][n] (.trans): row r0 + (i&7) + 8((i>>3)&1), col c0 + 8(i>>4)
+// (a "B pair" is the fragments of two n-tiles: regs 0,1 for columns n0..n0+7, 2,3 for n0+8..)
+__device__ __forceinline__ int lrow_a(int lane) { return (lane & 7) + 8 * ((lane >> 3) & 1); }
+__device__ __forceinline__ int lcol_a(int lane) { return 8 * (lane >> 4); }
+__device__ __forceinline__ int lrow_b(int lane) { return (lane & 7) + 8 * (lane >> 4); }
+__device__ __forceinline__ int lcol_b(int lane) { return 8 * ((lane >> 3) & 1); }
+
+// --------------------------------------------------------------------------- small helpers
+
+// Publishes a warp's max |x| into *slot (all lanes call).
+__device__ __forceinline__ void publish_max(unsigned *slot, float local) {
+    const float m = warp_max(local);
+    if ((threadIdx.x & 31) == 0) atomicMax(slot, __float_as_uint(m));
+}
+
+// The power-of-two scale that brings max |x| = from_bits(bits) to [2^14, 2^15); 1 for zero.
+__device__ __forceinline__ float pow2_scale(unsigned bits) {
+    if (bits == 0) return 1.0f;
+    const int e = (int)((bits >> 23) & 0xff) - 127;  // floor(log2 max) for normal numbers
+    int se = 127 + (int)kScaleTop - e;
+    se = se < 1 ? 1 : (se > 254 ? 254 : se);
+    return __uint_as_float((unsigned)se << 23);
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+
+// The float whose bits are `bits` when it is a bound (non-negative), as a scale.
+__device__ __forceinline__ float pow2_scale_f(float bound) { return pow2_scale(__float_as_uint(bound)); }
+
+// ------------------------------------------------------------------------------ workspace
+// Per pass of nc chunks: K, Q fp16 [Hk][nc][64][128]; Tm, P fp16 [Hv][nc][64][64] (Tm scaled);
+// gamma, beta fp32 [Hv][nc][64]; meta fp32 [Hv][nc][4] = {sigma_T, max row sum |Tm|, 0, 0}.
+struct Workspace {
+    __half *kh, *qh, *tm, *p;
+    float *gam, *bet, *meta;
+};
+
+constexpr size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+size_t workspace_layout(int64_t nc, int64_t hk, int64_t hv, void *base, Workspace *w) {
+    const size_t kq = align256(size_t(hk * nc) * kC * kDK * sizeof(__half));
+    const size_t tp = align256(size_t(hv * nc) * kC * kC * sizeof(__half));
+    const size_t gv = align256(size_t(hv * nc) * kC * sizeof(float));
+    const size_t mt = align256(size_t(hv * nc) * 4 * sizeof(float));
+    if (w != nullptr) {
+        char *b = static_cast<char *>(base);
+        w->kh = reinterpret_cast<__half *>(b);
+        w->qh = reinterpret_cast<__half *>(b + kq);
+        w->tm = reinterpret_cast<__half *>(b + 2 * kq);
+        w->p = reinterpret_cast<__half *>(b + 2 * kq + tp);
+        w->gam = reinterpret_cast<float *>(b + 2 * kq + 2 * tp);
+        w->bet = reinterpret_cast<float *>(b + 2 * kq + 2 * tp + gv);
+        w->meta = reinterpret_cast<float *>(b + 2 * kq + 2 * tp + 2 * gv);
+    }
+    return 2 * kq + 2 * tp + 2 * gv + mt;
+}
+
+// ------------------------------------------------------------------------------ prep kernel
+
+struct PrepArgs {
+    const float *q;
+    int64_t ldq;
+    const float *k;
+    int64_t ldk;
+    const float *beta;
+    int64_t ld_beta;
+    const float *g;
+    int64_t ld_g;
+    int64_t rows;  // rows of this pass
+    int32_t n_k_heads, n_v_heads, nc;
+    Workspace w;
+};
+
+struct PrepSmem {
+    __half kh[kC][kLdH];
+    __half qh[kC][kLdH];
+    float kk[kC][kLdF];  // K K^T (lower part)
+    float qk[kC][kLdF];  // Q K^T (lower part, diagonal included)
+    float as[kC][kLdF];  // A, strictly lower
+    float ts[kC][kLdF];  // Tm, lower
+    float xs[32][kLdX];  // merge scratch
+    float gam[kC];
+    float beta[kC];
+    unsigned max_t, max_rs;
+};
+
+constexpr int kPrepThreads = 128;
+
+template <bool VEC>
+__global__ void __launch_bounds__(kPrepThreads)
+    gdn_chunk_prep_kernel(const __grid_constant__ PrepArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    PrepSmem &s = *reinterpret_cast<PrepSmem *>(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;
+    const int c = blockIdx.x, jk = blockIdx.y;
+    const int64_t t0 = (int64_t)c * kC;
+    const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
+
+    // K and Q rows to fp16, into shared memory and the workspace (rows past the end: zero).
+    for (int e = tid; e < kC * kDK / 4; e += kPrepThreads) {
+        const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+        float4 kx = make_float4(0.f, 0.f, 0.f, 0.f), qx = kx;
+        if (t0 + i < a.rows) {
+            const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
+            const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
+            if (VEC) {
+                kx = *reinterpret_cast<const float4 *>(kp);
+                qx = *reinterpret_cast<const float4 *>(qp);
+            } else {
+                kx = make_float4(kp[0], kp[1], kp[2], kp[3]);
+                qx = make_float4(qp[0], qp[1], qp[2], qp[3]);
+            }
+        }
+        uint2 kp2, qp2;
+        kp2.x = pack_half2(kx.x, kx.y);
+        kp2.y = pack_half2(kx.z, kx.w);
+        qp2.x = pack_half2(qx.x, qx.y);
+        qp2.y = pack_half2(qx.z, qx.w);
+        *reinterpret_cast<uint2 *>(&s.kh[i][d]) = kp2;
+        *reinterpret_cast<uint2 *>(&s.qh[i][d]) = qp2;
+        *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
+        *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
+    }
+    // Tm's blocks above the diagonal are never written and must read as zero in the merges.
+    for (int e = tid; e < kC * kLdF; e += kPrepThreads) s.ts[e / kLdF][e % kLdF] = 0.0f;
+    __syncthreads();
+
+    // K K^T (strip = warp) and Q K^T (strip = 3 - warp: the two triangles balance per warp).
+    {
+        const int sk = warp, sq = 3 - warp;
+        float ak[8][4], aq[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ak[nt][e] = aq[nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < kDK / 16; ++ks) {
+            uint32_t fk[4], fq[4];
+            ldsm_x4(fk, &s.kh[16 * sk + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+            ldsm_x4(fq, &s.qh[16 * sq + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                if (np > sk && np > sq) continue;
+                uint32_t bf[4];
+                ldsm_x4(bf, &s.kh[16 * np + lrow_b(lane)][16 * ks + lcol_b(lane)]);
+                if (np <= sk) {
+                    mma_f16(ak[2 * np], fk, bf[0], bf[1]);
+                    mma_f16(ak[2 * np + 1], fk, bf[2], bf[3]);
+                }
+                if (np <= sq) {
+                    mma_f16(aq[2 * np], fq, bf[0], bf[1]);
+                    mma_f16(aq[2 * np + 1], fq, bf[2], bf[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = 8 * nt + 2 * tig + (e & 1), rr = g8 + 8 * (e >> 1);
+                if (nt <= 2 * sk + 1) s.kk[16 * sk + rr][col] = ak[nt][e];
+                if (nt <= 2 * sq + 1) s.qk[16 * sq + rr][col] = aq[nt][e];
+            }
+    }
+
+    for (int j = jk; j < a.n_v_heads; j += a.n_k_heads) {
+        const size_t hc = (size_t)j * a.nc + c;  // (value head, chunk) index of the workspace
+        __syncthreads();                          // the previous head's reads of s.* are done
+        if (warp == 0) {  // gates: gamma = inclusive scan of g (fp32), beta; to the workspace too
+            float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+            if (t0 + 2 * lane < a.rows) {
+                g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
+                b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
+            }
+            if (t0 + 2 * lane + 1 < a.rows) {
+                g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
+                b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
+            }
+            float x = g0 + g1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            const float lo = x - g1;
+            s.gam[2 * lane] = lo;
+            s.gam[2 * lane + 1] = x;
+            s.beta[2 * lane] = b0;
+            s.beta[2 * lane + 1] = b1;
+            *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
+            *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
+            if (lane == 0) s.max_t = s.max_rs = 0u;
+        }
+        __syncthreads();
+        // A (strictly lower) and P (lower incl. diagonal, straight to the workspace as fp16).
+        for (int e = tid; e < kC * kC / 2; e += kPrepThreads) {
+            const int i = e / (kC / 2), jj = (e % (kC / 2)) * 2;
+            const float gi = s.gam[i], bi = s.beta[i];
+            float av[2], pv[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int col = jj + u;
+                const float d = col <= i ? __expf(gi - s.gam[col]) : 0.0f;  // exponent <= 0
+                av[u] = col < i ? bi * s.kk[i][col] * d : 0.0f;
+                pv[u] = col <= i ? s.qk[i][col] * d : 0.0f;
+            }
+            s.as[i][jj] = av[0];
+            s.as[i][jj + 1] = av[1];
+            *reinterpret_cast<uint32_t *>(a.w.p + hc * kC * kC + (size_t)i * kC + jj) =
+                pack_half2(pv[0], pv[1]);
+        }
+        __syncthreads();
+        {   // diagonal 16x16 blocks of (I + A)^-1: warp w owns block w, lane l < 16 column l
+            const int b0 = 16 * warp, col = lane & 15;
+            float x[16];
+            float m = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                float acc0 = 0.0f, acc1 = 0.0f;  // two chains: half the dependent latency
+#pragma unroll
+                for (int mm = 0; mm < i; ++mm) {
+                    if (mm & 1) acc1 = fmaf(s.as[b0 + i][b0 + mm], x[mm], acc1);
+                    else acc0 = fmaf(s.as[b0 + i][b0 + mm], x[mm], acc0);
+                }
+                x[i] = i == col ? 1.0f : (i < col ? 0.0f : -(acc0 + acc1));
+                m = fmaxf(m, fabsf(x[i]));
+            }
+            if (lane < 16) {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) s.ts[b0 + i][b0 + col] = x[i];
+            }
+            publish_max(&s.max_t, m);
+        }
+        __syncthreads();
+        // merge 16 -> 32: blocks (1,0) and (3,2): X = A_rc Tm_cc, then Tm_rc = -Tm_rr X.
+        if (warp < 2) {
+            const int rb = 16 * (2 * warp + 1), cb = 16 * (2 * warp);
+            float acc[2][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int k0 = 8 * ks;
+                const uint32_t a0 = to_tf32(s.as[rb + g8][cb + k0 + tig]);
+                const uint32_t a1 = to_tf32(s.as[rb + g8 + 8][cb + k0 + tig]);
+                const uint32_t a2 = to_tf32(s.as[rb + g8][cb + k0 + tig + 4]);
+                const uint32_t a3 = to_tf32(s.as[rb + g8 + 8][cb + k0 + tig + 4]);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                    mma_tf32(acc[nt], a0, a1, a2, a3, to_tf32(s.ts[cb + k0 + tig][cb + 8 * nt + g8]),
+                             to_tf32(s.ts[cb + k0 + tig + 4][cb + 8 * nt + g8]));
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s.xs[16 * warp + g8 + 8 * (e >> 1)][8 * nt + 2 * tig + (e & 1)] = acc[nt][e];
+        }
+        __syncthreads();
+        if (warp < 2) {
+            const int rb = 16 * (2 * warp + 1), cb = 16 * (2 * warp);
+            float acc[2][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int k0 = 8 * ks;
+                const uint32_t a0 = to_tf32(s.ts[rb + g8][rb + k0 + tig]);
+                const uint32_t a1 = to_tf32(s.ts[rb + g8 + 8][rb + k0 + tig]);
+                const uint32_t a2 = to_tf32(s.ts[rb + g8][rb + k0 + tig + 4]);
+                const uint32_t a3 = to_tf32(s.ts[rb + g8 + 8][rb + k0 + tig + 4]);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                    mma_tf32(acc[nt], a0, a1, a2, a3,
+                             to_tf32(s.xs[16 * warp + k0 + tig][8 * nt + g8]),
+                             to_tf32(s.xs[16 * warp + k0 + tig + 4][8 * nt + g8]));
+            }
+            float m = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s.ts[rb + g8 + 8 * (e >> 1)][cb + 8 * nt + 2 * tig + (e & 1)] = -acc[nt][e];
+                    m = fmaxf(m, fabsf(acc[nt][e]));
+                }
+            publish_max(&s.max_t, m);
+        }
+        __syncthreads();
+        // merge 32 -> 64: X = A[32:64][0:32] Tm[0:32][0:32]; Tm[32:64][0:32] = -Tm[32:64][32:64] X.
+        // Eight 16x8 output tiles, two per warp.
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int tile = 2 * warp + u, mt = tile >> 2, nt = tile & 3;
+            float acc[4] = {};
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                const int k0 = 8 * ks;
+                mma_tf32(acc, to_tf32(s.as[32 + 16 * mt + g8][k0 + tig]),
+                         to_tf32(s.as[32 + 16 * mt + g8 + 8][k0 + tig]),
+                         to_tf32(s.as[32 + 16 * mt + g8][k0 + tig + 4]),
+                         to_tf32(s.as[32 + 16 * mt + g8 + 8][k0 + tig + 4]),
+                         to_tf32(s.ts[k0 + tig][8 * nt + g8]), to_tf32(s.ts[k0 + tig + 4][8 * nt + g8]));
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s.xs[16 * mt + g8 + 8 * (e >> 1)][8 * nt + 2 * tig + (e & 1)] = acc[e];
+        }
+        __syncthreads();
+        {
+            float m = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int tile = 2 * warp + u, mt = tile >> 2, nt = tile & 3;
+                float acc[4] = {};
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    const int k0 = 8 * ks;
+                    mma_tf32(acc, to_tf32(s.ts[32 + 16 * mt + g8][32 + k0 + tig]),
+                             to_tf32(s.ts[32 + 16 * mt + g8 + 8][32 + k0 + tig]),
+                             to_tf32(s.ts[32 + 16 * mt + g8][32 + k0 + tig + 4]),
+                             to_tf32(s.ts[32 + 16 * mt + g8 + 8][32 + k0 + tig + 4]),
+                             to_tf32(s.xs[k0 + tig][8 * nt + g8]), to_tf32(s.xs[k0 + tig + 4][8 * nt + g8]));
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s.ts[32 + 16 * mt + g8 + 8 * (e >> 1)][8 * nt + 2 * tig + (e & 1)] = -acc[e];
+                    m = fmaxf(m, fabsf(acc[e]));
+                }
+            }
+            publish_max(&s.max_t, m);
+        }
+        __syncthreads();
+        {   // Tm (scaled fp16) to the workspace; max row sum of |Tm| bounds V' = Tm R.
+            const float st = pow2_scale(s.max_t);
+            float worst = 0.0f;
+            for (int i = 16 * warp; i < 16 * warp + 16; ++i) {
+                const float2 t2 = *reinterpret_cast<const float2 *>(&s.ts[i][2 * lane]);
+                *reinterpret_cast<uint32_t *>(a.w.tm + hc * kC * kC + (size_t)i * kC + 2 * lane) =
+                    pack_half2(t2.x * st, t2.y * st);
+                float rs = fabsf(t2.x) + fabsf(t2.y);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o);
+                worst = fmaxf(worst, rs);
+            }
+            if (lane == 0) atomicMax(&s.max_rs, __float_as_uint(worst));
+            __syncthreads();
+            if (tid == 0)
+                *reinterpret_cast<float4 *>(a.w.meta + hc * 4) =
+                    make_float4(st, __uint_as_float(s.max_rs), 0.0f, 0.0f);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------- state kernel
+
+struct StateArgs {
+    const float *v;
+    int64_t ldv;
+    float *state;
+    float *o;
+    int64_t ldo;
+    int64_t rows;  // rows of this pass
+    int32_t n_k_heads, n_v_heads, nc;
+    Workspace w;
+};
+
+template <int BV>
+struct StateSmem {
+    static constexpr int kLdV = BV + 8;   // fp16 [.][BV] tiles: 16 B row shift mod 128 B
+    static constexpr int kLdVf = BV + 4;  // fp32 V staging (16 B-aligned rows for cp.async)
+    struct Stage {
+        __half kh[kC][kLdH];
+        __half qh[kC][kLdH];
+        __half tm[kC][kLdP];
+        __half ph[kC][kLdP];
+        float vst[kC][kLdVf];
+        float gam[kC];
+        float beta[kC];
+        float meta[4];
+    };
+    Stage st[2];
+    __half sh[kDK][kLdV];   // S * sigma_S
+    __half rh[kC][kLdV];    // R * sigma_R
+    __half vph[kC][kLdV];   // V' * sigma_V
+    __half vdh[kC][kLdV];   // e^(gamma_last - gamma) V' * sigma_V
+    unsigned max_s[2], max_v[2];  // max |x| bit patterns (non-negative floats order as uints)
+};
+
+constexpr int kStateWarps = 8;
+constexpr int kStateThreads = 32 * kStateWarps;
+
+template <int BV, bool VEC>
+__global__ void __launch_bounds__(kStateThreads, 1)
+    gdn_chunk_state_kernel(const __grid_constant__ StateArgs a) {
+    constexpr int NT = BV / 8;   // n-tiles of the value slice
+    constexpr int NH = NT / 2;   // n-tiles per warp in the V' step
+    using Smem = StateSmem<BV>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem &s = *reinterpret_cast<Smem *>(smem_raw);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;
+    const int strip = warp & 3;  // 16-row strip of the chunk
+    const int half = warp >> 2;  // [K; Q] S step: 0 = K side, 1 = Q side
+    const int r0 = 16 * strip;
+    const int slices = kDK / BV;
+    const int j = blockIdx.x / slices;
+    const int col0 = (blockIdx.x % slices) * BV;
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const float *vg = a.v + (int64_t)j * kDK + col0;
+    float *og = a.o + (int64_t)j * kDK + col0;
+    float *state = a.state + (int64_t)j * kDK * kDK + col0;
+
+    const auto stage = [&](int c, int b) {
+        typename Smem::Stage &d = s.st[b];
+        const size_t kq = ((size_t)jk * a.nc + c) * kC * kDK;
+        const size_t hc = (size_t)j * a.nc + c;
+        for (int e = tid; e < kC * kDK / 8; e += kStateThreads) {  // 16 B = 8 halves
+            const int i = e / (kDK / 8), d8 = (e % (kDK / 8)) * 8;
+            cp_async16(&d.kh[i][d8], a.w.kh + kq + (size_t)i * kDK + d8, true);
+            cp_async16(&d.qh[i][d8], a.w.qh + kq + (size_t)i * kDK + d8, true);
+        }
+        for (int e = tid; e < kC * kC / 8; e += kStateThreads) {
+            const int i = e / (kC / 8), d8 = (e % (kC / 8)) * 8;
+            cp_async16(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
+            cp_async16(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
+        }
+        const int64_t t0 = (int64_t)c * kC;
+        if (VEC) {
+            for (int e = tid; e < kC * BV / 4; e += kStateThreads) {
+                const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
+                const bool ok = t0 + i < a.rows;
+                cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
+            }
+        } else {
+            for (int e = tid; e < kC * BV; e += kStateThreads) {
+                const int i = e / BV, d1 = e % BV;
+                const bool ok = t0 + i < a.rows;
+                cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+            }
+        }
+        if (tid < 16) cp_async16(&d.gam[4 * tid], a.w.gam + hc * kC + 4 * tid, true);
+        else if (tid < 32) cp_async16(&d.beta[4 * (tid - 16)], a.w.bet + hc * kC + 4 * (tid - 16), true);
+        else if (tid == 32) cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
+        cp_async_commit();
+    };
+
+    stage(0, 0);
+    float S[NT][4];  // the state slice: warp w holds rows [16w, 16w + 16) x BV columns
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // scalar accesses: the state (and o below) may sit at any float offset
+            const float *x = state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig;
+            S[nt][2 * h] = x[0];
+            S[nt][2 * h + 1] = x[1];
+        }
+    if (tid == 0) s.max_s[0] = s.max_s[1] = s.max_v[0] = s.max_v[1] = 0u;
+    __syncthreads();
+    {
+        float m = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) m = fmaxf(m, fabsf(S[nt][e]));
+        publish_max(&s.max_s[0], m);
+    }
+
+    for (int c = 0; c < a.nc; ++c) {
+        const int b = c & 1;
+        const typename Smem::Stage &d = s.st[b];
+        // ---- P0: chunk c's operands land (and the max |S| of the state entering it).
+        cp_async_wait_all();
+        __syncthreads();
+        if (c + 1 < a.nc) stage(c + 1, b ^ 1);  // buffer b^1 was last read in chunk c-1
+        if (tid == 0) s.max_s[b ^ 1] = s.max_v[b ^ 1] = 0u;
+        const float max_s = __uint_as_float(s.max_s[b]);
+        const float sig_s = pow2_scale(s.max_s[b]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<uint32_t *>(&s.sh[16 * warp + g8 + 8 * h][8 * nt + 2 * tig]) =
+                    pack_half2(S[nt][2 * h] * sig_s, S[nt][2 * h + 1] * sig_s);
+        {
+            float m = 0.0f;
+            for (int e = tid; e < kC * BV; e += kStateThreads) m = fmaxf(m, fabsf(d.vst[e / BV][e % BV]));
+            publish_max(&s.max_v[b], m);
+        }
+        __syncthreads();
+
+        // ---- P1: [K; Q] S. K side: R = beta (V - e^gamma K S) as scaled fp16; Q side keeps
+        // e^gamma Q S in registers for the output.
+        const float r_bound = __uint_as_float(s.max_v[b]) + kSqrtDk * max_s;  // >= max |R|
+        const float sig_r = pow2_scale_f(r_bound);
+        float os[NT][4];
+        {
+            const __half(*xh)[kLdH] = half == 0 ? d.kh : d.qh;
+            float acc[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < kDK / 16; ++ks) {
+                uint32_t af[4];
+                ldsm_x4(af, &xh[r0 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32_t bf[4];
+                    ldsm_x4_t(bf, &s.sh[16 * ks + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    mma_f16(acc[2 * np], af, bf[0], bf[1]);
+                    mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+            const float inv_s = 1.0f / sig_s;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = r0 + g8 + 8 * h;
+                const float ei = __expf(d.gam[i]) * inv_s, bi = d.beta[i];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    if (half == 0) {
+                        const float2 v2 = *reinterpret_cast<const float2 *>(&d.vst[i][8 * nt + 2 * tig]);
+                        const float ra = bi * (v2.x - ei * acc[nt][2 * h]);
+                        const float rb = bi * (v2.y - ei * acc[nt][2 * h + 1]);
+                        *reinterpret_cast<uint32_t *>(&s.rh[i][8 * nt + 2 * tig]) =
+                            pack_half2(ra * sig_r, rb * sig_r);
+                    } else {
+                        os[nt][2 * h] = ei * acc[nt][2 * h];
+                        os[nt][2 * h + 1] = ei * acc[nt][2 * h + 1];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        // ---- P2: V' = Tm R (warp: strip rows, half the columns); V' and e^(..)V' as fp16.
+        const float sig_t = d.meta[0];
+        const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| * max |R| >= max |V'|
+        const float sig_v = pow2_scale_f(v_bound);
+        {
+            float acc[NH][4];
+#pragma unroll
+            for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (ks > strip) continue;  // Tm is lower triangular
+                uint32_t af[4];
+                ldsm_x4(af, &d.tm[r0 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+#pragma unroll
+                for (int np = 0; np < NH / 2; ++np) {
+                    uint32_t bf[4];
+                    ldsm_x4_t(bf, &s.rh[16 * ks + lrow_a(lane)][8 * NH * half + 16 * np + lcol_a(lane)]);
+                    mma_f16(acc[2 * np], af, bf[0], bf[1]);
+                    mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+            const float k_v = sig_v / (sig_t * sig_r);  // exact: powers of two
+            const float gl = d.gam[kC - 1];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = r0 + g8 + 8 * h;
+                const float dd = __expf(gl - d.gam[row]);  // exponent <= 0
+#pragma unroll
+                for (int nt = 0; nt < NH; ++nt) {
+                    const int col = 8 * NH * half + 8 * nt + 2 * tig;
+                    const float x0 = acc[nt][2 * h] * k_v, x1 = acc[nt][2 * h + 1] * k_v;
+                    *reinterpret_cast<uint32_t *>(&s.vph[row][col]) = pack_half2(x0, x1);
+                    *reinterpret_cast<uint32_t *>(&s.vdh[row][col]) = pack_half2(x0 * dd, x1 * dd);
+                }
+            }
+        }
+        __syncthreads();
+
+        // ---- P3: O = e^gamma Q S + P V' (Q side); S = e^gamma_last S + K^T (e^(..) V') (all).
+        const float inv_v = 1.0f / sig_v;
+        if (half == 1) {
+            float acc[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (ks > strip) continue;  // P is lower triangular
+                uint32_t af[4];
+                ldsm_x4(af, &d.ph[r0 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32_t bf[4];
+                    ldsm_x4_t(bf, &s.vph[16 * ks + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    mma_f16(acc[2 * np], af, bf[0], bf[1]);
+                    mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = r0 + g8 + 8 * h;
+                const int64_t t = (int64_t)c * kC + i;
+                if (t < a.rows) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        float *out = og + t * a.ldo + 8 * nt + 2 * tig;
+                        out[0] = fmaf(acc[nt][2 * h], inv_v, os[nt][2 * h]);
+                        out[1] = fmaf(acc[nt][2 * h + 1], inv_v, os[nt][2 * h + 1]);
+                    }
+                }
+            }
+        }
+        {
+            float acc[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                uint32_t af[4];  // (K^T)[a][i] = K[i][a]: the transpose of kh, via ldmatrix.trans
+                ldsm_x4_t(af, &d.kh[16 * ks + lrow_b(lane)][16 * warp + lcol_b(lane)]);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32_t bf[4];
+                    ldsm_x4_t(bf, &s.vdh[16 * ks + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    mma_f16(acc[2 * np], af, bf[0], bf[1]);
+                    mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+            const float el = __expf(d.gam[kC - 1]);  // e^gamma_last
+            float m = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    S[nt][e] = fmaf(el, S[nt][e], acc[nt][e] * inv_v);
+                    m = fmaxf(m, fabsf(S[nt][e]));
+                }
+            publish_max(&s.max_s[b ^ 1], m);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+        {
+            float *x = state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig;
+            x[0] = S[nt][2 * h];
+            x[1] = S[nt][2 * h + 1];
+        }
+}
+
+template <bool VEC>
+pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_kernel<VEC>, int(sizeof(PrepSmem)), "gdn_chunk_prep_kernel"));
+    gdn_chunk_prep_kernel<VEC><<<dim3(a.nc, a.n_k_heads), kPrepThreads, sizeof(PrepSmem), stream>>>(a);
+    PF_LAUNCH_CHECK("gdn_chunk_prep_kernel<%d>", int(VEC));
+    return PF_STATUS_OK;
+}
+
+template <int BV, bool VEC>
+pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_kernel<BV, VEC>, int(sizeof(StateSmem<BV>)),
+                                "gdn_chunk_state_kernel"));
+    gdn_chunk_state_kernel<BV, VEC>
+        <<<a.n_v_heads * (kDK / BV), kStateThreads, sizeof(StateSmem<BV>), stream>>>(a);
+    PF_LAUNCH_CHECK("gdn_chunk_state_kernel<%d, %d>", BV, int(VEC));
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+bool gdn_chunk_supported(int32_t dk, int32_t dv) { return dk == kDK && dv == kDK; }
+
+
+size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_heads) {
+    const int64_t pass = rows < kGdnPassRows ? rows : kGdnPassRows;
+    if (pass <= 0 || n_k_heads <= 0 || n_v_heads <= 0) return 0;
+    return workspace_layout((pass + kC - 1) / kC, n_k_heads, n_v_heads, nullptr, nullptr);
+}
+
+int32_t gdn_scan_env_default() {
+    static const int32_t value = [] {
+        const char *e = std::getenv("PREFILL_GDN_SCAN");
+        if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return 0;
+        if (std::strcmp(e, "sequential") == 0) return 1;
+        if (std::strcmp(e, "chunked") == 0) return 2;
+        std::fprintf(stderr, "libprefill: PREFILL_GDN_SCAN=%.32s is not auto|sequential|chunked; "
+                             "using auto\n", e);
+        return 0;
+    }();
+    return value;
+}
+
+pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk,
+                              const float *v, int64_t ldv, const float *beta, int64_t ld_beta,
+                              const float *g, int64_t ld_g, float *state, float *o, int64_t ldo,
+                              int64_t rows, int32_t n_k_heads, int32_t n_v_heads, int32_t dk,
+                              int32_t dv, void *workspace, size_t workspace_bytes,
+                              int32_t sm_count, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0, "gdn_chunk_scan_rows: rows=%lld < 0", (long long)rows);
+    PF_CHECK_ARG(n_k_heads >= 1 && n_v_heads >= 1 && n_v_heads % n_k_heads == 0,
+                 "gdn_chunk_scan_rows: n_v_heads=%d must be a positive multiple of n_k_heads=%d",
+                 n_v_heads, n_k_heads);
+    if (!gdn_chunk_supported(dk, dv))
+        return fail(PF_STATUS_UNSUPPORTED,
+                    "gdn_chunk_scan_rows: the chunked delta rule is built for dk = dv = 128, "
+                    "got dk=%d, dv=%d (use the sequential path)", dk, dv);
+    const int64_t kw = (int64_t)n_k_heads * dk, vw = (int64_t)n_v_heads * dv;
+    PF_CHECK_ARG(ldq >= kw && ldk >= kw && ldv >= vw && ldo >= vw && ld_beta >= n_v_heads &&
+                     ld_g >= n_v_heads,
+                 "gdn_chunk_scan_rows: a row stride is below its width");
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(q && k && v && beta && g && state && o, "gdn_chunk_scan_rows: null pointer");
+    const size_t need = gdn_chunk_workspace_bytes(rows, n_k_heads, n_v_heads);
+    PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need,
+                 "gdn_chunk_scan_rows: workspace of %zu bytes, %zu needed", workspace_bytes, need);
+    const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec_qk = aligned(q) && aligned(k) && ldq % 4 == 0 && ldk % 4 == 0;
+    const bool vec_v = aligned(v) && ldv % 4 == 0;
+    // 32 value columns per state CTA when that fits one wave (Hv = 32: 128 CTAs on 132 SMs);
+    // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
+    if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
+    const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
+    for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
+        const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
+        const int32_t nc = int32_t((n + kC - 1) / kC);
+        Workspace w{};
+        workspace_layout(nc, n_k_heads, n_v_heads, workspace, &w);
+        const PrepArgs pa{q + r0 * ldq, ldq, k + r0 * ldk, ldk, beta + r0 * ld_beta, ld_beta,
+                          g + r0 * ld_g, ld_g, n, n_k_heads, n_v_heads, nc, w};
+        PF_TRY(vec_qk ? launch_prep<true>(pa, stream) : launch_prep<false>(pa, stream));
+        const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
+        pf_status st;
+        if (narrow) st = vec_v ? launch_state<32, true>(sa, stream) : launch_state<32, false>(sa, stream);
+        else st = vec_v ? launch_state<64, true>(sa, stream) : launch_state<64, false>(sa, stream);
+        PF_TRY(st);
+    }
+    return PF_STATUS_OK;
+}
+
+}  // namespace pf

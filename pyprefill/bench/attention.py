@@ -1,0 +1,99 @@
+"""Causal grouped attention over an fp16 KV cache, flash and cuBLAS paths, against torch
+`scaled_dot_product_attention` (fp16), for H16/Hkv4/D256 (qwen35-4b) and H32/Hkv8/D128
+(qwen3-4b): T new rows at position 0 for each length, and 2048 new rows at pos0 = 30720 (a
+chunk deep into a long prompt). TF/s count the causal FLOPs once: 4 x H x D x (query, key)
+pairs under the mask."""
+from __future__ import annotations
+
+from ..formats.synth import preset_desc
+from ..kernels import attention as K
+
+SHAPES = ("qwen35-4b", "qwen3-4b")
+PATHS = ("flash", "cublas")
+DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
+
+
+# -- the wrapper calls: the only lines that touch pyprefill.kernels.attention -------------------
+def _kv_write(ctx, k, v, k_cache, v_cache, rows, kv_dim, pos0):
+    K.kv_write(ctx, k, v, k_cache, v_cache, rows=rows, kv_dim=kv_dim, pos0=pos0, kv_dtype="f16")
+
+
+def _attention(ctx, q, k_cache, v_cache, out, H, Hkv, D, rows, pos0, path):
+    K.attention(ctx, q, k_cache, v_cache, out, n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows,
+                pos0=pos0, kv_dtype="f16", path=path)
+# ------------------------------------------------------------------------------------------------
+
+
+def causal_pairs(rows: int, pos0: int) -> int:
+    """(query, key) pairs under the causal mask: row t (position pos0 + t) sees pos0 + t + 1."""
+    return rows * pos0 + rows * (rows + 1) // 2
+
+
+def sdpa(torch, H: int, Hkv: int, D: int, rows: int, pos0: int):
+    """(call, how) for torch SDPA on random fp16 q [1,H,rows,D], k, v [1,Hkv,pos0+rows,D]: the
+    first variant this torch runs (native GQA, else KV expanded; a lower-right causal mask when
+    pos0 > 0)."""
+    F = torch.nn.functional
+    S = pos0 + rows
+    q = torch.randn(1, H, rows, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.float16)
+    v = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.float16)
+    ke, ve = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    sdpa = F.scaled_dot_product_attention
+    if pos0 == 0:
+        variants = [("enable_gqa", lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)),
+                    ("KV expanded", lambda: sdpa(q, ke, ve, is_causal=True))]
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(rows, S)
+        variants = [("lower-right mask, enable_gqa",
+                     lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)),
+                    ("lower-right mask, KV expanded", lambda: sdpa(q, ke, ve, attn_mask=mask))]
+    errors = []
+    for how, fn in variants:
+        try:
+            fn()
+            torch.cuda.synchronize()
+            return (lambda i: fn()), how
+        except Exception as exc:   # noqa: BLE001  an older torch: try the next form
+            errors.append(f"{how}: {type(exc).__name__}: {exc}")
+    raise RuntimeError("; ".join(errors))
+
+
+def case(b, d, rows: int, pos0: int) -> None:
+    H, Hkv, D = d.n_head, d.n_head_kv, d.head_dim
+    op = f"attention H{H}/Hkv{Hkv}/D{D}" + (f" pos0={pos0}" if pos0 else "")
+    flops = 4 * H * D * causal_pairs(rows, pos0)
+    note = f"causal, fp16 KV, fp32 q/out, {pos0 + rows} keys"
+    peer = None
+    if b.torch is not None:
+        call, how = sdpa(b.torch, H, Hkv, D, rows, pos0)
+        peer = b.add(op, rows, "torch SDPA fp16", b.time_torch(call), flops=flops, note=how)
+    if b.ctx is None:
+        return
+    S, kv_dim = pos0 + rows, Hkv * D
+    n = b.sets(4 * rows * H * D * 2 + 2 * S * kv_dim * 2, max_sets=8)
+    qs = [b.upload(b.rand(rows, H * D)) for _ in range(n)]
+    outs = [b.buffer(4 * rows * H * D) for _ in range(n)]
+    kcs = [b.buffer(2 * S * kv_dim) for _ in range(n)]
+    vcs = [b.buffer(2 * S * kv_dim) for _ in range(n)]
+    for kc, vc in zip(kcs, vcs):                  # fill every cache row the queries will read
+        k, v = b.upload(b.rand(S, kv_dim)), b.upload(b.rand(S, kv_dim))
+        _kv_write(b.ctx, k, v, kc, vc, S, kv_dim, 0)
+        b.ctx.synchronize()
+    for path in PATHS:
+        def run(path=path):
+            t = b.time_ours(lambda i: _attention(b.ctx, qs[i % n], kcs[i % n], vcs[i % n],
+                                                 outs[i % n], H, Hkv, D, rows, pos0, path),
+                            target_s=0.01)
+            b.add(op, rows, f"ours {path}", t, flops=flops, peer=peer, note=note, sets=n)
+        b.rec.guard(f"{op} T={rows} {path}", run)
+
+
+def run(b, lengths) -> None:
+    for model in SHAPES[:1] if b.quick else SHAPES:
+        d = preset_desc(model)
+        for T in lengths:
+            b.op(f"attention {model} T={T}", case, b, d, T, 0)
+        if not b.quick:
+            b.op(f"attention {model} rows={DEEP[0]} pos0={DEEP[1]}", case, b, d, *DEEP)

@@ -1,0 +1,226 @@
+"""Benchmarks on a GPU: one GGUF's prefill tokens/s, or the kernel and whole-model suites.
+
+    pyprefill bench FILE [-p 512,2048,8192] [--gemm auto] [--chunk N] [--peer hf|none]
+                         [--json] [--plot FILE.png]
+    pyprefill bench kernels|model|all [--out DIR] [--quick] [--lengths 512,2048,8192]
+                         [--models qwen35-4b,qwen3-4b] [--gemm f16,f32] [--plot FILE.png]
+
+FILE: prefill tokens/s of one GGUF as a llama-bench style table (test "pp512", t/s ± std),
+with the HF transformers peer alongside when torch and transformers are importable. Suites:
+kernels (the gemm, rows, gdn and attention families, each next to its peer) and whole-model
+prefill on synthetic GGUFs of real shapes; bench_<suite>.json (every repeat) and
+bench_<suite>.md under --out. --plot draws tok/s against prompt length, ours against each
+peer. `python3 -m pyprefill.bench` takes the same arguments.
+
+Missing peers (torch, FLA, transformers, matplotlib) each print one "skipped: <what>: <why>"
+line and the run goes on; without a GPU: "no GPU: benchmarks skipped", exit status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..errors import PrefillError
+from . import report
+from ._common import Bench, Recorder, detect_gpu, meta
+
+SUITES = ("kernels", "model", "all")
+FAMILIES = ("gemm", "rows", "gdn", "attention")
+LENGTHS = [512, 2048, 8192]
+MODELS = ["qwen35-4b", "qwen3-4b"]
+QUICK_MODELS = ["qwen35-0.8b"]
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="FILE|kernels|model|all",
+                   help="a GGUF file, or the suite to run")
+    p.add_argument("-p", "--lengths", nargs="+", metavar="N",
+                   help="prompt lengths, comma or space separated "
+                        f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
+    p.add_argument("--gemm", nargs="+", metavar="LEG",
+                   help="projection legs: auto, f16, f32, int8 "
+                        "(default: FILE auto, suites f16,f32)")
+    p.add_argument("--chunk", type=int, default=2048, help="session chunk: rows per internal step")
+    p.add_argument("--peer", choices=["hf", "none"], default="hf",
+                   help="whole-model peer: HF transformers bf16 sdpa (+FLA), or none")
+    p.add_argument("--json", action="store_true", help="FILE: print the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="tok/s against prompt length (matplotlib)")
+    p.add_argument("--out", metavar="DIR", help="write bench_<name>.json and bench_<name>.md here")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: T=512, one shape per family, qwen35-0.8b, the f16 leg, "
+                        "few repeats")
+    p.add_argument("--families", nargs="+", metavar="NAME",
+                   help=f"kernel suite: the families to run (default {','.join(FAMILIES)})")
+    p.add_argument("--models", nargs="+", metavar="PRESET",
+                   help=f"model suite: formats.synth presets (default {','.join(MODELS)})")
+    p.add_argument("--mix", default="q4_k_m", help="model suite: quant mix of the synthetic GGUFs")
+    p.add_argument("--gguf-dir", help="model suite: where synthetic GGUFs are written and reused "
+                                      "(default: the temp dir)")
+    p.add_argument("--reps", type=int, default=7, help="timed batches per kernel (median)")
+    p.add_argument("--model-reps", type=int, default=5, help="timed prefills per model and length")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of skipped parts")
+
+
+def build_parser(prog: str = "pyprefill bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+def add_parser(subparsers) -> None:
+    """Register `bench` on the `pyprefill` command line."""
+    p = subparsers.add_parser("bench", help="benchmarks: a GGUF's prefill tokens/s, or the suites",
+                              description=__doc__.split("\n\n")[0],
+                              epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _split(values, conv=str) -> list:
+    """"a,b c" -> [a, b, c] (comma or space separated, as -p and --lengths take them)."""
+    return [conv(v) for s in values or [] for v in str(s).split(",") if v.strip()]
+
+
+def resolve(a: argparse.Namespace) -> argparse.Namespace:
+    """Defaults that depend on the mode; UsageError for options that do not apply."""
+    from ..formats.synth import PRESETS
+    a.suite = a.target if a.target in SUITES else None
+    try:
+        a.lengths = _split(a.lengths, int) or ([512] if a.quick else list(LENGTHS))
+    except ValueError:
+        raise UsageError(f"-p/--lengths: expected integers, got {' '.join(a.lengths)}") from None
+    if min(a.lengths) < 1:
+        raise UsageError(f"-p/--lengths: lengths must be positive, got {a.lengths}")
+    a.gemm = _split(a.gemm) or (["auto"] if a.suite is None else
+                                ["f16"] if a.quick else ["f16", "f32"])
+    if a.suite is None:
+        if a.models:
+            raise UsageError("--models picks the model suite's presets; a FILE is benchmarked "
+                             "as it is")
+    elif a.json:
+        raise UsageError("--json applies to a FILE; the suites write JSON under --out")
+    a.families = _split(a.families) or list(FAMILIES)
+    unknown = [f for f in a.families if f not in FAMILIES]
+    if unknown:
+        raise UsageError(f"--families: unknown {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
+    a.models = _split(a.models) or (QUICK_MODELS if a.quick else list(MODELS))
+    unknown = [m for m in a.models if m not in PRESETS]
+    if unknown:
+        raise UsageError(f"--models: unknown preset(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(PRESETS)})")
+    if a.quick:
+        a.reps, a.model_reps = min(a.reps, 3), min(a.model_reps, 2)
+    return a
+
+
+def _settings(a) -> dict:
+    return {k: v for k, v in vars(a).items() if not callable(v)}
+
+
+def run_kernels(a, rec: Recorder, torch) -> dict:
+    """The kernel families on one context (None when libprefill cannot open one: peers only)."""
+    def open_context():
+        from ..core import Context
+        return Context(0)
+    ctx = rec.guard("libprefill kernels", open_context)
+    b = Bench(rec, ctx, torch, reps=a.reps, quick=a.quick, legs=a.gemm)
+    try:
+        for fam in a.families:
+            mod = rec.guard(f"{fam} benchmarks", importlib.import_module, f".{fam}", __package__)
+            if mod is not None:
+                rec.say(f"-- {fam}")
+                rec.guard(f"{fam} benchmarks", mod.run, b, a.lengths)
+    finally:
+        if ctx is not None:
+            ctx.close()
+    return {"peak_fp16_tflops": b.peak_tflops}
+
+
+def run_suites(a) -> int:
+    from . import model
+    rec = Recorder(a.verbose)
+    torch = rec.optional("torch", "torch peers")
+    m = meta(torch)
+    rec.say(f"-- {m.get('device')}, torch {m.get('torch')}, commit {m.get('commit')}")
+    tables, peak, model_rows = [], None, []
+    for part in ("kernels", "model") if a.suite == "all" else (a.suite,):
+        r0, s0, t0 = len(rec.rows), len(rec.skipped), time.perf_counter()
+        if part == "kernels":
+            extra = rec.guard("kernels", run_kernels, a, rec, torch) or {}
+            peak = extra.get("peak_fp16_tflops")
+        else:
+            extra = rec.guard("model", model.run, rec, torch, models=a.models, lengths=a.lengths,
+                              legs=a.gemm, chunk=a.chunk, reps=a.model_reps, peer=a.peer,
+                              mix=a.mix, gguf_dir=a.gguf_dir, peak_tflops=peak) or {}
+        res = {**extra, "rows": rec.rows[r0:], "skipped": rec.skipped[s0:], "meta": m,
+               "wall_s": time.perf_counter() - t0, "args": _settings(a)}
+        if part == "kernels":
+            table = report.kernels_table(res["rows"])
+        else:
+            table = report.model_table(res["rows"], res.get("peak_fp16_tflops"))
+            model_rows = res["rows"]
+        report.write(a.out, part, res, table)
+        tables.append(table)
+        rec.say(f"-- {part}: {res['wall_s']:.1f} s, {len(res['skipped'])} skipped")
+    if a.plot:
+        report.plot(model_rows, a.plot, rec)
+    for table in tables:
+        print(f"\n{table}")
+    return 0
+
+
+def run_file(a) -> int:
+    from . import gemm, model
+    rec = Recorder(a.verbose, stream=sys.stderr if a.json else None)
+    torch = rec.optional("torch", "HF peer and roofline") if a.peer == "hf" else None
+    peak = rec.guard("roofline (torch fp16 peak)", gemm.fp16_peak_tflops, torch) if torch else None
+    rows = model.bench_gguf(rec, a.target, Path(a.target).stem, a.lengths, a.gemm, chunk=a.chunk,
+                            reps=a.model_reps, peer=a.peer, torch=torch, peak_tflops=peak)
+    res = {"rows": rows, "skipped": rec.skipped, "peak_fp16_tflops": peak, "meta": meta(torch),
+           "args": _settings(a)}
+    table = report.llama_table(rows)
+    report.write(a.out, Path(a.target).stem, res, table)
+    if a.json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(f"\n{table}")
+    if a.plot:
+        report.plot(rows, a.plot, rec)
+    return 0 if any(r.get("tok_s") for r in rows if r["impl"].startswith("ours")) else 1
+
+
+def run(a: argparse.Namespace) -> int:
+    try:
+        resolve(a)
+    except UsageError as exc:
+        print(f"pyprefill bench: {exc}", file=sys.stderr)
+        return 2
+    if a.suite is None and not os.path.isfile(a.target):
+        print(f"pyprefill bench: {a.target}: no such file (or a suite: {', '.join(SUITES)})",
+              file=sys.stderr)
+        return 1
+    ok, why = detect_gpu()
+    if not ok:
+        print(f"no GPU: benchmarks skipped ({why})")
+        return 0
+    try:
+        return run_suites(a) if a.suite else run_file(a)
+    except PrefillError as exc:       # a clear one-line error, not a traceback
+        print(f"pyprefill bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def main(argv=None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,167 @@
+"""Gated DeltaNet kernels: causal conv1d + SiLU, per-head L2 norm and the gates (GB/s), and the
+delta-rule scan on both paths ("sequential", "chunked") against flash-linear-attention's
+`chunk_gated_delta_rule` (bf16), at qwen35-4b (16 key / 32 value heads) and qwen35-27b (16 / 48)
+shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one state against one
+call of T (what chunked prefill does)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats.synth import preset_desc
+from ..kernels import gdn as K
+
+SHAPES = ("qwen35-4b", "qwen35-27b")
+SCAN_PATHS = ("sequential", "chunked")
+
+
+# -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
+def _conv1d(ctx, m, window, weight, u, rows, conv_dim, kc):
+    K.gdn_conv1d(ctx, m, window, weight, u, rows, conv_dim, kc)
+
+
+def _l2norm(ctx, x, rows, n_heads, head_dim, eps, scale):
+    K.gdn_l2norm(ctx, x, rows, n_heads, head_dim, eps, scale)
+
+
+def _gates(ctx, b, alpha, ssm_a, dt_bias, beta, g, rows, n_v_heads):
+    K.gdn_gates(ctx, b, alpha, ssm_a, dt_bias, beta, g, rows, n_v_heads)
+
+
+def _scan(ctx, q, k, v, beta, g, state, o, rows, hk, hv, dk, dv, path):
+    K.gdn_scan(ctx, q, k, v, beta, g, state, o, rows=rows, n_k_heads=hk, n_v_heads=hv, dk=dk,
+               dv=dv, path=path)
+
+
+def View(buf, off=0, ld=0):
+    return K.View(buf, off, ld)
+# ------------------------------------------------------------------------------------------------
+
+
+def tag(d) -> str:
+    return f"Hk{d.ssm_hk}/Hv{d.ssm_hv}"
+
+
+def conv1d(b, T: int, d) -> None:
+    C, kc = d.conv_dim, d.conv_kernel
+    nbytes = 8 * T * C
+    n = b.sets(nbytes)
+    ms, us = b.slab(T, C, n), b.out_slab(T, C, n)
+    window, weight = b.upload(b.rand(kc - 1, C)), b.upload(b.rand(C, kc, scale=0.5))
+    t = b.time_ours(lambda i: _conv1d(b.ctx, View(ms.buf, ms.off(i), C), window, weight,
+                                      View(us.buf, us.off(i), C), T, C, kc))
+    b.add(f"conv1d+silu {tag(d)}", T, "ours", t, nbytes=nbytes, note=f"conv_dim={C} Kc={kc}",
+          sets=n)
+
+
+def l2norm(b, T: int, d) -> None:
+    C, heads, dk = d.conv_dim, 2 * d.ssm_hk, d.ssm_dk   # q and k heads lead each row
+    nbytes = 8 * T * heads * dk
+    n = b.sets(nbytes)
+    xs = b.slab(T, C, n)
+    t = b.time_ours(lambda i: _l2norm(b.ctx, View(xs.buf, xs.off(i), C), T, heads, dk, d.eps, 1.0))
+    b.add(f"l2norm {tag(d)}", T, "ours", t, nbytes=nbytes,
+          note=f"q+k {heads} heads x {dk}, in place", sets=n)
+
+
+def gates(b, T: int, d) -> None:
+    hv = d.ssm_hv
+    nbytes = 16 * T * hv
+    n = b.sets(nbytes)
+    bs, alphas = b.slab(T, hv, n), b.slab(T, hv, n)
+    betas, gs = b.out_slab(T, hv, n), b.out_slab(T, hv, n)
+    ssm_a, dt_bias = b.upload(-np.exp(b.rand(hv, scale=0.5))), b.upload(b.rand(hv, scale=0.5))
+
+    def call(i):
+        _gates(b.ctx, View(bs.buf, bs.off(i), hv), View(alphas.buf, alphas.off(i), hv), ssm_a,
+               dt_bias, View(betas.buf, betas.off(i), hv), View(gs.buf, gs.off(i), hv), T, hv)
+    b.add(f"gates {tag(d)}", T, "ours", b.time_ours(call), nbytes=nbytes, note=f"Hv={hv}", sets=n)
+
+
+def scan_inputs(b, rows: int, d):
+    """q, k (L2-normalised, q scaled by 1/sqrt(dk)), v, beta in (0, 1), g < 0: float32 rows."""
+    hk, hv, dk = d.ssm_hk, d.ssm_hv, d.ssm_dk
+    q, k = b.rand(rows, hk, dk), b.rand(rows, hk, dk)
+    q /= np.linalg.norm(q, axis=-1, keepdims=True) * np.float32(np.sqrt(dk))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = b.rand(rows, hv, d.ssm_dv)
+    beta = 1 / (1 + np.exp(-b.rand(rows, hv)))
+    g = -np.abs(b.rand(rows, hv, scale=0.3)) - np.float32(0.01)
+    return q, k, v, beta.astype(np.float32), g.astype(np.float32)
+
+
+def fla_scan(b, fla, T: int, d, inputs, n: int, parts: int = 1):
+    """Time FLA's chunk_gated_delta_rule on the same inputs (bf16; q/k expanded to the value
+    heads, as the GGUF pairs value head j with key head j % Hk); `parts` calls of T/parts with
+    the state carried. Returns the timing."""
+    torch = b.torch
+    idx = torch.arange(d.ssm_hv) % d.ssm_hk
+    q, k, v, beta, g = (torch.from_numpy(a).cuda() for a in inputs)
+    bf = torch.bfloat16
+    sets = [(q[s * T:(s + 1) * T][:, idx].to(bf)[None].contiguous(),
+             k[s * T:(s + 1) * T][:, idx].to(bf)[None].contiguous(),
+             v[s * T:(s + 1) * T].to(bf)[None].contiguous(),
+             beta[s * T:(s + 1) * T].to(bf)[None].contiguous(),
+             g[s * T:(s + 1) * T][None].contiguous()) for s in range(n)]
+    del q, k, v, beta, g
+    step = T // parts
+
+    def call(i):
+        qs, ks, vs, bs, gs = sets[i % n]
+        state = None
+        for p in range(parts):
+            r = slice(p * step, (p + 1) * step)
+            _, state = fla(qs[:, r], ks[:, r], vs[:, r], g=gs[:, r], beta=bs[:, r], scale=1.0,
+                           initial_state=state, output_final_state=True)
+    return b.time_torch(call, warmup=3)
+
+
+def scan(b, T: int, d, parts: int = 1) -> None:
+    """Both our paths and FLA at T tokens, in `parts` calls of T/parts on one state."""
+    hk, hv, dk, dv = d.ssm_hk, d.ssm_hv, d.ssm_dk, d.ssm_dv
+    if T % parts:
+        raise ValueError(f"T={T} does not split into {parts} calls")
+    op = f"delta-rule {tag(d)}" + (f" {parts}x{T // parts} carried" if parts > 1 else "")
+    per_set = 4 * T * (2 * hk * dk + 2 * hv * dv + 2 * hv) + 4 * hv * dk * dv
+    n = b.sets(per_set, max_sets=8)
+    inputs = scan_inputs(b, n * T, d)
+    note = f"Hk={hk} Hv={hv} dk={dk} dv={dv}" + (", state carried" if parts > 1 else "")
+    peer = None
+    fla = None
+    if b.torch is not None:
+        mod = b.rec.optional("fla.ops.gated_delta_rule", "FLA chunk_gated_delta_rule")
+        fla = getattr(mod, "chunk_gated_delta_rule", None) if mod is not None else None
+    if fla is not None:
+        t = b.rec.guard(f"{op} T={T} FLA", fla_scan, b, fla, T, d, inputs, n, parts)
+        if t is not None:
+            peer = b.add(op, T, "FLA chunk bf16", t, note=note + ", q/k expanded")
+    if b.ctx is None:
+        return
+    q, k, v, beta, g = (b.slab_of(a.reshape(n * T, -1), n) for a in inputs)
+    state = b.slab(hv * dk, dv, n, scale=0.1)
+    o = b.out_slab(T, hv * dv, n)
+    step = T // parts
+
+    def call(i, path):
+        for r0 in range(0, T, step):              # the state carries from one call to the next
+            qv, kv, vv, bv, gv, ov = (View(s.buf, s.off(i) + r0 * s.cols, s.cols)
+                                      for s in (q, k, v, beta, g, o))
+            _scan(b.ctx, qv, kv, vv, bv, gv, View(state.buf, state.off(i)), ov, step, hk, hv, dk,
+                  dv, path)
+
+    for path in SCAN_PATHS:
+        def run(path=path):
+            t = b.time_ours(lambda i: call(i, path), target_s=0.01)
+            b.add(op, T, f"ours {path} fp32", t, peer=peer, note=note, sets=n)
+        b.rec.guard(f"{op} T={T} {path}", run)
+
+
+def run(b, lengths) -> None:
+    for model in SHAPES[:1] if b.quick else SHAPES:
+        d = preset_desc(model)
+        for T in lengths:
+            if b.ctx is not None:
+                for fn in (conv1d, l2norm, gates):
+                    b.op(f"{fn.__name__} {tag(d)} T={T}", fn, b, T, d)
+            b.op(f"delta-rule {tag(d)} T={T}", scan, b, T, d)
+            if T % 4 == 0:
+                b.op(f"delta-rule {tag(d)} T={T} carried", scan, b, T, d, 4)

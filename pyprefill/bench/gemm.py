@@ -1,0 +1,121 @@
+"""Projections on each leg against torch fp16 `x @ w.T` (TF/s), Q4_K -> fp16 dequantization
+against the device copy bandwidth (GB/s), and the two ceilings: the torch fp16 GEMM peak and
+the device-to-device copy. Shapes: qwen35-4b's attn_qkv, ffn_gate and ffn_down."""
+from __future__ import annotations
+
+from ..formats.synth import preset_desc
+from ..kernels import gemm as K
+from .timer import time_torch
+
+SHAPES = "qwen35-4b"
+
+
+# -- the wrapper calls: the only lines that touch pyprefill.kernels.gemm ------------------------
+def _project(ctx, w, x, y, rows, leg):
+    K.project(ctx, w, x, y, rows, leg=leg)
+
+
+def _cache_f16(w):
+    K.weight_cache_f16(w)
+
+
+def _dequantize_f16(ctx, w, out):
+    K.dequantize(ctx, w, out, f16=True)
+
+
+def View(buf, off=0, ld=0):
+    return K.View(buf, off, ld)
+# ------------------------------------------------------------------------------------------------
+
+
+def projections(model: str = SHAPES) -> list[tuple[str, int, int]]:
+    """(name, n, k) of the benchmarked weights of a preset."""
+    d = preset_desc(model)
+    return [("attn_qkv", d.conv_dim, d.n_embd),
+            ("ffn_gate", d.n_ff, d.n_embd), ("ffn_down", d.n_embd, d.n_ff)]
+
+
+def _peak(torch, n: int, reps: int) -> tuple[float, dict]:
+    x = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    t = time_torch(torch, lambda i: x @ w.T, reps=reps)
+    return 2 * n ** 3 / (t["min_ms"] * 1e-3) / 1e12, t
+
+
+def fp16_peak_tflops(torch, n: int = 8192, reps: int = 7) -> float:
+    """torch's fp16 GEMM rate (n^3, fp32 accumulate, best of the reps) in TF/s: the ceiling of
+    the projections and of the whole-model roofline."""
+    return _peak(torch, n, reps)[0]
+
+
+def fp16_peak(b) -> float:
+    """fp16_peak_tflops, recorded as a row of the kernel suite."""
+    n = 4096 if b.quick else 8192
+    peak, t = _peak(b.torch, n, b.reps)
+    b.add("peak fp16 gemm", 0, "torch fp16 x@w.T", t, flops=2 * n ** 3,
+          note=f"{n}^3; best rep {peak:.1f} TF/s", peak_tflops=peak)
+    return peak
+
+
+def copy_bandwidth(b, nbytes: int = 1 << 30) -> None:
+    """The device-to-device copy ceiling (bytes read + written)."""
+    torch = b.torch
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    t = b.time_torch(lambda i: dst.copy_(src), target_s=0.05)
+    b.add("device copy", 0, "torch copy_", t, nbytes=2 * nbytes, note=f"{nbytes >> 20} MiB")
+
+
+def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
+    flops = 2 * T * n * k
+    op, peer = f"proj {name}", None
+    if b.torch is not None:
+        torch = b.torch
+        sets = b.sets(2 * (T * k + T * n + n * k), max_sets=8)
+        xs = [torch.randn(T, k, device="cuda", dtype=torch.float16) for _ in range(sets)]
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) / 50 for _ in range(sets)]
+        t = b.time_torch(lambda i: xs[i % sets] @ ws[i % sets].T)
+        peer = b.add(op, T, "torch fp16 x@w.T", t, flops=flops)
+        del xs, ws
+    if b.ctx is None:
+        return
+    sets = b.sets(4 * (T * k + T * n) + 2 * n * k, max_sets=8)
+    ws = [b.weight("Q4_K", n, k) for _ in range(sets)]
+    xs, ys = b.slab(T, k, sets), b.out_slab(T, n, sets)
+
+    def run(leg):
+        if leg in ("f16", "auto"):
+            for w in ws:
+                _cache_f16(w)
+        t = b.time_ours(lambda i: _project(b.ctx, ws[i % sets], View(xs.buf, xs.off(i), k),
+                                           View(ys.buf, ys.off(i), n), T, leg),
+                        reps=b.reps if leg != "f32" else max(2, b.reps // 2))
+        b.add(op, T, f"ours {leg} leg", t, flops=flops, peer=peer,
+              note=f"Q4_K {n}x{k}, fp32 x and y", sets=sets)
+
+    for leg in b.legs:
+        b.rec.guard(f"{op} T={T} {leg} leg", run, leg)
+
+
+def dequant(b, qtype: str = "Q4_K") -> None:
+    from ..core import matrix_bytes
+    if b.ctx is None:
+        return
+    _, n, k = projections()[1]                      # ffn_gate
+    nbytes = matrix_bytes(qtype, n, k) + 2 * n * k  # blocks read + fp16 written
+    sets = b.sets(nbytes, max_sets=8)
+    ws = [b.weight(qtype, n, k) for _ in range(sets)]
+    outs = [b.buffer(2 * n * k) for _ in range(sets)]
+    t = b.time_ours(lambda i: _dequantize_f16(b.ctx, ws[i % sets], outs[i % sets]))
+    b.add(f"dequant {qtype}", 0, "ours -> fp16", t, nbytes=nbytes,
+          note=f"{n}x{k}; blocks read + fp16 written", sets=sets)
+
+
+def run(b, lengths) -> None:
+    if b.torch is not None:
+        b.peak_tflops = b.op("torch fp16 peak", fp16_peak, b)
+        b.op("device copy", copy_bandwidth, b)
+    b.op("dequant Q4_K", dequant, b)
+    for T in lengths:
+        for name, n, k in projections():
+            b.op(f"proj {name} T={T}", projection, b, name, T, n, k, b.legs)

@@ -1,0 +1,240 @@
+"""Whole-model prefill, tokens/s: ours on each gemm leg against HF transformers (bf16, sdpa, +FLA
+when installed) holding the same, dequantized, weights, and the roofline 2 x non-embedding
+params x tokens over the measured torch fp16 GEMM peak.
+
+`bench_gguf` measures one file (what `pyprefill bench FILE` runs); `run` writes synthetic GGUFs
+of real shapes (formats.synth presets) and measures each (`pyprefill bench model`). Ours is
+timed by wall clock around Session.prefill, which returns once the logits are on the host; HF
+by wall clock around model(...) and the logits' copy to the host."""
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..formats.gguf_model import load_model_desc
+from ._common import first_line
+from .timer import HostClock, measure
+
+EMBEDDINGS = ("token_embd.weight", "output.weight")
+
+
+def param_counts(desc) -> tuple[int, int]:
+    """(all parameters, non-embedding parameters) of a GGUF's ModelDesc."""
+    sizes = {name: int(np.prod(t.shape)) for name, t in desc.tensors.items()}
+    return sum(sizes.values()), sum(n for name, n in sizes.items() if name not in EMBEDDINGS)
+
+
+# ------------------------------------------------------------------------------------ HF peer
+
+def hf_config(desc):
+    """(transformers config, model class) of the model a qwen3 / qwen35 GGUF describes."""
+    common = dict(vocab_size=desc.n_vocab, hidden_size=desc.n_embd, intermediate_size=desc.n_ff,
+                  num_hidden_layers=desc.n_layer, num_attention_heads=desc.n_head,
+                  num_key_value_heads=desc.n_head_kv, head_dim=desc.head_dim,
+                  max_position_embeddings=min(desc.context_length, 32768), rms_norm_eps=desc.eps,
+                  tie_word_embeddings=desc.tied_output)
+    if desc.arch == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        rope = {"rope_type": "default", "rope_theta": desc.rope_base}
+        return Qwen3Config(**common, rope_parameters=rope), Qwen3ForCausalLM
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    half = desc.rope_dim // 2          # mrope sections sum to rope_dim / 2 (text: all equal)
+    sections = [half - 2 * (half // 3), half // 3, half // 3]
+    cfg = Qwen3_5TextConfig(
+        **common, layer_types=["full_attention" if k == "attn" else "linear_attention"
+                               for k in desc.layer_kinds],
+        linear_num_key_heads=desc.ssm_hk, linear_num_value_heads=desc.ssm_hv,
+        linear_key_head_dim=desc.ssm_dk, linear_value_head_dim=desc.ssm_dv,
+        linear_conv_kernel_dim=desc.conv_kernel,
+        rope_parameters={"rope_type": "default", "rope_theta": desc.rope_base,
+                         "partial_rotary_factor": desc.rope_dim / desc.head_dim,
+                         "mrope_section": sections, "mrope_interleaved": True})
+    return cfg, Qwen3_5ForCausalLM
+
+
+def build_hf(torch, path: str, device: str = "cuda"):
+    """An HF model (bf16, sdpa) on `device` holding the GGUF's dequantized weights."""
+    from ..formats.hf_export import load_gguf_into_hf
+    cfg, cls = hf_config(load_model_desc(path))
+    cfg._attn_implementation = "sdpa"
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = cls(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    model = model.to(torch.bfloat16).eval()
+    load_gguf_into_hf(model, path, workers=max(1, min(16, os.cpu_count() or 1)))
+    gc.collect()
+    return model
+
+
+# ------------------------------------------------------------------------------------ timing
+
+def _row(label: str, impl: str, T: int, t: dict | None = None, **extra) -> dict:
+    row = {"model": label, "impl": impl, "T": T, **extra}
+    if t is not None:
+        rates = [T / (ms * 1e-3) for ms in t["reps_ms"]]
+        row.update(t, tok_s=T / (t["median_ms"] * 1e-3),
+                   tok_s_std=float(np.std(rates, ddof=1)) if len(rates) > 1 else 0.0)
+    return row
+
+
+def _say(rec, row: dict) -> None:
+    rec.say(f"  {row['model']:24s} {row['impl']:18s} T={row['T']:<6d} {row['median_ms']:9.2f} ms "
+            f"{row['tok_s']:10.0f} tok/s")
+
+
+def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: int,
+               rng) -> list[dict]:
+    from ..core import Context
+    from ..model import Model
+    rows: list[dict] = []
+    with Context(0) as ctx:
+        free0, _ = ctx.memory()
+        try:
+            model = Model.load(path, gemm=legs[0], prewarm=any(g in ("f16", "auto") for g in legs),
+                               progress=False, context=ctx)
+        except Exception as exc:   # noqa: BLE001  one row per wanted number says why
+            rec.skip(f"ours {label}", f"load: {type(exc).__name__}: {first_line(exc)}")
+            return [_row(label, f"ours {leg}", T, error=f"load: {first_line(exc)}")
+                    for leg in legs for T in lengths]
+        info = model.info
+        base = {"load_ms": info.get("load_ms"), "prewarm_ms": info.get("prewarm_ms"),
+                "f16_armed": bool(info.get("f16_armed")), "weight_bytes": info.get("weight_bytes"),
+                "f16_bytes": info.get("f16_bytes"), "chunk": chunk}
+        rec.say(f"-- ours {label}: load {base['load_ms'] or 0:.0f} ms, prewarm "
+                f"{base['prewarm_ms'] or 0:.0f} ms, fp16 cache "
+                f"{'armed' if base['f16_armed'] else 'not armed'}")
+        with model:
+            for leg in legs:
+                for T in lengths:
+                    row = _row(label, f"ours {leg}", T, **base)
+                    try:
+                        with model.session(max_tokens=T, chunk=min(chunk, T), gemm=leg) as s:
+                            ids = [rng.integers(0, model.n_vocab, T, dtype=np.int32)
+                                   for _ in range(4)]
+                            logits = {}
+
+                            def call(i):
+                                logits["last"] = s.prefill(ids[i % 4])
+                            t = measure(call, HostClock(ctx.synchronize), reps=reps, warmup=1,
+                                        max_calls=1, setup=lambda i: s.reset())
+                            if not np.isfinite(logits["last"]).all():
+                                raise RuntimeError("non-finite logits")
+                            free1, _ = ctx.memory()
+                        row = _row(label, f"ours {leg}", T, t, **base,
+                                   allocated_bytes=ctx.allocated(), device_used_bytes=free0 - free1)
+                        _say(rec, row)
+                    except Exception as exc:   # noqa: BLE001
+                        row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
+                        rec.skip(f"ours {label} {leg} T={T}", row["error"])
+                    rows.append(row)
+    return rows
+
+
+def bench_hf(rec, torch, path: str, label: str, lengths, *, reps: int, rng) -> list[dict]:
+    if rec.optional("transformers", "HF transformers peer") is None:
+        return []
+    fla = (load_model_desc(path).arch == "qwen35"
+           and rec.optional("fla", "FLA kernels in the HF peer") is not None)
+    impl = "HF bf16 sdpa" + ("+FLA" if fla else "")
+    t0 = time.perf_counter()
+    try:
+        model = build_hf(torch, path)
+    except Exception as exc:   # noqa: BLE001
+        rec.skip(f"HF {label}", f"build: {type(exc).__name__}: {first_line(exc)}")
+        gc.collect()
+        torch.cuda.empty_cache()
+        return [_row(label, impl, T, error=f"build: {first_line(exc)}") for T in lengths]
+    build_s = time.perf_counter() - t0
+    rec.say(f"-- {impl} {label}: built with the GGUF's weights in {build_s:.1f} s")
+    rows = []
+    try:
+        V = model.config.vocab_size
+        for T in lengths:
+            row = _row(label, impl, T, build_s=build_s)
+            try:
+                ids = [torch.from_numpy(rng.integers(0, V, T)).cuda()[None] for _ in range(4)]
+                torch.cuda.reset_peak_memory_stats()
+
+                def call(i):
+                    with torch.inference_mode():
+                        model(ids[i % 4], use_cache=False, logits_to_keep=1).logits.float().cpu()
+                t = measure(call, HostClock(torch.cuda.synchronize), reps=reps, warmup=2,
+                            max_calls=1)
+                row = _row(label, impl, T, t, build_s=build_s,
+                           peak_bytes=torch.cuda.max_memory_allocated())
+                _say(rec, row)
+            except Exception as exc:   # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
+                rec.skip(f"HF {label} T={T}", row["error"])
+            rows.append(row)
+    finally:
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = 2048, reps: int = 5,
+               peer: str = "hf", torch=None, peak_tflops: float | None = None,
+               seed: int = 99) -> list[dict]:
+    """Ours on each leg, then the HF peer, on one GGUF; every row carries the file's size and
+    parameter counts, the roofline, % of it, and ours / HF at the same length."""
+    rng = np.random.default_rng(seed)
+    desc = load_model_desc(path)
+    params, non_embd = param_counts(desc)
+    roof = peak_tflops * 1e12 / (2 * non_embd) if peak_tflops else None
+    rows = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng)
+    hf = []
+    if peer == "hf" and torch is not None:
+        hf = rec.guard(f"HF {label}", bench_hf, rec, torch, path, label, lengths, reps=reps,
+                       rng=rng) or []
+    by_T = {r["T"]: r for r in hf if r.get("tok_s")}
+    for r in rows + hf:
+        r.update(arch=desc.arch, size_bytes=os.path.getsize(path), params=params,
+                 non_embedding_params=non_embd, roofline_tok_s=roof)
+        if roof and r.get("tok_s"):
+            r["pct_roofline"] = 100 * r["tok_s"] / roof
+        if r["impl"].startswith("ours") and r.get("tok_s") and r["T"] in by_T:
+            r["ratio_vs_hf"] = r["tok_s"] / by_T[r["T"]]["tok_s"]
+    return rows + hf
+
+
+def synthetic_gguf(rec, preset: str, mix: str, directory: str) -> str:
+    """The synthetic GGUF of a preset (formats.synth), written once and reused."""
+    from ..formats.synth import write_synthetic
+    path = Path(directory) / f"bench-{preset}-{mix}.gguf"
+    if path.exists() and path.stat().st_size > 0:
+        rec.say(f"-- reusing {path}")
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    tmp = path.with_suffix(".tmp.gguf")
+    write_synthetic(preset, mix, tmp, progress=False)
+    os.replace(tmp, path)
+    rec.say(f"-- wrote {path} ({path.stat().st_size / 2**30:.2f} GiB, "
+            f"{time.perf_counter() - t0:.1f} s)")
+    return str(path)
+
+
+def run(rec, torch, *, models, lengths, legs, chunk: int, reps: int, peer: str, mix: str = "q4_k_m",
+        gguf_dir: str | None = None, peak_tflops: float | None = None) -> dict:
+    """The model suite: each preset's synthetic GGUF through bench_gguf."""
+    from . import gemm
+    if peak_tflops is None and torch is not None:
+        peak_tflops = rec.guard("roofline (torch fp16 peak)", gemm.fp16_peak_tflops, torch)
+    for preset in models:
+        path = rec.guard(f"model {preset}", synthetic_gguf, rec, preset, mix,
+                         gguf_dir or tempfile.gettempdir())
+        if path is not None:
+            rec.rows += bench_gguf(rec, path, preset, lengths, legs, chunk=chunk, reps=reps,
+                                   peer=peer, torch=torch, peak_tflops=peak_tflops)
+    return {"peak_fp16_tflops": peak_tflops}

@@ -1,0 +1,225 @@
+"""The kernel families of pyprefill.bench on a fake device (CPU): every adapter's call binds to
+the wrapper signature the benchmarks assume, every View stays inside its buffer, and a path the
+build lacks (UnsupportedError) is one skipped line. Nothing is timed for real."""
+import inspect
+import sys
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyprefill.kernels.gemm", reason="libprefill not loadable")
+
+from pyprefill.bench import _common, attention, gdn, gemm, rows  # noqa: E402
+from pyprefill.errors import UnsupportedError  # noqa: E402
+
+
+class FakeBuf:
+    def __init__(self, nbytes):
+        self.nbytes = int(nbytes)
+
+    def poison(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class FakeWeight(FakeBuf):
+    def __init__(self, n, k):
+        super().__init__(n * k)
+        self.n, self.k = n, k
+
+
+class FakeCtx:
+    def upload(self, arr):
+        assert arr.dtype == np.float32 and np.isfinite(arr).all() and np.any(arr != 0)
+        return FakeBuf(arr.nbytes)
+
+    def buffer(self, nbytes):
+        return FakeBuf(nbytes)
+
+    def weight(self, qtype, n, k, data):
+        return FakeWeight(n, k)
+
+    def synchronize(self):
+        pass
+
+
+@dataclass(frozen=True)
+class View:
+    buf: FakeBuf
+    off: int = 0
+    ld: int = 0
+
+
+# The benchmarks call the real wrappers' signatures (bound with inspect: a wrong call is a
+# TypeError here instead of a skipped line on the GPU).
+from pyprefill.kernels import attention as KA, gdn as KD, gemm as KG, rows as KR  # noqa: E402
+
+API = {"gemm": [KG.project, KG.weight_cache_f16, KG.dequantize],
+       "rows": [KR.rms_norm, KR.rope_neox, KR.swiglu],
+       "gdn": [KD.gdn_conv1d, KD.gdn_l2norm, KD.gdn_gates, KD.gdn_scan],
+       "attention": [KA.kv_write, KA.attention]}
+
+
+def fake_module(family, calls):
+    mod = types.SimpleNamespace(View=View)
+    for fn in API[family]:
+        name = fn.__name__.rstrip("_")
+
+        def wrapper(*args, _fn=fn, _name=name, **kw):
+            bound = inspect.signature(_fn).bind(*args, **kw)     # TypeError on a wrong call
+            bound.apply_defaults()
+            a = bound.arguments
+            for arg, v in a.items():
+                if isinstance(v, View):
+                    floats = v.buf.nbytes // 4
+                    need = a["rows"] * v.ld if v.ld else 1
+                    assert 0 <= v.off and v.off + need <= floats, (_name, arg, v, a["rows"])
+            calls.append((_name, a))
+        setattr(mod, name, wrapper)
+    return mod
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.setattr(sys.modules["pyprefill.formats.quant"], "random_blocks",
+                        lambda n, k, q, rng: np.ones((n, 1), np.uint8))
+    rec = _common.Recorder()
+    return _common.Bench(rec, FakeCtx(), None, reps=1, quick=True, legs=("f16", "f32"))
+
+
+@pytest.mark.parametrize("family", [gemm, rows, gdn, attention],
+                         ids=lambda m: m.__name__.split(".")[-1])
+def test_family_on_a_fake_device(family, bench, monkeypatch):
+    calls = []
+    name = family.__name__.split(".")[-1]
+    monkeypatch.setattr(family, "K", fake_module(name, calls))
+    family.run(bench, [64])
+    called = {c[0] for c in calls}
+    assert called == {f.__name__.rstrip("_") for f in API[name]}
+    ours = [r for r in bench.rec.rows if r["impl"].startswith("ours")]
+    assert ours and all(r["median_ms"] > 0 and r["T"] in (0, 64) for r in ours)
+    assert bench.rec.skipped == []
+    if name == "gdn":          # both paths, one call of T and four of T/4 on a carried state
+        assert {r["op"] for r in ours} >= {"delta-rule Hk16/Hv32",
+                                           "delta-rule Hk16/Hv32 4x16 carried"}
+        scans = [a for n, a in calls if n == "gdn_scan"]
+        assert {a["rows"] for a in scans} == {64, 16}
+        assert {a["path"] for a in scans} == {"sequential", "chunked"}
+    if name == "gemm":
+        assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f32 leg", "ours -> fp16"}
+        assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}
+
+
+class FakeSession:
+    def __init__(self, n_vocab):
+        self.n_vocab, self.resets = n_vocab, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def reset(self):
+        self.resets += 1
+
+    def prefill(self, ids):
+        assert ids.dtype == np.int32 and 0 <= ids.min() and ids.max() < self.n_vocab
+        return np.ones(self.n_vocab, np.float32)
+
+
+class FakeModel:
+    n_vocab = 1024
+
+    def __init__(self, path, **kw):
+        self.info = {"load_ms": 5.0, "prewarm_ms": 1.0, "f16_armed": 1, "weight_bytes": 10,
+                     "f16_bytes": 20}
+
+    load = classmethod(lambda cls, path, **kw: cls(path, **kw))
+
+    def session(self, *, max_tokens, chunk, gemm):
+        if gemm == "int8":
+            raise UnsupportedError("the int8 leg is reserved")
+        return FakeSession(self.n_vocab)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+class FakeContext(FakeCtx):
+    def __init__(self, device):
+        pass
+
+    def memory(self):
+        return 100, 200
+
+    def allocated(self):
+        return 50
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_whole_model_rows_on_a_fake_device(monkeypatch):
+    import os
+
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import model, report
+    from pyprefill.formats.gguf_model import load_model_desc
+    monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
+    monkeypatch.setattr(pyprefill.model, "Model", FakeModel)
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_tiny.f32.gguf")
+    rec = _common.Recorder()
+    rows = model.bench_gguf(rec, path, "tiny", [16, 32], ["f16", "int8"], reps=2, peer="none",
+                            peak_tflops=1.0)
+    _, non_embd = model.param_counts(load_model_desc(path))
+    good = [r for r in rows if r["impl"] == "ours f16"]
+    assert [r["T"] for r in good] == [16, 32] and all(len(r["reps_ms"]) == 2 for r in good)
+    for r in good:
+        assert r["tok_s"] > 0 and r["size_bytes"] == os.path.getsize(path)
+        assert r["roofline_tok_s"] == pytest.approx(1e12 / (2 * non_embd))
+        assert r["pct_roofline"] == pytest.approx(100 * r["tok_s"] / r["roofline_tok_s"])
+        assert r["load_ms"] == 5.0 and r["device_used_bytes"] == 0 and "ratio_vs_hf" not in r
+    bad = [r for r in rows if r["impl"] == "ours int8"]
+    assert [r["error"] for r in bad] == ["UnsupportedError: the int8 leg is reserved"] * 2
+    assert [s["what"] for s in rec.skipped] == ["ours tiny int8 T=16", "ours tiny int8 T=32"]
+    table = report.llama_table(rows)
+    assert "| tiny |" in table and "| pp32 |" in table and "error: UnsupportedError" in table
+
+
+def test_cli_file_and_model_suite_on_a_fake_device(monkeypatch, tmp_path, capsys):
+    import json
+    import os
+
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import cli
+    monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
+    monkeypatch.setattr(pyprefill.model, "Model", FakeModel)
+    monkeypatch.setattr(cli, "detect_gpu", lambda: (True, ""))
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_tiny.f32.gguf")
+    assert cli.main([path, "-p", "16,32", "--peer", "none", "--json", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out)                       # progress went to stderr: stdout is JSON
+    assert [r["T"] for r in res["rows"]] == [16, 32] and res["args"]["gemm"] == ["auto"]
+    assert (tmp_path / "bench_qwen3_tiny.f32.json").exists()
+    assert "| pp16 |" in (tmp_path / "bench_qwen3_tiny.f32.md").read_text()
+
+    argv = ["model", "--models", "qwen3-tiny", "-p", "16", "--gemm", "f16", "--peer", "none",
+            "--gguf-dir", str(tmp_path), "--out", str(tmp_path), "--model-reps", "2"]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "bench_model.json").read_text())
+    assert [(r["model"], r["impl"], r["T"]) for r in data["rows"]] == [("qwen3-tiny", "ours f16", 16)]
+    assert (tmp_path / "bench-qwen3-tiny-q4_k_m.gguf").exists()
+    assert "| qwen3-tiny | ours f16 | 16 |" in capsys.readouterr().out
