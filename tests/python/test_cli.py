@@ -238,3 +238,11 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "cmd_check", bug)
     with pytest.raises(KeyError):
         cli.main(["check"])
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs (a place no one may write, root included)")
+def test_unwritable_outputs_are_one_line(capsys):
+    _fails_in_one_line(capsys, ["synth", "--model", "qwen3-tiny", "-o", "/sys/x.gguf", "-q"],
+                       "/sys/x.gguf: Permission denied")
+    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", "/sys/pyprefill-demo"],
+                       "/sys/pyprefill-demo: ")     # EPERM from mkdir on sysfs
