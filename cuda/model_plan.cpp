@@ -30,7 +30,10 @@ pf_status read_hparams(const GgufFile &f, Hparams *hp) {
     PF_TRY(f.get_u32(a + "block_count", &hp->n_block));
     int64_t nextn = 0;
     PF_TRY(f.get_u32(a + "nextn_predict_layers", &nextn, false));
-    hp->n_layer = hp->n_block - nextn;
+    // MTP blocks are the last nextn of the block_count: n_layer = block_count - nextn, which the
+    // "not positive" check below rejects as 0 unless 0 <= nextn < block_count (the subtraction
+    // itself overflowed for block_count = INT64_MIN; found by review, confirmed by fuzz_gguf).
+    hp->n_layer = nextn >= 0 && nextn < hp->n_block ? hp->n_block - nextn : 0;
     PF_TRY(f.get_u32(a + "embedding_length", &hp->n_embd));
     PF_TRY(f.get_u32(a + "feed_forward_length", &hp->n_ff));
     PF_TRY(f.get_u32(a + "attention.head_count", &hp->n_head));
@@ -114,6 +117,9 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
         return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight: expected ne [%lld, n_vocab], found %s",
                     path, (long long)hp.n_embd, ne_str(emb->ne).c_str());
     hp.n_vocab = emb->ne[1];
+    if (hp.n_vocab > INT32_MAX)  // token ids are int32 across the API
+        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight has %lld rows: more tokens than int32 ids",
+                    path, (long long)hp.n_vocab);
     plan->layers.assign(size_t(hp.n_layer), LayerWeights());
 
     const int64_t d = hp.n_embd, D = hp.head_dim;

@@ -10,7 +10,8 @@
 # coverage cov: and features ft: from libFuzzer's final stats) and exits non-zero on any
 # finding: a crash, a leak, undefined behaviour, a timeout, an out-of-memory or a contract
 # violation (the targets abort on those). Findings land in $FUZZ_DIR/artifacts/TARGET/.
-# FUZZ_JOBS=2 runs the targets side by side; FUZZ_CXX picks the compiler (default clang++).
+# FUZZ_JOBS=2 runs the targets side by side; FUZZ_CXX picks the compiler (default clang++);
+# FUZZ_ARGS adds libFuzzer options (e.g. -use_value_profile=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-60}
@@ -24,6 +25,7 @@ HOST_SOURCES=(cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp cuda/error.cpp cu
 FLAGS=(-std=c++17 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -Iinclude -Icuda)
 declare -A MAX_LEN=([gguf]=131072 [state]=4096)
+declare -A PARSES=([gguf]="cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp" [state]="cuda/session_state.cpp")
 
 if ! command -v "$CXX" >/dev/null; then
   echo "fuzz.sh: $CXX not found (libFuzzer needs clang)" >&2
@@ -54,7 +56,7 @@ run_target() {
     fi
     echo "== fuzzing for $SECS s"
     "$bin" "${COMMON[@]}" "${dict[@]}" -max_len="${MAX_LEN[$t]:-65536}" -max_total_time="$SECS" \
-      -artifact_prefix="$art" "$corpus" "tests/fuzz/corpus/$t" 2>&1
+      -artifact_prefix="$art" ${FUZZ_ARGS:-} "$corpus" "tests/fuzz/corpus/$t" 2>&1
   } > "$log" 2>&1
 }
 
@@ -91,4 +93,20 @@ for t in "${TARGETS[@]}"; do
   echo "| $t | $SECS | ${execs:-?} | ${rate:-?} | ${cov:-?} | ${ft:-?} | ${corp:-?} | $found |"
 done
 [ $status = 0 ] || echo "fuzz.sh: findings above; logs in $FUZZ_DIR/fuzz_<target>.log" >&2
+
+# FUZZ_COVERAGE=1: line coverage of the parsing sources by each target's whole corpus (seeds,
+# grown corpus, regressions), from a source-based coverage build of the replay harness.
+if [ "${FUZZ_COVERAGE:-0}" = 1 ] && command -v llvm-profdata >/dev/null && command -v llvm-cov >/dev/null; then
+  for t in "${TARGETS[@]}"; do
+    bin=$FUZZ_DIR/cover_$t
+    "$CXX" -std=c++17 -O0 -fprofile-instr-generate -fcoverage-mapping -Iinclude -Icuda \
+      "tests/fuzz/fuzz_$t.cpp" tests/fuzz/replay_main.cpp "${HOST_SOURCES[@]}" -o "$bin" || continue
+    LLVM_PROFILE_FILE=$FUZZ_DIR/cover_$t.profraw "$bin" "$FUZZ_DIR/corpus/$t" "tests/fuzz/corpus/$t" \
+      "tests/fuzz/regressions/$t" >/dev/null 2>&1
+    llvm-profdata merge -o "$FUZZ_DIR/cover_$t.profdata" "$FUZZ_DIR/cover_$t.profraw"
+    echo "line coverage of fuzz_$t's corpus:"
+    llvm-cov report "$bin" -instr-profile="$FUZZ_DIR/cover_$t.profdata" ${PARSES[$t]} \
+      | awk 'NR == 1 || /\.cpp/ || /^TOTAL/'
+  done
+fi
 exit $status

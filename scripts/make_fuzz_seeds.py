@@ -3,7 +3,8 @@ every check, so that the fuzzer starts deep in the parser instead of at the magi
 
 gguf/: tiny valid models of both archs written by the same writer as the test GGUFs (the
 tensor table of formats.gguf_model.expected_tensors, every supported qtype on some matrix),
-plus the metadata and tensor-info prefix of each test fixture (tests/data/*.mix.gguf: real
+the same with every integer key 64 bits wide (u64 / i64) and floats as f64, plus the
+metadata and tensor-info prefix of each test fixture (tests/data/*.mix.gguf: real
 tokenizer arrays; the tensor data cut off, so those seeds are truncated files).
 state/: a saved state of each layout of tests/fuzz/fuzz_state.cpp at a few positions.
 
@@ -42,12 +43,28 @@ def tiny(arch: str, **kw) -> ModelDesc:
     return ModelDesc(**base)
 
 
-def write_model(path: Path, desc: ModelDesc, qtypes: list[int], rng: np.random.Generator) -> None:
-    """Every expected tensor; matrices cycle through `qtypes` (where the block divides k)."""
+def write_model(path: Path, desc: ModelDesc, qtypes: list[int], rng: np.random.Generator,
+                wide: bool = False) -> None:
+    """Every expected tensor; matrices cycle through `qtypes` (where the block divides k).
+    wide: integer keys as u64 / i64 (alternately) and floats as f64, so that mutating a value
+    reaches every 64-bit magnitude without reshaping the file."""
     w = gguf.GGUFWriter(str(path), desc.arch)
-    add_metadata(w, hparam_metadata(desc))
+    kv = hparam_metadata(desc)
     if desc.nextn_predict_layers:
-        w.add_uint32(f"{desc.arch}.nextn_predict_layers", desc.nextn_predict_layers)
+        kv[f"{desc.arch}.nextn_predict_layers"] = desc.nextn_predict_layers
+    if wide:
+        for i, (key, value) in enumerate(kv.items()):
+            if isinstance(value, list):
+                w.add_array(key, value)
+            elif isinstance(value, float):
+                w.add_float64(key, value)
+            elif i % 2:
+                w.add_int64(key, int(value))
+            else:
+                w.add_uint64(key, int(value))
+        w.add_uint64("general.alignment", 32)
+    else:
+        add_metadata(w, kv)
     i = 0
     for name, (shape, _) in expected_tensors(desc).items():
         if len(shape) == 1 or name.endswith("ssm_conv1d.weight"):
@@ -93,6 +110,9 @@ def main() -> None:
     write_model(g / "qwen35-q8", tiny("qwen35"), [QTYPE_Q8_0, QTYPE_F16], rng)
     write_model(g / "qwen35-mtp", tiny("qwen35", n_block=5, nextn_predict_layers=1),
                 [QTYPE_Q4_0, QTYPE_BF16], rng)
+    write_model(g / "qwen3-wide-keys", tiny("qwen3"), [QTYPE_Q8_0], rng, wide=True)
+    write_model(g / "qwen35-mtp-wide-keys", tiny("qwen35", n_block=5, nextn_predict_layers=1),
+                [QTYPE_F16], rng, wide=True)
     for name in ("qwen3_tiny.mix.gguf", "qwen35_hv2.mix.gguf"):
         path = ROOT / "tests" / "data" / name
         head = gguf.GGUFReader(str(path)).data_offset
@@ -100,6 +120,7 @@ def main() -> None:
     layouts = {"qwen3-like": (0x1111222233334444, 0, 2, 0, 16, 0, 0),
                "qwen35-like": (0x5555666677778888, 0, 1, 3, 8, 24, 32),
                "qwen35-like-f32kv": (0x5555666677778888, 1, 1, 3, 8, 24, 32)}
+    rng = np.random.default_rng(2027)   # the states' own stream: new GGUF seeds leave them be
     for name, lay in layouts.items():
         for pos, last in ((0, -1), (3, 5), (4, 63)):
             (s / f"{name}-pos{pos}").write_bytes(state_seed(*lay, pos, last, rng))

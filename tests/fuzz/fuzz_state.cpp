@@ -3,8 +3,9 @@
 // (state_spans), on arbitrary bytes against a few session layouts (attention only, hybrid,
 // fp32 KV). Contract checked beyond "no crash, no leak, no UB": a failure is INVALID_ARGUMENT
 // with a message; an accepted state matches the session in every header field, holds a
-// greedy token of the model (or none), and its spans tile the input exactly and fit the
-// session's buffers (copied here into host buffers of the session's capacity, under ASan).
+// greedy token of the model (or none), has the very header a save would write, and its spans
+// tile the input exactly and fit the session's buffers (copied here into host buffers of the
+// session's capacity, under ASan).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +62,8 @@ void restore_into(const uint8_t *data, size_t size, const pf::StateLayout &l) {
         h.ssm_floats != l.ssm_floats)
         broken("a header field that differs from the session");
     if (h.last_token < -1 || h.last_token >= l.n_vocab) broken("a greedy token outside the vocabulary");
+    const pf::StateHeader saved = pf::state_header(l, h.pos, h.last_token);
+    if (std::memcmp(&saved, &h, sizeof h) != 0) broken("an accepted header that a save would not write");
     HostSession dev(l);
     size_t at = sizeof(pf::StateHeader);
     for (const pf::StateSpan &sp : pf::state_spans(l, h.pos)) {

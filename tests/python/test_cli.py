@@ -78,9 +78,11 @@ def _fails_in_one_line(capsys, argv, needle, rc=1):
 
 def test_synth_into_a_missing_directory_is_one_line(tmp_path):
     """The issue's case, end to end in a fresh interpreter: no traceback from the gguf writer."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-m", "pyprefill", "synth", "--model", "qwen3-tiny",
                           "-o", "missing_dir/x.gguf", "-q"], capture_output=True, text=True,
-                         cwd=tmp_path)
+                         cwd=tmp_path, env=env)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip() == ("pyprefill synth: InvalidArgumentError: missing_dir/x.gguf: "
                                   "missing_dir does not exist")
@@ -238,3 +240,11 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "cmd_check", bug)
     with pytest.raises(KeyError):
         cli.main(["check"])
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs (a place no one may write, root included)")
+def test_unwritable_outputs_are_one_line(capsys):
+    _fails_in_one_line(capsys, ["synth", "--model", "qwen3-tiny", "-o", "/sys/x.gguf", "-q"],
+                       "/sys/x.gguf: Permission denied")
+    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", "/sys/pyprefill-demo"],
+                       "/sys/pyprefill-demo: ")     # EPERM from mkdir on sysfs
