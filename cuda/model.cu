@@ -119,25 +119,7 @@ void model_destroy(pf_model *m) {
 }
 
 void model_info(const pf_model *m, pf_model_info *o) {
-    const Hparams &hp = m->hp;
-    std::memset(o, 0, sizeof *o);
-    o->arch = hp.arch;
-    o->n_layer = int32_t(hp.n_layer);
-    o->n_embd = int32_t(hp.n_embd);
-    o->n_ff = int32_t(hp.n_ff);
-    o->n_vocab = int32_t(hp.n_vocab);
-    o->n_head = int32_t(hp.n_head);
-    o->n_head_kv = int32_t(hp.n_head_kv);
-    o->head_dim = int32_t(hp.head_dim);
-    o->rope_dim = int32_t(hp.rope_dim);
-    o->n_attn_layers = m->n_attn_layers;
-    o->ssm_hk = int32_t(hp.ssm_hk);
-    o->ssm_hv = int32_t(hp.ssm_hv);
-    o->ssm_dk = int32_t(hp.ssm_dk);
-    o->ssm_dv = int32_t(hp.ssm_dv);
-    o->conv_kernel = int32_t(hp.conv_kernel);
-    o->tied_output = m->output == m->tok_embd;
-    o->context_length = hp.context_length;
+    hparam_info(m->hp, m->n_attn_layers, m->output == m->tok_embd, o);
     bool armed = !m->weights.empty();
     for (const pf_weight *w : m->weights) {
         o->weight_bytes += w->bytes;

@@ -224,8 +224,7 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
     return PF_STATUS_OK;
 }
 
-void model_plan_info(const ModelPlan &plan, pf_model_info *o) {
-    const Hparams &hp = plan.hp;
+void hparam_info(const Hparams &hp, int32_t n_attn_layers, bool tied, pf_model_info *o) {
     std::memset(o, 0, sizeof *o);
     o->arch = hp.arch;
     o->n_layer = int32_t(hp.n_layer);
@@ -236,14 +235,18 @@ void model_plan_info(const ModelPlan &plan, pf_model_info *o) {
     o->n_head_kv = int32_t(hp.n_head_kv);
     o->head_dim = int32_t(hp.head_dim);
     o->rope_dim = int32_t(hp.rope_dim);
-    o->n_attn_layers = plan.n_attn_layers;
+    o->n_attn_layers = n_attn_layers;
     o->ssm_hk = int32_t(hp.ssm_hk);
     o->ssm_hv = int32_t(hp.ssm_hv);
     o->ssm_dk = int32_t(hp.ssm_dk);
     o->ssm_dv = int32_t(hp.ssm_dv);
     o->conv_kernel = int32_t(hp.conv_kernel);
-    o->tied_output = plan.tied;
+    o->tied_output = tied ? 1 : 0;
     o->context_length = hp.context_length;
+}
+
+void model_plan_info(const ModelPlan &plan, pf_model_info *o) {
+    hparam_info(plan.hp, plan.n_attn_layers, plan.tied, o);
     o->weight_bytes = plan.tensor_bytes;
 }
 

@@ -77,6 +77,8 @@ struct ModelPlan {
 // Reads the metadata of an opened file, checks every expected tensor (name, shape, type) and
 // fills *plan. IO_ERROR / UNSUPPORTED naming the fault, as pf_model_load reports them.
 pf_status model_plan(const GgufFile &f, ModelPlan *plan);
+// The pf_model_info fields every model has (dims, layer counts, tied output); the rest zero.
+void hparam_info(const Hparams &hp, int32_t n_attn_layers, bool tied, pf_model_info *out);
 // What pf_model_inspect reports for a valid plan (no device: f16 fields and times 0).
 void model_plan_info(const ModelPlan &plan, pf_model_info *out);
 // Identifies a model for session-state restore: its dims and the file size.
