@@ -118,7 +118,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
                               int32_t dv, void *workspace, size_t workspace_bytes,
                               int32_t sm_count, cudaStream_t stream);
 // Rows from which the engine (and PF_GDN_SCAN_AUTO) takes the chunked path on the fast legs.
-// Provisional until measured: one full chunk.
+// Measured (H200, 16/32 heads): chunked 0.087 ms against sequential 0.203 at 512 rows (v1) and
+// 0.185 against 0.798 at 2048 (v2); below 512 rows not measured yet, so one full chunk.
 constexpr int64_t kGdnChunkMinRows = 64;
 // What "auto" means for the delta rule, from env PREFILL_GDN_SCAN (read once): 0 auto (chunked
 // on the fast legs from kGdnChunkMinRows rows), 1 sequential, 2 chunked wherever supported.
