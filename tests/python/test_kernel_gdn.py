@@ -36,17 +36,26 @@ def ref_gated_norm(o, z, w, hv, eps):
     return ops.gated_rms_norm(o.reshape(T, hv, dv), w, z.reshape(T, hv, dv), eps).reshape(T, hv * dv)
 
 
-def ref_scan(q, k, v, beta, g, S0):
-    """G7 on [T][heads*dim] rows (value head j paired with key head j % Hk). Returns (o, S)."""
+def ref_scan(q, k, v, beta, g, S0, form=ops.delta_rule_recurrent):
+    """G7 on [T][heads*dim] rows (value head j paired with key head j % Hk). Returns (o, S).
+    form: the oracle's recurrence (the definition), or ops.delta_rule_chunked (the same function,
+    itself checked against the recurrence in test_reference_ops, fast enough for 64k rows)."""
     hv, dk, dv = S0.shape
     T = q.shape[0]
     hk = q.shape[1] // dk
-    o, S = ops.delta_rule_recurrent(q.reshape(T, hk, dk), k.reshape(T, hk, dk),
-                                    v.reshape(T, hv, dv), g, beta, S0)
+    o, S = form(q.reshape(T, hk, dk), k.reshape(T, hk, dk), v.reshape(T, hv, dv), g, beta, S0)
     return o.reshape(T, hv * dv), S
 
 
 # ----------------------------------------------------------------------------- inputs
+
+
+def assert_scan(name, ref, out, rtol):
+    """assert_close on both results of a scan, (o, state) against the reference's pair."""
+    (ro, rS), (o, S) = ref, out
+    hv = S.shape[0]
+    assert_close(f"{name} o", ro, o, rtol=rtol)
+    assert_close(f"{name} state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=rtol)
 
 
 def l2n32(x, hk, dk, scale=1.0):
@@ -263,9 +272,7 @@ def test_scan_matches_float64_recurrence(ctx, rng, rows, dims):
     hk, hv, dk, dv = SCAN_DIMS[dims]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, dk, dv)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("scan o", ro, o, rtol=RTOL)
-    assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
+    assert_scan("scan", ref_scan(q, k, v, beta, g, S0), (o, S), RTOL)
 
 
 @gpu
@@ -275,9 +282,7 @@ def test_scan_head_pairing_is_tiled(ctx, rng, r):
     hk, dk, dv = 4, 32, 32
     q, k, v, beta, g, S0 = scan_inputs(rng, 20, hk, r * hk, dk, dv)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("scan o", ro, o, rtol=RTOL)
-    assert_close("scan state", rS.reshape(r * hk, -1), S.reshape(r * hk, -1), rtol=RTOL)
+    assert_scan("scan", ref_scan(q, k, v, beta, g, S0), (o, S), RTOL)
 
 
 def _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, *, o_in_place=False, path="sequential",
@@ -323,9 +328,7 @@ def test_scan_state_carried_across_calls(ctx, rng, dims):
     o1, S1 = _scan_in_calls(ctx, q, k, v, beta, g, S0, [sum(sizes)])
     oc, Sc = _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes)
     assert np.array_equal(o1, oc) and np.array_equal(S1, Sc)
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("scan o", ro, oc, rtol=RTOL)
-    assert_close("scan state", rS.reshape(hv, -1), Sc.reshape(hv, -1), rtol=RTOL)
+    assert_scan("scan", ref_scan(q, k, v, beta, g, S0), (oc, Sc), RTOL)
 
 
 @gpu
@@ -345,9 +348,7 @@ def test_scan_output_in_place_over_v(ctx, rng):
     hk, hv, dk, dv = SCAN_DIMS["4B"]
     q, k, v, beta, g, S0 = scan_inputs(rng, 70, hk, hv, dk, dv)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [70], o_in_place=True)
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("scan o (in place)", ro, o, rtol=RTOL)
-    assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
+    assert_scan("scan (in place)", ref_scan(q, k, v, beta, g, S0), (o, S), RTOL)
 
 
 @gpu
@@ -357,9 +358,7 @@ def test_scan_from_zero_state_long(ctx, rng):
     q, k, v, beta, g, _ = scan_inputs(rng, 2000, hk, hv, dk, dv)
     S0 = np.zeros((hv, dk, dv), np.float32)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="sequential")
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("scan o", ro, o, rtol=RTOL)
-    assert_close("scan state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=RTOL)
+    assert_scan("scan", ref_scan(q, k, v, beta, g, S0), (o, S), RTOL)
 
 
 @gpu
@@ -445,14 +444,7 @@ CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
 def ref_scan_long(q, k, v, beta, g, S0):
-    """The float64 chunked form (ops.delta_rule_chunked, itself checked against the recurrence
-    in test_reference_ops): the same function, fast enough for tens of thousands of rows."""
-    hv, dk, dv = S0.shape
-    T = q.shape[0]
-    hk = q.shape[1] // dk
-    o, S = ops.delta_rule_chunked(q.reshape(T, hk, dk), k.reshape(T, hk, dk),
-                                  v.reshape(T, hv, dv), g, beta, S0)
-    return o.reshape(T, hv * dv), S
+    return ref_scan(q, k, v, beta, g, S0, form=ops.delta_rule_chunked)
 
 
 @gpu
@@ -462,9 +454,7 @@ def test_chunked_matches_float64(ctx, rng, rows, heads):
     hk, hv = CHUNK_HEADS[heads]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked")
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("chunked o", ro, o, rtol=CHUNK_TOL)
-    assert_close("chunked state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+    assert_scan("chunked", ref_scan(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
 
 
 @gpu
@@ -474,9 +464,7 @@ def test_chunked_real_shapes(ctx, rng, dims):
     hk, hv, dk, dv = SCAN_DIMS[dims]
     q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
-    ro, rS = ref_scan_long(q, k, v, beta, g, S0)
-    assert_close("chunked o", ro, o, rtol=CHUNK_TOL)
-    assert_close("chunked state", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+    assert_scan("chunked", ref_scan_long(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
 
 
 @gpu
@@ -490,9 +478,7 @@ def test_chunked_state_carried_across_calls(ctx, rng):
         ws.poison()
         oc, Sc = _scan_in_calls(ctx, q, k, v, beta, g, S0, sizes, path="chunked",
                                 workspace=View(ws, 256, 0))
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("chunked o (carried)", ro, oc, rtol=CHUNK_TOL)
-    assert_close("chunked state (carried)", rS.reshape(4, -1), Sc.reshape(4, -1), rtol=CHUNK_TOL)
+    assert_scan("chunked (carried)", ref_scan(q, k, v, beta, g, S0), (oc, Sc), CHUNK_TOL)
 
 
 @gpu
@@ -513,9 +499,7 @@ def test_chunked_hard_cases(ctx, rng, case):
     else:
         S0 = np.zeros_like(S0)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [300], path="chunked")
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close(f"chunked o ({case})", ro, o, rtol=CHUNK_TOL)
-    assert_close(f"chunked state ({case})", rS.reshape(4, -1), S.reshape(4, -1), rtol=CHUNK_TOL)
+    assert_scan(f"chunked ({case})", ref_scan(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
 
 
 _LONG = {}
@@ -538,17 +522,14 @@ def test_chunked_long(ctx, rows, hk, hv):
     no NaN or Inf."""
     (q, k, v, beta, g, S0), (ro, rS) = _long_case(rows, hk, hv)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
-    assert_close("chunked o (long)", ro, o, rtol=CHUNK_TOL)
-    assert_close("chunked state (long)", rS.reshape(hv, -1), S.reshape(hv, -1), rtol=CHUNK_TOL)
+    assert_scan("chunked (long)", (ro, rS), (o, S), CHUNK_TOL)
 
 
 @gpu
 def test_chunked_output_in_place_over_v(ctx, rng):
     q, k, v, beta, g, S0 = scan_inputs(rng, 130, 2, 4, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [130], o_in_place=True, path="chunked")
-    ro, rS = ref_scan(q, k, v, beta, g, S0)
-    assert_close("chunked o (in place)", ro, o, rtol=CHUNK_TOL)
-    assert_close("chunked state", rS.reshape(4, -1), S.reshape(4, -1), rtol=CHUNK_TOL)
+    assert_scan("chunked (in place)", ref_scan(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
 
 
 @gpu
