@@ -20,7 +20,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then   # cffi, pycparser, gguf: missing from t
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
-export BUILD_DIR=${BUILD_DIR:-/tmp/pf-build} PF_CUDA_ARCH=${PF_CUDA_ARCH:-90}
+export BUILD_DIR=${BUILD_DIR:-/tmp/pf-build} PF_CUDA_ARCH=${PF_CUDA_ARCH:-90a}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 declare -A RESULT

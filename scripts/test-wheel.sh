@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # `pip install .` on a fresh virtual environment: scikit-build-core builds libprefill and puts it
 # (and prefill.h) inside the package; then the console script runs the smoke check and the
-# package validates a GGUF without a device. PF_WHEEL_ARCH (default 90) keeps CI's build short.
+# package validates a GGUF without a device. PF_WHEEL_ARCH (default 90a) keeps CI's build short.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q --upgrade pip
-"$tmp/venv/bin/python" -m pip install -q . -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${PF_WHEEL_ARCH:-90}" \
+"$tmp/venv/bin/python" -m pip install -q . -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${PF_WHEEL_ARCH:-90a}" \
   -C build-dir="$tmp/build"
 cd "$tmp"   # away from the source tree: the installed package must stand alone
 "$tmp/venv/bin/pyprefill"
