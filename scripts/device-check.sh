@@ -2,18 +2,23 @@
 # The one command for a GPU machine: build, run every test (GPU tests included, none may skip
 # for want of a device), compute-sanitizer memcheck on the kernel tests and memcheck, racecheck,
 # initcheck and synccheck on the model-level paths (tests/python/test_model_lifecycle.py), then
-# the benchmarks.
+# the benchmarks; with --long the 131072-token runs (tests/python/test_long_context.py) and with
+# --soak=N the soak test at N cycles (issue 13's run: --soak=2000).
 # Logs go under $OUT (or ./out); a short summary table is printed last.
-#   bash scripts/device-check.sh [--no-tests] [--no-bench] [--no-sanitizer]
+#   bash scripts/device-check.sh [--no-tests] [--no-bench] [--no-sanitizer] [--long] [--soak=N]
 # Env: BENCH_KERNELS / BENCH_MODEL add arguments to the two bench suites (e.g.
 # BENCH_KERNELS="--families gdn -p 8192,32768" BENCH_MODEL="--models qwen35-4b --gemm f16").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-TESTS=1; BENCH=1; SANITIZE=1
+TESTS=1; BENCH=1; SANITIZE=1; LONG=0; SOAK=0
 for a in "$@"; do
-  case "$a" in --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-sanitizer) SANITIZE=0 ;; esac
+  case "$a" in
+    --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-sanitizer) SANITIZE=0 ;; --long) LONG=1 ;;
+    --soak=*) SOAK=${a#--soak=} ;;
+    *) echo "device-check.sh: unknown option $a" >&2; exit 2 ;;
+  esac
 done
 if ls .whl/*.whl >/dev/null 2>&1; then   # cffi, pycparser, gguf: missing from the GPU image
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -80,6 +85,17 @@ if [ $SANITIZE = 1 ] && command -v compute-sanitizer >/dev/null; then
 else
   RESULT[memcheck]=skipped
 fi
+
+# opt-in long runs: pytest's own summary line in the table, numbers in $OUT/*.json
+pytest_step() {  # NAME LOG TESTFILE VAR=VALUE...
+  local name=$1 log=$OUT/$2 file=$3; shift 3
+  env "$@" python3 -m pytest -q -s -p no:cacheprovider -rs "$file" > "$log" 2>&1
+  local rc=$?
+  RESULT[$name]="$([ $rc = 0 ] && echo ok || echo "FAIL (rc $rc)"): $(grep -oE "[0-9]+ (passed|failed|skipped)" "$log" | tr '\n' ' ')"
+  tail -n 3 "$log"
+}
+[ "$LONG" = 1 ] && pytest_step long_context long_context.log tests/python/test_long_context.py PF_LONG_CONTEXT=1
+[ "$SOAK" != 0 ] && pytest_step soak soak.log tests/python/test_soak.py PF_SOAK_CYCLES="$SOAK"
 
 if [ $BENCH = 1 ]; then
   timeout "${BENCH_TIMEOUT:-3600}" python3 -m pyprefill bench kernels --out "$OUT" ${BENCH_KERNELS:-} 2>&1 | tee "$OUT/bench_kernels.log"

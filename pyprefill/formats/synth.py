@@ -82,8 +82,10 @@ _CHUNK_BYTES = 64 << 20
 
 
 def preset_desc(model: str, n_layer: int | None = None, n_vocab: int | None = None,
-                path: str = "") -> ModelDesc:
-    """The ModelDesc a synthetic file of this preset would have (no tensors, nothing written)."""
+                path: str = "", interval: int | None = None) -> ModelDesc:
+    """The ModelDesc a synthetic file of this preset would have (no tensors, nothing written).
+    n_layer, n_vocab and (qwen35) the full-attention interval may be overridden: interval=1
+    makes every layer an attention layer (shortened models for tests)."""
     model = model.lower()
     if model not in PRESETS:
         raise InvalidArgumentError(f"unknown model preset '{model}' "
@@ -96,16 +98,21 @@ def preset_desc(model: str, n_layer: int | None = None, n_vocab: int | None = No
     if V < 256 + len(_SPECIALS) + 1:
         raise InvalidArgumentError(f"n_vocab must be >= {256 + len(_SPECIALS) + 1} "
                                    f"(256 byte tokens + specials), got {V}")
+    iv = p.interval if interval is None else int(interval)
     if p.arch == "qwen3":
+        if interval is not None:
+            raise InvalidArgumentError(f"interval applies to qwen35 presets, not {model}")
         kinds = ("attn",) * L
     else:
-        kinds = tuple("attn" if (il + 1) % p.interval == 0 else "gdn" for il in range(L))
+        if iv < 1:
+            raise InvalidArgumentError(f"interval must be >= 1, got {iv}")
+        kinds = tuple("attn" if (il + 1) % iv == 0 else "gdn" for il in range(L))
     return ModelDesc(
         path=path, arch=p.arch, n_block=L, n_layer=L, n_embd=p.n_embd, n_ff=p.n_ff,
         n_head=p.n_head, n_head_kv=p.n_head_kv, head_dim=p.head_dim, rope_base=p.rope_base,
         rope_dim=p.rope_dim, eps=float(np.float32(1e-6)), context_length=p.context_length,
         n_vocab=V, tied_output=p.tied, layer_kinds=kinds,
-        full_attention_interval=p.interval, conv_kernel=p.conv_kernel, ssm_dk=p.ssm_dk,
+        full_attention_interval=iv, conv_kernel=p.conv_kernel, ssm_dk=p.ssm_dk,
         ssm_hk=p.ssm_hk, ssm_hv=p.ssm_hv, ssm_inner=p.ssm_hv * p.ssm_dk)
 
 
@@ -286,7 +293,8 @@ def _add_metadata(w: Any, desc: ModelDesc, model: str, mix: str, seed: int) -> N
 
 def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed: int = 0,
                     progress: bool = True, n_vocab: int | None = None,
-                    n_layer: int | None = None, fast: bool = True) -> ModelDesc:
+                    n_layer: int | None = None, fast: bool = True,
+                    interval: int | None = None) -> ModelDesc:
     """Write a synthetic GGUF of preset `model` in quant mix `mix`; returns its ModelDesc.
 
     fast=True writes random valid blocks (GB/s); fast=False quantizes random normal weights
@@ -304,7 +312,7 @@ def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed
     if not os.path.isdir(parent):
         what = "is not a directory" if os.path.exists(parent) else "does not exist"
         raise InvalidArgumentError(f"{out_path}: {os.path.dirname(out_path) or parent} {what}")
-    desc = preset_desc(model, n_layer=n_layer, n_vocab=n_vocab, path=out_path)
+    desc = preset_desc(model, n_layer=n_layer, n_vocab=n_vocab, path=out_path, interval=interval)
     plan = tensor_plan(desc, mix)
     rng = np.random.default_rng(seed)
 
