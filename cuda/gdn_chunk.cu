@@ -198,6 +198,8 @@ struct PrepArgs {
     Workspace w;
 };
 
+constexpr int kGateSlots = 4;  // value heads per key head whose gates are read up front
+
 struct PrepSmem {
     __half kh[kC][kLdH];
     __half qh[kC][kLdH];
@@ -206,8 +208,8 @@ struct PrepSmem {
     float as[kC][kLdF];  // A, strictly lower
     float ts[kC][kLdF];  // Tm, lower
     float xs[32][kLdX];  // merge scratch
-    float gam[kC];
-    float beta[kC];
+    float gam[kGateSlots][kC];   // gates of value head jk + u Hk in slot u % kGateSlots
+    float beta[kGateSlots][kC];
     unsigned max_t, max_rs;
 };
 
@@ -224,30 +226,80 @@ __global__ void __launch_bounds__(kPrepThreads)
     const int64_t t0 = (int64_t)c * kC;
     const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
 
+    // Gates of value head j into slot u (one warp): gamma = inclusive scan of g (fp32), beta;
+    // to the workspace too.
+    const auto gates = [&](int j, int u) {
+        const size_t hc = (size_t)j * a.nc + c;
+        float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+        if (t0 + 2 * lane < a.rows) {
+            g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
+            b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
+        }
+        if (t0 + 2 * lane + 1 < a.rows) {
+            g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
+            b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
+        }
+        float x = g0 + g1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        const float lo = x - g1;
+        s.gam[u][2 * lane] = lo;
+        s.gam[u][2 * lane + 1] = x;
+        s.beta[u][2 * lane] = b0;
+        s.beta[u][2 * lane + 1] = b1;
+        *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
+        *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
+    };
+    // The first kGateSlots value heads' gates, one warp each, before the K/Q traffic (the
+    // loop over value heads below then starts without a dependent global load).
+    static_assert(kPrepThreads / 32 == kGateSlots, "one warp per gate slot");
+    if (jk + warp * a.n_k_heads < a.n_v_heads) gates(jk + warp * a.n_k_heads, warp);
+
     // K and Q rows to fp16, into shared memory and the workspace (rows past the end: zero).
-    for (int e = tid; e < kC * kDK / 4; e += kPrepThreads) {
-        const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
-        float4 kx = make_float4(0.f, 0.f, 0.f, 0.f), qx = kx;
-        if (t0 + i < a.rows) {
-            const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
-            const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
-            if (VEC) {
-                kx = *reinterpret_cast<const float4 *>(kp);
-                qx = *reinterpret_cast<const float4 *>(qp);
-            } else {
-                kx = make_float4(kp[0], kp[1], kp[2], kp[3]);
-                qx = make_float4(qp[0], qp[1], qp[2], qp[3]);
+    // Loads in batches of kPrepLoads per thread, all issued before any store: the compiler may
+    // not move a load of q or k above a store to the workspace (they could alias), and one
+    // load in flight per thread left the kernel waiting on DRAM latency (ncu: long scoreboard,
+    // 40% of the stall samples).
+    constexpr int kPrepLoads = 8;
+    constexpr int kPrepIters = kC * kDK / 4 / kPrepThreads;  // float4 per thread and matrix
+    static_assert(kPrepIters % kPrepLoads == 0, "batches");
+#pragma unroll 1
+    for (int it0 = 0; it0 < kPrepIters; it0 += kPrepLoads) {
+        float4 kx[kPrepLoads], qx[kPrepLoads];
+#pragma unroll
+        for (int u = 0; u < kPrepLoads; ++u) {
+            const int e = tid + (it0 + u) * kPrepThreads;
+            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+            kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t0 + i < a.rows) {
+                const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
+                const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
+                if (VEC) {
+                    kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
+                    qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));
+                } else {
+                    kx[u] = make_float4(__ldg(kp), __ldg(kp + 1), __ldg(kp + 2), __ldg(kp + 3));
+                    qx[u] = make_float4(__ldg(qp), __ldg(qp + 1), __ldg(qp + 2), __ldg(qp + 3));
+                }
             }
         }
-        uint2 kp2, qp2;
-        kp2.x = pack_half2(kx.x, kx.y);
-        kp2.y = pack_half2(kx.z, kx.w);
-        qp2.x = pack_half2(qx.x, qx.y);
-        qp2.y = pack_half2(qx.z, qx.w);
-        *reinterpret_cast<uint2 *>(&s.kh[i][d]) = kp2;
-        *reinterpret_cast<uint2 *>(&s.qh[i][d]) = qp2;
-        *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
-        *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
+#pragma unroll
+        for (int u = 0; u < kPrepLoads; ++u) {
+            const int e = tid + (it0 + u) * kPrepThreads;
+            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+            uint2 kp2, qp2;
+            kp2.x = pack_half2(kx[u].x, kx[u].y);
+            kp2.y = pack_half2(kx[u].z, kx[u].w);
+            qp2.x = pack_half2(qx[u].x, qx[u].y);
+            qp2.y = pack_half2(qx[u].z, qx[u].w);
+            *reinterpret_cast<uint2 *>(&s.kh[i][d]) = kp2;
+            *reinterpret_cast<uint2 *>(&s.qh[i][d]) = qp2;
+            *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
+            *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
+        }
     }
     // Tm's blocks above the diagonal are never written and must read as zero in the merges.
     for (int e = tid; e < kC * kLdF; e += kPrepThreads) s.ts[e / kLdF][e % kLdF] = 0.0f;
@@ -291,44 +343,23 @@ __global__ void __launch_bounds__(kPrepThreads)
             }
     }
 
-    for (int j = jk; j < a.n_v_heads; j += a.n_k_heads) {
+    for (int j = jk, hh = 0; j < a.n_v_heads; j += a.n_k_heads, ++hh) {
         const size_t hc = (size_t)j * a.nc + c;  // (value head, chunk) index of the workspace
+        const int slot = hh % kGateSlots;
+        const float *gam = s.gam[slot], *bet = s.beta[slot];
         __syncthreads();                          // the previous head's reads of s.* are done
-        if (warp == 0) {  // gates: gamma = inclusive scan of g (fp32), beta; to the workspace too
-            float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-            if (t0 + 2 * lane < a.rows) {
-                g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
-                b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
-            }
-            if (t0 + 2 * lane + 1 < a.rows) {
-                g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
-                b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
-            }
-            float x = g0 + g1;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, x, o);
-                if (lane >= o) x += y;
-            }
-            const float lo = x - g1;
-            s.gam[2 * lane] = lo;
-            s.gam[2 * lane + 1] = x;
-            s.beta[2 * lane] = b0;
-            s.beta[2 * lane + 1] = b1;
-            *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
-            *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
-            if (lane == 0) s.max_t = s.max_rs = 0u;
-        }
+        if (hh >= kGateSlots && warp == 0) gates(j, slot);
+        if (tid == 0) s.max_t = s.max_rs = 0u;
         __syncthreads();
         // A (strictly lower) and P (lower incl. diagonal, straight to the workspace as fp16).
         for (int e = tid; e < kC * kC / 2; e += kPrepThreads) {
             const int i = e / (kC / 2), jj = (e % (kC / 2)) * 2;
-            const float gi = s.gam[i], bi = s.beta[i];
+            const float gi = gam[i], bi = bet[i];
             float av[2], pv[2];
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 const int col = jj + u;
-                const float d = col <= i ? __expf(gi - s.gam[col]) : 0.0f;  // exponent <= 0
+                const float d = col <= i ? __expf(gi - gam[col]) : 0.0f;  // exponent <= 0
                 av[u] = col < i ? bi * s.kk[i][col] * d : 0.0f;
                 pv[u] = col <= i ? s.qk[i][col] * d : 0.0f;
             }
@@ -510,23 +541,44 @@ struct StateSmem {
     unsigned max_s[2], max_v[2];  // max |x| bit patterns (non-negative floats order as uints)
 };
 
-constexpr int kStateWarps = 8;
+// 16 warps (4 per scheduler): the chunk's chain is short and latency-bound, so the work of each
+// step is split finer than the 8 warps of the first build (ncu, 8 warps: 2 warps per scheduler
+// issuing once every 6.9 cycles, stalled on mma/ldmatrix results and barriers; NOTES.md):
+//  [K; Q] S and the state update: 8 row strips x 2 column halves (HW columns);
+//  Tm R:                           4 row strips x 4 column quarters (QW columns);
+//  P V' (outputs):                 the Q-side warps of [K; Q] S, on the rows and columns whose
+//                                  e^gamma Q S they hold.
+constexpr int kStateWarps = 16;
 constexpr int kStateThreads = 32 * kStateWarps;
 
-template <int BV, bool VEC>
+// Two 8x8 b16 matrices, transposed (the B fragment of one n-tile from a [k][n] array): lanes
+// 0..15 give the addresses of rows k0 .. k0 + 15 at column n0.
+__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_addr(p)));
+}
+
+template <int BV, bool VEC, bool VEC_O>
 __global__ void __launch_bounds__(kStateThreads, 1)
     gdn_chunk_state_kernel(const __grid_constant__ StateArgs a) {
-    constexpr int NT = BV / 8;   // n-tiles of the value slice
-    constexpr int NH = NT / 2;   // n-tiles per warp in the V' step
+    constexpr int HW = BV / 2;   // columns per warp: [K; Q] S, outputs, state
+    constexpr int NTH = HW / 8;  // their n-tiles (2 or 4)
+    constexpr int QW = BV / 4;   // columns per warp: Tm R
+    constexpr int NTQ = QW / 8;  // (1 or 2)
+    static_assert(NTH % 2 == 0 && (NTQ == 1 || NTQ == 2), "BV: 32 or 64");
     using Smem = StateSmem<BV>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem &s = *reinterpret_cast<Smem *>(smem_raw);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, tig = lane & 3;
-    const int strip = warp & 3;  // 16-row strip of the chunk
-    const int half = warp >> 2;  // [K; Q] S step: 0 = K side, 1 = Q side
-    const int r0 = 16 * strip;
+    const int s8 = warp & 7;          // 16-row strip of [K; Q] (P1) and of the state (P3)
+    const int side = s8 >> 2;         // P1: 0 = K rows, 1 = Q rows
+    const int r1 = 16 * (s8 & 3);     // P1/P3: the strip's first chunk row
+    const int ch = (warp >> 3) * HW;  // P1/P3: first column of the warp's half
+    const int r2 = 16 * (warp & 3);   // P2: first chunk row of the strip
+    const int cq = (warp >> 2) * QW;  // P2: first column of the warp's quarter
     const int slices = kDK / BV;
     const int j = blockIdx.x / slices;
     const int col0 = (blockIdx.x % slices) * BV;
@@ -570,13 +622,13 @@ __global__ void __launch_bounds__(kStateThreads, 1)
     };
 
     stage(0, 0);
-    float S[NT][4];  // the state slice: warp w holds rows [16w, 16w + 16) x BV columns
+    float S[NTH][4];  // the state slice: rows [16 s8, +16) x columns [ch, ch + HW)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            // scalar accesses: the state (and o below) may sit at any float offset
-            const float *x = state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig;
+            // scalar accesses: the state may sit at any float offset
+            const float *x = state + (int64_t)(16 * s8 + g8 + 8 * h) * kDK + ch + 8 * nt + 2 * tig;
             S[nt][2 * h] = x[0];
             S[nt][2 * h + 1] = x[1];
         }
@@ -585,7 +637,7 @@ __global__ void __launch_bounds__(kStateThreads, 1)
     {
         float m = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) m = fmaxf(m, fabsf(S[nt][e]));
         publish_max(&s.max_s[0], m);
@@ -602,10 +654,10 @@ __global__ void __launch_bounds__(kStateThreads, 1)
         const float max_s = __uint_as_float(s.max_s[b]);
         const float sig_s = pow2_scale(s.max_s[b]);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<uint32_t *>(&s.sh[16 * warp + g8 + 8 * h][8 * nt + 2 * tig]) =
+                *reinterpret_cast<uint32_t *>(&s.sh[16 * s8 + g8 + 8 * h][ch + 8 * nt + 2 * tig]) =
                     pack_half2(S[nt][2 * h] * sig_s, S[nt][2 * h + 1] * sig_s);
         {
             float m = 0.0f;
@@ -618,22 +670,22 @@ __global__ void __launch_bounds__(kStateThreads, 1)
         // e^gamma Q S in registers for the output.
         const float r_bound = __uint_as_float(s.max_v[b]) + kSqrtDk * max_s;  // >= max |R|
         const float sig_r = pow2_scale_f(r_bound);
-        float os[NT][4];
+        float os[NTH][4];
         {
-            const __half(*xh)[kLdH] = half == 0 ? d.kh : d.qh;
-            float acc[NT][4];
+            const __half(*xh)[kLdH] = side == 0 ? d.kh : d.qh;
+            float acc[NTH][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < kDK / 16; ++ks) {
                 uint32_t af[4];
-                ldsm_x4(af, &xh[r0 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+                ldsm_x4(af, &xh[r1 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
+                for (int np = 0; np < NTH / 2; ++np) {
                     uint32_t bf[4];
-                    ldsm_x4_t(bf, &s.sh[16 * ks + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    ldsm_x4_t(bf, &s.sh[16 * ks + lrow_a(lane)][ch + 16 * np + lcol_a(lane)]);
                     mma_f16(acc[2 * np], af, bf[0], bf[1]);
                     mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
                 }
@@ -641,16 +693,16 @@ __global__ void __launch_bounds__(kStateThreads, 1)
             const float inv_s = 1.0f / sig_s;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int i = r0 + g8 + 8 * h;
+                const int i = r1 + g8 + 8 * h;
                 const float ei = __expf(d.gam[i]) * inv_s, bi = d.beta[i];
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    if (half == 0) {
-                        const float2 v2 = *reinterpret_cast<const float2 *>(&d.vst[i][8 * nt + 2 * tig]);
+                for (int nt = 0; nt < NTH; ++nt) {
+                    const int col = ch + 8 * nt + 2 * tig;
+                    if (side == 0) {
+                        const float2 v2 = *reinterpret_cast<const float2 *>(&d.vst[i][col]);
                         const float ra = bi * (v2.x - ei * acc[nt][2 * h]);
                         const float rb = bi * (v2.y - ei * acc[nt][2 * h + 1]);
-                        *reinterpret_cast<uint32_t *>(&s.rh[i][8 * nt + 2 * tig]) =
-                            pack_half2(ra * sig_r, rb * sig_r);
+                        *reinterpret_cast<uint32_t *>(&s.rh[i][col]) = pack_half2(ra * sig_r, rb * sig_r);
                     } else {
                         os[nt][2 * h] = ei * acc[nt][2 * h];
                         os[nt][2 * h + 1] = ei * acc[nt][2 * h + 1];
@@ -660,38 +712,42 @@ __global__ void __launch_bounds__(kStateThreads, 1)
         }
         __syncthreads();
 
-        // ---- P2: V' = Tm R (warp: strip rows, half the columns); V' and e^(..)V' as fp16.
+        // ---- P2: V' = Tm R (warp: a row strip, a quarter of the columns); V' and e^(..)V' as fp16.
         const float sig_t = d.meta[0];
         const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| * max |R| >= max |V'|
         const float sig_v = pow2_scale_f(v_bound);
         {
-            float acc[NH][4];
+            float acc[NTQ][4];
 #pragma unroll
-            for (int nt = 0; nt < NH; ++nt)
+            for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+            const int strip = r2 / 16;
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 if (ks > strip) continue;  // Tm is lower triangular
                 uint32_t af[4];
-                ldsm_x4(af, &d.tm[r0 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
-#pragma unroll
-                for (int np = 0; np < NH / 2; ++np) {
+                ldsm_x4(af, &d.tm[r2 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+                if (NTQ == 1) {
+                    uint32_t bf[2];
+                    ldsm_x2_t(bf, &s.rh[16 * ks + (lane & 15)][cq]);
+                    mma_f16(acc[0], af, bf[0], bf[1]);
+                } else {
                     uint32_t bf[4];
-                    ldsm_x4_t(bf, &s.rh[16 * ks + lrow_a(lane)][8 * NH * half + 16 * np + lcol_a(lane)]);
-                    mma_f16(acc[2 * np], af, bf[0], bf[1]);
-                    mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
+                    ldsm_x4_t(bf, &s.rh[16 * ks + lrow_a(lane)][cq + lcol_a(lane)]);
+                    mma_f16(acc[0], af, bf[0], bf[1]);
+                    mma_f16(acc[NTQ - 1], af, bf[2], bf[3]);
                 }
             }
             const float k_v = sig_v / (sig_t * sig_r);  // exact: powers of two
             const float gl = d.gam[kC - 1];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int row = r0 + g8 + 8 * h;
+                const int row = r2 + g8 + 8 * h;
                 const float dd = __expf(gl - d.gam[row]);  // exponent <= 0
 #pragma unroll
-                for (int nt = 0; nt < NH; ++nt) {
-                    const int col = 8 * NH * half + 8 * nt + 2 * tig;
+                for (int nt = 0; nt < NTQ; ++nt) {
+                    const int col = cq + 8 * nt + 2 * tig;
                     const float x0 = acc[nt][2 * h] * k_v, x1 = acc[nt][2 * h + 1] * k_v;
                     *reinterpret_cast<uint32_t *>(&s.vph[row][col]) = pack_half2(x0, x1);
                     *reinterpret_cast<uint32_t *>(&s.vdh[row][col]) = pack_half2(x0 * dd, x1 * dd);
@@ -702,53 +758,60 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 
         // ---- P3: O = e^gamma Q S + P V' (Q side); S = e^gamma_last S + K^T (e^(..) V') (all).
         const float inv_v = 1.0f / sig_v;
-        if (half == 1) {
-            float acc[NT][4];
+        if (side == 1) {
+            float acc[NTH][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+            const int strip = r1 / 16;
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 if (ks > strip) continue;  // P is lower triangular
                 uint32_t af[4];
-                ldsm_x4(af, &d.ph[r0 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
+                ldsm_x4(af, &d.ph[r1 + lrow_a(lane)][16 * ks + lcol_a(lane)]);
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
+                for (int np = 0; np < NTH / 2; ++np) {
                     uint32_t bf[4];
-                    ldsm_x4_t(bf, &s.vph[16 * ks + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    ldsm_x4_t(bf, &s.vph[16 * ks + lrow_a(lane)][ch + 16 * np + lcol_a(lane)]);
                     mma_f16(acc[2 * np], af, bf[0], bf[1]);
                     mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
                 }
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int i = r0 + g8 + 8 * h;
+                const int i = r1 + g8 + 8 * h;
                 const int64_t t = (int64_t)c * kC + i;
                 if (t < a.rows) {
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        float *out = og + t * a.ldo + 8 * nt + 2 * tig;
-                        out[0] = fmaf(acc[nt][2 * h], inv_v, os[nt][2 * h]);
-                        out[1] = fmaf(acc[nt][2 * h + 1], inv_v, os[nt][2 * h + 1]);
+                    for (int nt = 0; nt < NTH; ++nt) {
+                        float *out = og + t * a.ldo + ch + 8 * nt + 2 * tig;
+                        const float o0 = fmaf(acc[nt][2 * h], inv_v, os[nt][2 * h]);
+                        const float o1 = fmaf(acc[nt][2 * h + 1], inv_v, os[nt][2 * h + 1]);
+                        if (VEC_O) {
+                            *reinterpret_cast<float2 *>(out) = make_float2(o0, o1);
+                        } else {
+                            out[0] = o0;
+                            out[1] = o1;
+                        }
                     }
                 }
             }
         }
         {
-            float acc[NT][4];
+            float acc[NTH][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
                 uint32_t af[4];  // (K^T)[a][i] = K[i][a]: the transpose of kh, via ldmatrix.trans
-                ldsm_x4_t(af, &d.kh[16 * ks + lrow_b(lane)][16 * warp + lcol_b(lane)]);
+                ldsm_x4_t(af, &d.kh[16 * ks + lrow_b(lane)][16 * s8 + lcol_b(lane)]);
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
+                for (int np = 0; np < NTH / 2; ++np) {
                     uint32_t bf[4];
-                    ldsm_x4_t(bf, &s.vdh[16 * ks + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    ldsm_x4_t(bf, &s.vdh[16 * ks + lrow_a(lane)][ch + 16 * np + lcol_a(lane)]);
                     mma_f16(acc[2 * np], af, bf[0], bf[1]);
                     mma_f16(acc[2 * np + 1], af, bf[2], bf[3]);
                 }
@@ -756,7 +819,7 @@ __global__ void __launch_bounds__(kStateThreads, 1)
             const float el = __expf(d.gam[kC - 1]);  // e^gamma_last
             float m = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     S[nt][e] = fmaf(el, S[nt][e], acc[nt][e] * inv_v);
@@ -766,11 +829,10 @@ __global__ void __launch_bounds__(kStateThreads, 1)
         }
     }
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-        {
-            float *x = state + (int64_t)(16 * warp + g8 + 8 * h) * kDK + 8 * nt + 2 * tig;
+        for (int h = 0; h < 2; ++h) {
+            float *x = state + (int64_t)(16 * s8 + g8 + 8 * h) * kDK + ch + 8 * nt + 2 * tig;
             x[0] = S[nt][2 * h];
             x[1] = S[nt][2 * h + 1];
         }
@@ -784,14 +846,21 @@ pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
     return PF_STATUS_OK;
 }
 
-template <int BV, bool VEC>
+template <int BV, bool VEC, bool VEC_O>
 pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
-    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_kernel<BV, VEC>, int(sizeof(StateSmem<BV>)),
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_kernel<BV, VEC, VEC_O>, int(sizeof(StateSmem<BV>)),
                                 "gdn_chunk_state_kernel"));
-    gdn_chunk_state_kernel<BV, VEC>
+    gdn_chunk_state_kernel<BV, VEC, VEC_O>
         <<<a.n_v_heads * (kDK / BV), kStateThreads, sizeof(StateSmem<BV>), stream>>>(a);
-    PF_LAUNCH_CHECK("gdn_chunk_state_kernel<%d, %d>", BV, int(VEC));
+    PF_LAUNCH_CHECK("gdn_chunk_state_kernel<%d, %d, %d>", BV, int(VEC), int(VEC_O));
     return PF_STATUS_OK;
+}
+
+// The state kernel's instance for (BV, V and O alignment).
+template <int BV>
+pf_status launch_state_bv(const StateArgs &a, bool vec_v, bool vec_o, cudaStream_t stream) {
+    if (vec_v) return vec_o ? launch_state<BV, true, true>(a, stream) : launch_state<BV, true, false>(a, stream);
+    return vec_o ? launch_state<BV, false, true>(a, stream) : launch_state<BV, false, false>(a, stream);
 }
 
 }  // namespace
@@ -844,6 +913,7 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool vec_qk = aligned(q) && aligned(k) && ldq % 4 == 0 && ldk % 4 == 0;
     const bool vec_v = aligned(v) && ldv % 4 == 0;
+    const bool vec_o = reinterpret_cast<uintptr_t>(o) % 8 == 0 && ldo % 2 == 0;  // float2 stores
     // 32 value columns per state CTA when that fits one wave (Hv = 32: 128 CTAs on 132 SMs);
     // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
     if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
@@ -857,10 +927,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
                           g + r0 * ld_g, ld_g, n, n_k_heads, n_v_heads, nc, w};
         PF_TRY(vec_qk ? launch_prep<true>(pa, stream) : launch_prep<false>(pa, stream));
         const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
-        pf_status st;
-        if (narrow) st = vec_v ? launch_state<32, true>(sa, stream) : launch_state<32, false>(sa, stream);
-        else st = vec_v ? launch_state<64, true>(sa, stream) : launch_state<64, false>(sa, stream);
-        PF_TRY(st);
+        PF_TRY(narrow ? launch_state_bv<32>(sa, vec_v, vec_o, stream)
+                      : launch_state_bv<64>(sa, vec_v, vec_o, stream));
     }
     return PF_STATUS_OK;
 }
