@@ -111,7 +111,7 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
     if name == "attention":    # both flash kernels by name, and the cuBLAS path
         assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas"}
-        assert {(a["path"], a["kernel"]) for n, a in calls if n == "attention"} == {
+        assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
             ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
     if name == "gemm":
         assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f32 leg", "ours -> fp16"}
