@@ -5,15 +5,24 @@
 // Schedule (the method of FlashAttention-3, Shah et al. 2024, written here for this cache layout):
 //  - A block owns one KV head g and kBM = 128 packed query rows (packed row m = query row m / G of
 //    head g*G + m % G, as in the mma.sync kernel), so the G heads of a group share every K/V tile.
-//    Two consumer warpgroups, 64 packed rows each: the M of one wgmma.m64nNk16.
-//  - K/V tiles of BN keys are double-buffered with cp.async (16-byte chunks written straight into
-//    the swizzled layout) by all 256 threads: tile i+1 loads while tile i is multiplied.
+//    Warp specialisation: a producer warpgroup (one thread issues the TMA loads; the group
+//    gives its registers to the others with setmaxnreg) and two consumer warpgroups (64 packed
+//    rows each: the M of one wgmma.m64nNk16).
+//  - K/V tiles of BN keys go through 2 stages, each with its own mbarriers: full_k / full_v (the
+//    producer's arrive.expect_tx + the TMA's complete_tx bytes) and empty (the 256 consumer
+//    threads arrive when their last wgmma on the stage has completed). The TMA writes the 128-byte
+//    swizzle itself (box = BN rows x 64 columns) and fills rows past pos0 + rows with zeros.
 //  - Per tile, each warpgroup: S = Q K^T (wgmma, A and B from shared memory, K-major), causal mask
 //    on the tiles that cross the diagonal only, online softmax (exp2, scale folded into log2 e),
 //    P converted to fp16 in registers (the accumulator layout of S is the A-register layout of
 //    the next wgmma), O += P V (wgmma, A from registers, B = V from shared memory MN-major).
+//    S of tile i+1 is issued before O += P_i V_i and its softmax runs while that product is in
+//    flight (FA3's intra-warpgroup pipelining); the two warpgroups, not in lock step, also
+//    overlap each other's softmax and products.
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
 //    launched heaviest first.
+//  - The Q tile (fp32 in global memory) is converted to fp16 by the consumers and stored into the
+//    swizzled layout with ordinary stores, then fenced to the async proxy.
 //
 // Shared-memory operand layout (both K-major operands and the MN-major V use the same bytes):
 // a [rows][D] fp16 tile is stored as D/64 column blocks, block b = rows x 128 bytes (64 fp16
@@ -35,6 +44,8 @@
 // MN-major, 128B swizzle (CuTe: Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))): 64
 // contiguous N elements per 128-byte row, LBO = byte step between 64-wide N blocks, SBO = byte
 // step between 8-row K groups (1024). For V ([keys][D] row-major), K = keys, N = D.
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes from cudart)
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 
 #include <atomic>
@@ -48,15 +59,20 @@
 namespace pf {
 namespace {
 
-constexpr int kWgBM = 128;          // packed query rows per block (2 warpgroups x 64)
-constexpr int kWgThreads = 256;     // 2 consumer warpgroups
-constexpr int kSwizzleAtom = 1024;  // 8 rows x 128 bytes: the swizzle's period and the SBO
+constexpr int kWgBM = 128;                         // packed query rows per block (2 x 64)
+constexpr int kWgConsumers = 256;                  // 2 consumer warpgroups
+constexpr int kWgThreads = 128 + kWgConsumers;     // + the producer warpgroup (warpgroup 0)
+// Register split (setmaxnreg): 384 threads start at 168 registers each (65536 / 384, rounded
+// down to 8); the producer warpgroup gives back to 24 and the consumers take 240
+// (kProducerRegs, kConsumerRegs): 128 * 24 + 256 * 240 = 64512 <= 65536. ptxas allocates the
+// consumer code at 240 (it needs the entry count, which __launch_bounds__(384, 1) gives).
+constexpr int kSwizzleAtom = 1024;                 // 8 rows x 128 bytes: the swizzle's period, SBO
+constexpr int kSwizzleCols = 64;                   // fp16 columns of one swizzled row (128 bytes)
+constexpr int kStages = 2;                         // K/V pipeline depth
 
 struct wgmma_attn_args {
     const float *q;
     int64_t ldq, qhs;
-    const __half *k_cache, *v_cache;
-    int64_t kv_dim;
     float *o;
     int64_t ldo;
     int32_t G;
@@ -66,8 +82,9 @@ struct wgmma_attn_args {
 
 template <int D, int BN>
 constexpr size_t wgmma_smem_bytes() {
-    // Q tile, 2 stages of K and V, and the slack that lets the kernel align its base to 1024.
-    return size_t(kWgBM) * D * 2 + 2 * 2 * size_t(BN) * D * 2 + kSwizzleAtom;
+    // Q tile, kStages of K and V, 3 x kStages mbarriers (8 bytes each), and the slack that lets
+    // the kernel align its base to 1024.
+    return size_t(kWgBM) * D * 2 + 2 * kStages * size_t(BN) * D * 2 + 3 * kStages * 8 + kSwizzleAtom;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -77,6 +94,9 @@ constexpr size_t wgmma_smem_bytes() {
 #ifdef PF_WGMMA_DEVICE
 
 constexpr int kSwizzleRow = 128;  // bytes of one swizzled row (64 fp16)
+constexpr int kProducerRegs = 24;   // setmaxnreg split, see kWgThreads
+constexpr int kConsumerRegs = 240;
+constexpr int kConsumerBarrier = 1;  // named barrier id of the 256 consumer threads
 
 // fp32 -> fp16 rounding to nearest even, saturating at +-65504 (an inf would become NaN in the
 // softmax); NaN stays NaN. Same rule as the mma.sync kernel's Q load.
@@ -100,43 +120,189 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo, 
            (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
-// 16 bytes global -> shared, asynchronously; src_bytes = 0 fills the chunk with zeros (keys past
-// the visible range: P is 0 there, and 0 * whatever was in shared memory could be NaN).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
+// ---- mbarrier (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier")
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also announces `bytes` of asynchronous transactions (the TMA's writes).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// Shared memory written by this thread's generic-proxy stores (st.shared, cp.async) becomes
-// visible to the async proxy that wgmma reads its shared operands through.
+// Spins until the phase with parity `parity` has completed (phases alternate 0, 1, 0, ...).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_LOOP:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_LOOP;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// TMA: the box at (column c0, row c1) of the 2-D tensor map into shared memory at dst, completing
+// its bytes on mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// Shared memory written by this thread's generic-proxy stores becomes visible to the async proxy
+// that wgmma reads its shared operands through.
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+__device__ __forceinline__ void consumer_sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier), "n"(kWgConsumers) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
-// Pins the accumulator registers in program order around the asynchronous wgmma: the compiler
-// sees each register redefined here, so no read of it moves above the wait (CUTLASS calls this
-// warpgroup_fence_operand).
+// Pins registers in program order around the asynchronous wgmma: the compiler sees each one
+// redefined here, so no read moves above the wait and no register an in-flight wgmma still
+// reads is reused before it (CUTLASS calls this warpgroup_fence_operand).
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// Per-thread online-softmax state of its two rows (gid and gid + 8 of its warp's 16).
+struct softmax_state {
+    float row_max[2];  // running max of the scaled (base-2) scores
+    float row_sum[2];  // this thread's partial sums (quad-reduced at the end)
+};
+
+// One tile of scores s (wgmma accumulator layout, keys j0..j0+BN-1): scale, mask when the tile
+// crosses the diagonal, update max and sum, write P (fp16 A registers of the P V product) and the
+// factor alpha[r] the accumulator rows must be multiplied by.
+template <int BN>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, bool masked,
+                                             const int64_t (&last_key)[2], int tig,
+                                             float scale_log2, softmax_state &st,
+                                             uint32_t (&p)[BN / 16][4], float (&alpha)[2]) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    if (masked) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+            const int r = (i >> 1) & 1;
+            const int64_t j = j0 + 8 * (i >> 2) + 2 * tig + (i & 1);
+            const float x = j <= last_key[r] ? s[i] * scale_log2 : -INFINITY;
+            s[i] = x;
+            tile_max[r] = fmaxf(tile_max[r], x);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+            const int r = (i >> 1) & 1;
+            s[i] *= scale_log2;
+            tile_max[r] = fmaxf(tile_max[r], s[i]);
+        }
+    }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        // The 4 lanes of a quad (same gid) hold the row's columns: reduce over lane bits 0-1.
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
+        const float new_max = fmaxf(st.row_max[r], tile_max[r]);
+        // A row with no visible key so far keeps max -inf: base 0 makes exp2(-inf) = 0, not NaN
+        // (key 0 is visible to every row, so after the first tile the max is finite).
+        base[r] = new_max == -INFINITY ? 0.f : new_max;
+        alpha[r] = exp2f(st.row_max[r] - base[r]);  // rescales the old O and sum; 0 at first
+        st.row_max[r] = new_max;
+    }
+    float tile_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+        const int r = (i >> 1) & 1;
+        s[i] = exp2f(s[i] - base[r]);
+        tile_sum[r] += s[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.row_sum[r] = st.row_sum[r] * alpha[r] + tile_sum[r];
+    // P as fp16 A registers: k-step kk (keys 16kk..16kk+15) = the S n8-tiles 2kk and 2kk+1,
+    // i.e. s[8kk .. 8kk+7] (a0: row gid, keys 2tig..; a1: row gid+8; a2, a3: keys +8).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        p[kk][0] = wg_pack_float2(s[8 * kk + 0], s[8 * kk + 1]);
+        p[kk][1] = wg_pack_float2(s[8 * kk + 2], s[8 * kk + 3]);
+        p[kk][2] = wg_pack_float2(s[8 * kk + 4], s[8 * kk + 5]);
+        p[kk][3] = wg_pack_float2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+// S = Q K^T for one warpgroup, issued (not waited): D/16 k-steps; step kk reads columns 16kk..
+// of swizzle block kk/4, 32*(kk%4) bytes into its rows.
+template <int D, int BN>
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_wg, uint32_t sK) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t koff = uint32_t(kk & 3) * 32;
+        const uint64_t da = smem_desc(q_wg + uint32_t(kk >> 2) * kWgBM * kSwizzleRow + koff, 16,
+                                      kSwizzleAtom);
+        const uint64_t db = smem_desc(sK + uint32_t(kk >> 2) * BN * kSwizzleRow + koff, 16,
+                                      kSwizzleAtom);
+        wgmma::wgmma_ss<BN>(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+}
+
+// O += P V for one warpgroup, issued (not waited): B = the V tile MN-major (N = D columns in
+// D/64 blocks LBO = BN*128 bytes apart, K = keys in 8-row groups SBO = 1024 apart); k-step kk
+// starts 16 rows = 2 atoms further.
+template <int D, int BN>
+__device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const uint32_t (&p)[BN / 16][4],
+                                         uint32_t sV) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint64_t db = smem_desc(sV + uint32_t(kk) * 2 * kSwizzleAtom,
+                                      uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
+        wgmma::wgmma_rs<D>(acc, p[kk], db, 1);
+    }
+    wgmma_commit();
+}
 
 #endif  // PF_WGMMA_DEVICE
 
 template <int D, int BN>
-__global__ void __launch_bounds__(kWgThreads, 1) wgmma_attn_kernel(const __grid_constant__ wgmma_attn_args a) {
+__global__ void __launch_bounds__(kWgThreads, 1)
+    wgmma_attn_kernel(const __grid_constant__ wgmma_attn_args a,
+                      const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v) {
 #ifdef PF_WGMMA_DEVICE
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "whole swizzle blocks, whole k-steps");
-    constexpr int CPR = D / 8;                            // 16-byte chunks per row
+    constexpr int CPR = D / 8;                             // 16-byte chunks per row
     constexpr uint32_t kQBytes = uint32_t(kWgBM) * D * 2;
     constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;  // one K or V stage
 
@@ -145,13 +311,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attn_kernel(const __grid_
     const uint32_t base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
     unsigned char *const base_ptr = smem_raw + (base - raw);
     const uint32_t sQ = base;
-    const uint32_t sK0 = sQ + kQBytes;                 // stage s of K at sK0 + s * kTileBytes
-    const uint32_t sV0 = sK0 + 2 * kTileBytes;         // stage s of V at sV0 + s * kTileBytes
+    const uint32_t sK0 = sQ + kQBytes;                  // stage s of K at sK0 + s * kTileBytes
+    const uint32_t sV0 = sK0 + kStages * kTileBytes;    // stage s of V at sV0 + s * kTileBytes
+    const uint32_t bars = sV0 + kStages * kTileBytes;   // full_k[s], full_v[s], empty[s]
+    const auto full_k = [&](int st) { return bars + 8 * st; };
+    const auto full_v = [&](int st) { return bars + 8 * (kStages + st); };
+    const auto empty = [&](int st) { return bars + 8 * (2 * kStages + st); };
 
     const int tid = threadIdx.x;
-    const int wg = tid >> 7;                 // warpgroup: packed rows 64 wg .. 64 wg + 63
-    const int warp = (tid >> 5) & 3;         // warp within the warpgroup: 16 rows each
-    const int lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     const int kvh = blockIdx.y;
     // Heaviest tiles (most keys, the end of the chunk) first, so the tail of the grid is short.
     const int64_t m0 = int64_t(gridDim.x - 1 - blockIdx.x) * kWgBM;
@@ -161,28 +328,52 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attn_kernel(const __grid_
     const int64_t diag = a.pos0 + m0 / a.G;  // keys <= diag are visible to every row of the block
     const int n_tiles = int((n_keys + BN - 1) / BN);
 
-    // K/V tile `it` into stage `st`: BN rows x CPR chunks each, zero past n_keys.
-    const auto load_kv = [&](int it, int st) {
-        const int64_t j0 = int64_t(it) * BN;
-        const __half *kg = a.k_cache + int64_t(kvh) * D;
-        const __half *vg = a.v_cache + int64_t(kvh) * D;
-        for (int idx = tid; idx < BN * CPR; idx += kWgThreads) {
-            const int r = idx / CPR, c = idx % CPR;
-            const int64_t j = j0 + r;
-            const bool ok = j < n_keys;
-            const int64_t off = ok ? j * a.kv_dim + c * 8 : 0;  // a valid address even when unused
-            const uint32_t so = swizzled_offset(r, c, BN);
-            cp_async16(sK0 + st * kTileBytes + so, kg + off, ok ? 16 : 0);
-            cp_async16(sV0 + st * kTileBytes + so, vg + off, ok ? 16 : 0);
+    if (tid == 0) {
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(full_k(st), 1);  // the producer's arrive.expect_tx
+            mbar_init(full_v(st), 1);
+            mbar_init(empty(st), kWgConsumers);  // every consumer thread
         }
-    };
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves after its loop
 
-    load_kv(0, 0);
-    cp_async_commit();
+    if (tid < 128) {
+        // Producer warpgroup: thread 0 streams the K and V tiles of this block's keys.
+        setmaxnreg_dec<kProducerRegs>();
+        if (tid == 0) {
+            for (int it = 0; it < n_tiles; ++it) {
+                const int st = it % kStages, use = it / kStages;
+                if (use > 0) mbar_wait(empty(st), (use - 1) & 1);  // the tile kStages back is done
+                const int j0 = it * BN;
+                mbar_arrive_expect_tx(full_k(st), kTileBytes);
+#pragma unroll
+                for (int b = 0; b < D / kSwizzleCols; ++b)
+                    tma_load_2d(sK0 + st * kTileBytes + b * BN * kSwizzleRow, &tm_k,
+                                kvh * D + b * kSwizzleCols, j0, full_k(st));
+                mbar_arrive_expect_tx(full_v(st), kTileBytes);
+#pragma unroll
+                for (int b = 0; b < D / kSwizzleCols; ++b)
+                    tma_load_2d(sV0 + st * kTileBytes + b * BN * kSwizzleRow, &tm_v,
+                                kvh * D + b * kSwizzleCols, j0, full_v(st));
+            }
+            // Stay until the consumers have released the last stages: no TMA of this block is
+            // in flight when its issuing thread exits.
+            for (int it = n_tiles > kStages ? n_tiles - kStages : 0; it < n_tiles; ++it)
+                mbar_wait(empty(it % kStages), (it / kStages) & 1);
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int ctid = tid - 128;              // consumer thread 0..255
+    const int wg = ctid >> 7;                // consumer warpgroup: packed rows 64 wg .. 64 wg + 63
+    const int warp = (ctid >> 5) & 3;        // warp within the warpgroup: 16 rows each
+    const int lane = ctid & 31, gid = lane >> 2, tig = lane & 3;
 
     // Q tile: fp32 -> fp16 (saturating), written straight into the swizzled layout; rows past
     // the chunk are zero and never stored. Scalar loads: ldq and the head stride may be odd.
-    for (int idx = tid; idx < kWgBM * CPR; idx += kWgThreads) {
+    for (int idx = ctid; idx < kWgBM * CPR; idx += kWgConsumers) {
         const int r = idx / CPR, c = idx % CPR;
         const int64_t m = m0 + r;
         __align__(16) __half h8[8];
@@ -198,6 +389,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attn_kernel(const __grid_
         *reinterpret_cast<uint4 *>(base_ptr + swizzled_offset(r, c, kWgBM)) =
             *reinterpret_cast<const uint4 *>(h8);
     }
+    fence_proxy_async();
+    consumer_sync();  // the whole Q tile is in place for both warpgroups' wgmma
 
     // This thread's two rows (gid and gid + 8 of its warp's 16): last visible key of each.
     int64_t last_key[2];
@@ -211,113 +404,59 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attn_kernel(const __grid_
     float acc[D / 2];  // O: 64 x D per warpgroup, wgmma accumulator layout (see wgmma.cuh)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};  // running max of the scaled (base-2) scores
-    float row_sum[2] = {0.f, 0.f};              // this thread's partial sums (quad-reduced at the end)
-
+    softmax_state sm = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    float alpha[2];
+    float s[BN / 2];
+    uint32_t p[BN / 16][4];
     const uint32_t q_wg = sQ + uint32_t(wg) * 64 * kSwizzleRow;  // this warpgroup's 64 rows
+    const auto crosses_diag = [&](int it) { return int64_t(it) * BN + BN - 1 > diag; };
 
-    for (int it = 0; it < n_tiles; ++it) {
-        const int st = it & 1;
-        __syncthreads();  // both warpgroups are done with stage st ^ 1 (tile it - 1)
-        if (it + 1 < n_tiles) load_kv(it + 1, st ^ 1);
-        cp_async_commit();  // possibly empty: keeps "all but the newest group" = tile it
-        cp_async_wait<1>();
-        fence_proxy_async();
-        __syncthreads();  // every thread's chunks of tile it (and the Q tile) are in place
-
-        const uint32_t sK = sK0 + st * kTileBytes, sV = sV0 + st * kTileBytes;
-        const int64_t j0 = int64_t(it) * BN;
-
-        // S = Q K^T: D/16 k-steps; step kk reads columns 16kk.. of block kk/4 at byte 32*(kk%4).
-        float s[BN / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t koff = uint32_t(kk & 3) * 32;
-            const uint64_t da = smem_desc(q_wg + uint32_t(kk >> 2) * kWgBM * kSwizzleRow + koff,
-                                          16, kSwizzleAtom);
-            const uint64_t db = smem_desc(sK + uint32_t(kk >> 2) * BN * kSwizzleRow + koff, 16,
-                                          kSwizzleAtom);
-            wgmma::wgmma_ss<BN>(s, da, db, kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait0();
+    // Tile 0's scores and probabilities before the loop; in iteration it, S of tile it+1 is in
+    // flight while P_it V_it is issued, and its softmax overlaps that product.
+    mbar_wait(full_k(0), 0);
+    issue_qk<D, BN>(s, q_wg, sK0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    softmax_tile<BN>(s, 0, crosses_diag(0), last_key, tig, a.scale_log2, sm, p, alpha);
+    // The loop runs the tiles that have a successor; the last tile's product follows it, so
+    // every iteration commits the same two wgmma groups (ptxas tracks them statically).
+    for (int it = 0; it + 1 < n_tiles; ++it) {
+        const int st = it % kStages, use = it / kStages;
+        const int nst = (it + 1) % kStages;
+        mbar_wait(full_k(nst), ((it + 1) / kStages) & 1);
+        issue_qk<D, BN>(s, q_wg, sK0 + nst * kTileBytes);
+        mbar_wait(full_v(st), use & 1);
+        fence_regs(acc);
+        issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
+        wgmma_wait<1>();  // S of tile it+1 is done; P_it V_it may still run
         fence_regs(s);
-
-        // Scale, causal mask on the tiles that cross the diagonal, tile row max.
-        float tile_max[2] = {-INFINITY, -INFINITY};
-        if (j0 + BN - 1 > diag) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) {
-                const int r = (i >> 1) & 1;
-                const int64_t j = j0 + 8 * (i >> 2) + 2 * tig + (i & 1);
-                const float x = j <= last_key[r] ? s[i] * a.scale_log2 : -INFINITY;
-                s[i] = x;
-                tile_max[r] = fmaxf(tile_max[r], x);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) {
-                const int r = (i >> 1) & 1;
-                s[i] *= a.scale_log2;
-                tile_max[r] = fmaxf(tile_max[r], s[i]);
-            }
-        }
-        float alpha[2], base2[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            // The 4 lanes of a quad (same gid) hold the row's columns: reduce over lane bits 0-1.
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
-            const float new_max = fmaxf(row_max[r], tile_max[r]);
-            // A row with no visible key so far keeps max -inf: base 0 makes exp2(-inf) = 0, not
-            // NaN (key 0 is visible to every row, so after the first tile the max is finite).
-            base2[r] = new_max == -INFINITY ? 0.f : new_max;
-            alpha[r] = exp2f(row_max[r] - base2[r]);  // rescales the old O and sum; 0 at first
-            row_max[r] = new_max;
-        }
-        float tile_sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-            const int r = (i >> 1) & 1;
-            s[i] = exp2f(s[i] - base2[r]);
-            tile_sum[r] += s[i];
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + tile_sum[r];
+        uint32_t p_next[BN / 16][4];
+        softmax_tile<BN>(s, int64_t(it + 1) * BN, crosses_diag(it + 1), last_key, tig,
+                         a.scale_log2, sm, p_next, alpha);
+        wgmma_wait<0>();
+        fence_regs(acc);
+        fence_regs(p);  // P_it stays in its registers until its product is complete
+        mbar_arrive(empty(st));  // K_it (read a tile ago) and V_it are no longer needed
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-
-        // P as fp16 A registers: k-step kk (keys 16kk..16kk+15) = the S n8-tiles 2kk and 2kk+1,
-        // i.e. s[8kk .. 8kk+7] (a0: row gid, keys 2tig..; a1: row gid+8; a2, a3: keys +8).
-        uint32_t p[BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            p[kk][0] = wg_pack_float2(s[8 * kk + 0], s[8 * kk + 1]);
-            p[kk][1] = wg_pack_float2(s[8 * kk + 2], s[8 * kk + 3]);
-            p[kk][2] = wg_pack_float2(s[8 * kk + 4], s[8 * kk + 5]);
-            p[kk][3] = wg_pack_float2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-
-        // O += P V: B = V tile MN-major (N = D columns in NB blocks of 64 at LBO = BN*128 bytes
-        // apart, K = keys in 8-row groups at SBO = 1024); k-step kk starts 16 rows = 2 atoms on.
-        fence_regs(acc);
-        wgmma_fence();
+        for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint64_t db = smem_desc(sV + uint32_t(kk) * 2 * kSwizzleAtom,
-                                          uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
-            wgmma::wgmma_rs<D>(acc, p[kk], db, 1);
-        }
-        wgmma_commit();
-        wgmma_wait0();
-        fence_regs(acc);
+            for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
     }
+    const int it = n_tiles - 1, st = it % kStages;
+    mbar_wait(full_v(st), (it / kStages) & 1);
+    fence_regs(acc);
+    issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
+    wgmma_wait<0>();
+    fence_regs(acc);
+    fence_regs(p);
+    mbar_arrive(empty(st));
 
     // Normalise and store the rows of this chunk (fp32; scalar stores: ldo may be odd).
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
+        float l = sm.row_sum[r];
         l += __shfl_xor_sync(kFullMask, l, 1);
         l += __shfl_xor_sync(kFullMask, l, 2);
         const float inv = 1.f / l;  // l >= 1 (the max term); NaN inputs stay NaN
@@ -334,17 +473,61 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attn_kernel(const __grid_
 #endif  // PF_WGMMA_DEVICE
 }
 
+// ------------------------------------------------------------------------------------ host
+
+using encode_tiled_fn = PFN_cuTensorMapEncodeTiled_v12000;
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda link); null when the
+// driver does not provide it. Looked up once.
+encode_tiled_fn tensor_map_encoder() {
+    static const encode_tiled_fn fn = []() -> encode_tiled_fn {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                               cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        return reinterpret_cast<encode_tiled_fn>(p);
+    }();
+    return fn;
+}
+
+// The 2-D map of one cache: columns kv_dim (innermost), rows n_rows (rows past it read as zeros),
+// boxes of BN rows x 64 columns landing in the 128-byte swizzle.
+template <int BN>
+pf_status make_cache_map(CUtensorMap *map, const void *cache, int64_t kv_dim, int64_t n_rows,
+                         const char *which) {
+    const encode_tiled_fn enc = tensor_map_encoder();
+    if (!enc) return fail(PF_STATUS_CUDA_ERROR, "attention: cuTensorMapEncodeTiled is unavailable");
+    const cuuint64_t dims[2] = {cuuint64_t(kv_dim), cuuint64_t(n_rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(kv_dim) * sizeof(__half)};  // bytes, row to row
+    const cuuint32_t box[2] = {cuuint32_t(kSwizzleCols), cuuint32_t(BN)};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(cache), dims,
+                           strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return fail(PF_STATUS_CUDA_ERROR,
+                    "attention: cuTensorMapEncodeTiled(%s cache, kv_dim=%lld, rows=%lld) failed: %d",
+                    which, (long long)kv_dim, (long long)n_rows, int(r));
+    return PF_STATUS_OK;
+}
+
 template <int D, int BN>
 pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
     PF_TRY(set_max_dynamic_smem(wgmma_attn_kernel<D, BN>, int(smem), "wgmma_attn_kernel"));
+    const int64_t kv_dim = int64_t(a.n_kv_heads) * D;
+    CUtensorMap tm_k, tm_v;
+    PF_TRY(make_cache_map<BN>(&tm_k, a.k_cache, kv_dim, a.pos0 + a.rows, "K"));
+    PF_TRY(make_cache_map<BN>(&tm_v, a.v_cache, kv_dim, a.pos0 + a.rows, "V"));
     wgmma_attn_args f;
     f.q = a.q;
     f.ldq = a.ldq;
     f.qhs = a.q_head_stride;
-    f.k_cache = static_cast<const __half *>(a.k_cache);
-    f.v_cache = static_cast<const __half *>(a.v_cache);
-    f.kv_dim = int64_t(a.n_kv_heads) * D;
     f.o = a.o;
     f.ldo = a.ldo;
     f.G = a.n_heads / a.n_kv_heads;
@@ -352,7 +535,7 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.pos0 = a.pos0;
     f.scale_log2 = a.scale * 1.4426950408889634f;
     const dim3 grid(unsigned(ceil_div(a.rows * f.G, kWgBM)), unsigned(a.n_kv_heads));
-    wgmma_attn_kernel<D, BN><<<grid, kWgThreads, smem, st>>>(f);
+    wgmma_attn_kernel<D, BN><<<grid, kWgThreads, smem, st>>>(f, tm_k, tm_v);
     PF_LAUNCH_CHECK("wgmma_attn_kernel<%d, %d>", D, BN);
     return PF_STATUS_OK;
 }
@@ -362,7 +545,8 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
 bool attention_wgmma_available(int device) {
 #ifdef PF_HAVE_SM90A
     // The sm_90a SASS runs on compute capability 9.0 only (the "a" features are not forward
-    // compatible). Cached per device: the query is cheap, but this runs on every call.
+    // compatible), and the TMA maps need the driver's encoder. Cached per device: the query is
+    // cheap, but this runs on every call.
     constexpr int kMaxDevices = 64;
     static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
     if (device < 0 || device >= kMaxDevices) return false;
@@ -373,7 +557,7 @@ bool attention_wgmma_available(int device) {
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
         (void)cudaGetLastError();
-        v = ok && major == 9 && minor == 0 ? 2 : 1;
+        v = ok && major == 9 && minor == 0 && tensor_map_encoder() != nullptr ? 2 : 1;
         cache[device].store(v, std::memory_order_relaxed);
     }
     return v == 2;
@@ -384,8 +568,7 @@ bool attention_wgmma_available(int device) {
 }
 
 int32_t attention_kernel_env() {
-    // Read once per process: the bench sets it before the library loads, or before the first
-    // attention call.
+    // Read once per process: set it before the first attention call.
     static const int32_t v = [] {
         const char *e = std::getenv("PREFILL_ATTN_KERNEL");
         if (e && std::strcmp(e, "mma") == 0) return int32_t(PF_ATTN_KERNEL_MMA);
@@ -396,6 +579,8 @@ int32_t attention_kernel_env() {
 }
 
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
+    // Key tiles: 128 at D = 128, 64 at D = 256 (shared memory: Q + 2 stages of K and V, 160 and
+    // 192 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
     if (a.head_dim == 128) return launch_wgmma<128, 128>(a, st);
     if (a.head_dim == 256) return launch_wgmma<256, 64>(a, st);
     return fail(PF_STATUS_UNSUPPORTED, "attention: the wgmma kernel needs head_dim 128 or 256 (got %d)",
