@@ -89,7 +89,8 @@ constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-p
 //    tiles past the causal limit are skipped. Bound 3e-3. Anything else: UNSUPPORTED.
 //    Two kernels serve it (a.kernel, see attention_resolved_kernel): the mma.sync kernel above
 //    (sm_80+), and on Hopper the wgmma kernel of attention_wgmma.cu (128 packed rows per block,
-//    wgmma for both products, 128B-swizzled K/V tiles double-buffered by cp.async). Same bound.
+//    wgmma for both products, 128B-swizzled K/V tiles loaded by TMA into a 2-stage mbarrier
+//    pipeline, a producer and two consumer warpgroups). Same bound; no workspace.
 //  - PF_ATTN_AUTO: flash where it applies, else cuBLAS.
 // ctx is needed for the cuBLAS handles, its stream and the scratch; runs on ctx->stream.
 // Scalar checks only (the C API validates buffers); rows == 0 is a no-op.

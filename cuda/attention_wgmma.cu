@@ -75,7 +75,7 @@ struct wgmma_attn_args {
     int64_t ldq, qhs;
     float *o;
     int64_t ldo;
-    int32_t G;
+    int32_t G, n_kv_heads;
     int64_t rows, pos0;
     float scale_log2;  // scale * log2(e): the softmax runs in base 2 (exp2f)
 };
@@ -319,10 +319,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const auto empty = [&](int st) { return bars + 8 * (2 * kStages + st); };
 
     const int tid = threadIdx.x;
-    const int kvh = blockIdx.y;
-    // Heaviest tiles (most keys, the end of the chunk) first, so the tail of the grid is short.
-    const int64_t m0 = int64_t(gridDim.x - 1 - blockIdx.x) * kWgBM;
+    // One linear grid, KV head fastest and row tiles from the last (most keys) to the first:
+    // the blocks start heaviest first across all heads, so the tail of the grid is short.
     const int64_t packed = a.rows * a.G;
+    const int64_t n_mtiles = (packed + kWgBM - 1) / kWgBM;
+    const int kvh = int(blockIdx.x % unsigned(a.n_kv_heads));
+    const int64_t m0 = (n_mtiles - 1 - int64_t(blockIdx.x / unsigned(a.n_kv_heads))) * kWgBM;
     const int64_t m_end = m0 + kWgBM < packed ? m0 + kWgBM : packed;
     const int64_t n_keys = a.pos0 + (m_end - 1) / a.G + 1;  // keys visible to the block's last row
     const int64_t diag = a.pos0 + m0 / a.G;  // keys <= diag are visible to every row of the block
@@ -531,10 +533,15 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.o = a.o;
     f.ldo = a.ldo;
     f.G = a.n_heads / a.n_kv_heads;
+    f.n_kv_heads = a.n_kv_heads;
     f.rows = a.rows;
     f.pos0 = a.pos0;
     f.scale_log2 = a.scale * 1.4426950408889634f;
-    const dim3 grid(unsigned(ceil_div(a.rows * f.G, kWgBM)), unsigned(a.n_kv_heads));
+    const int64_t blocks = ceil_div(a.rows * f.G, kWgBM) * a.n_kv_heads;
+    if (blocks > kMaxGridX)
+        return fail(PF_STATUS_UNSUPPORTED, "attention: %lld rows x %d heads exceed one grid",
+                    (long long)a.rows, a.n_heads);
+    const dim3 grid{unsigned(blocks)};
     wgmma_attn_kernel<D, BN><<<grid, kWgThreads, smem, st>>>(f, tm_k, tm_v);
     PF_LAUNCH_CHECK("wgmma_attn_kernel<%d, %d>", D, BN);
     return PF_STATUS_OK;
