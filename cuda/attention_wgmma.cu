@@ -8,10 +8,12 @@
 //    Warp specialisation: a producer warpgroup (one thread issues the TMA loads; the group
 //    gives its registers to the others with setmaxnreg) and two consumer warpgroups (64 packed
 //    rows each: the M of one wgmma.m64nNk16).
-//  - K/V tiles of BN keys go through 2 stages, each with its own mbarriers: full_k / full_v (the
-//    producer's arrive.expect_tx + the TMA's complete_tx bytes) and empty (the 256 consumer
-//    threads arrive when their last wgmma on the stage has completed). The TMA writes the 128-byte
-//    swizzle itself (box = BN rows x 64 columns) and fills rows past pos0 + rows with zeros.
+//  - K and V tiles of BN keys go through two separate 2-stage pipelines, each stage with a full
+//    mbarrier (the producer's arrive.expect_tx + the TMA's complete_tx bytes) and an empty one
+//    (the 256 consumer threads arrive when the wgmma reading the tile has completed): K_i is
+//    released as soon as S_i is done, a tile before V_i, so K_{i+2} loads while tile i+1 is
+//    worked on. The TMA writes the 128-byte swizzle itself (box = BN rows x 64 columns) and
+//    fills rows past pos0 + rows with zeros.
 //  - Per tile, each warpgroup: S = Q K^T (wgmma, A and B from shared memory, K-major), causal mask
 //    on the tiles that cross the diagonal only, online softmax (exp2, scale folded into log2 e),
 //    P converted to fp16 in registers (the accumulator layout of S is the A-register layout of
@@ -62,9 +64,9 @@ struct wgmma_attn_args {
 
 template <int D, int BN>
 constexpr size_t wgmma_smem_bytes() {
-    // Q tile, kStages of K and V, 3 x kStages mbarriers (8 bytes each), and the slack that lets
+    // Q tile, kStages of K and V, 4 x kStages mbarriers (8 bytes each), and the slack that lets
     // the kernel align its base to 1024.
-    return size_t(kWgBM) * D * 2 + 2 * kStages * size_t(BN) * D * 2 + 3 * kStages * 8 + kSwizzleAtom;
+    return size_t(kWgBM) * D * 2 + 2 * kStages * size_t(BN) * D * 2 + 4 * kStages * 8 + kSwizzleAtom;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -211,10 +213,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const uint32_t sQ = base;
     const uint32_t sK0 = sQ + kQBytes;                  // stage s of K at sK0 + s * kTileBytes
     const uint32_t sV0 = sK0 + kStages * kTileBytes;    // stage s of V at sV0 + s * kTileBytes
-    const uint32_t bars = sV0 + kStages * kTileBytes;   // full_k[s], full_v[s], empty[s]
+    const uint32_t bars = sV0 + kStages * kTileBytes;   // full_k, full_v, empty_k, empty_v [s]
     const auto full_k = [&](int st) { return bars + 8 * st; };
     const auto full_v = [&](int st) { return bars + 8 * (kStages + st); };
-    const auto empty = [&](int st) { return bars + 8 * (2 * kStages + st); };
+    const auto empty_k = [&](int st) { return bars + 8 * (2 * kStages + st); };
+    const auto empty_v = [&](int st) { return bars + 8 * (3 * kStages + st); };
 
     const int tid = threadIdx.x;
     // One linear grid, KV head fastest and row tiles from the last (most keys) to the first:
@@ -232,7 +235,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         for (int st = 0; st < kStages; ++st) {
             mbar_init(full_k(st), 1);  // the producer's arrive.expect_tx
             mbar_init(full_v(st), 1);
-            mbar_init(empty(st), kWgConsumers);  // every consumer thread
+            mbar_init(empty_k(st), kWgConsumers);  // every consumer thread
+            mbar_init(empty_v(st), kWgConsumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -242,15 +246,18 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         // Producer warpgroup: thread 0 streams the K and V tiles of this block's keys.
         setmaxnreg_dec<kProducerRegs>();
         if (tid == 0) {
+            // Tile `it` goes to stage it % kStages once the tile kStages back has been released
+            // there (its use-th refill waits for release number use - 1).
             for (int it = 0; it < n_tiles; ++it) {
                 const int st = it % kStages, use = it / kStages;
-                if (use > 0) mbar_wait(empty(st), (use - 1) & 1);  // the tile kStages back is done
                 const int j0 = it * BN;
+                if (use > 0) mbar_wait(empty_k(st), (use - 1) & 1);
                 mbar_arrive_expect_tx(full_k(st), kTileBytes);
 #pragma unroll
                 for (int b = 0; b < D / kSwizzleCols; ++b)
                     tma_load_2d(sK0 + st * kTileBytes + b * BN * kSwizzleRow, &tm_k,
                                 kvh * D + b * kSwizzleCols, j0, full_k(st));
+                if (use > 0) mbar_wait(empty_v(st), (use - 1) & 1);
                 mbar_arrive_expect_tx(full_v(st), kTileBytes);
 #pragma unroll
                 for (int b = 0; b < D / kSwizzleCols; ++b)
@@ -259,8 +266,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             }
             // Stay until the consumers have released the last stages: no TMA of this block is
             // in flight when its issuing thread exits.
-            for (int it = n_tiles > kStages ? n_tiles - kStages : 0; it < n_tiles; ++it)
-                mbar_wait(empty(it % kStages), (it / kStages) & 1);
+            for (int it = n_tiles > kStages ? n_tiles - kStages : 0; it < n_tiles; ++it) {
+                mbar_wait(empty_k(it % kStages), (it / kStages) & 1);
+                mbar_wait(empty_v(it % kStages), (it / kStages) & 1);
+            }
         }
         return;
     }
@@ -317,6 +326,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     issue_qk<D, BN>(s, q_wg, sK0);
     wgmma_wait<0>();
     fence_regs(s);
+    mbar_arrive(empty_k(0));  // K_0 is done with
     softmax_tile<BN>(s, 0, crosses_diag(0), last_key, tig, a.scale_log2, sm, p, alpha);
     // The loop runs the tiles that have a successor; the last tile's product follows it, so
     // every iteration commits the same two wgmma groups (ptxas tracks them statically).
@@ -330,13 +340,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
         wgmma_wait<1>();  // S of tile it+1 is done; P_it V_it may still run
         fence_regs(s);
+        mbar_arrive(empty_k(nst));  // K_{it+1} is done with
         uint32_t p_next[BN / 16][4];
         softmax_tile<BN>(s, int64_t(it + 1) * BN, crosses_diag(it + 1), last_key, tig,
                          a.scale_log2, sm, p_next, alpha);
         wgmma_wait<0>();
         fence_regs(acc);
         fence_regs(p);  // P_it stays in its registers until its product is complete
-        mbar_arrive(empty(st));  // K_it (read a tile ago) and V_it are no longer needed
+        mbar_arrive(empty_v(st));  // V_it is done with
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
 #pragma unroll
@@ -351,7 +362,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wgmma_wait<0>();
     fence_regs(acc);
     fence_regs(p);
-    mbar_arrive(empty(st));
+    mbar_arrive(empty_v(st));
 
     // Normalise and store the rows of this chunk (fp32; scalar stores: ldo may be odd).
 #pragma unroll
