@@ -60,16 +60,29 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// Spins until the phase with parity `parity` has completed (phases alternate 0, 1, 0, ...).
+// Waits for the phase with parity `parity` to complete (phases alternate 0, 1, 0, ...). A wait
+// that never ends (a TMA that never completes, a phase bug) traps after kWaitTries failed tries,
+// so the launch fails with an error instead of hanging the device; each try waits up to a
+// hardware time limit, so that is seconds or more, where a real wait lasts microseconds. The
+// loop stays inside one asm block (one extra register), which keeps the wgmma pipelines around
+// it free of spills.
+constexpr unsigned kWaitTries = 1u << 27;
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile(
         "{\n"
-        ".reg .pred done;\n"
+        ".reg .pred p;\n"
+        ".reg .u32 n;\n"
+        "mov.u32 n, 0;\n"
         "WAIT_LOOP:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_LOOP;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra WAIT_DONE;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 p, n, %2;\n"
+        "@p bra WAIT_LOOP;\n"
+        "trap;\n"
+        "WAIT_DONE:\n"
         "}\n" ::"r"(bar),
-        "r"(parity)
+        "r"(parity), "n"(kWaitTries)
         : "memory");
 }
 
