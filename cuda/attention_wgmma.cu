@@ -101,31 +101,28 @@ struct softmax_state {
     float row_sum[2];  // this thread's partial sums (quad-reduced at the end)
 };
 
-// One tile of scores s (wgmma accumulator layout, keys j0..j0+BN-1): scale, mask when the tile
-// crosses the diagonal, update max and sum, write P (fp16 A registers of the P V product) and the
-// factor alpha[r] the accumulator rows must be multiplied by.
+// One tile of raw scores s (wgmma accumulator layout, keys j0..j0+BN-1): mask when the tile
+// crosses the diagonal, update max and sum (in scaled base-2 units), write P (fp16 A registers
+// of the P V product) and the factor alpha[r] the accumulator rows must be multiplied by.
 template <int BN>
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, bool masked,
                                              const int64_t (&last_key)[2], int tig,
                                              float scale_log2, softmax_state &st,
                                              uint32_t (&p)[BN / 16][4], float (&alpha)[2]) {
+    // The max runs on the raw scores and the scale enters once per element, in the exponent's
+    // FFMA: exp2(s * scale_log2 - max * scale_log2) (scale_log2 > 0 keeps the max the max).
     float tile_max[2] = {-INFINITY, -INFINITY};
     if (masked) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
             const int r = (i >> 1) & 1;
             const int64_t j = j0 + 8 * (i >> 2) + 2 * tig + (i & 1);
-            const float x = j <= last_key[r] ? s[i] * scale_log2 : -INFINITY;
-            s[i] = x;
-            tile_max[r] = fmaxf(tile_max[r], x);
+            if (j > last_key[r]) s[i] = -INFINITY;
+            tile_max[r] = fmaxf(tile_max[r], s[i]);
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-            const int r = (i >> 1) & 1;
-            s[i] *= scale_log2;
-            tile_max[r] = fmaxf(tile_max[r], s[i]);
-        }
+        for (int i = 0; i < BN / 2; ++i) tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], s[i]);
     }
     float base[2];
 #pragma unroll
@@ -133,7 +130,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, boo
         // The 4 lanes of a quad (same gid) hold the row's columns: reduce over lane bits 0-1.
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
-        const float new_max = fmaxf(st.row_max[r], tile_max[r]);
+        const float new_max = fmaxf(st.row_max[r], tile_max[r] * scale_log2);
         // A row with no visible key so far keeps max -inf: base 0 makes exp2(-inf) = 0, not NaN
         // (key 0 is visible to every row, so after the first tile the max is finite).
         base[r] = new_max == -INFINITY ? 0.f : new_max;
@@ -144,7 +141,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, boo
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
         const int r = (i >> 1) & 1;
-        s[i] = exp2f(s[i] - base[r]);
+        s[i] = exp2f(fmaf(s[i], scale_log2, -base[r]));
         tile_sum[r] += s[i];
     }
 #pragma unroll
