@@ -58,6 +58,7 @@ struct wgmma_attn_args {
     float *o;
     int64_t ldo;
     int32_t G, n_kv_heads;
+    int32_t q_vec4;  // q, ldq and the head stride are whole 16-byte units: vector loads of q
     int64_t rows, pos0;
     float scale_log2;  // scale * log2(e): the softmax runs in base 2 (exp2f)
 };
@@ -278,20 +279,39 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int lane = ctid & 31, gid = lane >> 2, tig = lane & 3;
 
     // Q tile: fp32 -> fp16 (saturating), written straight into the swizzled layout; rows past
-    // the chunk are zero and never stored. Scalar loads: ldq and the head stride may be odd.
-    for (int idx = ctid; idx < kWgBM * CPR; idx += kWgConsumers) {
-        const int r = idx / CPR, c = idx % CPR;
+    // the chunk are zero and never stored. All of a thread's loads are issued before the first
+    // conversion (one memory latency per block, not one per chunk); 16-byte loads where q, ldq
+    // and the head stride allow them (a.q_vec4), else scalar ones.
+    constexpr int kQIters = kWgBM * CPR / kWgConsumers;  // 16-byte chunks of the tile per thread
+    static_assert(kWgBM * CPR % kWgConsumers == 0, "whole chunks per thread");
+    float qx[kQIters][8];
+#pragma unroll
+    for (int k = 0; k < kQIters; ++k) {
+        const int idx = ctid + k * kWgConsumers, r = idx / CPR, c = idx % CPR;
         const int64_t m = m0 + r;
-        __align__(16) __half h8[8];
         if (m < packed) {
             const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
             const float *src = a.q + t * a.ldq + h * a.qhs + c * 8;
+            if (a.q_vec4) {
+                const float4 lo = __ldg(reinterpret_cast<const float4 *>(src));
+                const float4 hi = __ldg(reinterpret_cast<const float4 *>(src) + 1);
+                qx[k][0] = lo.x, qx[k][1] = lo.y, qx[k][2] = lo.z, qx[k][3] = lo.w;
+                qx[k][4] = hi.x, qx[k][5] = hi.y, qx[k][6] = hi.z, qx[k][7] = hi.w;
+            } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) h8[e] = wg_to_half_sat(src[e]);
+                for (int e = 0; e < 8; ++e) qx[k][e] = __ldg(src + e);
+            }
         } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) h8[e] = __float2half_rn(0.f);
+            for (int e = 0; e < 8; ++e) qx[k][e] = 0.f;
         }
+    }
+#pragma unroll
+    for (int k = 0; k < kQIters; ++k) {
+        const int idx = ctid + k * kWgConsumers, r = idx / CPR, c = idx % CPR;
+        __align__(16) __half h8[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h8[e] = wg_to_half_sat(qx[k][e]);
         *reinterpret_cast<uint4 *>(base_ptr + swizzled_offset(r, c, kWgBM)) =
             *reinterpret_cast<const uint4 *>(h8);
     }
@@ -414,6 +434,7 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.ldo = a.ldo;
     f.G = a.n_heads / a.n_kv_heads;
     f.n_kv_heads = a.n_kv_heads;
+    f.q_vec4 = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && a.ldq % 4 == 0 && a.q_head_stride % 4 == 0;
     f.rows = a.rows;
     f.pos0 = a.pos0;
     f.scale_log2 = a.scale * 1.4426950408889634f;

@@ -186,6 +186,20 @@ def test_flash_kernel_large_scores(ctx, rng, kernel, shape):
 
 
 @gpu
+@pytest.mark.parametrize("kernel", FLASH_KERNELS)
+def test_flash_kernel_odd_q_row_stride(ctx, rng, kernel):
+    """q rows 3 floats wider than the heads (q_row_stride odd): q is read without 16-byte loads."""
+    H, Hkv, D, rows, pos0 = 16, 4, 256, 150, 40
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
+                               kv_dtype="f16")
+    qw = np.concatenate([q, rng.standard_normal((rows, 3)).astype(np.float32)], axis=1)
+    out = flash_np(ctx, kernel, qw, k, v, n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0,
+                   q_head_stride=qhs)
+    assert_flash_close(f"flash/{kernel} q_row_stride={qw.shape[1]}", q, k, v, out, H=H, Hkv=Hkv,
+                       D=D, pos0=pos0, qhs=qhs)
+
+
+@gpu
 def test_flash_kernels_agree(ctx, rng):
     """mma and wgmma on the same inputs (qwen35 layout, pos0 > 0): within twice the bound."""
     H, Hkv, D, rows, pos0 = 16, 4, 256, 333, 222
