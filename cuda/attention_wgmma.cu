@@ -19,8 +19,9 @@
 //    P converted to fp16 in registers (the accumulator layout of S is the A-register layout of
 //    the next wgmma), O += P V (wgmma, A from registers, B = V from shared memory MN-major).
 //    S of tile i+1 is issued before O += P_i V_i and its softmax runs while that product is in
-//    flight (FA3's intra-warpgroup pipelining); the two warpgroups, not in lock step, also
-//    overlap each other's softmax and products.
+//    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
+//    products (FA3's ping-pong), so one's softmax overlaps the other's products.
+//    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
 //    launched heaviest first.
 //  - The Q tile (fp32 in global memory) is converted to fp16 by the consumers and stored into the
@@ -58,16 +59,18 @@ struct wgmma_attn_args {
     float *o;
     int64_t ldo;
     int32_t G, n_kv_heads;
-    int32_t q_vec4;  // q, ldq and the head stride are whole 16-byte units: vector loads of q
+    int32_t q_vec4;    // q, ldq and the head stride are whole 16-byte units: vector loads of q
+    int32_t pingpong;  // the consumer warpgroups take turns issuing wgmma (PREFILL_ATTN_PINGPONG)
     int64_t rows, pos0;
     float scale_log2;  // scale * log2(e): the softmax runs in base 2 (exp2f)
 };
 
 template <int D, int BN>
 constexpr size_t wgmma_smem_bytes() {
-    // Q tile, kStages of K and V, 4 x kStages mbarriers (8 bytes each), and the slack that lets
-    // the kernel align its base to 1024.
-    return size_t(kWgBM) * D * 2 + 2 * kStages * size_t(BN) * D * 2 + 4 * kStages * 8 + kSwizzleAtom;
+    // Q tile, kStages of K and V, 4 x kStages + 2 mbarriers (8 bytes each), and the slack that
+    // lets the kernel align its base to 1024.
+    return size_t(kWgBM) * D * 2 + 2 * kStages * size_t(BN) * D * 2 + (4 * kStages + 2) * 8 +
+           kSwizzleAtom;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -216,6 +219,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const auto full_v = [&](int st) { return bars + 8 * (kStages + st); };
     const auto empty_k = [&](int st) { return bars + 8 * (2 * kStages + st); };
     const auto empty_v = [&](int st) { return bars + 8 * (3 * kStages + st); };
+    const auto sched = [&](int w) { return bars + 8 * (4 * kStages + w); };  // ping-pong turns
 
     const int tid = threadIdx.x;
     // One linear grid, KV head fastest and row tiles from the last (most keys) to the first:
@@ -236,6 +240,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             mbar_init(empty_k(st), kWgConsumers);  // every consumer thread
             mbar_init(empty_v(st), kWgConsumers);
         }
+        mbar_init(sched(0), kWgConsumers / 2);  // the 128 threads of the other warpgroup
+        mbar_init(sched(1), kWgConsumers / 2);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves after its loop
@@ -339,8 +345,24 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
     // Tile 0's scores and probabilities before the loop; in iteration it, S of tile it+1 is in
     // flight while P_it V_it is issued, and its softmax overlaps that product.
+    // Ping-pong (FA3's warp-scheduler barrier, on mbarriers so that a stuck wait traps): the two
+    // warpgroups issue their wgmma batches in turn, batch k of warpgroup 1 after batch k of
+    // warpgroup 0 and batch k+1 of warpgroup 0 after batch k of warpgroup 1, so that one
+    // warpgroup's softmax runs while the other's products occupy the tensor cores. Batches:
+    // 0 = S_0, it+1 = S_{it+1} and P_it V_it, n_tiles = the last P V.
+    const bool pingpong = a.pingpong != 0;
+    const auto turn_wait = [&](int k) {
+        if (pingpong) mbar_wait(sched(wg), uint32_t(k) & 1);
+    };
+    const auto turn_pass = [&]() {
+        if (pingpong) mbar_arrive(sched(wg ^ 1));
+    };
+    if (pingpong && wg == 1) mbar_arrive(sched(0));  // warpgroup 0 goes first
+
     mbar_wait(full_k(0), 0);
+    turn_wait(0);
     issue_qk<D, BN>(s, q_wg, sK0);
+    turn_pass();
     wgmma_wait<0>();
     fence_regs(s);
     mbar_arrive(empty_k(0));  // K_0 is done with
@@ -351,10 +373,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const int st = it % kStages, use = it / kStages;
         const int nst = (it + 1) % kStages;
         mbar_wait(full_k(nst), ((it + 1) / kStages) & 1);
-        issue_qk<D, BN>(s, q_wg, sK0 + nst * kTileBytes);
         mbar_wait(full_v(st), use & 1);
+        turn_wait(it + 1);
+        issue_qk<D, BN>(s, q_wg, sK0 + nst * kTileBytes);
         fence_regs(acc);
         issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
+        turn_pass();
         wgmma_wait<1>();  // S of tile it+1 is done; P_it V_it may still run
         fence_regs(s);
         mbar_arrive(empty_k(nst));  // K_{it+1} is done with
@@ -374,8 +398,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     const int it = n_tiles - 1, st = it % kStages;
     mbar_wait(full_v(st), (it / kStages) & 1);
+    turn_wait(n_tiles);
     fence_regs(acc);
     issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
+    turn_pass();
     wgmma_wait<0>();
     fence_regs(acc);
     fence_regs(p);
@@ -418,6 +444,16 @@ pf_status make_cache_map(CUtensorMap *map, const void *cache, int64_t kv_dim, in
     return PF_STATUS_OK;
 }
 
+// PREFILL_ATTN_PINGPONG=0 turns the consumer warpgroups' turn-taking off (A/B measurements, or
+// to rule it out); anything else or unset keeps it. Read once per process.
+int32_t pingpong_env() {
+    static const int32_t v = [] {
+        const char *e = std::getenv("PREFILL_ATTN_PINGPONG");
+        return int32_t(!(e && std::strcmp(e, "0") == 0));
+    }();
+    return v;
+}
+
 template <int D, int BN>
 pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
@@ -435,6 +471,7 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.G = a.n_heads / a.n_kv_heads;
     f.n_kv_heads = a.n_kv_heads;
     f.q_vec4 = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && a.ldq % 4 == 0 && a.q_head_stride % 4 == 0;
+    f.pingpong = pingpong_env();
     f.rows = a.rows;
     f.pos0 = a.pos0;
     f.scale_log2 = a.scale * 1.4426950408889634f;
