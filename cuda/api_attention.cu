@@ -64,6 +64,10 @@ pf_status resolve_options(const pf_attention_options *o, const char *fn, resolve
     PF_TRY(check_kv_dtype(o->kv_dtype, fn));
     PF_CHECK_ARG(o->path == PF_ATTN_AUTO || o->path == PF_ATTN_CUBLAS || o->path == PF_ATTN_FLASH,
                  "%s: path=%d (PF_ATTN_AUTO 0, PF_ATTN_CUBLAS 1, PF_ATTN_FLASH 2)", fn, (int)o->path);
+    PF_CHECK_ARG(o->kernel == PF_ATTN_KERNEL_AUTO || o->kernel == PF_ATTN_KERNEL_MMA ||
+                     o->kernel == PF_ATTN_KERNEL_WGMMA,
+                 "%s: kernel=%d (PF_ATTN_KERNEL_AUTO 0, PF_ATTN_KERNEL_MMA 1, PF_ATTN_KERNEL_WGMMA 2)",
+                 fn, (int)o->kernel);
     PF_CHECK_ARG(o->rows >= 0, "%s: rows=%lld must be >= 0", fn, (long long)o->rows);
     PF_CHECK_ARG(o->pos0 >= 0, "%s: pos0=%lld must be >= 0", fn, (long long)o->pos0);
     PF_CHECK_ARG(o->rows <= INT32_MAX && o->pos0 <= INT32_MAX - o->rows,
@@ -103,6 +107,7 @@ pf_status resolve_options(const pf_attention_options *o, const char *fn, resolve
     a.pos0 = o->pos0;
     a.scale = o->scale > 0.f ? o->scale : float(1.0 / std::sqrt(double(D)));
     a.path = o->path;
+    a.kernel = o->kernel;
     a.rows_per_pass = o->rows_per_pass;
     a.scores_budget_bytes = o->scores_budget_bytes;
     // Buffers come from cudaMalloc (256-byte aligned): plan as if the caches were aligned.

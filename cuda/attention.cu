@@ -605,6 +605,14 @@ int32_t attention_resolved_path(const attention_args &a) {
     return PF_ATTN_FLASH;
 }
 
+int32_t attention_resolved_kernel(const attention_args &a, int device) {
+    if (a.kernel == PF_ATTN_KERNEL_MMA || a.kernel == PF_ATTN_KERNEL_WGMMA) return a.kernel;
+    const bool have = attention_wgmma_available(device);
+    const int32_t env = attention_kernel_env();
+    if (env == PF_ATTN_KERNEL_MMA) return PF_ATTN_KERNEL_MMA;
+    return have ? PF_ATTN_KERNEL_WGMMA : PF_ATTN_KERNEL_MMA;  // env wgmma or unset
+}
+
 int64_t attention_rows_per_pass(const attention_args &a) {
     const int64_t rows = std::max<int64_t>(a.rows, 1);
     int64_t rpp = a.rows_per_pass;
@@ -645,6 +653,13 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
                         "attention: the flash path needs an fp16 cache (kv_dtype=%d), head_dim 128 "
                         "or 256 (head_dim=%d) and 16-byte aligned caches",
                         (int)a.kv_dtype, a.head_dim);
+        if (attention_resolved_kernel(a, ctx->device) == PF_ATTN_KERNEL_WGMMA) {
+            if (!attention_wgmma_available(ctx->device))
+                return fail(PF_STATUS_UNSUPPORTED,
+                            "attention: kernel=PF_ATTN_KERNEL_WGMMA needs a compute capability 9.0 "
+                            "device and a library built with sm_90a (CMAKE_CUDA_ARCHITECTURES 90a)");
+            return attention_flash_wgmma(a, ctx->stream);
+        }
         if (a.head_dim == 128) return launch_flash<128, 64>(a, ctx->stream);
         return launch_flash<256, 32>(a, ctx->stream);
     }

@@ -53,6 +53,8 @@ struct attention_args {
     int64_t pos0 = 0;  // position of query row 0; keys 0..pos0+t are visible to row t
     float scale = 0;   // softmax scale, normally 1/sqrt(D)
     int32_t path = PF_ATTN_AUTO;
+    // Flash path only: pf_attn_kernel (AUTO: PREFILL_ATTN_KERNEL, else wgmma where available).
+    int32_t kernel = PF_ATTN_KERNEL_AUTO;
     // cuBLAS path only. The query rows run in passes of at most rows_per_pass rows; 0 = derive it
     // from scores_budget_bytes (0 = kAttnDefaultBudget) so that the workspace stays within it.
     int64_t rows_per_pass = 0;
@@ -85,6 +87,10 @@ constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-p
 //    pointers): fp16 Q/K/V/P into mma.sync m16n8k16 tensor-core products, fp32 accumulation and
 //    online softmax, no scores materialised; the G query heads of one KV head share a tile, KV
 //    tiles past the causal limit are skipped. Bound 3e-3. Anything else: UNSUPPORTED.
+//    Two kernels serve it (a.kernel, see attention_resolved_kernel): the mma.sync kernel above
+//    (sm_80+), and on Hopper the wgmma kernel of attention_wgmma.cu (128 packed rows per block,
+//    wgmma for both products, 128B-swizzled K/V tiles loaded by TMA into a 2-stage mbarrier
+//    pipeline, a producer and two consumer warpgroups). Same bound; no workspace.
 //  - PF_ATTN_AUTO: flash where it applies, else cuBLAS.
 // ctx is needed for the cuBLAS handles, its stream and the scratch; runs on ctx->stream.
 // Scalar checks only (the C API validates buffers); rows == 0 is a no-op.
@@ -99,6 +105,20 @@ int64_t attention_rows_per_pass(const attention_args &a);
 // Workspace bytes the cuBLAS path needs for passes of `rows_per_pass` rows with keys up to
 // pos0 + rows (0 for the flash path). Use it to size attention_args::workspace.
 size_t attention_workspace_bytes(const attention_args &a, int64_t rows_per_pass);
+
+// The Hopper flash kernel (attention_wgmma.cu): true when the library holds sm_90a code and
+// `device` has compute capability 9.0 (cached per device).
+bool attention_wgmma_available(int device);
+// PREFILL_ATTN_KERNEL read once per process: PF_ATTN_KERNEL_MMA for "mma", _WGMMA for "wgmma",
+// else PF_ATTN_KERNEL_AUTO.
+int32_t attention_kernel_env();
+// The flash kernel `a` runs on `device`: PF_ATTN_KERNEL_MMA or PF_ATTN_KERNEL_WGMMA (an explicit
+// a.kernel first, then the environment, then wgmma where available). An explicit WGMMA where it
+// is not available resolves to WGMMA, and attention() reports it UNSUPPORTED.
+int32_t attention_resolved_kernel(const attention_args &a, int device);
+// Runs the wgmma kernel (D 128 or 256, fp16 cache, 16-byte aligned caches; the caller checked
+// attention_flash_supported and attention_wgmma_available) on `stream`.
+pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t stream);
 
 // Frees this family's per-context scratch (call from context teardown; harmless when none).
 void attention_release(pf_context *ctx);

@@ -203,6 +203,15 @@ typedef enum pf_attn_path {
                            fp32 cache or head_dim other than 128 and 256 */
 } pf_attn_path;
 
+typedef enum pf_attn_kernel {  /* which flash kernel PF_ATTN_FLASH (or AUTO's flash choice) runs */
+    PF_ATTN_KERNEL_AUTO = 0,   /* the environment's PREFILL_ATTN_KERNEL=mma|wgmma if set (wgmma
+                                  where this device and build have it, else mma), else wgmma on a
+                                  compute capability 9.0 device with an sm_90a build, else mma */
+    PF_ATTN_KERNEL_MMA = 1,    /* mma.sync m16n8k16 (sm_80 and later) */
+    PF_ATTN_KERNEL_WGMMA = 2   /* Hopper wgmma (cc 9.0 and a build with 90a); UNSUPPORTED at
+                                  pf_attention elsewhere */
+} pf_attn_kernel;
+
 typedef struct pf_attention_options {
     size_t struct_size;         /* set by pf_attention_options_init; do not change */
     int32_t n_heads;            /* H query heads, 1..4096. no default (0) */
@@ -224,6 +233,7 @@ typedef struct pf_attention_options {
     size_t scores_budget_bytes; /* cuBLAS path: device workspace of one pass, about
                                    H * rows_per_pass * (pos0 + rows) * (4 fp32 scores + 2 fp16
                                    probabilities for an fp16 cache) bytes; 0 = 256 MiB. default 0 */
+    int32_t kernel;             /* flash path: pf_attn_kernel. default PF_ATTN_KERNEL_AUTO */
 } pf_attention_options;
 
 PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t struct_size);

@@ -1,15 +1,22 @@
-"""Causal grouped attention over an fp16 KV cache, flash and cuBLAS paths, against torch
-`scaled_dot_product_attention` (fp16), for H16/Hkv4/D256 (qwen35-4b) and H32/Hkv8/D128
-(qwen3-4b): T new rows at position 0 for each length, and 2048 new rows at pos0 = 30720 (a
-chunk deep into a long prompt). TF/s count the causal FLOPs once: 4 x H x D x (query, key)
-pairs under the mask."""
+"""Causal grouped attention over an fp16 KV cache against torch `scaled_dot_product_attention`
+(fp16), for H16/Hkv4/D256 (qwen35-4b) and H32/Hkv8/D128 (qwen3-4b): T new rows at position 0
+for each length, and 2048 new rows at pos0 = 30720 (a chunk deep into a long prompt). Ours in
+one run: both flash kernels by name ("ours flash wgmma": the Hopper kernel, skipped with the
+reason where the device or build lacks it; "ours flash mma": the mma.sync kernel) and the cuBLAS
+path (up to 8192 keys: past that its passes only measure the scores traffic). Each row's ratio is
+SDPA time / ours (> 1: ours faster). TF/s count the causal FLOPs once: 4 x H x D x (query, key)
+pairs under the mask. The issue-10 table:
+    pyprefill bench kernels --families attention --lengths 2048,8192,32768 --out DIR"""
 from __future__ import annotations
 
 from ..formats.synth import preset_desc
 from ..kernels import attention as K
 
 SHAPES = ("qwen35-4b", "qwen3-4b")
-PATHS = ("flash", "cublas")
+# (label, path, flash kernel) of each timed variant of ours.
+VARIANTS = (("flash wgmma", "flash", "wgmma"), ("flash mma", "flash", "mma"),
+            ("cublas", "cublas", "auto"))
+CUBLAS_MAX_KEYS = 8192
 DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
 
 
@@ -18,9 +25,9 @@ def _kv_write(ctx, k, v, k_cache, v_cache, rows, kv_dim, pos0):
     K.kv_write(ctx, k, v, k_cache, v_cache, rows=rows, kv_dim=kv_dim, pos0=pos0, kv_dtype="f16")
 
 
-def _attention(ctx, q, k_cache, v_cache, out, H, Hkv, D, rows, pos0, path):
+def _attention(ctx, q, k_cache, v_cache, out, H, Hkv, D, rows, pos0, path, kernel):
     K.attention(ctx, q, k_cache, v_cache, out, n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows,
-                pos0=pos0, kv_dtype="f16", path=path)
+                pos0=pos0, kv_dtype="f16", path=path, kernel=kernel)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -81,13 +88,15 @@ def case(b, d, rows: int, pos0: int) -> None:
         k, v = b.upload(b.rand(S, kv_dim)), b.upload(b.rand(S, kv_dim))
         _kv_write(b.ctx, k, v, kc, vc, S, kv_dim, 0)
         b.ctx.synchronize()
-    for path in PATHS:
-        def run(path=path):
+    for label, path, kernel in VARIANTS:
+        if path == "cublas" and S > CUBLAS_MAX_KEYS:
+            continue
+        def run(path=path, kernel=kernel, label=label):
             t = b.time_ours(lambda i: _attention(b.ctx, qs[i % n], kcs[i % n], vcs[i % n],
-                                                 outs[i % n], H, Hkv, D, rows, pos0, path),
+                                                 outs[i % n], H, Hkv, D, rows, pos0, path, kernel),
                             target_s=0.01)
-            b.add(op, rows, f"ours {path}", t, flops=flops, peer=peer, note=note, sets=n)
-        b.rec.guard(f"{op} T={rows} {path}", run)
+            b.add(op, rows, f"ours {label}", t, flops=flops, peer=peer, note=note, sets=n)
+        b.rec.guard(f"{op} T={rows} {label}", run)
 
 
 def run(b, lengths) -> None:

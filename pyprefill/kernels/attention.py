@@ -22,6 +22,7 @@ from ._common import (View, array_arg, buffer_arg, c_view, ctx_arg, download, in
 
 KV_DTYPES = enum_map("pf_kv_dtype", "PF_KV_")        # {"f16": 0, "f32": 1}
 PATHS = enum_map("pf_attn_path", "PF_ATTN_")         # {"auto": 0, "cublas": 1, "flash": 2}
+KERNELS = enum_map("pf_attn_kernel", "PF_ATTN_KERNEL_")  # {"auto": 0, "mma": 1, "wgmma": 2}
 _PATH_NAMES = {v: k for k, v in PATHS.items()}
 _NP_KV = {KV_DTYPES["f16"]: np.float16, KV_DTYPES["f32"]: np.float32}
 
@@ -38,11 +39,19 @@ def path_id(path) -> int:
     return enum_value(path, PATHS, "path")
 
 
+def kernel_id(kernel) -> int:
+    """A pf_attn_kernel value from a name ("auto", "mma", "wgmma") or one of the values."""
+    return enum_value(kernel, KERNELS, "kernel")
+
+
 def attention_options(*, n_heads: int, n_kv_heads: int, head_dim: int, rows: int, pos0: int = 0,
                       scale: float = 0.0, kv_dtype="f16", path="auto", q_head_stride: int = 0,
                       q_row_stride: int = 0, out_row_stride: int = 0, rows_per_pass: int = 0,
-                      scores_budget_bytes: int = 0):
-    """A filled ``pf_attention_options`` (cffi struct). The library validates the values."""
+                      scores_budget_bytes: int = 0, kernel="auto"):
+    """A filled ``pf_attention_options`` (cffi struct). The library validates the values.
+    ``kernel`` picks the flash kernel ("auto": PREFILL_ATTN_KERNEL, else wgmma on Hopper with an
+    sm_90a build, else mma; "mma"; "wgmma": UNSUPPORTED at run time where it is not built or the
+    device is not compute capability 9.0)."""
     o = new_args("pf_attention_options")
     o.n_heads, o.n_kv_heads, o.head_dim = int(n_heads), int(n_kv_heads), int(head_dim)
     o.rows, o.pos0, o.scale = int(rows), int(pos0), float(scale)
@@ -50,6 +59,7 @@ def attention_options(*, n_heads: int, n_kv_heads: int, head_dim: int, rows: int
     o.q_head_stride, o.q_row_stride, o.out_row_stride = (int(q_head_stride), int(q_row_stride),
                                                          int(out_row_stride))
     o.rows_per_pass, o.scores_budget_bytes = int(rows_per_pass), int(scores_budget_bytes)
+    o.kernel = kernel_id(kernel)
     return o
 
 
@@ -127,7 +137,8 @@ def kv_write_np(ctx: Context, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray,
 def attention_np(ctx: Context, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, *,
                  n_heads: int, n_kv_heads: int, head_dim: int, pos0: int, q_head_stride: int = 0,
                  scale: float = 0.0, path="auto", rows_per_pass: int = 0,
-                 scores_budget_bytes: int = 0, out_row_stride: int = 0) -> np.ndarray:
+                 scores_budget_bytes: int = 0, out_row_stride: int = 0,
+                 kernel="auto") -> np.ndarray:
     """Causal grouped attention on the device.
 
     q: float32 [rows][q_row_stride] (row t = position pos0 + t; head h at column h*q_head_stride).
@@ -154,7 +165,8 @@ def attention_np(ctx: Context, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
         attention(ctx, bq, bk, bv, bo, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                   rows=rows, pos0=pos0, scale=scale, kv_dtype=k_cache.dtype, path=path,
                   q_head_stride=q_head_stride, q_row_stride=q.shape[1], out_row_stride=ldo,
-                  rows_per_pass=rows_per_pass, scores_budget_bytes=scores_budget_bytes)
+                  rows_per_pass=rows_per_pass, scores_budget_bytes=scores_budget_bytes,
+                  kernel=kernel)
         out = download(ctx, bo, np.float32, (rows, ldo))
     return out[:, :n_heads * head_dim]
 
@@ -170,6 +182,6 @@ def argmax_np(ctx: Context, x: np.ndarray) -> np.ndarray:
         return download(ctx, bo, np.int32, (rows,))
 
 
-__all__ = ["KV_DTYPES", "PATHS", "View", "kv_dtype_id", "path_id", "attention_options",
-           "attention_plan", "kv_write", "attention", "argmax", "kv_write_np", "attention_np",
-           "argmax_np"]
+__all__ = ["KV_DTYPES", "PATHS", "KERNELS", "View", "kv_dtype_id", "path_id", "kernel_id",
+           "attention_options", "attention_plan", "kv_write", "attention", "argmax", "kv_write_np",
+           "attention_np", "argmax_np"]

@@ -109,6 +109,10 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         scans = [a for n, a in calls if n == "gdn_scan"]
         assert {a["rows"] for a in scans} == {64, 16}
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
+    if name == "attention":    # both flash kernels by name, and the cuBLAS path
+        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas"}
+        assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
+            ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
     if name == "gemm":
         assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f32 leg", "ours -> fp16"}
         assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}

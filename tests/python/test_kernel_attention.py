@@ -96,6 +96,121 @@ def test_attention_peaked_softmax(ctx, rng, leg):
     assert_close(f"peaked {path}/{kv_dtype}", ref, out, rtol=bound)
 
 
+# ------------------------------------------------------------------ GPU: the two flash kernels
+#
+# Both flash kernels by name (kernel="mma" everywhere; kernel="wgmma" on a compute capability 9.0
+# device with an sm_90a build, skipped elsewhere), against the float64 oracle on the fp16-rounded
+# K/V, outputs poisoned with NaN by attention_np. Bound 2e-3 (issue 10), tighter than the path's 3e-3.
+
+FLASH_KERNELS = ["mma", "wgmma"]
+FLASH_BOUND = 2e-3
+# (name, H, Hkv, D, q head stride in units of D): the two benchmark shapes.
+FLASH_SHAPES = [("qwen35-4B", 16, 4, 256, 2), ("qwen3-4B", 32, 8, 128, 1)]
+
+
+def flash_np(ctx, kernel, q, k, v, **kw):
+    """attention_np on the flash path with `kernel`; skips when wgmma is not available here."""
+    try:
+        return A.attention_np(ctx, q, k, v, path="flash", kernel=kernel, **kw)
+    except errors.UnsupportedError as exc:
+        if kernel == "wgmma":
+            pytest.skip(f"wgmma kernel not available: {exc}")
+        raise
+
+
+def assert_flash_close(name, q, k, v, out, *, H, Hkv, D, pos0, qhs):
+    """out against the float64 oracle: the whole array up to 1024 rows; past that, every row must
+    be finite (nothing left of the NaN poisoning) and row blocks at the start, the middle and the
+    end (the end sees every key) are compared, each block as a whole array (the oracle's
+    [H][rows][keys] float64 scores would not fit for all rows at once)."""
+    rows = q.shape[0]
+    if rows <= 1024:
+        ref = ref_attention(q, k, v, H=H, Hkv=Hkv, D=D, pos0=pos0, qhs=qhs)
+        assert_close(name, ref, out, rtol=FLASH_BOUND)
+        return
+    assert np.isfinite(out).all(), f"{name}: {int((~np.isfinite(out)).sum())} non-finite outputs"
+    for a, b in [(0, 64), (rows // 2 - 29, rows // 2 + 35), (rows - 128, rows)]:
+        ref = ref_attention(q[a:b], k, v, H=H, Hkv=Hkv, D=D, pos0=pos0 + a, qhs=qhs)
+        assert_close(f"{name} rows {a}..{b}", ref, out[a:b], rtol=FLASH_BOUND)
+
+
+@gpu
+@pytest.mark.parametrize("rows,pos0", [(1, 0), (17, 0), (128, 0), (2048, 0), (1, 700), (17, 300),
+                                       (129, 1000), (777, 2000), (2048, 3000)])
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=[s[0] for s in FLASH_SHAPES])
+@pytest.mark.parametrize("kernel", FLASH_KERNELS)
+def test_flash_kernel_matches_reference(ctx, rng, kernel, shape, rows, pos0):
+    _, H, Hkv, D, qmult = shape
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
+                               kv_dtype="f16")
+    out = flash_np(ctx, kernel, q, k, v, n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0,
+                   q_head_stride=qhs)
+    assert_flash_close(f"flash/{kernel} H={H} Hkv={Hkv} D={D} rows={rows} pos0={pos0}", q, k, v,
+                       out, H=H, Hkv=Hkv, D=D, pos0=pos0, qhs=qhs)
+
+
+@gpu
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=[s[0] for s in FLASH_SHAPES])
+@pytest.mark.parametrize("kernel", FLASH_KERNELS)
+def test_flash_kernel_long_prompt(ctx, rng, kernel, shape):
+    """T = 8192 at pos0 = 0 (64 row tiles x 64-128 key tiles per head)."""
+    _, H, Hkv, D, qmult = shape
+    T = 8192
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=T, pos0=0,
+                               kv_dtype="f16")
+    out = flash_np(ctx, kernel, q, k, v, n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=0,
+                   q_head_stride=qhs)
+    assert_flash_close(f"flash/{kernel} H={H} Hkv={Hkv} D={D} T={T}", q, k, v, out, H=H,
+                       Hkv=Hkv, D=D, pos0=0, qhs=qhs)
+
+
+@gpu
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=[s[0] for s in FLASH_SHAPES])
+@pytest.mark.parametrize("kernel", FLASH_KERNELS)
+def test_flash_kernel_large_scores(ctx, rng, kernel, shape):
+    """Scores reaching +-80 (q x 20, fp16-representable so the kernel's q rounding is exact):
+    no NaN or Inf, and the max subtraction / online rescaling keep the 2e-3 bound."""
+    _, H, Hkv, D, qmult = shape
+    rows, pos0 = 300, 500
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
+                               kv_dtype="f16", q_gain=20.0)
+    q = q.astype(np.float16).astype(np.float32)  # NaN gate columns stay NaN
+    heads = ops.heads(q, H, D, qhs).astype(np.float64)        # (rows, H, D)
+    kk = k[:pos0 + rows].astype(np.float64).reshape(-1, Hkv, D)
+    top = max(abs(heads[:, h] @ kk[:, h // (H // Hkv)].T).max() for h in range(0, H, H // Hkv))
+    assert top / math.sqrt(D) >= 60, f"test inputs too tame: max |score| {top / math.sqrt(D):.1f}"
+    out = flash_np(ctx, kernel, q, k, v, n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0,
+                   q_head_stride=qhs)
+    ref = ref_attention(q, k, v, H=H, Hkv=Hkv, D=D, pos0=pos0, qhs=qhs)
+    assert_close(f"flash/{kernel} large scores D={D}", ref, out, rtol=FLASH_BOUND)
+
+
+@gpu
+@pytest.mark.parametrize("kernel", FLASH_KERNELS)
+def test_flash_kernel_odd_q_row_stride(ctx, rng, kernel):
+    """q rows 3 floats wider than the heads (q_row_stride odd): q is read without 16-byte loads."""
+    H, Hkv, D, rows, pos0 = 16, 4, 256, 150, 40
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
+                               kv_dtype="f16")
+    qw = np.concatenate([q, rng.standard_normal((rows, 3)).astype(np.float32)], axis=1)
+    out = flash_np(ctx, kernel, qw, k, v, n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0,
+                   q_head_stride=qhs)
+    assert_flash_close(f"flash/{kernel} q_row_stride={qw.shape[1]}", q, k, v, out, H=H, Hkv=Hkv,
+                       D=D, pos0=pos0, qhs=qhs)
+
+
+@gpu
+def test_flash_kernels_agree(ctx, rng):
+    """mma and wgmma on the same inputs (qwen35 layout, pos0 > 0): within twice the bound."""
+    H, Hkv, D, rows, pos0 = 16, 4, 256, 333, 222
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
+                               kv_dtype="f16")
+    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
+    a = flash_np(ctx, "mma", q, k, v, **kw)
+    b = flash_np(ctx, "wgmma", q, k, v, **kw)
+    assert_close("wgmma vs mma", a, b, rtol=2 * FLASH_BOUND)
+
+
 @gpu
 @pytest.mark.parametrize("kv_dtype,bound", [("f32", 1e-5), ("f16", 3e-3)])
 @pytest.mark.parametrize("rows_per_pass", [1, 100, 776, 777, 5000])
@@ -366,7 +481,7 @@ def test_options_init_defaults():
     assert (o.kv_dtype, o.path, o.rows, o.pos0, o.scale) == (lib.PF_KV_F16, lib.PF_ATTN_AUTO, 0, 0, 0.0)
     assert (o.n_heads, o.n_kv_heads, o.head_dim) == (0, 0, 0)
     assert (o.q_head_stride, o.q_row_stride, o.out_row_stride, o.rows_per_pass,
-            o.scores_budget_bytes) == (0, 0, 0, 0, 0)
+            o.scores_budget_bytes, o.kernel) == (0, 0, 0, 0, 0, lib.PF_ATTN_KERNEL_AUTO)
 
 
 def test_options_init_abi_mismatch():
@@ -398,6 +513,8 @@ BAD_OPTIONS = [
     (dict(head_dim=8192), "head_dim=8192"),
     (dict(kv_dtype=2), "kv_dtype=2"),
     (dict(path=3), "path=3"),
+    (dict(kernel=3), "kernel=3"),
+    (dict(kernel=-1), "kernel=-1"),
     (dict(rows=-1), "rows=-1"),
     (dict(pos0=-1), "pos0=-1"),
     (dict(pos0=2**31 - 5), "exceeds 2^31 - 1"),
@@ -559,6 +676,9 @@ def test_wrapper_rejects_names():
     assert A.attention_options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1,
                                kv_dtype=np.float32).kv_dtype == 1
     assert A.KV_DTYPES == {"f16": 0, "f32": 1} and A.PATHS == {"auto": 0, "cublas": 1, "flash": 2}
+    assert A.KERNELS == {"auto": 0, "mma": 1, "wgmma": 2}
+    with pytest.raises(errors.InvalidArgumentError, match="kernel"):
+        A.attention_options(n_heads=2, n_kv_heads=1, head_dim=128, rows=1, kernel="tma")
 
 
 def test_numpy_wrappers_check_arrays_before_the_device():

@@ -1,0 +1,174 @@
+// hopper.cuh — what the sm_90a kernels share: the 128-byte-swizzled shared-memory layout of fp16
+// tiles, wgmma shared-memory descriptors, TMA tensor maps and loads, mbarriers, setmaxnreg, and the
+// wgmma fence / commit / wait. Device functions are for sm_90a code only (call them inside
+// `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` regions); the host helpers build the TMA maps.
+//
+// Shared-memory operand layout (both K-major operands and the MN-major V use the same bytes):
+// a [rows][D] fp16 tile is stored as D/64 column blocks, block b = rows x 128 bytes (64 fp16
+// of columns 64b..64b+63 per row), block b at byte rows * 128 * b. Inside a block, row r's
+// 16-byte chunk c (columns 64b + 8c .. +7) sits at r * 128 + ((c ^ (r % 8)) * 16): the 128-byte
+// swizzle (Swizzle<3,4,3> in CuTe's notation: address bits 4-6 XOR bits 7-9), which is what the
+// hardware undoes when the descriptor says SWIZZLE_128B. Every block starts on a 1024-byte
+// boundary (the swizzle repeats every 8 rows x 128 bytes and is applied to absolute address bits).
+//
+// wgmma shared-memory descriptor (64 bits; CUTLASS cute/arch/mma_sm90_desc.hpp GmmaDescriptor,
+// PTX ISA "Matrix Descriptor Format"):
+//   bits  0-13  start address >> 4        bits 16-29  leading byte offset (LBO) >> 4
+//   bits 32-45  stride byte offset (SBO) >> 4       bits 49-51  base offset (0: 1024-aligned atoms)
+//   bits 62-63  layout: 1 = SWIZZLE_128B
+// K-major, 128B swizzle (CuTe: Swizzle<3,4,3> o ((8,m),(T,2)):((8T,SBO),(1,T))): 8 rows of 128
+// bytes form an atom, SBO = 1024 = the byte step from one 8-row group to the next; LBO is unused
+// (1 by convention). The k-th 16-element slice inside the 64-column block starts 32*k bytes
+// further (the descriptor's start address moves; the hardware applies the swizzle on top).
+// MN-major, 128B swizzle (CuTe: Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))): 64
+// contiguous N elements per 128-byte row, LBO = byte step between 64-wide N blocks, SBO = byte
+// step between 8-row K groups (1024). For V ([keys][D] row-major), K = keys, N = D.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes from cudart)
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pf {
+namespace hopper {
+
+constexpr int kSwizzleAtom = 1024;  // 8 rows x 128 bytes: the swizzle's period, and the SBO
+constexpr int kSwizzleCols = 64;    // fp16 columns of one swizzled row (128 bytes): a TMA box width
+constexpr int kSwizzleRow = 128;    // bytes of one swizzled row (64 fp16)
+
+// Byte offset of row r's 16-byte chunk c (columns 8c .. 8c+7) in a swizzled [rows][D] tile.
+__device__ __forceinline__ uint32_t swizzled_offset(int r, int c, int rows) {
+    return uint32_t((c >> 3) * rows * kSwizzleRow + r * kSwizzleRow + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
+           (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+// ---- mbarrier (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier")
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also announces `bytes` of asynchronous transactions (the TMA's writes).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the phase with parity `parity` to complete (phases alternate 0, 1, 0, ...). A wait
+// that never ends (a TMA that never completes, a phase bug) traps after kWaitTries failed tries,
+// so the launch fails with an error instead of hanging the device; each try waits up to a
+// hardware time limit, so that is seconds or more, where a real wait lasts microseconds. The
+// loop stays inside one asm block (one extra register), which keeps the wgmma pipelines around
+// it free of spills.
+constexpr unsigned kWaitTries = 1u << 27;
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        ".reg .u32 n;\n"
+        "mov.u32 n, 0;\n"
+        "WAIT_LOOP:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra WAIT_DONE;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 p, n, %2;\n"
+        "@p bra WAIT_LOOP;\n"
+        "trap;\n"
+        "WAIT_DONE:\n"
+        "}\n" ::"r"(bar),
+        "r"(parity), "n"(kWaitTries)
+        : "memory");
+}
+
+// TMA: the box at (column c0, row c1) of the 2-D tensor map into shared memory at dst, completing
+// its bytes on mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// Shared memory written by this thread's generic-proxy stores becomes visible to the async proxy
+// that wgmma reads its shared operands through.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Pins registers in program order around the asynchronous wgmma: the compiler sees each one
+// redefined here, so no read moves above the wait and no register an in-flight wgmma still
+// reads is reused before it (CUTLASS calls this warpgroup_fence_operand).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// ------------------------------------------------------------------------------------ host
+
+using encode_tiled_fn = PFN_cuTensorMapEncodeTiled_v12000;
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda link); null when the
+// driver does not provide it. Looked up once.
+inline encode_tiled_fn tensor_map_encoder() {
+    static const encode_tiled_fn fn = []() -> encode_tiled_fn {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                               cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        return reinterpret_cast<encode_tiled_fn>(p);
+    }();
+    return fn;
+}
+
+// The 2-D TMA map of a row-major fp16 matrix [rows][cols] (row stride cols, a multiple of 8;
+// 16-byte aligned base): boxes of box_rows rows x 64 columns that land in the 128-byte swizzle
+// above; rows past `rows` read as zeros. CUDA_ERROR_NOT_FOUND when there is no encoder.
+inline CUresult encode_fp16_sw128(CUtensorMap *map, const void *base, int64_t cols, int64_t rows,
+                                  int box_rows) {
+    const encode_tiled_fn enc = tensor_map_encoder();
+    if (!enc) return CUDA_ERROR_NOT_FOUND;
+    const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};  // bytes from one row to the next
+    const cuuint32_t box[2] = {cuuint32_t(kSwizzleCols), cuuint32_t(box_rows)};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(base), dims, strides,
+               box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace hopper
+}  // namespace pf

@@ -1,0 +1,242 @@
+// test_wgmma_layout.cu — the Hopper building blocks of the wgmma attention kernel, each checked on
+// its own against a host reference, so that a wrong flash result can be traced to one of them:
+//   1. TMA into the 128-byte swizzle: a [64][128] fp16 tile loaded as two 64 x 64 boxes and read
+//      back through hopper::swizzled_offset must equal the source;
+//   2. S = Q K^T (wgmma m64n64k16, A and B from shared memory, both K-major, k over two swizzle
+//      blocks: the 32-byte start-address steps and the block offsets);
+//   3. O = P V (wgmma m64n128k16, P from registers in the mma A layout, V MN-major over two
+//      64-column blocks: the LBO).
+// One warpgroup, one block. Exits 77 (ctest: skipped) without a compute capability 9.0 device or
+// when this build holds no sm_90a code.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "hopper.cuh"
+#include "wgmma.cuh"
+
+namespace {
+
+constexpr int kM = 64;    // query rows (one warpgroup)
+constexpr int kD = 128;   // head dim: two swizzle blocks
+constexpr int kBN = 64;   // keys
+constexpr int kTileQ = kM * kD * 2, kTileK = kBN * kD * 2;
+constexpr size_t kSmem = size_t(kTileQ) + 2 * kTileK + 8 + 1024;
+
+struct probe_args {
+    const __half *q;  // [kM][kD]
+    const __half *p;  // [kM][kBN]
+    __half *k_back;   // [kBN][kD]: the K tile read back from shared memory
+    float *s;         // [kM][kBN]
+    float *o;         // [kM][kD]
+};
+
+__global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ probe_args a,
+                                                    const __grid_constant__ CUtensorMap tm_k,
+                                                    const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace pf::hopper;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
+    unsigned char *const base_ptr = smem_raw + (base - raw);
+    const uint32_t sQ = base, sK = sQ + kTileQ, sV = sK + kTileK, bar = sV + kTileK;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mbar_arrive_expect_tx(bar, 2 * kTileK);
+        for (int b = 0; b < kD / kSwizzleCols; ++b) {
+            tma_load_2d(sK + b * kBN * kSwizzleRow, &tm_k, b * kSwizzleCols, 0, bar);
+            tma_load_2d(sV + b * kBN * kSwizzleRow, &tm_v, b * kSwizzleCols, 0, bar);
+        }
+    }
+    for (int idx = tid; idx < kM * kD / 8; idx += 128) {
+        const int r = idx / (kD / 8), c = idx % (kD / 8);
+        *reinterpret_cast<uint4 *>(base_ptr + swizzled_offset(r, c, kM)) =
+            *reinterpret_cast<const uint4 *>(a.q + r * kD + c * 8);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    mbar_wait(bar, 0);
+
+    // 1. the K tile back out of the swizzle
+    for (int idx = tid; idx < kBN * kD / 8; idx += 128) {
+        const int r = idx / (kD / 8), c = idx % (kD / 8);
+        *reinterpret_cast<uint4 *>(a.k_back + r * kD + c * 8) =
+            *reinterpret_cast<const uint4 *>(base_ptr + kTileQ + swizzled_offset(r, c, kBN));
+    }
+
+    // 2. S = Q K^T, exactly as the attention kernel's issue_qk addresses it
+    float s[kBN / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t koff = uint32_t(kk & 3) * 32;
+        const uint64_t da = smem_desc(sQ + uint32_t(kk >> 2) * kM * kSwizzleRow + koff, 16, kSwizzleAtom);
+        const uint64_t db = smem_desc(sK + uint32_t(kk >> 2) * kBN * kSwizzleRow + koff, 16, kSwizzleAtom);
+        pf::wgmma::wgmma_ss<kBN>(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) {
+        const int row = 16 * warp + gid + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * tig + (i & 1);
+        a.s[row * kBN + col] = s[i];
+    }
+
+    // 3. O = P V, P in the A-register layout, V MN-major as the kernel's issue_pv addresses it
+    uint32_t p[kBN / 16][4];
+    const auto pk = [&](int r, int k) {
+        return uint32_t(__half_as_ushort(a.p[r * kBN + k])) |
+               (uint32_t(__half_as_ushort(a.p[r * kBN + k + 1])) << 16);
+    };
+    const int r0 = 16 * warp + gid, r1 = r0 + 8;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+        const int k0 = 16 * kk + 2 * tig;
+        p[kk][0] = pk(r0, k0);
+        p[kk][1] = pk(r1, k0);
+        p[kk][2] = pk(r0, k0 + 8);
+        p[kk][3] = pk(r1, k0 + 8);
+    }
+    float o[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t db = smem_desc(sV + uint32_t(kk) * 2 * kSwizzleAtom, uint32_t(kBN) * kSwizzleRow,
+                                      kSwizzleAtom);
+        pf::wgmma::wgmma_rs<kD>(o, p[kk], db, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(p);
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) {
+        const int row = 16 * warp + gid + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * tig + (i & 1);
+        a.o[row * kD + col] = o[i];
+    }
+#endif
+}
+
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        const cudaError_t e_ = (x);                                                                \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+// Largest |out - ref| over max |ref|; prints the first bad element.
+double compare(const char *what, const std::vector<double> &ref, const std::vector<float> &out,
+               int cols) {
+    double mx = 0, err = 0;
+    for (double v : ref) mx = std::fmax(mx, std::fabs(v));
+    int first = -1;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double e = std::fabs(double(out[i]) - ref[i]);
+        if (!(e <= 1e-3 * mx) && first < 0) first = int(i);
+        err = std::fmax(err, std::isnan(out[i]) ? INFINITY : e);
+    }
+    std::printf("%s: max error %.3e of max |ref| %.3e%s\n", what, err, mx, first < 0 ? "" : "  FAIL");
+    if (first >= 0)
+        std::printf("  first bad [%d][%d]: got %g, want %g\n", first / cols, first % cols,
+                    double(out[first]), ref[first]);
+    return first < 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        std::printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    cudaFuncAttributes fa;
+    CHECK(cudaFuncGetAttributes(&fa, probe_kernel));
+    if (prop.major != 9 || prop.minor != 0 || fa.binaryVersion != 90) {
+        std::printf("needs a compute capability 9.0 device and sm_90a code (device %d.%d, code %d): "
+                    "skipped\n", prop.major, prop.minor, fa.binaryVersion);
+        return 77;
+    }
+    if (!pf::hopper::tensor_map_encoder()) {
+        std::printf("cuTensorMapEncodeTiled unavailable: FAIL\n");
+        return 1;
+    }
+
+    std::mt19937 gen(1234);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    const auto fill = [&](std::vector<__half> &v) { for (auto &x : v) x = __float2half_rn(u(gen)); };
+    std::vector<__half> q(kM * kD), k(kBN * kD), v(kBN * kD), p(kM * kBN);
+    fill(q), fill(k), fill(v), fill(p);
+
+    __half *dq, *dk, *dv, *dp, *dkb;
+    float *ds, *dout;
+    CHECK(cudaMalloc(&dq, q.size() * 2));
+    CHECK(cudaMalloc(&dk, k.size() * 2));
+    CHECK(cudaMalloc(&dv, v.size() * 2));
+    CHECK(cudaMalloc(&dp, p.size() * 2));
+    CHECK(cudaMalloc(&dkb, k.size() * 2));
+    CHECK(cudaMalloc(&ds, kM * kBN * 4));
+    CHECK(cudaMalloc(&dout, kM * kD * 4));
+    CHECK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dk, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dv, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dp, p.data(), p.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dkb, 0xff, k.size() * 2));  // NaN poison
+    CHECK(cudaMemset(ds, 0xff, kM * kBN * 4));
+    CHECK(cudaMemset(dout, 0xff, kM * kD * 4));
+
+    CUtensorMap tm_k, tm_v;
+    if (pf::hopper::encode_fp16_sw128(&tm_k, dk, kD, kBN, kBN) != CUDA_SUCCESS ||
+        pf::hopper::encode_fp16_sw128(&tm_v, dv, kD, kBN, kBN) != CUDA_SUCCESS) {
+        std::printf("cuTensorMapEncodeTiled failed: FAIL\n");
+        return 1;
+    }
+    CHECK(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    probe_kernel<<<1, 128, kSmem>>>(probe_args{dq, dp, dkb, ds, dout}, tm_k, tm_v);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+
+    std::vector<__half> kb(k.size());
+    std::vector<float> s(kM * kBN), o(kM * kD);
+    CHECK(cudaMemcpy(kb.data(), dkb, kb.size() * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost));
+
+    std::vector<double> kref(k.size()), sref(s.size(), 0.0), oref(o.size(), 0.0);
+    std::vector<float> kbf(k.size());
+    for (size_t i = 0; i < k.size(); ++i) kref[i] = __half2float(k[i]), kbf[i] = __half2float(kb[i]);
+    for (int r = 0; r < kM; ++r)
+        for (int j = 0; j < kBN; ++j)
+            for (int d = 0; d < kD; ++d)
+                sref[r * kBN + j] += double(__half2float(q[r * kD + d])) * __half2float(k[j * kD + d]);
+    for (int r = 0; r < kM; ++r)
+        for (int d = 0; d < kD; ++d)
+            for (int j = 0; j < kBN; ++j)
+                oref[r * kD + d] += double(__half2float(p[r * kBN + j])) * __half2float(v[j * kD + d]);
+    int bad = 0;
+    bad += int(compare("1. TMA 128B swizzle read-back of K", kref, kbf, kD));
+    bad += int(compare("2. S = Q K^T (SS, K-major, SW128)", sref, s, kBN));
+    bad += int(compare("3. O = P V (RS, V MN-major, SW128, LBO)", oref, o, kD));
+    std::printf(bad ? "FAIL\n" : "OK\n");
+    return bad ? 1 : 0;
+}
