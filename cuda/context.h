@@ -64,6 +64,12 @@ struct pf_weight {
     void *data = nullptr;  // raw GGUF blocks, [n][k]
     size_t bytes = 0;
     __half *f16 = nullptr;  // cached fp16 copy [n][k], or nullptr
+    // The device allocation that holds f16: its own (f16_alloc = n*k*2 bytes), or one block of
+    // a fused group laid out back to back by prewarm_f16_groups: the group's first weight owns
+    // the block (f16_alloc = the block's bytes), later members are slices of it (f16_alloc = 0,
+    // freed with the first). f16_block names the owner in both cases (nullptr when uncached).
+    size_t f16_alloc = 0;
+    const pf_weight *f16_block = nullptr;
 };
 
 namespace pf {

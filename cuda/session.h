@@ -16,15 +16,20 @@ struct pf_session {
     int32_t last_token = -1;         // greedy token after the last position (for generate)
     std::vector<void *> k_cache, v_cache;  // per attention layer [max_tokens][kv_dim]
     std::vector<float *> conv, ssm;         // per layer (GDN layers only; nullptr otherwise)
-    // chunk scratch, fp32 [chunk][width]
-    float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *c = nullptr, *o = nullptr;
-    float *s1 = nullptr, *s2 = nullptr, *s3 = nullptr, *s4 = nullptr;  // [chunk][Hv]
+    bool fuse = true;                // run prewarmed groups as one GEMM (env PREFILL_FUSE at creation)
+    // chunk scratch, fp32 [chunk][width]: x the residual stream, h the normed input of the
+    // projections, a the side-by-side outputs of a projection group, b the GDN conv output, o the
+    // mixer output
+    float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *o = nullptr;
+    float *s3 = nullptr, *s4 = nullptr;  // [chunk][Hv] GDN gates beta, g
     int32_t *ids = nullptr;          // [chunk] device token ids
     float *logits = nullptr;         // [lm_rows][n_vocab]
     int32_t lm_rows = 0;
     int32_t *argmax = nullptr;       // [1]
     void *gdn_ws = nullptr;          // chunked delta rule workspace (gdn_chunk_workspace_bytes)
     size_t gdn_ws_bytes = 0;
+    void *attn_ws = nullptr;         // cuBLAS attention path workspace (attention_workspace_bytes)
+    size_t attn_ws_bytes = 0;
     std::vector<std::pair<void *, size_t>> allocs;
 };
 

@@ -106,7 +106,7 @@ class Model(_Owner):
         self.refresh_info()
         return bool(armed[0])
 
-    def session(self, max_tokens: int = 4096, *, chunk: int = 512, kv: str = "f16",
+    def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
                 gemm="default", attention: str = "auto") -> "Session":
         return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,
                        attention=attention)
@@ -130,7 +130,7 @@ class Model(_Owner):
 class Session(_Owner):
     """One sequence on a Model: KV caches, conv windows, recurrent states, position."""
 
-    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 512, kv: str = "f16",
+    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 0, kv: str = "f16",
                  gemm="default", attention: str = "auto"):
         if kv not in _KV:
             raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")

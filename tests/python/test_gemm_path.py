@@ -1,0 +1,124 @@
+"""Issue 11, the path around the GEMMs: fused projections (Q|K|V, the GDN in-projections, FFN
+gate|up run as one GEMM on the f16 leg), the session's workspace (a warmed session allocates
+nothing during a prefill) and the automatic chunk. GPU; a few seconds on the tiny models."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _engine_models import random_tokens, synth_model
+from _reference_fixtures import rel_err
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = ["qwen3-tiny", "qwen35-tiny"]
+F16_BOUND = 3e-3   # DESIGN.md: f16 leg vs its reference
+
+
+def _load(path: str, gemm: str, fuse: bool, monkeypatch):
+    from pyprefill.model import Model
+    monkeypatch.setenv("PREFILL_FUSE", "1" if fuse else "0")   # read by the prewarm
+    return Model.load(path, gemm=gemm, prewarm=gemm != "f32", progress=False)
+
+
+def _logits(m, tokens, monkeypatch, *, fuse: bool = True, **kw):
+    monkeypatch.setenv("PREFILL_FUSE", "1" if fuse else "0")   # read at session creation
+    with m.session(max_tokens=1024, **kw) as s:
+        return s.prefill(tokens, "all")
+
+
+@pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fused_projections_match_unfused(preset, mix, rng, monkeypatch):
+    """One GEMM over the fused fp16 block, the same block run part by part, and separate caches
+    (no fusion at prewarm) agree within the f16 leg's bound; and all three are the f16 leg (not
+    silently the f32 one): within the bound of the exact legs' logits, not bitwise equal to them."""
+    path = synth_model(preset, mix)
+    fused_m = _load(path, "f16", True, monkeypatch)
+    plain_m = _load(path, "f16", False, monkeypatch)
+    exact_m = _load(path, "f32", False, monkeypatch)
+    try:
+        assert fused_m.info["f16_armed"] and plain_m.info["f16_armed"]
+        assert fused_m.info["f16_bytes"] == plain_m.info["f16_bytes"], "fusion changed the cache's bytes"
+        for T in (1, 7, 150):
+            tokens = random_tokens(rng, T, fused_m.n_vocab)
+            fused = _logits(fused_m, tokens, monkeypatch, fuse=True, chunk=64)
+            sliced = _logits(fused_m, tokens, monkeypatch, fuse=False, chunk=64)
+            plain = _logits(plain_m, tokens, monkeypatch, chunk=64)
+            exact = _logits(exact_m, tokens, monkeypatch, chunk=64, gemm="f32", kv="f32", attention="cublas")
+            for name, out in (("fused", fused), ("fused block, part by part", sliced), ("separate caches", plain)):
+                assert np.isfinite(out).all(), f"{preset}.{mix} T={T} {name}: non-finite logits"
+                whole, worst, row = rel_err(out, exact)
+                assert whole <= F16_BOUND, f"{preset}.{mix} T={T} {name} vs f32 legs: {whole:.2e} (worst {worst:.2e} at {row})"
+            whole, worst, row = rel_err(fused, plain)
+            assert whole <= F16_BOUND, f"{preset}.{mix} T={T} fused vs unfused: {whole:.2e} (worst {worst:.2e} at {row})"
+            whole, worst, row = rel_err(sliced, plain)
+            assert whole <= F16_BOUND, f"{preset}.{mix} T={T} slices vs separate: {whole:.2e} (worst {worst:.2e} at {row})"
+            assert not np.array_equal(fused, exact), "the f16 leg returned the f32 leg's logits"
+    finally:
+        for m in (fused_m, plain_m, exact_m):
+            m.close()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_f32_leg_is_untouched_by_fusion(preset, rng, monkeypatch):
+    """The exact leg never runs the fused block: its logits are bitwise those of a model
+    prewarmed without fusion, and of a model with no fp16 cache at all."""
+    path = synth_model(preset, "q4_k_m")
+    tokens = random_tokens(rng, 150, 1000)
+    exact = dict(gemm="f32", kv="f32", attention="cublas", chunk=64)
+    outs = []
+    for gemm, fuse in (("f16", True), ("f16", False), ("f32", False)):
+        with _load(path, gemm, fuse, monkeypatch) as m:
+            outs.append(_logits(m, tokens % m.n_vocab, monkeypatch, fuse=fuse, **exact))
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("legs", ["default", "f32"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_warm_session_prefill_allocates_nothing(preset, legs, rng):
+    """After one round of prefills, a session's next rounds (the same lengths and modes, and
+    then new lengths) leave the context's byte count and the device's free memory exactly where
+    they were: every scratch was sized at creation."""
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    kw = dict(kv="f32", attention="cublas", gemm="f32") if legs == "f32" else {}
+    with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
+        ctx = m.ctx
+        with m.session(max_tokens=1024, chunk=128, **kw) as s:
+            plan = [(1, "last"), (7, "all"), (300, "last"), (130, "all"), (128, "none")]
+
+            def round_():
+                s.reset()
+                for n, mode in plan:
+                    s.prefill(random_tokens(rng, n, m.n_vocab), mode)
+                ctx.synchronize()
+            round_()
+            alloc0, free0 = ctx.allocated(), ctx.memory()[0]
+            for _ in range(3):
+                round_()
+                assert ctx.allocated() == alloc0, f"prefill allocated {ctx.allocated() - alloc0:+d} bytes"
+                assert ctx.memory()[0] == free0, f"free device memory moved by {ctx.memory()[0] - free0:+d} bytes"
+            s.reset()
+            for n in rng.integers(1, 1024 // 3, size=3):   # new lengths: new GEMM shapes, same scratch
+                s.prefill(random_tokens(rng, int(n), m.n_vocab), "last")
+            assert ctx.allocated() == alloc0, f"prefill allocated {ctx.allocated() - alloc0:+d} bytes"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_auto_chunk_is_2048_rows_within_capacity(preset, rng):
+    """chunk_tokens = 0 (the default) picks 2048 rows on a device with room (capped at the
+    capacity): bitwise the logits of an explicit chunk of that size, and of the capacity."""
+    from pyprefill.model import Model
+    path = synth_model(preset, "q8_0")
+    with Model.load(path, progress=False) as m:
+        tokens = random_tokens(rng, 2100, m.n_vocab)
+        cap = min(4096, m.info["context_length"] or 4096)
+        tokens = tokens[: min(2100, cap)]
+        outs = {}
+        for chunk in (0, min(2048, cap), 512):
+            with m.session(max_tokens=cap, chunk=chunk) as s:
+                outs[chunk] = s.prefill(tokens, "last")
+        assert np.array_equal(outs[0], outs[min(2048, cap)]), "auto chunk is not 2048 rows"
+        whole, worst, _ = rel_err(outs[0], outs[512])
+        assert whole <= 2e-2, f"auto chunk vs 512: {whole:.2e}"
