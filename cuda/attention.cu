@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <mutex>
-#include <unordered_map>
 
 #include "attention.cuh"
 #include "common.cuh"
@@ -380,52 +378,11 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __gri
 
 // ------------------------------------------------------------------ per-context scratch
 
-// This family's scratch per context, grown on demand (pf_context has no field for it; see
-// attention_release). An entry whose stream or device does not match its context belongs to a
-// destroyed context whose address was reused: its memory is freed without touching the new
-// context's accounting.
-struct FamilyScratch {
-    void *ptr = nullptr;
-    size_t bytes = 0;
-    cudaStream_t stream = nullptr;
-    int device = -1;
-};
-
-std::mutex g_scratch_mu;
-std::unordered_map<const pf_context *, FamilyScratch> g_scratch;  // values are node-stable
-
-void free_scratch(pf_context *ctx, FamilyScratch &e, bool account) {
-    if (e.ptr) {
-        (void)cudaFree(e.ptr);
-        (void)cudaGetLastError();
-        if (account) ctx->allocated -= std::min(ctx->allocated, e.bytes);
-    }
-    e.ptr = nullptr;
-    e.bytes = 0;
-}
-
+// The cuBLAS path's scratch for calls without a workspace (the kernel-level API): the context's
+// scratch_attn, grown on demand. Sessions pass their own workspace and never reach this.
 pf_status reserve_scratch(pf_context *ctx, size_t bytes, void **out) {
-    FamilyScratch *e = nullptr;
-    {
-        std::lock_guard<std::mutex> lock(g_scratch_mu);
-        auto it = g_scratch.find(ctx);
-        if (it != g_scratch.end() &&
-            (it->second.stream != ctx->stream || it->second.device != ctx->device)) {
-            free_scratch(ctx, it->second, false);
-            g_scratch.erase(it);
-        }
-        e = &g_scratch[ctx];
-        e->stream = ctx->stream;
-        e->device = ctx->device;
-    }
-    if (e->bytes < bytes) {
-        free_scratch(ctx, *e, true);  // cudaFree waits for the device: in-flight users finish
-        void *p = nullptr;
-        PF_TRY(device_alloc(ctx, bytes, &p, "attention scratch"));
-        e->ptr = p;
-        e->bytes = bytes;
-    }
-    *out = e->ptr;
+    PF_TRY(scratch_reserve(ctx, ctx->scratch_attn, bytes, "attention scratch"));
+    *out = ctx->scratch_attn.ptr;
     return PF_STATUS_OK;
 }
 
@@ -651,14 +608,7 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
     return attention_cublas(ctx, a);
 }
 
-void attention_release(pf_context *ctx) {
-    std::lock_guard<std::mutex> lock(g_scratch_mu);
-    auto it = g_scratch.find(ctx);
-    if (it == g_scratch.end()) return;
-    const bool ours = it->second.stream == ctx->stream && it->second.device == ctx->device;
-    free_scratch(ctx, it->second, ours);
-    g_scratch.erase(it);
-}
+void attention_release(pf_context *ctx) { scratch_release(ctx, ctx->scratch_attn); }
 
 pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32_t *out_ids,
                       cudaStream_t stream) {

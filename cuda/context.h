@@ -49,6 +49,7 @@ struct pf_context {
     pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight
     pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16
     pf::Scratch scratch_gdn;    // chunked delta rule (kernel-level calls without a workspace)
+    pf::Scratch scratch_attn;   // cuBLAS attention path (kernel-level calls without a workspace)
 };
 
 struct pf_buffer {
