@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "dequant.cuh"
+#include "f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "gemm.cuh"
 #include "qgemm.cuh"
 
@@ -56,8 +57,6 @@ void read_env_leg() {
 // ------------------------------------------------------------------ sizes and slabs
 
 constexpr size_t kSlabBytes = size_t(512) << 20;  // bound on a dequantized weight slab (scratch)
-constexpr float kF16RowMax = 32768.0f;            // rows above this are scaled before the fp16 cast
-constexpr int kF16SafeExp = 15;                   // scaled row max stays below 2^15 (fp16 max 65504)
 constexpr int kCastThreads = 256;
 constexpr int kMaxRowBlocks = 65535;              // grid-stride over rows beyond this
 
@@ -108,14 +107,8 @@ __global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
             for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
         }
         m = block_max(m, red);  // >= 0: fmaxf skips NaN elements
-        float scale = 1.0f, inv = 1.0f;
-        if (m > kF16RowMax && m <= FLT_MAX) {  // Inf/NaN rows stay unscaled: they propagate as in f32
-            int e2 = 0;
-            frexpf(m, &e2);                     // m < 2^e2
-            const int e = e2 - kF16SafeExp;     // m * 2^-e < 2^15
-            scale = ldexpf(1.0f, -e);           // powers of two: scaling is exact
-            inv = ldexpf(1.0f, e);
-        }
+        float scale, inv;
+        f16_row_scale(m, &scale, &inv);
         if constexpr (kVec) {
             for (int64_t j = threadIdx.x; j < a.k / 4; j += blockDim.x) {
                 const float4 v = reinterpret_cast<const float4 *>(xr)[j];
@@ -372,6 +365,26 @@ pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int
                                size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float),
                                "project (f32 leg): weight scratch"));
     }
+    return PF_STATUS_OK;
+}
+
+pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, float *y, int64_t ldy, bool accumulate) {
+    const __half *whole = w->f16 ? w->f16
+                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                     : nullptr;
+    PF_CHECK_ARG(whole != nullptr, "project_f16_rows: the weight (n=%lld k=%lld) has no fp16 copy",
+                 (long long)w->n, (long long)w->k);
+    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && ldy >= w->n && ldy <= INT_MAX && w->n <= INT_MAX &&
+                     w->k <= INT_MAX,
+                 "project_f16_rows: rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows,
+                 (long long)w->n, (long long)w->k, (long long)ldy);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    PF_TRY(gemm_f16(ctx, whole, w->n, w->k, x16, rows, y, ldy, accumulate ? 1.0f : 0.0f));
+    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
+    unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, w->n});
+    PF_LAUNCH_CHECK("unscale_rows_kernel");
     return PF_STATUS_OK;
 }
 

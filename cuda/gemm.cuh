@@ -43,6 +43,14 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
 pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                   float *y, int64_t ldy, bool accumulate, int32_t leg);
 
+// The f16 leg on activations already in its form (f16_rows.cuh: x16 [rows][k] fp16 with row
+// stride k, per-row inverse scales inv [rows], the accumulate target pre-scaled by the
+// producer): the GEMM of project()'s f16 leg and its unscale, no cast pass. Bitwise what
+// project(.., PF_GEMM_F16) returns for the producer's fp32 twin output. w must have an fp16 copy
+// (its cache, or an F16 weight): INVALID_ARGUMENT otherwise.
+pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, float *y, int64_t ldy, bool accumulate);
+
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
 pf_status weight_cache_f16(pf_weight *w);

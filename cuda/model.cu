@@ -144,13 +144,18 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
     return groups;
 }
 
-bool fuse_env_enabled() {
-    const char *v = std::getenv("PREFILL_FUSE");
+namespace {
+bool env_switch_on(const char *name) {  // unset or anything but 0/off/no/false = on
+    const char *v = std::getenv(name);
     if (!v) return true;
     std::string s(v);
     for (char &c : s) c = char(std::tolower((unsigned char)c));
     return !(s == "0" || s == "off" || s == "no" || s == "false");
 }
+}  // namespace
+
+bool fuse_env_enabled() { return env_switch_on("PREFILL_FUSE"); }
+bool act16_env_enabled() { return env_switch_on("PREFILL_F16_ACT"); }
 
 void model_info(const pf_model *m, pf_model_info *o) {
     hparam_info(m->hp, m->n_attn_layers, m->output == m->tok_embd, o);

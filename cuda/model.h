@@ -42,5 +42,9 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
 // Whether prewarms fuse: env PREFILL_FUSE = 0 | off | no turns it off (read at each prewarm, so a
 // benchmark can load the same file both ways in one process); anything else or unset = on.
 bool fuse_env_enabled();
+// Whether sessions take the f16 leg's input form straight from the producing kernels (the act16
+// route, session.h): env PREFILL_F16_ACT = 0 | off | no turns it off (read at session creation,
+// for A/B runs: the logits are bitwise the same either way); anything else or unset = on.
+bool act16_env_enabled();
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

@@ -10,6 +10,7 @@
 #include "attention.cuh"
 #include "cuda_check.cuh"
 #include "dequant.cuh"
+#include "f16_rows.cuh"
 #include "gdn.cuh"
 #include "gemm.cuh"
 #include "rows.cuh"
@@ -46,6 +47,37 @@ size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 
 // ---------------------------------------------------------------------------- one chunk
 
+// The f16 leg's input form of [rows][cols] in the session's fp16 scratch (f16_rows.cuh); `acc`
+// (optional, [rows][n_embd]) is the residual stream the projection will accumulate into.
+F16Out f16_out(pf_session *s, int64_t cols, float *acc = nullptr) {
+    F16Out o;
+    o.x16 = s->h16;
+    o.ld16 = cols;  // the GEMM reads rows of k = cols
+    o.inv = s->inv16;
+    if (acc) {
+        o.acc = acc;
+        o.ld_acc = o.n_acc = s->model->hp.n_embd;
+    }
+    return o;
+}
+
+// The normed input of the projections (RMSNorm of x's rows): fp16 in h16 on the act16 route,
+// fp32 in h otherwise.
+pf_status norm_input(pf_session *s, const float *x, const float *w, int64_t rows) {
+    const Hparams &hp = s->model->hp;
+    const int64_t d = hp.n_embd;
+    if (s->act16) return rms_norm_rows_f16(x, d, w, f16_out(s, d), rows, d, float(hp.eps), s->ctx->stream);
+    return rms_norm_rows(x, d, w, s->h, d, rows, d, float(hp.eps), s->ctx->stream);
+}
+
+// y (+)= input . W^T for the input norm_input or a producer left: project_f16_rows on the
+// act16 route, project() on s->h-like fp32 `x` (row stride ldx) otherwise.
+pf_status project_in(pf_session *s, pf_weight *w, const float *x, int64_t ldx, int64_t rows, float *y,
+                     int64_t ldy, bool accumulate) {
+    if (s->act16) return project_f16_rows(s->ctx, w, s->h16, s->inv16, rows, y, ldy, accumulate);
+    return project(s->ctx, w, x, rows, ldx, y, ldy, accumulate, s->leg);
+}
+
 // Projects s->h through weights that share it as input into column slices of one [T][ldy]
 // output (out[i] = the first column of part i's slice). One GEMM through the fused fp16 block
 // when the parts run the f16 leg and were prewarmed as a group (model_f16_groups), else one
@@ -55,9 +87,9 @@ pf_status project_group(pf_session *s, std::initializer_list<pf_weight *> parts,
     const int64_t d = s->model->hp.n_embd;
     pf_weight view;
     if (s->fuse && fused_f16_view(parts.begin(), int32_t(parts.size()), s->leg, &view))
-        return project(s->ctx, &view, s->h, T, d, *out.begin(), ldy, false, s->leg);
+        return project_in(s, &view, s->h, d, T, *out.begin(), ldy, false);
     float *const *y = out.begin();
-    for (pf_weight *w : parts) PF_TRY(project(s->ctx, w, s->h, T, d, *y++, ldy, false, s->leg));
+    for (pf_weight *w : parts) PF_TRY(project_in(s, w, s->h, d, T, *y++, ldy, false));
     return PF_STATUS_OK;
 }
 
@@ -102,9 +134,15 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T) {
     a.workspace = s->attn_ws;  // the cuBLAS path's scratch (null when the session runs flash)
     a.workspace_bytes = s->attn_ws_bytes;
     PF_TRY(attention(ctx, a));
-    if (gated)  // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row
-        PF_TRY(sigmoid_gate_rows(o, H * D, q + D, W, 2 * D, T, int32_t(H), int32_t(D), st));
-    return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);
+    // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row; on the act16 route
+    // the gate writes wo's input form (and pre-scales x's rows where a row needs it)
+    if (gated && s->act16) {
+        PF_TRY(sigmoid_gate_rows_f16(o, H * D, q + D, W, 2 * D, f16_out(s, H * D, s->x), T, int32_t(H),
+                                     int32_t(D), st));
+        return project_f16_rows(ctx, L.wo, s->h16, s->inv16, T, s->x, hp.n_embd, true);
+    }
+    if (gated) PF_TRY(sigmoid_gate_rows(o, H * D, q + D, W, 2 * D, T, int32_t(H), int32_t(D), st));
+    return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);  // qwen3: fp32 o, cast there
 }
 
 // Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
@@ -138,6 +176,11 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     else
         PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
                              Hk, int32_t(Hv), dk, dv, st));
+    if (s->act16) {
+        PF_TRY(gdn_gated_rms_norm_rows_f16(o, vd, z, W, L.ssm_norm, f16_out(s, vd, s->x), T, int32_t(Hv), dv,
+                                           eps, st));
+        return project_f16_rows(ctx, L.ssm_out, s->h16, s->inv16, T, s->x, hp.n_embd, true);
+    }
     PF_TRY(gdn_gated_rms_norm_rows(o, vd, z, W, L.ssm_norm, o, vd, T, int32_t(Hv), dv, eps, st));
     return project(ctx, L.ssm_out, o, T, vd, s->x, hp.n_embd, true, s->leg);
 }
@@ -148,20 +191,23 @@ pf_status run_chunk(pf_session *s, int64_t T) {
     const Hparams &hp = m->hp;
     cudaStream_t st = s->ctx->stream;
     const int64_t d = hp.n_embd;
-    const float eps = float(hp.eps);
     PF_TRY(embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, T, s->x, d, st));
     for (int64_t il = 0; il < hp.n_layer; il++) {
         const LayerWeights &L = m->layers[size_t(il)];
-        PF_TRY(rms_norm_rows(s->x, d, L.attn_norm, s->h, d, T, d, eps, st));
+        PF_TRY(norm_input(s, s->x, L.attn_norm, T));
         if (L.attn) PF_TRY(attn_layer(s, L, T));
         else PF_TRY(gdn_layer(s, L, il, T));
         // FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
-        PF_TRY(rms_norm_rows(s->x, d, L.post_norm, s->h, d, T, d, eps, st));
+        PF_TRY(norm_input(s, s->x, L.post_norm, T));
         // gate | up side by side ([T][2 n_ff]); SwiGLU writes over the gate half.
         const int64_t ff = hp.n_ff, W = 2 * ff;
         PF_TRY(project_group(s, {L.gate, L.up}, {s->a, s->a + ff}, T, W));
-        PF_TRY(swiglu_rows(s->a, W, s->a + ff, W, s->a, W, T, ff, st));
-        PF_TRY(project(s->ctx, L.down, s->a, T, W, s->x, d, true, s->leg));
+        if (s->act16) {  // SwiGLU writes down's input form (and pre-scales x's rows if need be)
+            PF_TRY(swiglu_rows_f16(s->a, W, s->a + ff, W, f16_out(s, ff, s->x), T, ff, st));
+        } else {
+            PF_TRY(swiglu_rows(s->a, W, s->a + ff, W, s->a, W, T, ff, st));
+        }
+        PF_TRY(project_in(s, L.down, s->a, W, T, s->x, d, true));
     }
     return PF_STATUS_OK;
 }
@@ -171,8 +217,20 @@ pf_status lm_head(pf_session *s, int64_t r0, int64_t n) {
     pf_model *m = s->model;
     const Hparams &hp = m->hp;
     const int64_t d = hp.n_embd;
-    PF_TRY(rms_norm_rows(s->x + r0 * d, d, m->output_norm, s->h, d, n, d, float(hp.eps), s->ctx->stream));
-    return project(s->ctx, m->output, s->h, n, d, s->logits, hp.n_vocab, false, s->leg);
+    PF_TRY(norm_input(s, s->x + r0 * d, m->output_norm, n));
+    return project_in(s, m->output, s->h, d, n, s->logits, hp.n_vocab, false);
+}
+
+// Whether this call runs the act16 route: enabled, the session's leg resolves to f16 for every
+// matrix, and every matrix has its fp16 cache (project_f16_rows needs one; AUTO without a cache
+// would be the f32 leg).
+bool act16_route(const pf_session *s) {
+    if (!s->act16_env) return false;
+    const int32_t leg = s->leg == PF_GEMM_DEFAULT ? gemm_default_leg() : s->leg;
+    if (leg != PF_GEMM_F16 && leg != PF_GEMM_AUTO) return false;
+    for (const pf_weight *w : s->model->weights)
+        if (!w->f16) return false;
+    return true;
 }
 
 // Device bytes of a session's chunk scratch for chunks of T rows (x, h, a, b, o, the gates, the
@@ -218,6 +276,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->leg = o.gemm_leg ? o.gemm_leg : m->gemm_leg;
     s->attn_path = o.attn_path;
     s->fuse = fuse_env_enabled();
+    s->act16_env = act16_env_enabled();
     const size_t kv_bytes = size_t(s->max_tokens) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype);
     if (o.chunk_tokens) {
         s->chunk = std::min(o.chunk_tokens, s->max_tokens);
@@ -249,6 +308,9 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     A(size_t(T * Hv), &r->s4, "session scratch gates");
     r->lm_rows = int32_t(std::min<int64_t>(kLmRows, T));
     A(size_t(r->lm_rows) * size_t(hp.n_vocab), &r->logits, "session logits");
+    const int64_t k16 = std::max({d, hp.n_ff, hp.n_head * hp.head_dim, hp.value_dim()});  // widest projection input
+    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T * k16), &r->h16, "session scratch h16");
+    A(size_t(T), &r->inv16, "session scratch row scales");
     if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T), &r->ids, "session token ids");
     if (st == PF_STATUS_OK) st = salloc_t(r, 1, &r->argmax, "session argmax");
     r->k_cache.assign(size_t(m->n_attn_layers), nullptr);
@@ -353,6 +415,7 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
     DeviceGuard dg(s->ctx->device);
     PF_TRY(dg.status());
     cudaStream_t st = s->ctx->stream;
+    s->act16 = act16_route(s);
     auto body = [&]() -> pf_status {
         for (int64_t done = 0; done < n;) {
             const int64_t T = std::min<int64_t>(s->chunk, n - done);

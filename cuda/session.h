@@ -22,6 +22,13 @@ struct pf_session {
     // mixer output
     float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *o = nullptr;
     float *s3 = nullptr, *s4 = nullptr;  // [chunk][Hv] GDN gates beta, g
+    // The act16 route (f16 leg, every matrix with an fp16 copy; env PREFILL_F16_ACT=0 turns it
+    // off at creation): the producers write the projections' input as fp16 rows + row scales
+    // (f16_rows.cuh) into h16 [chunk][widest k] and inv16 [chunk]; no cast pass.
+    bool act16_env = true;
+    bool act16 = false;              // decided per prefill call (the caches may change between calls)
+    __half *h16 = nullptr;
+    float *inv16 = nullptr;
     int32_t *ids = nullptr;          // [chunk] device token ids
     float *logits = nullptr;         // [lm_rows][n_vocab]
     int32_t lm_rows = 0;

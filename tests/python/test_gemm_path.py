@@ -1,6 +1,7 @@
 """Issue 11, the path around the GEMMs: fused projections (Q|K|V, the GDN in-projections, FFN
-gate|up run as one GEMM on the f16 leg), the session's workspace (a warmed session allocates
-nothing during a prefill) and the automatic chunk. GPU; a few seconds on the tiny models."""
+gate|up run as one GEMM on the f16 leg), the f16 leg's input written by the producing kernels
+(the act16 route), the session's workspace (a warmed session allocates nothing during a
+prefill) and the automatic chunk. GPU; under a minute on the tiny models."""
 from __future__ import annotations
 
 import numpy as np
@@ -65,12 +66,12 @@ def test_f32_leg_is_untouched_by_fusion(preset, rng, monkeypatch):
     """The exact leg never runs the fused block: its logits are bitwise those of a model
     prewarmed without fusion, and of a model with no fp16 cache at all."""
     path = synth_model(preset, "q4_k_m")
-    tokens = random_tokens(rng, 150, 1000)
+    tokens = random_tokens(rng, 150, _vocab(path))
     exact = dict(gemm="f32", kv="f32", attention="cublas", chunk=64)
     outs = []
     for gemm, fuse in (("f16", True), ("f16", False), ("f32", False)):
         with _load(path, gemm, fuse, monkeypatch) as m:
-            outs.append(_logits(m, tokens % m.n_vocab, monkeypatch, fuse=fuse, **exact))
+            outs.append(_logits(m, tokens, monkeypatch, fuse=fuse, **exact))
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
@@ -122,3 +123,71 @@ def test_auto_chunk_is_2048_rows_within_capacity(preset, rng):
         assert np.array_equal(outs[0], outs[min(2048, cap)]), "auto chunk is not 2048 rows"
         whole, worst, _ = rel_err(outs[0], outs[512])
         assert whole <= 2e-2, f"auto chunk vs 512: {whole:.2e}"
+
+
+def _act16_logits(path: str, on: bool, tokens, monkeypatch, **kw):
+    from pyprefill.model import Model
+    monkeypatch.setenv("PREFILL_F16_ACT", "1" if on else "0")   # read at session creation
+    with Model.load(path, gemm="f16", progress=False) as m:
+        assert m.info["f16_armed"]
+        with m.session(max_tokens=1024, **kw) as s:
+            return s.prefill(tokens, "all")
+
+
+@pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_act16_route_is_bitwise_the_cast_route(preset, mix, rng, monkeypatch):
+    """RMSNorm, SwiGLU, the gated RMSNorm and the attention output gate writing the f16 leg's
+    input form themselves (no cast pass) give bitwise the logits of the fp32 outputs cast by
+    the f16 leg (PREFILL_F16_ACT=0): the same fp32 values, the same rounding, the same GEMMs."""
+    path = synth_model(preset, mix)
+    for T, chunk in ((1, 64), (7, 64), (150, 64), (300, 0)):
+        tokens = random_tokens(rng, T, _vocab(path))
+        on = _act16_logits(path, True, tokens, monkeypatch, chunk=chunk)
+        off = _act16_logits(path, False, tokens, monkeypatch, chunk=chunk)
+        assert np.isfinite(on).all(), f"{preset}.{mix} T={T}: non-finite logits"
+        assert np.array_equal(on, off), (f"{preset}.{mix} T={T}: act16 route differs from the cast route "
+                                         f"(max |diff| {np.abs(on - off).max():.3e})")
+
+
+def _vocab(path: str) -> int:
+    from pyprefill.model import inspect
+    return int(inspect(path)["n_vocab"])
+
+
+NORMS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_norm.weight", "ssm_norm.weight",
+         "output_norm.weight")
+
+
+def _loud_model(preset: str) -> str:
+    """synth_model(preset, "f32") with every RMSNorm weight times 1e5: the projections' inputs
+    reach |x| ~ 1e5 (beyond fp16's 65504), so rows take the power-of-two scaling."""
+    import os
+    import shutil
+
+    import gguf
+    from _engine_models import test_dir
+    src = synth_model(preset, "f32")
+    dst = os.path.join(test_dir(), f"{preset}-f32-loud.gguf")
+    if not os.path.exists(dst):
+        tmp = dst + ".tmp"
+        shutil.copyfile(src, tmp)
+        r = gguf.GGUFReader(tmp, "r+")
+        for t in r.tensors:
+            if t.name.endswith(NORMS):
+                t.data[...] = t.data * np.float32(1e5)
+        del r
+        os.replace(tmp, dst)
+    return dst
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_act16_route_scales_rows_beyond_fp16(preset, rng, monkeypatch):
+    """Activations of ~1e5 (DESIGN.md: fp16 must not overflow silently): the producers' row
+    scaling keeps every value finite and gives bitwise the cast route's logits."""
+    path = _loud_model(preset)
+    tokens = random_tokens(rng, 150, _vocab(path))
+    on = _act16_logits(path, True, tokens, monkeypatch, chunk=64)
+    off = _act16_logits(path, False, tokens, monkeypatch, chunk=64)
+    assert np.isfinite(on).all(), "non-finite logits with activations of 1e5"
+    assert np.array_equal(on, off), f"act16 route differs from the cast route (max |diff| {np.abs(on - off).max():.3e})"
