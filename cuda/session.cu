@@ -331,8 +331,11 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
         r->gdn_ws_bytes = gdn_chunk_workspace_bytes(T, int32_t(hp.ssm_hk), int32_t(hp.ssm_hv));
         if (r->gdn_ws_bytes) st = salloc(r, r->gdn_ws_bytes, &r->gdn_ws, "GDN chunk workspace");
     }
-    // The cuBLAS attention path's workspace, sized for a chunk whose keys reach the capacity (a
-    // call with fewer keys runs larger passes in it, attention() shrinks a pass to what fits).
+    // The cuBLAS attention path's workspace. The path is chosen per call (attention_resolved_path):
+    // always cuBLAS for an fp32 cache or a forced path, and with AUTO also for short chunks deep
+    // into the cache (few flash blocks, many keys). Sized for the most query rows a cuBLAS call
+    // of this session can have, at keys up to the capacity (the choice is monotone: fewer rows
+    // and more keys favour cuBLAS); attention() runs smaller passes where a call needs more.
     if (st == PF_STATUS_OK && m->n_attn_layers > 0) {
         attention_args a;
         a.k_cache = r->k_cache[0];
@@ -341,10 +344,27 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
         a.n_heads = int32_t(hp.n_head);
         a.n_kv_heads = int32_t(hp.n_head_kv);
         a.head_dim = int32_t(hp.head_dim);
-        a.rows = T;
-        a.pos0 = r->max_tokens - T;
         a.path = r->attn_path;
-        if (attention_resolved_path(a) == PF_ATTN_CUBLAS) {
+        auto cublas_at = [&](int64_t rows) {
+            a.rows = rows;
+            a.pos0 = r->max_tokens - rows;
+            return attention_resolved_path(a) == PF_ATTN_CUBLAS;
+        };
+        int64_t rows = 0;  // the most rows of a cuBLAS call (0: never)
+        if (cublas_at(T)) {
+            rows = T;
+        } else if (cublas_at(1)) {
+            int64_t lo = 1, hi = T;  // cublas_at(lo), !cublas_at(hi)
+            while (hi - lo > 1) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                (cublas_at(mid) ? lo : hi) = mid;
+            }
+            rows = lo;
+        }
+        if (rows > 0) {
+            a.path = PF_ATTN_CUBLAS;
+            a.rows = rows;
+            a.pos0 = r->max_tokens - rows;
             r->attn_ws_bytes = attention_workspace_bytes(a, attention_rows_per_pass(a));
             if (r->attn_ws_bytes) st = salloc(r, r->attn_ws_bytes, &r->attn_ws, "attention workspace");
         }

@@ -107,6 +107,28 @@ def test_warm_session_prefill_allocates_nothing(preset, legs, rng):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
+def test_deep_short_chunks_allocate_nothing(preset, rng):
+    """Short chunks deep into a long cache take the cuBLAS attention path (attention_resolved_path:
+    few flash blocks, many keys), whose workspace the session sized at creation: after a
+    prefill that stays on the flash path, decode steps and short chunks past 2048 positions add
+    no bytes to the context."""
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    with Model.load(path, progress=False) as m:
+        ctx = m.ctx
+        with m.session(max_tokens=4096) as s:
+            s.prefill(random_tokens(rng, 1500, m.n_vocab), "last")      # flash only
+            ctx.synchronize()
+            alloc0 = ctx.allocated()
+            s.prefill(random_tokens(rng, 600, m.n_vocab), "all")        # rows 600 up to 2100 keys
+            s.generate(4)                                               # rows 1, > 2048 keys
+            s.prefill(random_tokens(rng, 33, m.n_vocab), "last")
+            s.prefill(random_tokens(rng, 300, m.n_vocab), "none")
+            ctx.synchronize()
+            assert ctx.allocated() == alloc0, f"deep chunks allocated {ctx.allocated() - alloc0:+d} bytes"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_auto_chunk_is_2048_rows_within_capacity(preset, rng):
     """chunk_tokens = 0 (the default) picks 2048 rows on a device with room (capped at the
     capacity): bitwise the logits of an explicit chunk of that size, and of the capacity."""
