@@ -95,6 +95,7 @@ extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, si
     return pf::guard(__func__, [&]() -> pf_status {
         PF_TRY(pf::struct_init(opts, struct_size, "pf_session_options_init", "pf_session_options"));
         opts->max_tokens = 4096;
+        opts->cuda_graphs = 1;
         return PF_STATUS_OK;
     });
 }
@@ -118,6 +119,8 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
                      o.gemm_leg);
         PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH,
                      "pf_session_create: attn_path=%d is not a pf_attn_path", o.attn_path);
+        PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "pf_session_create: cuda_graphs=%d must be 0 or 1",
+                     o.cuda_graphs);
         PF_CHECK_ARG(model != nullptr, "pf_session_create: model is NULL");
         if (model->hp.context_length > 0)
             PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,

@@ -46,5 +46,8 @@ bool fuse_env_enabled();
 // route, session.h): env PREFILL_F16_ACT = 0 | off | no turns it off (read at session creation,
 // for A/B runs: the logits are bitwise the same either way); anything else or unset = on.
 bool act16_env_enabled();
+// Whether sessions replay chunks as CUDA graphs: env PREFILL_GRAPH = 0 | off | no turns it off
+// (read at session creation; the logits are bitwise the same either way).
+bool graph_env_enabled();
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

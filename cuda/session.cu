@@ -47,6 +47,81 @@ size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 
 // ---------------------------------------------------------------------------- one chunk
 
+// Runs a chunk's launches in order, as steps: graphed steps (launches that depend on the chunk
+// length only) and eager steps (RoPE, kv_write and attention: their arguments carry the
+// position, and attention's path is chosen per call). Modes:
+//  - Eager: every step runs.
+//  - Capture: consecutive graphed steps are captured into one segment (it ends at the next eager
+//    step or at close); eager steps are skipped. Nothing runs on the device.
+//  - Replay: each segment's graph is launched where its first step stands; eager steps run.
+// So Capture then Replay launches exactly what Eager launches, in the same order.
+class ChunkRunner {
+  public:
+    enum Mode { Eager, Capture, Replay };
+    ChunkRunner(cudaStream_t st, Mode mode, std::vector<cudaGraphExec_t> *segs)
+        : st_(st), mode_(mode), segs_(segs) {}
+    ChunkRunner(const ChunkRunner &) = delete;
+    ChunkRunner &operator=(const ChunkRunner &) = delete;
+    ~ChunkRunner() { abort(); }
+
+    template <class F>
+    pf_status graphed(F &&fn) {
+        if (mode_ == Eager) return fn();
+        if (mode_ == Replay) {
+            if (open_) return PF_STATUS_OK;  // the segment's graph holds this step
+            PF_CHECK_ARG(next_ < segs_->size(), "chunk graph: replay past the %zu captured segments",
+                         segs_->size());
+            PF_CUDA_TRY(cudaGraphLaunch((*segs_)[next_++], st_));
+            open_ = true;
+            return PF_STATUS_OK;
+        }
+        if (!open_) {
+            PF_CUDA_TRY(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal));
+            open_ = true;
+        }
+        return fn();
+    }
+
+    template <class F>
+    pf_status eager(F &&fn) {
+        PF_TRY(close());
+        return mode_ == Capture ? PF_STATUS_OK : fn();
+    }
+
+    // Ends the open segment (Capture: instantiates it).
+    pf_status close() {
+        if (!open_) return PF_STATUS_OK;
+        open_ = false;
+        if (mode_ != Capture) return PF_STATUS_OK;
+        cudaGraph_t g = nullptr;
+        PF_CUDA_TRY(cudaStreamEndCapture(st_, &g));
+        cudaGraphExec_t e = nullptr;
+        const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+        (void)cudaGraphDestroy(g);
+        if (err != cudaSuccess) return cuda_fail(err, __FILE__, __LINE__, "chunk graph: cudaGraphInstantiate");
+        segs_->push_back(e);
+        return PF_STATUS_OK;
+    }
+
+    // After a failure while capturing: leaves capture mode and clears the (non-sticky) error.
+    void abort() {
+        if (open_ && mode_ == Capture) {
+            cudaGraph_t g = nullptr;
+            (void)cudaStreamEndCapture(st_, &g);
+            if (g) (void)cudaGraphDestroy(g);
+            (void)cudaGetLastError();
+        }
+        open_ = false;
+    }
+
+  private:
+    cudaStream_t st_;
+    Mode mode_;
+    std::vector<cudaGraphExec_t> *segs_;
+    size_t next_ = 0;
+    bool open_ = false;
+};
+
 // The f16 leg's input form of [rows][cols] in the session's fp16 scratch (f16_rows.cuh); `acc`
 // (optional, [rows][n_embd]) is the residual stream the projection will accumulate into.
 F16Out f16_out(pf_session *s, int64_t cols, float *acc = nullptr) {
@@ -94,7 +169,7 @@ pf_status project_group(pf_session *s, std::initializer_list<pf_weight *> parts,
 }
 
 // Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
-pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T) {
+pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunner &R) {
     pf_context *ctx = s->ctx;
     const Hparams &hp = s->model->hp;
     cudaStream_t st = ctx->stream;
@@ -105,44 +180,51 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T) {
     // projections into the column slices otherwise (the same layout downstream).
     const int64_t W = qd + 2 * kvd;
     float *q = s->a, *k = s->a + qd, *v = s->a + qd + kvd, *o = s->o;
-    PF_TRY(project_group(s, {L.wq, L.wk, L.wv}, {q, k, v}, T, W));
     const float eps = float(hp.eps);
-    PF_TRY(head_rms_norm_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
-    PF_TRY(head_rms_norm_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st));
-    PF_TRY(rope_neox_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim), s->pos,
-                          float(hp.rope_base), st));
-    PF_TRY(rope_neox_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim), s->pos,
-                          float(hp.rope_base), st));
-    void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
-    PF_TRY(kv_write(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos, st));
-    attention_args a;
-    a.q = q;
-    a.ldq = W;
-    a.q_head_stride = q_head_stride;
-    a.k_cache = kc;
-    a.v_cache = vc;
-    a.kv_dtype = s->kv_dtype;
-    a.o = o;
-    a.ldo = H * D;
-    a.n_heads = int32_t(H);
-    a.n_kv_heads = int32_t(hp.n_head_kv);
-    a.head_dim = int32_t(D);
-    a.rows = T;
-    a.pos0 = s->pos;
-    a.scale = float(1.0 / std::sqrt(double(D)));
-    a.path = s->attn_path;
-    a.workspace = s->attn_ws;  // the cuBLAS path's scratch (null when the session runs flash)
-    a.workspace_bytes = s->attn_ws_bytes;
-    PF_TRY(attention(ctx, a));
+    PF_TRY(R.graphed([&]() -> pf_status {
+        PF_TRY(project_group(s, {L.wq, L.wk, L.wv}, {q, k, v}, T, W));
+        PF_TRY(head_rms_norm_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
+        return head_rms_norm_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st);
+    }));
+    // The steps that depend on the position: run eagerly between the graph segments.
+    PF_TRY(R.eager([&]() -> pf_status {
+        PF_TRY(rope_neox_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim), s->pos,
+                              float(hp.rope_base), st));
+        PF_TRY(rope_neox_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim), s->pos,
+                              float(hp.rope_base), st));
+        void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
+        PF_TRY(kv_write(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos, st));
+        attention_args a;
+        a.q = q;
+        a.ldq = W;
+        a.q_head_stride = q_head_stride;
+        a.k_cache = kc;
+        a.v_cache = vc;
+        a.kv_dtype = s->kv_dtype;
+        a.o = o;
+        a.ldo = H * D;
+        a.n_heads = int32_t(H);
+        a.n_kv_heads = int32_t(hp.n_head_kv);
+        a.head_dim = int32_t(D);
+        a.rows = T;
+        a.pos0 = s->pos;
+        a.scale = float(1.0 / std::sqrt(double(D)));
+        a.path = s->attn_path;
+        a.workspace = s->attn_ws;  // the cuBLAS path's scratch (null when the session runs flash)
+        a.workspace_bytes = s->attn_ws_bytes;
+        return attention(ctx, a);
+    }));
     // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row; on the act16 route
     // the gate writes wo's input form (and pre-scales x's rows where a row needs it)
-    if (gated && s->act16) {
-        PF_TRY(sigmoid_gate_rows_f16(o, H * D, q + D, W, 2 * D, f16_out(s, H * D, s->x), T, int32_t(H),
-                                     int32_t(D), st));
-        return project_f16_rows(ctx, L.wo, s->h16, s->inv16, T, s->x, hp.n_embd, true);
-    }
-    if (gated) PF_TRY(sigmoid_gate_rows(o, H * D, q + D, W, 2 * D, T, int32_t(H), int32_t(D), st));
-    return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);  // qwen3: fp32 o, cast there
+    return R.graphed([&]() -> pf_status {
+        if (gated && s->act16) {
+            PF_TRY(sigmoid_gate_rows_f16(o, H * D, q + D, W, 2 * D, f16_out(s, H * D, s->x), T, int32_t(H),
+                                         int32_t(D), st));
+            return project_f16_rows(ctx, L.wo, s->h16, s->inv16, T, s->x, hp.n_embd, true);
+        }
+        if (gated) PF_TRY(sigmoid_gate_rows(o, H * D, q + D, W, 2 * D, T, int32_t(H), int32_t(D), st));
+        return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);  // qwen3: fp32 o, cast there
+    });
 }
 
 // Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
@@ -185,31 +267,112 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     return project(ctx, L.ssm_out, o, T, vd, s->x, hp.n_embd, true, s->leg);
 }
 
-// One chunk of T <= s->chunk tokens (ids already on the device in s->ids) at s->pos.
-pf_status run_chunk(pf_session *s, int64_t T) {
+// FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T, h2 = RMSNorm(x).
+pf_status ffn(pf_session *s, const LayerWeights &L, int64_t T) {
+    const Hparams &hp = s->model->hp;
+    const int64_t d = hp.n_embd, ff = hp.n_ff, W = 2 * ff;
+    PF_TRY(norm_input(s, s->x, L.post_norm, T));
+    // gate | up side by side ([T][2 n_ff]); SwiGLU writes over the gate half.
+    PF_TRY(project_group(s, {L.gate, L.up}, {s->a, s->a + ff}, T, W));
+    if (s->act16)  // SwiGLU writes down's input form (and pre-scales x's rows if need be)
+        PF_TRY(swiglu_rows_f16(s->a, W, s->a + ff, W, f16_out(s, ff, s->x), T, ff, s->ctx->stream));
+    else
+        PF_TRY(swiglu_rows(s->a, W, s->a + ff, W, s->a, W, T, ff, s->ctx->stream));
+    return project_in(s, L.down, s->a, W, T, s->x, d, true);
+}
+
+// One chunk of T <= s->chunk tokens (ids already on the device in s->ids) at s->pos, its
+// launches through R (ChunkRunner).
+pf_status run_chunk(pf_session *s, int64_t T, ChunkRunner &R) {
     pf_model *m = s->model;
     const Hparams &hp = m->hp;
-    cudaStream_t st = s->ctx->stream;
     const int64_t d = hp.n_embd;
-    PF_TRY(embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, T, s->x, d, st));
+    PF_TRY(R.graphed([&] {
+        return embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, T, s->x, d,
+                          s->ctx->stream);
+    }));
     for (int64_t il = 0; il < hp.n_layer; il++) {
         const LayerWeights &L = m->layers[size_t(il)];
-        PF_TRY(norm_input(s, s->x, L.attn_norm, T));
-        if (L.attn) PF_TRY(attn_layer(s, L, T));
-        else PF_TRY(gdn_layer(s, L, il, T));
-        // FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
-        PF_TRY(norm_input(s, s->x, L.post_norm, T));
-        // gate | up side by side ([T][2 n_ff]); SwiGLU writes over the gate half.
-        const int64_t ff = hp.n_ff, W = 2 * ff;
-        PF_TRY(project_group(s, {L.gate, L.up}, {s->a, s->a + ff}, T, W));
-        if (s->act16) {  // SwiGLU writes down's input form (and pre-scales x's rows if need be)
-            PF_TRY(swiglu_rows_f16(s->a, W, s->a + ff, W, f16_out(s, ff, s->x), T, ff, st));
-        } else {
-            PF_TRY(swiglu_rows(s->a, W, s->a + ff, W, s->a, W, T, ff, st));
-        }
-        PF_TRY(project_in(s, L.down, s->a, W, T, s->x, d, true));
+        PF_TRY(R.graphed([&] { return norm_input(s, s->x, L.attn_norm, T); }));
+        if (L.attn) PF_TRY(attn_layer(s, L, T, R));
+        else PF_TRY(R.graphed([&] { return gdn_layer(s, L, il, T); }));
+        PF_TRY(R.graphed([&] { return ffn(s, L, T); }));
     }
-    return PF_STATUS_OK;
+    return R.close();
+}
+
+// ---------------------------------------------------------------------------- chunk graphs
+
+constexpr size_t kMaxChunkGraphs = 8;  // chunk lengths with graphs per session (then eager)
+constexpr size_t kSeenLengths = 16;    // recent chunk lengths remembered (capture on the 2nd sighting)
+
+void destroy_graph(ChunkGraph &g) {
+    for (cudaGraphExec_t e : g.segs) (void)cudaGraphExecDestroy(e);
+    g.segs.clear();
+}
+
+// The graphs for a chunk of T rows now, or nullptr (run eagerly): a length is captured when it
+// comes back (among the last kSeenLengths lengths), so that one-off tail lengths do not pay a
+// capture, and only while the session holds fewer than kMaxChunkGraphs (the full chunk and the
+// decode step, the lengths that recur, come first in practice; no eviction, so no churn). A graph whose key no longer holds
+// (the act16 route, fusion, the fp16 caches or the resolved leg changed, the context's scratch
+// moved) is dropped and captured anew.
+ChunkGraph *chunk_graph(pf_session *s, int64_t T) {
+    if (!s->graph_env || s->graph_off) return nullptr;
+    const pf_context *c = s->ctx;
+    ChunkGraph key;
+    key.T = T;
+    key.act16 = s->act16;
+    key.fuse = s->fuse;
+    key.cached = s->cached;
+    key.leg = s->leg == PF_GEMM_DEFAULT ? gemm_default_leg() : s->leg;
+    key.scratch[0] = c->scratch_f32.ptr;
+    key.scratch[1] = c->scratch_f16_w.ptr;
+    key.scratch[2] = c->scratch_f16_x.ptr;
+    auto same = [&](const ChunkGraph &g) {
+        return g.act16 == key.act16 && g.fuse == key.fuse && g.cached == key.cached && g.leg == key.leg &&
+               std::equal(g.scratch, g.scratch + 3, key.scratch);
+    };
+    for (size_t i = 0; i < s->graphs.size(); ++i) {
+        ChunkGraph &g = s->graphs[i];
+        if (g.T != T) continue;
+        if (same(g)) return &g;
+        destroy_graph(g);
+        s->graphs.erase(s->graphs.begin() + std::ptrdiff_t(i));
+        break;
+    }
+    if (std::find(s->seen_T.begin(), s->seen_T.end(), T) == s->seen_T.end()) {
+        if (s->seen_T.size() == kSeenLengths) s->seen_T.erase(s->seen_T.begin());
+        s->seen_T.push_back(T);
+        return nullptr;
+    }
+    if (s->graphs.size() == kMaxChunkGraphs) return nullptr;  // full: no churn of captures
+    s->graphs.push_back(key);
+    return &s->graphs.back();
+}
+
+// One chunk: eagerly, or through its graphs (captured first when new). A failed capture (an
+// operation the stream capture refuses) has run nothing: the chunk then runs eagerly, and so
+// does the session from then on.
+pf_status run_chunk_graphed(pf_session *s, int64_t T) {
+    cudaStream_t st = s->ctx->stream;
+    ChunkGraph *g = chunk_graph(s, T);
+    if (g && g->segs.empty()) {
+        pf_status r;
+        {
+            ChunkRunner cap(st, ChunkRunner::Capture, &g->segs);
+            r = run_chunk(s, T, cap);
+        }  // ~ChunkRunner ends a capture left open
+        if (r != PF_STATUS_OK) {
+            (void)cudaGetLastError();
+            destroy_graph(*g);
+            s->graphs.pop_back();  // the entry chunk_graph just added
+            s->graph_off = true;
+            g = nullptr;
+        }
+    }
+    ChunkRunner run(st, g ? ChunkRunner::Replay : ChunkRunner::Eager, g ? &g->segs : nullptr);
+    return run_chunk(s, T, run);
 }
 
 // Logits of chunk rows [r0, r0 + n) (n <= s->lm_rows) into s->logits: final norm, LM head.
@@ -221,16 +384,19 @@ pf_status lm_head(pf_session *s, int64_t r0, int64_t n) {
     return project_in(s, m->output, s->h, d, n, s->logits, hp.n_vocab, false);
 }
 
-// Whether this call runs the act16 route: enabled, the session's leg resolves to f16 for every
-// matrix, and every matrix has its fp16 cache (project_f16_rows needs one; AUTO without a cache
-// would be the f32 leg).
-bool act16_route(const pf_session *s) {
-    if (!s->act16_env) return false;
-    const int32_t leg = s->leg == PF_GEMM_DEFAULT ? gemm_default_leg() : s->leg;
-    if (leg != PF_GEMM_F16 && leg != PF_GEMM_AUTO) return false;
+// Whether every matrix of the model has its fp16 cache (the prewarm is all or nothing).
+bool all_cached(const pf_session *s) {
     for (const pf_weight *w : s->model->weights)
         if (!w->f16) return false;
     return true;
+}
+
+// Whether this call runs the act16 route: enabled, every matrix cached (project_f16_rows needs
+// an fp16 copy; AUTO without one would be the f32 leg), the session's leg f16 or auto.
+bool act16_route(const pf_session *s) {
+    if (!s->act16_env || !s->cached) return false;
+    const int32_t leg = s->leg == PF_GEMM_DEFAULT ? gemm_default_leg() : s->leg;
+    return leg == PF_GEMM_F16 || leg == PF_GEMM_AUTO;
 }
 
 // Device bytes of a session's chunk scratch for chunks of T rows (x, h, a, b, o, the gates, the
@@ -277,6 +443,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->attn_path = o.attn_path;
     s->fuse = fuse_env_enabled();
     s->act16_env = act16_env_enabled();
+    s->graph_env = o.cuda_graphs == 1 && graph_env_enabled();
     const size_t kv_bytes = size_t(s->max_tokens) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype);
     if (o.chunk_tokens) {
         s->chunk = std::min(o.chunk_tokens, s->max_tokens);
@@ -385,6 +552,7 @@ void session_destroy(pf_session *s) {
     if (!s) return;
     DeviceGuard dg(s->ctx->device);
     (void)cudaStreamSynchronize(s->ctx->stream);
+    for (ChunkGraph &g : s->graphs) destroy_graph(g);
     for (auto &a : s->allocs) device_free(s->ctx, a.first, a.second);
     delete s;
 }
@@ -435,12 +603,13 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
     DeviceGuard dg(s->ctx->device);
     PF_TRY(dg.status());
     cudaStream_t st = s->ctx->stream;
+    s->cached = all_cached(s);
     s->act16 = act16_route(s);
     auto body = [&]() -> pf_status {
         for (int64_t done = 0; done < n;) {
             const int64_t T = std::min<int64_t>(s->chunk, n - done);
             PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens + done, size_t(T) * 4, cudaMemcpyHostToDevice, st));
-            PF_TRY(run_chunk(s, T));
+            PF_TRY(run_chunk_graphed(s, T));
             const bool last_chunk = done + T == n;
             if (mode == PF_LOGITS_ALL) {
                 for (int64_t r0 = 0; r0 < T; r0 += s->lm_rows) {

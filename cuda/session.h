@@ -7,6 +7,18 @@
 
 #include "model.h"
 
+namespace pf {
+// The CUDA graphs of one chunk length (session.cu, "chunk graphs"): the position-independent
+// launches of a chunk of T rows as segments, valid while the key holds.
+struct ChunkGraph {
+    int64_t T = 0;
+    bool act16 = false, fuse = false, cached = false;
+    int32_t leg = 0;                                      // the session's leg, PF_GEMM_DEFAULT resolved
+    const void *scratch[3] = {nullptr, nullptr, nullptr};  // the context scratch the launches use
+    std::vector<cudaGraphExec_t> segs;
+};
+}  // namespace pf
+
 struct pf_session {
     pf_model *model = nullptr;
     pf_context *ctx = nullptr;
@@ -27,6 +39,7 @@ struct pf_session {
     // (f16_rows.cuh) into h16 [chunk][widest k] and inv16 [chunk]; no cast pass.
     bool act16_env = true;
     bool act16 = false;              // decided per prefill call (the caches may change between calls)
+    bool cached = false;             // every matrix has its fp16 cache (per prefill call)
     __half *h16 = nullptr;
     float *inv16 = nullptr;
     int32_t *ids = nullptr;          // [chunk] device token ids
@@ -37,6 +50,12 @@ struct pf_session {
     size_t gdn_ws_bytes = 0;
     void *attn_ws = nullptr;         // cuBLAS attention path workspace (attention_workspace_bytes)
     size_t attn_ws_bytes = 0;
+    // CUDA graphs per chunk length (env PREFILL_GRAPH=0 turns them off at creation); a length is
+    // captured when it comes back (seen_T), for at most kMaxChunkGraphs lengths
+    bool graph_env = true;
+    bool graph_off = false;          // a capture failed: this session runs eagerly from then on
+    std::vector<pf::ChunkGraph> graphs;
+    std::vector<int64_t> seen_T;
     std::vector<std::pair<void *, size_t>> allocs;
 };
 

@@ -47,9 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt lengths, comma or space separated "
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
-                   help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16 or "
-                        "LEG/nofuse/noact16 run LEG with the fused projections or the producers' "
-                        "fp16 inputs off (before/after in one run) "
+                   help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16, "
+                        "LEG/nograph (combinable: LEG/nofuse/noact16/nograph) run LEG with the "
+                        "fused projections, the producers' fp16 inputs or the CUDA graphs off "
+                        "(before/after in one run) "
                         "(default: FILE auto, suites f16,f32)")
     p.add_argument("--chunk", type=int, default=2048,
                    help="session chunk: rows per internal step (0 = the session's default)")

@@ -93,9 +93,11 @@ def _say(rec, row: dict) -> None:
 
 # Leg variants for before/after runs in one process (environment switches read at session
 # creation): "LEG/nofuse" runs the projections of a group one by one (PREFILL_FUSE=0),
-# "LEG/noact16" casts the projections' inputs in a separate pass (PREFILL_F16_ACT=0);
-# "auto/nofuse/noact16" is the path as it was before issue 11.
-VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0")}
+# "LEG/noact16" casts the projections' inputs in a separate pass (PREFILL_F16_ACT=0),
+# "LEG/nograph" launches every kernel (PREFILL_GRAPH=0);
+# "auto/nofuse/noact16/nograph" is the path as it was before issue 11 (but the chunk).
+VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
+               "nograph": ("PREFILL_GRAPH", "0")}
 
 
 def split_leg(leg: str) -> tuple[str, dict]:

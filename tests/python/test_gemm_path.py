@@ -96,6 +96,7 @@ def test_warm_session_prefill_allocates_nothing(preset, legs, rng):
                     s.prefill(random_tokens(rng, n, m.n_vocab), mode)
                 ctx.synchronize()
             round_()
+            round_()   # lengths that came back are captured as CUDA graphs in this round
             alloc0, free0 = ctx.allocated(), ctx.memory()[0]
             for _ in range(3):
                 round_()
@@ -218,3 +219,37 @@ def test_act16_route_scales_rows_beyond_fp16(preset, rng, monkeypatch):
     off = _act16_logits(path, False, tokens, monkeypatch, chunk=64)
     assert np.isfinite(on).all(), "non-finite logits with activations of 1e5"
     assert np.array_equal(on, off), f"act16 route differs from the cast route (max |diff| {np.abs(on - off).max():.3e})"
+
+
+@pytest.mark.parametrize("legs", ["default", "f32"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
+    """A session replaying its chunks as CUDA graphs (a length is captured when it comes back)
+    gives bitwise the logits and greedy tokens of one launching every kernel (cuda_graphs = 0,
+    and env PREFILL_GRAPH=0): full chunks, tails, decode steps, after a reset and a restore."""
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    kw = dict(kv="f32", attention="cublas", gemm="f32") if legs == "f32" else {}
+    prompts = [random_tokens(rng, n, _vocab(path)) for n in (300, 300, 64, 1, 1, 130)]
+    outs = {}
+    with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
+        for graphs in (True, False, "env"):
+            monkeypatch.setenv("PREFILL_GRAPH", "0" if graphs == "env" else "1")   # read at session creation
+            kw["graphs"] = graphs is not False   # "env": the option on, the environment off
+            got = []
+            with m.session(max_tokens=1024, chunk=64, **kw) as s:
+                for _ in range(3):                      # the same lengths again: replayed graphs
+                    s.reset()
+                    for p in prompts:
+                        got.append(s.prefill(p, "all"))
+                    got.append(s.generate(5).astype(np.float32))
+                state = s.save()
+            with m.restore(state, max_tokens=1024, chunk=64, **kw) as r:
+                for _ in range(3):
+                    got.append(r.prefill(prompts[2], "last"))
+                    got.append(r.generate(3).astype(np.float32))
+            outs[graphs] = got
+    for off in (False, "env"):
+        for i, (a, b) in enumerate(zip(outs[True], outs[off])):
+            assert np.isfinite(a).all(), f"step {i}: non-finite output with graphs"
+            assert np.array_equal(a, b), f"step {i}: graphs differ from eager ({off}; max |diff| {np.abs(a - b).max():.3e})"
