@@ -76,6 +76,7 @@ struct RopeArgs {
     int64_t head_stride;
     int32_t half;     // rot_dim / 2
     int64_t pos0;
+    const int64_t *pos0_dev;  // when set, the position of row 0 is read here (CUDA graphs)
     double base;      // theta_b, in double for the angle
     double rot;       // rot_dim
 };
@@ -90,7 +91,8 @@ __global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
     // Angle in float64: fp32 would lose ~p*6e-8 rad to the product's rounding alone (1.6e-2
     // rad at p = 2^18). Hopper's fp64 units make these two transcendentals per thread cheap.
     const double inv_freq = pow(a.base, -(2.0 * i) / a.rot);
-    const double phi = (double)(a.pos0 + t) * inv_freq;
+    const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
+    const double phi = (double)(pos0 + t) * inv_freq;
     double sd, cd;
     sincos(phi, &sd, &cd);  // full double range reduction (Payne-Hanek for large phi)
     const float s = (float)sd, c = (float)cd;
@@ -336,9 +338,10 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
     return PF_STATUS_OK;
 }
 
-pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
-                         int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
-                         cudaStream_t stream) {
+namespace {
+pf_status rope_launch(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                      int32_t head_dim, int32_t rot_dim, int64_t pos0, const int64_t *pos0_dev,
+                      float base, cudaStream_t stream) {
     PF_TRY(check_heads("rope_neox_rows", ld, rows, n_heads, head_stride, head_dim));
     PF_CHECK_ARG(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim,
                  "rope_neox_rows: rot_dim=%d must be even, in [2, head_dim=%d]", rot_dim,
@@ -350,7 +353,7 @@ pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, in
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x != nullptr, "rope_neox_rows: x is NULL");
     const int32_t half = rot_dim / 2;
-    const RopeArgs a{x, ld, rows, n_heads, head_stride, half, pos0, (double)base, (double)rot_dim};
+    const RopeArgs a{x, ld, rows, n_heads, head_stride, half, pos0, pos0_dev, (double)base, (double)rot_dim};
     const int64_t threads = rows * half;
     const int block = 128;
     PF_CHECK_ARG((threads + block - 1) / block <= kMaxGridX, "rope_neox_rows: rows=%lld too large",
@@ -358,6 +361,20 @@ pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, in
     rope_neox_kernel<<<(unsigned)((threads + block - 1) / block), block, 0, stream>>>(a);
     PF_LAUNCH_CHECK("rope_neox_kernel");
     return PF_STATUS_OK;
+}
+}  // namespace
+
+pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                         int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
+                         cudaStream_t stream) {
+    return rope_launch(x, ld, rows, n_heads, head_stride, head_dim, rot_dim, pos0, nullptr, base, stream);
+}
+
+pf_status rope_neox_rows_at(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                            int32_t head_dim, int32_t rot_dim, const int64_t *pos0_dev, float base,
+                            cudaStream_t stream) {
+    PF_CHECK_ARG(pos0_dev != nullptr, "rope_neox_rows_at: pos0_dev is NULL");
+    return rope_launch(x, ld, rows, n_heads, head_stride, head_dim, rot_dim, 0, pos0_dev, base, stream);
 }
 
 pf_status swiglu_rows(const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,

@@ -54,6 +54,12 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
 pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
                          int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
                          cudaStream_t stream);
+// The same with the position of row 0 read from device memory when the kernel runs (a launch
+// that a CUDA graph can replay at any position). The caller keeps 0 <= *pos0_dev <=
+// INT64_MAX/2 - rows (the host cannot check it).
+pf_status rope_neox_rows_at(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                            int32_t head_dim, int32_t rot_dim, const int64_t *pos0_dev, float base,
+                            cudaStream_t stream);
 
 // SwiGLU: out[r, c] = silu(g[r, c]) * u[r, c], silu(x) = x / (1 + exp(-x)).
 //  g: [rows][ldg], u: [rows][ldu], out: [rows][ldo]; out may equal g or u exactly (same ld).

@@ -184,14 +184,16 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunne
     PF_TRY(R.graphed([&]() -> pf_status {
         PF_TRY(project_group(s, {L.wq, L.wk, L.wv}, {q, k, v}, T, W));
         PF_TRY(head_rms_norm_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
-        return head_rms_norm_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st);
+        PF_TRY(head_rms_norm_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st));
+        // RoPE reads the chunk's position from s->pos_dev: the same launch at any position
+        PF_TRY(rope_neox_rows_at(q, W, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim),
+                                 s->pos_dev, float(hp.rope_base), st));
+        return rope_neox_rows_at(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim),
+                                 s->pos_dev, float(hp.rope_base), st);
     }));
-    // The steps that depend on the position: run eagerly between the graph segments.
+    // The steps whose arguments (and attention's path) depend on the position: run eagerly
+    // between the graph segments.
     PF_TRY(R.eager([&]() -> pf_status {
-        PF_TRY(rope_neox_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim), s->pos,
-                              float(hp.rope_base), st));
-        PF_TRY(rope_neox_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim), s->pos,
-                              float(hp.rope_base), st));
         void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
         PF_TRY(kv_write(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos, st));
         attention_args a;
@@ -281,14 +283,14 @@ pf_status ffn(pf_session *s, const LayerWeights &L, int64_t T) {
     return project_in(s, L.down, s->a, W, T, s->x, d, true);
 }
 
-// One chunk of T <= s->chunk tokens (ids already on the device in s->ids) at s->pos, its
-// launches through R (ChunkRunner).
-pf_status run_chunk(pf_session *s, int64_t T, ChunkRunner &R) {
+// One chunk of T <= s->chunk tokens (ids: their device ids, inside s->ids) at s->pos (also in
+// s->pos_dev), its launches through R (ChunkRunner).
+pf_status run_chunk(pf_session *s, const int32_t *ids, int64_t T, ChunkRunner &R) {
     pf_model *m = s->model;
     const Hparams &hp = m->hp;
     const int64_t d = hp.n_embd;
-    PF_TRY(R.graphed([&] {
-        return embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, T, s->x, d,
+    PF_TRY(R.eager([&] {  // where the ids are moves with the chunk
+        return embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, ids, T, s->x, d,
                           s->ctx->stream);
     }));
     for (int64_t il = 0; il < hp.n_layer; il++) {
@@ -354,14 +356,14 @@ ChunkGraph *chunk_graph(pf_session *s, int64_t T) {
 // One chunk: eagerly, or through its graphs (captured first when new). A failed capture (an
 // operation the stream capture refuses) has run nothing: the chunk then runs eagerly, and so
 // does the session from then on.
-pf_status run_chunk_graphed(pf_session *s, int64_t T) {
+pf_status run_chunk_graphed(pf_session *s, const int32_t *ids, int64_t T) {
     cudaStream_t st = s->ctx->stream;
     ChunkGraph *g = chunk_graph(s, T);
     if (g && g->segs.empty()) {
         pf_status r;
         {
             ChunkRunner cap(st, ChunkRunner::Capture, &g->segs);
-            r = run_chunk(s, T, cap);
+            r = run_chunk(s, ids, T, cap);
         }  // ~ChunkRunner ends a capture left open
         if (r != PF_STATUS_OK) {
             (void)cudaGetLastError();
@@ -372,7 +374,16 @@ pf_status run_chunk_graphed(pf_session *s, int64_t T) {
         }
     }
     ChunkRunner run(st, g ? ChunkRunner::Replay : ChunkRunner::Eager, g ? &g->segs : nullptr);
-    return run_chunk(s, T, run);
+    return run_chunk(s, ids, T, run);
+}
+
+__global__ void set_i64_kernel(int64_t *p, int64_t v) { *p = v; }
+
+// s->pos into s->pos_dev, in stream order (a kernel argument: no host staging, no wait).
+pf_status set_position(pf_session *s) {
+    set_i64_kernel<<<1, 1, 0, s->ctx->stream>>>(s->pos_dev, s->pos);
+    PF_LAUNCH_CHECK("set_i64_kernel");
+    return PF_STATUS_OK;
 }
 
 // Logits of chunk rows [r0, r0 + n) (n <= s->lm_rows) into s->logits: final norm, LM head.
@@ -478,7 +489,8 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     const int64_t k16 = std::max({d, hp.n_ff, hp.n_head * hp.head_dim, hp.value_dim()});  // widest projection input
     if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T * k16), &r->h16, "session scratch h16");
     A(size_t(T), &r->inv16, "session scratch row scales");
-    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T), &r->ids, "session token ids");
+    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(r->max_tokens), &r->ids, "session token ids");
+    if (st == PF_STATUS_OK) st = salloc_t(r, 1, &r->pos_dev, "session position");
     if (st == PF_STATUS_OK) st = salloc_t(r, 1, &r->argmax, "session argmax");
     r->k_cache.assign(size_t(m->n_attn_layers), nullptr);
     r->v_cache.assign(size_t(m->n_attn_layers), nullptr);
@@ -606,10 +618,13 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
     s->cached = all_cached(s);
     s->act16 = act16_route(s);
     auto body = [&]() -> pf_status {
+        // The call's tokens in one copy (a copy from pageable memory may wait for the stream:
+        // once per call, not once per chunk).
+        PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st));
         for (int64_t done = 0; done < n;) {
             const int64_t T = std::min<int64_t>(s->chunk, n - done);
-            PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens + done, size_t(T) * 4, cudaMemcpyHostToDevice, st));
-            PF_TRY(run_chunk_graphed(s, T));
+            PF_TRY(set_position(s));
+            PF_TRY(run_chunk_graphed(s, s->ids + done, T));
             const bool last_chunk = done + T == n;
             if (mode == PF_LOGITS_ALL) {
                 for (int64_t r0 = 0; r0 < T; r0 += s->lm_rows) {

@@ -42,7 +42,8 @@ struct pf_session {
     bool cached = false;             // every matrix has its fp16 cache (per prefill call)
     __half *h16 = nullptr;
     float *inv16 = nullptr;
-    int32_t *ids = nullptr;          // [chunk] device token ids
+    int32_t *ids = nullptr;          // [max_tokens] device token ids of the current call
+    int64_t *pos_dev = nullptr;      // [1] the chunk's position, for RoPE inside CUDA graphs
     float *logits = nullptr;         // [lm_rows][n_vocab]
     int32_t lm_rows = 0;
     int32_t *argmax = nullptr;       // [1]
