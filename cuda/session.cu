@@ -48,8 +48,9 @@ size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 // ---------------------------------------------------------------------------- one chunk
 
 // Runs a chunk's launches in order, as steps: graphed steps (launches that depend on the chunk
-// length only) and eager steps (RoPE, kv_write and attention: their arguments carry the
-// position, and attention's path is chosen per call). Modes:
+// length only; RoPE reads the position from s->pos_dev) and eager steps (the embedding of the
+// chunk's ids, kv_write and attention: their arguments carry the position or the chunk's offset,
+// and attention's path is chosen per call). Modes:
 //  - Eager: every step runs.
 //  - Capture: consecutive graphed steps are captured into one segment (it ends at the next eager
 //    step or at close); eager steps are skipped. Nothing runs on the device.
