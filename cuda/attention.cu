@@ -42,13 +42,15 @@ struct kv_write_args {
     const float *v;
     int64_t ldv;
     int64_t rows, kv_dim;
-    void *k_cache, *v_cache;  // already offset to row pos0
+    void *k_cache, *v_cache;  // already offset to row pos0 (unless pos0_dev)
+    const int64_t *pos0_dev;  // when set: the caches' row 0, offset here by *pos0_dev rows
 };
 
 template <typename T>
 __global__ void kv_write_kernel(const __grid_constant__ kv_write_args a) {
-    T *kc = static_cast<T *>(a.k_cache);
-    T *vc = static_cast<T *>(a.v_cache);
+    const int64_t off = a.pos0_dev ? *a.pos0_dev * a.kv_dim : 0;
+    T *kc = static_cast<T *>(a.k_cache) + off;
+    T *vc = static_cast<T *>(a.v_cache) + off;
     const int64_t total = a.rows * a.kv_dim;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {
@@ -56,6 +58,16 @@ __global__ void kv_write_kernel(const __grid_constant__ kv_write_args a) {
         kc[i] = from_float<T>(a.k[r * a.ldk + c]);  // cache rows are contiguous (stride kv_dim)
         vc[i] = from_float<T>(a.v[r * a.ldv + c]);
     }
+}
+
+pf_status kv_write_launch(const kv_write_args &a, int32_t kv_dtype, cudaStream_t stream) {
+    const int64_t rows = a.rows, kv_dim = a.kv_dim;
+    if (kv_dtype == PF_KV_F16)
+        kv_write_kernel<__half><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
+    else
+        kv_write_kernel<float><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("kv_write_kernel<%s>", kv_dtype == PF_KV_F16 ? "__half" : "float");
+    return PF_STATUS_OK;
 }
 
 // ------------------------------------------------------------------- cuBLAS path: helpers
@@ -535,13 +547,21 @@ pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int
     const size_t esz = kv_dtype == PF_KV_F16 ? sizeof(__half) : sizeof(float);
     kv_write_args a{k, ldk, v, ldv, rows, kv_dim,
                     static_cast<char *>(k_cache) + size_t(pos0 * kv_dim) * esz,
-                    static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz};
-    if (kv_dtype == PF_KV_F16)
-        kv_write_kernel<__half><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
-    else
-        kv_write_kernel<float><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("kv_write_kernel<%s>", kv_dtype == PF_KV_F16 ? "__half" : "float");
-    return PF_STATUS_OK;
+                    static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz, nullptr};
+    return kv_write_launch(a, kv_dtype, stream);
+}
+
+pf_status kv_write_at(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
+                      int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype,
+                      const int64_t *pos0_dev, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && kv_dim > 0 && ldk >= kv_dim && ldv >= kv_dim && pos0_dev != nullptr,
+                 "kv_write_at: rows=%lld kv_dim=%lld ldk=%lld ldv=%lld pos0_dev=%p", (long long)rows,
+                 (long long)kv_dim, (long long)ldk, (long long)ldv, (const void *)pos0_dev);
+    PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32, "kv_write_at: kv_dtype=%d",
+                 (int)kv_dtype);
+    if (rows == 0) return PF_STATUS_OK;
+    return kv_write_launch(kv_write_args{k, ldk, v, ldv, rows, kv_dim, k_cache, v_cache, pos0_dev},
+                           kv_dtype, stream);
 }
 
 bool attention_flash_supported(const attention_args &a) {

@@ -48,9 +48,9 @@ size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 // ---------------------------------------------------------------------------- one chunk
 
 // Runs a chunk's launches in order, as steps: graphed steps (launches that depend on the chunk
-// length only; RoPE reads the position from s->pos_dev) and eager steps (the embedding of the
-// chunk's ids, kv_write and attention: their arguments carry the position or the chunk's offset,
-// and attention's path is chosen per call). Modes:
+// length only; RoPE and kv_write read the position from s->pos_dev) and eager steps (the
+// embedding of the chunk's ids, and attention: their arguments carry the chunk's offset or the
+// position, and attention's path is chosen per call). Modes:
 //  - Eager: every step runs.
 //  - Capture: consecutive graphed steps are captured into one segment (it ends at the next eager
 //    step or at close); eager steps are skipped. Nothing runs on the device.
@@ -181,6 +181,7 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunne
     // projections into the column slices otherwise (the same layout downstream).
     const int64_t W = qd + 2 * kvd;
     float *q = s->a, *k = s->a + qd, *v = s->a + qd + kvd, *o = s->o;
+    void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
     const float eps = float(hp.eps);
     PF_TRY(R.graphed([&]() -> pf_status {
         PF_TRY(project_group(s, {L.wq, L.wk, L.wv}, {q, k, v}, T, W));
@@ -189,14 +190,13 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunne
         // RoPE reads the chunk's position from s->pos_dev: the same launch at any position
         PF_TRY(rope_neox_rows_at(q, W, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim),
                                  s->pos_dev, float(hp.rope_base), st));
-        return rope_neox_rows_at(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim),
-                                 s->pos_dev, float(hp.rope_base), st);
+        PF_TRY(rope_neox_rows_at(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim),
+                                 s->pos_dev, float(hp.rope_base), st));
+        return kv_write_at(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos_dev, st);  // rows pos..pos+T-1
     }));
-    // The steps whose arguments (and attention's path) depend on the position: run eagerly
-    // between the graph segments.
+    // Attention: its arguments (and its path) depend on the position: run eagerly between the
+    // graph segments.
     PF_TRY(R.eager([&]() -> pf_status {
-        void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
-        PF_TRY(kv_write(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos, st));
         attention_args a;
         a.q = q;
         a.ldq = W;

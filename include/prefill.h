@@ -597,8 +597,8 @@ typedef struct pf_session_options {
                               (PF_GDN_SCAN_CHUNKED) for chunks of >= 64 rows */
     int32_t attn_path;     /* 0 = auto (flash for an fp16 cache), 1 = cuBLAS, 2 = flash */
     int32_t cuda_graphs;   /* 1: a chunk length that comes back is captured as CUDA graphs (its
-                              position-independent launches; the KV write and attention run
-                              between them) and replayed, for up to 8 lengths per session; results
+                              position-independent launches; attention runs between them)
+                              and replayed, for up to 8 lengths per session; results
                               are bitwise those of 0 (every kernel launched). Env PREFILL_GRAPH=0
                               forces 0. default 1 */
 } pf_session_options;
