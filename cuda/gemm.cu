@@ -350,7 +350,8 @@ bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weig
 
 pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int32_t leg) {
     int32_t run = PF_GEMM_F32;
-    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return PF_STATUS_OK;  // the call reports it
+    // A leg this file does not serve reserves nothing here (the call itself reports or serves it).
+    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return PF_STATUS_OK;
     const int64_t k = w->k;
     if (run == PF_GEMM_F16) {
         const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
@@ -360,7 +361,7 @@ pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int
             PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w,
                                    size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half),
                                    "project (f16 streaming leg): weight scratch"));
-    } else if (w->qtype != PF_QTYPE_F32 && rows > 1) {
+    } else if (run == PF_GEMM_F32 && w->qtype != PF_QTYPE_F32 && rows > 1) {
         PF_TRY(scratch_reserve(ctx, ctx->scratch_f32,
                                size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float),
                                "project (f32 leg): weight scratch"));
