@@ -13,7 +13,8 @@ from _reference_fixtures import rel_err
 pytestmark = pytest.mark.gpu
 
 PRESETS = ["qwen3-tiny", "qwen35-tiny"]
-F16_BOUND = 3e-3   # DESIGN.md: f16 leg vs its reference
+F16_BOUND = 3e-3     # DESIGN.md: f16 leg vs its reference (fused vs unfused: the same legs otherwise)
+MODEL_BOUND = 2e-2   # DESIGN.md: whole model at the default legs (fp16 KV, flash) vs an exact run
 
 
 def _load(path: str, gemm: str, fuse: bool, monkeypatch):
@@ -33,7 +34,8 @@ def _logits(m, tokens, monkeypatch, *, fuse: bool = True, **kw):
 def test_fused_projections_match_unfused(preset, mix, rng, monkeypatch):
     """One GEMM over the fused fp16 block, the same block run part by part, and separate caches
     (no fusion at prewarm) agree within the f16 leg's bound; and all three are the f16 leg (not
-    silently the f32 one): within the bound of the exact legs' logits, not bitwise equal to them."""
+    silently the f32 one): within the whole-model bound of the exact legs' logits, not bitwise
+    equal to them."""
     path = synth_model(preset, mix)
     fused_m = _load(path, "f16", True, monkeypatch)
     plain_m = _load(path, "f16", False, monkeypatch)
@@ -50,7 +52,7 @@ def test_fused_projections_match_unfused(preset, mix, rng, monkeypatch):
             for name, out in (("fused", fused), ("fused block, part by part", sliced), ("separate caches", plain)):
                 assert np.isfinite(out).all(), f"{preset}.{mix} T={T} {name}: non-finite logits"
                 whole, worst, row = rel_err(out, exact)
-                assert whole <= F16_BOUND, f"{preset}.{mix} T={T} {name} vs f32 legs: {whole:.2e} (worst {worst:.2e} at {row})"
+                assert whole <= MODEL_BOUND, f"{preset}.{mix} T={T} {name} vs f32 legs: {whole:.2e} (worst {worst:.2e} at {row})"
             whole, worst, row = rel_err(fused, plain)
             assert whole <= F16_BOUND, f"{preset}.{mix} T={T} fused vs unfused: {whole:.2e} (worst {worst:.2e} at {row})"
             whole, worst, row = rel_err(sliced, plain)
