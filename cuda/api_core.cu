@@ -299,7 +299,7 @@ extern "C" PF_API void pf_weight_destroy(pf_weight *w) {
     if (!w) return;
     pf::DeviceGuard dg(w->ctx->device);
     (void)cudaStreamSynchronize(w->ctx->stream);
-    pf::device_free(w->ctx, w->f16, size_t(w->n) * size_t(w->k) * sizeof(__half));
+    if (w->f16_alloc) pf::device_free(w->ctx, w->f16, w->f16_alloc);  // a slice: freed by its owner
     pf::device_free(w->ctx, w->data, w->bytes);
     delete w;
 }

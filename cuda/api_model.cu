@@ -21,8 +21,8 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     pf_prewarm_report rep;
     std::memset(&rep, 0, sizeof rep);
     rep.struct_size = sizeof rep;
-    PF_TRY(prewarm_f16(m->ctx, m->weights.data(), int32_t(m->weights.size()),
-                       headroom ? headroom : kDefaultPrewarmHeadroom, &rep));
+    PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, fuse_env_enabled()),
+                              headroom ? headroom : kDefaultPrewarmHeadroom, &rep));
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     *armed = rep.armed;
     if (m->progress) m->progress(m->progress_user, "prewarm", total, total);
@@ -95,7 +95,7 @@ extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, si
     return pf::guard(__func__, [&]() -> pf_status {
         PF_TRY(pf::struct_init(opts, struct_size, "pf_session_options_init", "pf_session_options"));
         opts->max_tokens = 4096;
-        opts->chunk_tokens = 512;
+        opts->cuda_graphs = 1;
         return PF_STATUS_OK;
     });
 }
@@ -112,13 +112,15 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
             o = *opts;
         }
         PF_CHECK_ARG(o.max_tokens > 0, "pf_session_create: max_tokens=%d must be > 0", o.max_tokens);
-        PF_CHECK_ARG(o.chunk_tokens > 0, "pf_session_create: chunk_tokens=%d must be > 0", o.chunk_tokens);
+        PF_CHECK_ARG(o.chunk_tokens >= 0, "pf_session_create: chunk_tokens=%d must be >= 0 (0 = auto)", o.chunk_tokens);
         PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32,
                      "pf_session_create: kv_dtype=%d (0 = fp16, 1 = fp32)", o.kv_dtype);
         PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_session_create: gemm_leg=%d is not a pf_gemm_leg",
                      o.gemm_leg);
         PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH,
                      "pf_session_create: attn_path=%d is not a pf_attn_path", o.attn_path);
+        PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "pf_session_create: cuda_graphs=%d must be 0 or 1",
+                     o.cuda_graphs);
         PF_CHECK_ARG(model != nullptr, "pf_session_create: model is NULL");
         if (model->hp.context_length > 0)
             PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <mutex>
-#include <unordered_map>
 
 #include "attention.cuh"
 #include "common.cuh"
@@ -44,13 +42,15 @@ struct kv_write_args {
     const float *v;
     int64_t ldv;
     int64_t rows, kv_dim;
-    void *k_cache, *v_cache;  // already offset to row pos0
+    void *k_cache, *v_cache;  // already offset to row pos0 (unless pos0_dev)
+    const int64_t *pos0_dev;  // when set: the caches' row 0, offset here by *pos0_dev rows
 };
 
 template <typename T>
 __global__ void kv_write_kernel(const __grid_constant__ kv_write_args a) {
-    T *kc = static_cast<T *>(a.k_cache);
-    T *vc = static_cast<T *>(a.v_cache);
+    const int64_t off = a.pos0_dev ? *a.pos0_dev * a.kv_dim : 0;
+    T *kc = static_cast<T *>(a.k_cache) + off;
+    T *vc = static_cast<T *>(a.v_cache) + off;
     const int64_t total = a.rows * a.kv_dim;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {
@@ -58,6 +58,16 @@ __global__ void kv_write_kernel(const __grid_constant__ kv_write_args a) {
         kc[i] = from_float<T>(a.k[r * a.ldk + c]);  // cache rows are contiguous (stride kv_dim)
         vc[i] = from_float<T>(a.v[r * a.ldv + c]);
     }
+}
+
+pf_status kv_write_launch(const kv_write_args &a, int32_t kv_dtype, cudaStream_t stream) {
+    const int64_t rows = a.rows, kv_dim = a.kv_dim;
+    if (kv_dtype == PF_KV_F16)
+        kv_write_kernel<__half><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
+    else
+        kv_write_kernel<float><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("kv_write_kernel<%s>", kv_dtype == PF_KV_F16 ? "__half" : "float");
+    return PF_STATUS_OK;
 }
 
 // ------------------------------------------------------------------- cuBLAS path: helpers
@@ -380,52 +390,11 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __gri
 
 // ------------------------------------------------------------------ per-context scratch
 
-// This family's scratch per context, grown on demand (pf_context has no field for it; see
-// attention_release). An entry whose stream or device does not match its context belongs to a
-// destroyed context whose address was reused: its memory is freed without touching the new
-// context's accounting.
-struct FamilyScratch {
-    void *ptr = nullptr;
-    size_t bytes = 0;
-    cudaStream_t stream = nullptr;
-    int device = -1;
-};
-
-std::mutex g_scratch_mu;
-std::unordered_map<const pf_context *, FamilyScratch> g_scratch;  // values are node-stable
-
-void free_scratch(pf_context *ctx, FamilyScratch &e, bool account) {
-    if (e.ptr) {
-        (void)cudaFree(e.ptr);
-        (void)cudaGetLastError();
-        if (account) ctx->allocated -= std::min(ctx->allocated, e.bytes);
-    }
-    e.ptr = nullptr;
-    e.bytes = 0;
-}
-
+// The cuBLAS path's scratch for calls without a workspace (the kernel-level API): the context's
+// scratch_attn, grown on demand. Sessions pass their own workspace and never reach this.
 pf_status reserve_scratch(pf_context *ctx, size_t bytes, void **out) {
-    FamilyScratch *e = nullptr;
-    {
-        std::lock_guard<std::mutex> lock(g_scratch_mu);
-        auto it = g_scratch.find(ctx);
-        if (it != g_scratch.end() &&
-            (it->second.stream != ctx->stream || it->second.device != ctx->device)) {
-            free_scratch(ctx, it->second, false);
-            g_scratch.erase(it);
-        }
-        e = &g_scratch[ctx];
-        e->stream = ctx->stream;
-        e->device = ctx->device;
-    }
-    if (e->bytes < bytes) {
-        free_scratch(ctx, *e, true);  // cudaFree waits for the device: in-flight users finish
-        void *p = nullptr;
-        PF_TRY(device_alloc(ctx, bytes, &p, "attention scratch"));
-        e->ptr = p;
-        e->bytes = bytes;
-    }
-    *out = e->ptr;
+    PF_TRY(scratch_reserve(ctx, ctx->scratch_attn, bytes, "attention scratch"));
+    *out = ctx->scratch_attn.ptr;
     return PF_STATUS_OK;
 }
 
@@ -578,13 +547,21 @@ pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int
     const size_t esz = kv_dtype == PF_KV_F16 ? sizeof(__half) : sizeof(float);
     kv_write_args a{k, ldk, v, ldv, rows, kv_dim,
                     static_cast<char *>(k_cache) + size_t(pos0 * kv_dim) * esz,
-                    static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz};
-    if (kv_dtype == PF_KV_F16)
-        kv_write_kernel<__half><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
-    else
-        kv_write_kernel<float><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("kv_write_kernel<%s>", kv_dtype == PF_KV_F16 ? "__half" : "float");
-    return PF_STATUS_OK;
+                    static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz, nullptr};
+    return kv_write_launch(a, kv_dtype, stream);
+}
+
+pf_status kv_write_at(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
+                      int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype,
+                      const int64_t *pos0_dev, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && kv_dim > 0 && ldk >= kv_dim && ldv >= kv_dim && pos0_dev != nullptr,
+                 "kv_write_at: rows=%lld kv_dim=%lld ldk=%lld ldv=%lld pos0_dev=%p", (long long)rows,
+                 (long long)kv_dim, (long long)ldk, (long long)ldv, (const void *)pos0_dev);
+    PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32, "kv_write_at: kv_dtype=%d",
+                 (int)kv_dtype);
+    if (rows == 0) return PF_STATUS_OK;
+    return kv_write_launch(kv_write_args{k, ldk, v, ldv, rows, kv_dim, k_cache, v_cache, pos0_dev},
+                           kv_dtype, stream);
 }
 
 bool attention_flash_supported(const attention_args &a) {
@@ -666,14 +643,7 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
     return attention_cublas(ctx, a);
 }
 
-void attention_release(pf_context *ctx) {
-    std::lock_guard<std::mutex> lock(g_scratch_mu);
-    auto it = g_scratch.find(ctx);
-    if (it == g_scratch.end()) return;
-    const bool ours = it->second.stream == ctx->stream && it->second.device == ctx->device;
-    free_scratch(ctx, it->second, ours);
-    g_scratch.erase(it);
-}
+void attention_release(pf_context *ctx) { scratch_release(ctx, ctx->scratch_attn); }
 
 pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32_t *out_ids,
                       cudaStream_t stream) {

@@ -31,6 +31,11 @@ namespace pf {
 pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
                    int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype, int64_t pos0,
                    cudaStream_t stream);
+// kv_write with pos0 read from device memory when the kernel runs (a launch that a CUDA graph can
+// replay at any position); the caller keeps pos0 + rows within the caches.
+pf_status kv_write_at(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
+                      int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype,
+                      const int64_t *pos0_dev, cudaStream_t stream);
 
 // Arguments of `attention`. Shapes use H = n_heads, Hkv = n_kv_heads, D = head_dim.
 struct attention_args {

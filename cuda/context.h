@@ -49,6 +49,7 @@ struct pf_context {
     pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight
     pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16
     pf::Scratch scratch_gdn;    // chunked delta rule (kernel-level calls without a workspace)
+    pf::Scratch scratch_attn;   // cuBLAS attention path (kernel-level calls without a workspace)
 };
 
 struct pf_buffer {
@@ -64,6 +65,12 @@ struct pf_weight {
     void *data = nullptr;  // raw GGUF blocks, [n][k]
     size_t bytes = 0;
     __half *f16 = nullptr;  // cached fp16 copy [n][k], or nullptr
+    // The device allocation that holds f16: its own (f16_alloc = n*k*2 bytes), or one block of
+    // a fused group laid out back to back by prewarm_f16_groups: the group's first weight owns
+    // the block (f16_alloc = the block's bytes), later members are slices of it (f16_alloc = 0,
+    // freed with the first). f16_block names the owner in both cases (nullptr when uncached).
+    size_t f16_alloc = 0;
+    const pf_weight *f16_block = nullptr;
 };
 
 namespace pf {

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "f16_rows.cuh"
 #include "gdn.cuh"
 
 namespace pf {
@@ -168,6 +169,39 @@ __global__ void gated_rms_norm_kernel(const __grid_constant__ GatedNormArgs a) {
     const float inv = 1.0f / sqrtf(s / (float)a.dv + a.eps);
     for (int i = threadIdx.x % kWarpSize; i < a.dv; i += kWarpSize)
         y[i] = ((o[i] * inv) * a.w[i]) * silu_(z[i]);
+}
+
+struct GatedNormF16Args {
+    const float *o;
+    int64_t ldo;
+    const float *z;
+    int64_t ldz;
+    const float *w;
+    int32_t n_v_heads;
+    int32_t dv;
+    float eps;
+    F16Out out;
+};
+
+// The fp16 producer twin (f16_rows.cuh): one block per row; warp j takes heads j, j + 8, ...
+// and computes each head's inverse RMS exactly as gated_rms_norm_kernel's warp does (the same
+// lanes, the same butterfly) into shared memory; then the row's values as the twin computes them.
+__global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_kernel(const __grid_constant__ GatedNormF16Args a) {
+    extern __shared__ float head_inv[];  // [n_v_heads]
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x;
+    const float *o = a.o + r * a.ldo, *z = a.z + r * a.ldz;
+    const int warp = threadIdx.x / kWarpSize, n_warps = blockDim.x / kWarpSize;
+    for (int h = warp; h < a.n_v_heads; h += n_warps) {
+        const float s = warp_sum_squares(o + (int64_t)h * a.dv, a.dv);
+        if (threadIdx.x % kWarpSize == 0) head_inv[h] = 1.0f / sqrtf(s / (float)a.dv + a.eps);
+    }
+    __syncthreads();
+    const int64_t cols = (int64_t)a.n_v_heads * a.dv;
+    f16_write_row(a.out, r, cols, [&](int64_t c) {
+        const int ci = (int)c;
+        return ((o[c] * head_inv[ci / a.dv]) * a.w[ci % a.dv]) * silu_(z[c]);
+    }, red);
 }
 
 // ------------------------------------------------------------------------------ delta-rule scan
@@ -449,6 +483,27 @@ pf_status gdn_gated_rms_norm_rows(const float *o, int64_t ldo, const float *z, i
     const int64_t warps = rows * n_v_heads;
     gated_rms_norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *z, int64_t ldz,
+                                      const float *w, const F16Out &out, int64_t rows,
+                                      int32_t n_v_heads, int32_t dv, float eps, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "gdn_gated_rms_norm_rows_f16: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(n_v_heads >= 1 && dv >= 1 && n_v_heads <= kMaxGatedF16Heads,
+                 "gdn_gated_rms_norm_rows_f16: n_v_heads=%d (<= %d) dv=%d", n_v_heads, kMaxGatedF16Heads, dv);
+    const int64_t width = (int64_t)n_v_heads * dv;
+    PF_CHECK_ARG(width <= INT_MAX && ldo >= width && ldz >= width && out.ld16 >= width,
+                 "gdn_gated_rms_norm_rows_f16: ldo=%lld ldz=%lld ld16=%lld must be >= n_v_heads*dv=%lld",
+                 (long long)ldo, (long long)ldz, (long long)out.ld16, (long long)width);
+    PF_CHECK_ARG(eps >= 0.0f && std::isfinite(eps),
+                 "gdn_gated_rms_norm_rows_f16: eps=%g must be finite, >= 0", (double)eps);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(o && z && w && out.x16 && out.inv, "gdn_gated_rms_norm_rows_f16: null pointer");
+    const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out};
+    gated_rms_norm_f16_kernel<<<(unsigned)rows, kF16RowThreads, size_t(n_v_heads) * sizeof(float), stream>>>(a);
+    PF_LAUNCH_CHECK("gated_rms_norm_f16_kernel");
     return PF_STATUS_OK;
 }
 

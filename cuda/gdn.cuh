@@ -22,6 +22,10 @@
 #include "error.h"
 
 namespace pf {
+struct F16Out;  // f16_rows.cuh
+}
+
+namespace pf {
 
 constexpr int kGdnMaxConvKernel = 8;  // conv kernel sizes Kc in [2, 8] are compiled (models: 4)
 
@@ -69,6 +73,13 @@ pf_status gdn_gates_rows(const float *b, int64_t ldb, const float *alpha, int64_
 pf_status gdn_gated_rms_norm_rows(const float *o, int64_t ldo, const float *z, int64_t ldz,
                                   const float *w, float *y, int64_t ldy, int64_t rows,
                                   int32_t n_v_heads, int32_t dv, float eps, cudaStream_t stream);
+// The fp16 producer twin of gdn_gated_rms_norm_rows (rows.cuh "fp16 producers"): the gated
+// norm's output in the f16 leg's input form for the ssm_out projection, bitwise what the cast
+// makes of the fp32 twin's output. n_v_heads <= kMaxGatedF16Heads.
+constexpr int32_t kMaxGatedF16Heads = 1024;  // head inverses in shared memory: 4 KiB
+pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *z, int64_t ldz,
+                                      const float *w, const F16Out &out, int64_t rows,
+                                      int32_t n_v_heads, int32_t dv, float eps, cudaStream_t stream);
 
 // G7: the gated delta rule, a chunk-resident sequential scan.
 //  q, k:  [rows][ldq] / [rows][ldk], n_k_heads heads of dk each (head h at column h*dk); they

@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "dequant.cuh"
+#include "f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "gemm.cuh"
 #include "qgemm.cuh"
 
@@ -56,8 +57,6 @@ void read_env_leg() {
 // ------------------------------------------------------------------ sizes and slabs
 
 constexpr size_t kSlabBytes = size_t(512) << 20;  // bound on a dequantized weight slab (scratch)
-constexpr float kF16RowMax = 32768.0f;            // rows above this are scaled before the fp16 cast
-constexpr int kF16SafeExp = 15;                   // scaled row max stays below 2^15 (fp16 max 65504)
 constexpr int kCastThreads = 256;
 constexpr int kMaxRowBlocks = 65535;              // grid-stride over rows beyond this
 
@@ -108,14 +107,8 @@ __global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
             for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
         }
         m = block_max(m, red);  // >= 0: fmaxf skips NaN elements
-        float scale = 1.0f, inv = 1.0f;
-        if (m > kF16RowMax && m <= FLT_MAX) {  // Inf/NaN rows stay unscaled: they propagate as in f32
-            int e2 = 0;
-            frexpf(m, &e2);                     // m < 2^e2
-            const int e = e2 - kF16SafeExp;     // m * 2^-e < 2^15
-            scale = ldexpf(1.0f, -e);           // powers of two: scaling is exact
-            inv = ldexpf(1.0f, e);
-        }
+        float scale, inv;
+        f16_row_scale(m, &scale, &inv);
         if constexpr (kVec) {
             for (int64_t j = threadIdx.x; j < a.k / 4; j += blockDim.x) {
                 const float4 v = reinterpret_cast<const float4 *>(xr)[j];
@@ -289,30 +282,143 @@ pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, i
                               : project_f32(ctx, w, x, rows, ldx, y, ldy, accumulate);
 }
 
+namespace {
+
+// One allocation of the prewarm: the fp16 caches of `parts` back to back ([sum n][k] when they
+// share k), owned by parts[0]. A lone weight is a unit of one.
+struct F16Unit {
+    std::vector<pf_weight *> parts;
+    size_t bytes = 0;
+};
+
+pf_status cache_unit(pf_context *ctx, const F16Unit &u) {
+    void *p = nullptr;
+    PF_TRY(device_alloc(ctx, u.bytes, &p, u.parts.size() > 1 ? "fused fp16 weight cache" : "fp16 weight cache"));
+    __half *at = static_cast<__half *>(p);
+    for (pf_weight *w : u.parts) {
+        const pf_status s = dequantize(w->data, w->qtype, w->n, w->k, at, true, ctx->stream);
+        if (s != PF_STATUS_OK) {
+            (void)cudaStreamSynchronize(ctx->stream);  // earlier parts' kernels may still write p
+            device_free(ctx, p, u.bytes);
+            for (pf_weight *v : u.parts) v->f16 = nullptr, v->f16_alloc = 0, v->f16_block = nullptr;
+            return s;
+        }
+        at += w->n * w->k;
+    }
+    at = static_cast<__half *>(p);
+    for (pf_weight *w : u.parts) {
+        w->f16 = at;
+        w->f16_alloc = w == u.parts.front() ? u.bytes : 0;
+        w->f16_block = u.parts.front();
+        at += w->n * w->k;
+    }
+    return PF_STATUS_OK;
+}
+
+void drop_unit(pf_context *ctx, const F16Unit &u) {
+    device_free(ctx, u.parts.front()->f16, u.bytes);
+    for (pf_weight *w : u.parts) w->f16 = nullptr, w->f16_alloc = 0, w->f16_block = nullptr;
+}
+
+}  // namespace
+
+bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view) {
+    if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
+    if (leg != PF_GEMM_F16 && leg != PF_GEMM_AUTO) return false;  // AUTO on cached weights = f16
+    if (count < 1 || !parts[0] || !parts[0]->f16 || !parts[0]->f16_block) return false;
+    const pf_weight *first = parts[0];
+    const __half *next = first->f16;
+    int64_t n = 0;
+    for (int32_t i = 0; i < count; ++i) {
+        const pf_weight *w = parts[i];
+        if (!w || w->f16 != next || w->f16_block != first->f16_block || w->k != first->k ||
+            w->ctx != first->ctx)
+            return false;
+        next += w->n * w->k;
+        n += w->n;
+    }
+    *view = pf_weight{};
+    view->ctx = first->ctx;
+    view->qtype = PF_QTYPE_F16;
+    view->n = n;
+    view->k = first->k;
+    view->data = first->f16;  // an F16 weight in place: the same bytes as the cache
+    view->bytes = size_t(n) * size_t(first->k) * sizeof(__half);
+    view->f16 = first->f16;
+    return true;
+}
+
+pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int32_t leg) {
+    int32_t run = PF_GEMM_F32;
+    // A leg this file does not serve reserves nothing here (the call itself reports or serves it).
+    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return PF_STATUS_OK;
+    const int64_t k = w->k;
+    if (run == PF_GEMM_F16) {
+        const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
+        PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_x, xh_bytes + size_t(rows) * sizeof(float),
+                               "project (f16 leg): activation scratch"));
+        if (!w->f16 && w->qtype != PF_QTYPE_F16 && rows > 1)
+            PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w,
+                                   size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half),
+                                   "project (f16 streaming leg): weight scratch"));
+    } else if (run == PF_GEMM_F32 && w->qtype != PF_QTYPE_F32 && rows > 1) {
+        PF_TRY(scratch_reserve(ctx, ctx->scratch_f32,
+                               size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float),
+                               "project (f32 leg): weight scratch"));
+    }
+    return PF_STATUS_OK;
+}
+
+pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, float *y, int64_t ldy, bool accumulate) {
+    const __half *whole = w->f16 ? w->f16
+                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                     : nullptr;
+    PF_CHECK_ARG(whole != nullptr, "project_f16_rows: the weight (n=%lld k=%lld) has no fp16 copy",
+                 (long long)w->n, (long long)w->k);
+    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && ldy >= w->n && ldy <= INT_MAX && w->n <= INT_MAX &&
+                     w->k <= INT_MAX,
+                 "project_f16_rows: rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows,
+                 (long long)w->n, (long long)w->k, (long long)ldy);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    PF_TRY(gemm_f16(ctx, whole, w->n, w->k, x16, rows, y, ldy, accumulate ? 1.0f : 0.0f));
+    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
+    unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, w->n});
+    PF_LAUNCH_CHECK("unscale_rows_kernel");
+    return PF_STATUS_OK;
+}
+
 pf_status weight_cache_f16(pf_weight *w) {
     if (w->f16) return PF_STATUS_OK;
-    pf_context *ctx = w->ctx;
-    void *p = nullptr;
-    PF_TRY(device_alloc(ctx, f16_bytes(w), &p, "fp16 weight cache"));
-    const pf_status s = dequantize(w->data, w->qtype, w->n, w->k, p, true, ctx->stream);
-    if (s != PF_STATUS_OK) {
-        device_free(ctx, p, f16_bytes(w));
-        return s;
-    }
-    w->f16 = static_cast<__half *>(p);
-    return PF_STATUS_OK;
+    F16Unit u;
+    u.parts.push_back(w);
+    u.bytes = f16_bytes(w);
+    return cache_unit(w->ctx, u);
 }
 
 pf_status weight_drop_f16(pf_weight *w) {
     if (!w->f16) return PF_STATUS_OK;
-    PF_CUDA_TRY(cudaStreamSynchronize(w->ctx->stream));  // no queued GEMM may still read it
-    device_free(w->ctx, w->f16, f16_bytes(w));
-    w->f16 = nullptr;
+    if (w->f16_alloc) {  // owner of the allocation (a lone cache, or the head of a fused block)
+        PF_CUDA_TRY(cudaStreamSynchronize(w->ctx->stream));  // no queued GEMM may still read it
+        device_free(w->ctx, w->f16, w->f16_alloc);
+    }
+    w->f16 = nullptr;  // a slice of a fused block: the block stays with its owner
+    w->f16_alloc = 0;
+    w->f16_block = nullptr;
     return PF_STATUS_OK;
 }
 
 pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
                       size_t headroom_bytes, pf_prewarm_report *report) {
+    std::vector<std::vector<pf_weight *>> groups;
+    groups.reserve(size_t(count));
+    for (int32_t i = 0; i < count; ++i) groups.push_back({weights[i]});
+    return prewarm_f16_groups(ctx, groups, headroom_bytes, report);
+}
+
+pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
+                             size_t headroom_bytes, pf_prewarm_report *report) {
     const auto t0 = std::chrono::steady_clock::now();
     pf_prewarm_report rep;
     std::memset(&rep, 0, sizeof rep);
@@ -325,16 +431,36 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
         return s;
     };
 
-    // Distinct weights, in the caller's order.
+    // Distinct weights in the caller's order, and the allocations to make: a group of >= 2
+    // fresh, uncached weights of one k is one block; any other member is cached alone.
     std::vector<pf_weight *> set;
-    set.reserve(size_t(count));
-    for (int32_t i = 0; i < count; ++i)
-        if (std::find(set.begin(), set.end(), weights[i]) == set.end()) set.push_back(weights[i]);
+    std::vector<F16Unit> units;
     size_t need = 0;
-    for (pf_weight *w : set) {
-        rep.bytes_total += f16_bytes(w);
-        if (w->f16) rep.weights_cached++;
-        else need += f16_bytes(w);
+    for (const std::vector<pf_weight *> &g : groups) {
+        std::vector<pf_weight *> fresh;
+        bool fusable = g.size() >= 2;
+        for (pf_weight *w : g) {
+            if (std::find(set.begin(), set.end(), w) != set.end()) {
+                fusable = false;
+                continue;
+            }
+            set.push_back(w);
+            rep.bytes_total += f16_bytes(w);
+            if (w->f16) {
+                rep.weights_cached++;
+                fusable = false;
+                continue;
+            }
+            fusable = fusable && w->k == g.front()->k;
+            fresh.push_back(w);
+            need += f16_bytes(w);
+        }
+        if (fusable) {
+            units.push_back(F16Unit{fresh, 0});
+            for (pf_weight *w : fresh) units.back().bytes += f16_bytes(w);
+        } else {
+            for (pf_weight *w : fresh) units.push_back(F16Unit{{w}, f16_bytes(w)});
+        }
     }
     rep.weights_total = int32_t(set.size());
     rep.bytes_needed = need;
@@ -349,23 +475,20 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
         return finish(PF_STATUS_OK);
     }
 
-    std::vector<pf_weight *> added;
+    size_t n_added = 0;  // units [0, n_added) hold their caches
+    int32_t weights_added = 0;
     auto rollback = [&]() {
         (void)cudaStreamSynchronize(ctx->stream);
-        for (pf_weight *w : added) {
-            device_free(ctx, w->f16, f16_bytes(w));
-            w->f16 = nullptr;
-        }
-        added.clear();
+        for (size_t i = 0; i < n_added; ++i) drop_unit(ctx, units[i]);
+        n_added = 0;
         rep.bytes_added = 0;
         rep.weights_added = 0;
     };
-    for (pf_weight *w : set) {
-        if (w->f16) continue;
-        const pf_status s = weight_cache_f16(w);
+    for (const F16Unit &u : units) {
+        const pf_status s = cache_unit(ctx, u);
         if (s == PF_STATUS_OUT_OF_MEMORY) {  // fragmentation or a concurrent allocation: not armed
             std::snprintf(rep.reason, sizeof rep.reason,
-                          "allocation failed after %zu of %zu weights: %s", added.size(),
+                          "allocation failed after %d of %zu weights: %s", int(weights_added),
                           set.size() - size_t(rep.weights_cached), pf_last_error());
             rollback();
             return finish(PF_STATUS_OK);
@@ -375,8 +498,9 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
             rollback();
             return finish(s);
         }
-        added.push_back(w);
-        rep.bytes_added += f16_bytes(w);
+        n_added++;
+        weights_added += int32_t(u.parts.size());
+        rep.bytes_added += u.bytes;
     }
     const cudaError_t e = cudaStreamSynchronize(ctx->stream);  // a faulting dequant surfaces here
     if (e != cudaSuccess) {
@@ -386,7 +510,7 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
         return finish(s);
     }
     rep.armed = 1;
-    rep.weights_added = int32_t(added.size());
+    rep.weights_added = weights_added;
     rep.weights_cached = rep.weights_total;
     return finish(PF_STATUS_OK);
 }

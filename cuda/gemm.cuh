@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "context.h"
 #include "prefill.h"
@@ -42,6 +43,14 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
 pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                   float *y, int64_t ldy, bool accumulate, int32_t leg);
 
+// The f16 leg on activations already in its form (f16_rows.cuh: x16 [rows][k] fp16 with row
+// stride k, per-row inverse scales inv [rows], the accumulate target pre-scaled by the
+// producer): the GEMM of project()'s f16 leg and its unscale, no cast pass. Bitwise what
+// project(.., PF_GEMM_F16) returns for the producer's fp32 twin output. w must have an fp16 copy
+// (its cache, or an F16 weight): INVALID_ARGUMENT otherwise.
+pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, float *y, int64_t ldy, bool accumulate);
+
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
 pf_status weight_cache_f16(pf_weight *w);
@@ -56,5 +65,26 @@ pf_status weight_drop_f16(pf_weight *w);
 // Synchronizes ctx->stream. `report` may be NULL.
 pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
                       size_t headroom_bytes, pf_prewarm_report *report);
+
+// prewarm_f16 over groups of weights that share an input (a model's Q|K|V, its GDN
+// in-projections, FFN gate|up): a group of >= 2 weights with the same k, none cached yet and
+// none listed before, gets ONE allocation holding their fp16 caches back to back in the group's
+// order ([sum n][k], row-major), so that one GEMM can run them all (fused_f16_view); the bytes
+// are the same as separate caches. Other members are cached alone. Same contract otherwise
+// (all or nothing, the report counts weights). prewarm_f16 is this with groups of one.
+pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
+                             size_t headroom_bytes, pf_prewarm_report *report);
+
+// When every weight of `parts` (in order) runs the f16 leg under `leg` and their caches are
+// consecutive slices of one fused block (prewarm_f16_groups), fills *view with a weight of
+// n = sum of n, the same k, whose fp16 cache is the block: project() through it writes the
+// parts' outputs side by side ([rows][n_0 | n_1 | ...]). The view owns nothing (a value on the
+// caller's stack; never destroyed). False otherwise: the caller runs the parts one by one.
+bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view);
+
+// Reserves the context scratch that project(ctx, w, ., rows, ..., leg) would grow (the f32
+// slab, the f16 streaming slab, the fp16 activations), so that a later call with at most `rows`
+// rows allocates nothing. OUT_OF_MEMORY leaves the context usable.
+pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int32_t leg);
 
 }  // namespace pf

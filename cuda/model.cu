@@ -1,6 +1,9 @@
 // model.cu — GGUF -> pf_model: the host-only plan (model_plan.cpp: metadata, the expected
 // tensor table checked name by name, shape by shape and type by type), then the upload.
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -117,6 +120,43 @@ void model_destroy(pf_model *m) {
     device_free(m->ctx, m->arena, m->arena_bytes);
     delete m;
 }
+
+std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool fuse) {
+    std::vector<std::vector<pf_weight *>> groups;
+    std::vector<pf_weight *> listed;
+    auto add = [&](std::vector<pf_weight *> g) {
+        for (pf_weight *w : g)
+            if (!w || std::find(listed.begin(), listed.end(), w) != listed.end()) return;  // keep it simple: alone below
+        listed.insert(listed.end(), g.begin(), g.end());
+        groups.push_back(std::move(g));
+    };
+    if (fuse)
+        for (const LayerWeights &L : m->layers) {
+            if (L.attn) add({L.wq, L.wk, L.wv});
+            else add({L.qkv, L.z, L.beta, L.alpha});
+            add({L.gate, L.up});
+        }
+    for (pf_weight *w : m->weights)
+        if (std::find(listed.begin(), listed.end(), w) == listed.end()) {
+            listed.push_back(w);
+            groups.push_back({w});
+        }
+    return groups;
+}
+
+namespace {
+bool env_switch_on(const char *name) {  // unset or anything but 0/off/no/false = on
+    const char *v = std::getenv(name);
+    if (!v) return true;
+    std::string s(v);
+    for (char &c : s) c = char(std::tolower((unsigned char)c));
+    return !(s == "0" || s == "off" || s == "no" || s == "false");
+}
+}  // namespace
+
+bool fuse_env_enabled() { return env_switch_on("PREFILL_FUSE"); }
+bool act16_env_enabled() { return env_switch_on("PREFILL_F16_ACT"); }
+bool graph_env_enabled() { return env_switch_on("PREFILL_GRAPH"); }
 
 void model_info(const pf_model *m, pf_model_info *o) {
     hparam_info(m->hp, m->n_attn_layers, m->output == m->tok_embd, o);

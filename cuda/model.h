@@ -35,5 +35,19 @@ namespace pf {
 pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &o, pf_model **out);
 void model_destroy(pf_model *m);
 pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed);
+// The prewarm's groups (prewarm_f16_groups): per layer the weights that share an input, in the
+// column order the session reads their fused output — Q|K|V, GDN qkv|z|beta|alpha, FFN
+// gate|up — when `fuse`, then every other matrix alone (each weight once).
+std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool fuse);
+// Whether prewarms fuse: env PREFILL_FUSE = 0 | off | no turns it off (read at each prewarm, so a
+// benchmark can load the same file both ways in one process); anything else or unset = on.
+bool fuse_env_enabled();
+// Whether sessions take the f16 leg's input form straight from the producing kernels (the act16
+// route, session.h): env PREFILL_F16_ACT = 0 | off | no turns it off (read at session creation,
+// for A/B runs: the logits are bitwise the same either way); anything else or unset = on.
+bool act16_env_enabled();
+// Whether sessions replay chunks as CUDA graphs: env PREFILL_GRAPH = 0 | off | no turns it off
+// (read at session creation; the logits are bitwise the same either way).
+bool graph_env_enabled();
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

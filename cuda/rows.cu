@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "f16_rows.cuh"
 #include "rows.cuh"
 
 namespace pf {
@@ -75,6 +76,7 @@ struct RopeArgs {
     int64_t head_stride;
     int32_t half;     // rot_dim / 2
     int64_t pos0;
+    const int64_t *pos0_dev;  // when set, the position of row 0 is read here (CUDA graphs)
     double base;      // theta_b, in double for the angle
     double rot;       // rot_dim
 };
@@ -89,7 +91,8 @@ __global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
     // Angle in float64: fp32 would lose ~p*6e-8 rad to the product's rounding alone (1.6e-2
     // rad at p = 2^18). Hopper's fp64 units make these two transcendentals per thread cheap.
     const double inv_freq = pow(a.base, -(2.0 * i) / a.rot);
-    const double phi = (double)(a.pos0 + t) * inv_freq;
+    const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
+    const double phi = (double)(pos0 + t) * inv_freq;
     double sd, cd;
     sincos(phi, &sd, &cd);  // full double range reduction (Payne-Hanek for large phi)
     const float s = (float)sd, c = (float)cd;
@@ -195,6 +198,83 @@ struct GateArgs {
     }
 };
 
+// ------------------------------------------------------------------------------ fp16 producers
+
+// The ops above with the f16 leg's input form as output (f16_rows.cuh): one block per row, each
+// fp32 value computed by the same expression as the fp32 twin, then f16_write_row.
+
+struct RmsNormF16Args {
+    const float *x;
+    int64_t ldx;
+    const float *w;
+    int64_t cols;
+    float eps;
+    F16Out out;
+};
+
+// The sum of squares in the fp32 twin's order (same block size, same loop, block_sum): the
+// same inv, so the same values.
+__global__ void rms_norm_f16_kernel(const __grid_constant__ RmsNormF16Args a) {
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x;
+    const float *x = a.x + r * a.ldx;
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
+    s = block_sum(s, red);
+    const float inv = 1.0f / sqrtf(s / (float)a.cols + a.eps);
+    f16_write_row(a.out, r, a.cols, [&](int64_t c) { return (x[c] * inv) * a.w[c]; }, red);
+}
+
+struct SwigluF16Args {
+    const float *g;
+    int64_t ldg;
+    const float *u;
+    int64_t ldu;
+    int64_t cols;
+    F16Out out;
+};
+
+__global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_kernel(const __grid_constant__ SwigluF16Args a) {
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x;
+    const float *g = a.g + r * a.ldg, *u = a.u + r * a.ldu;
+    f16_write_row(a.out, r, a.cols, [&](int64_t c) {
+        const float gv = g[c];
+        return (gv / (1.0f + expf(-gv))) * u[c];
+    }, red);
+}
+
+struct GateF16Args {
+    const float *o;
+    int64_t ldo;
+    const float *gate;
+    int64_t ldgate;
+    int64_t gate_head_stride;
+    int32_t head_dim;
+    int32_t cols;
+    F16Out out;
+};
+
+__global__ void __launch_bounds__(kF16RowThreads) sigmoid_gate_f16_kernel(const __grid_constant__ GateF16Args a) {
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x;
+    const float *o = a.o + r * a.ldo, *gate = a.gate + r * a.ldgate;
+    f16_write_row(a.out, r, a.cols, [&](int64_t c) {
+        const int ci = (int)c;
+        return o[c] * sigmoidf_(gate[(int64_t)(ci / a.head_dim) * a.gate_head_stride + ci % a.head_dim]);
+    }, red);
+}
+
+pf_status check_f16_out(const char *fn, const F16Out &out, int64_t cols) {
+    PF_CHECK_ARG(out.x16 && out.inv, "%s: null fp16 output (x16=%p inv=%p)", fn, (void *)out.x16,
+                 (void *)out.inv);
+    PF_CHECK_ARG(out.ld16 >= cols, "%s: ld16=%lld < cols=%lld", fn, (long long)out.ld16, (long long)cols);
+    PF_CHECK_ARG(!out.acc || (out.n_acc >= 1 && out.ld_acc >= out.n_acc),
+                 "%s: accumulate target n_acc=%lld ld_acc=%lld", fn, (long long)out.n_acc,
+                 (long long)out.ld_acc);
+    return PF_STATUS_OK;
+}
+
 dim3 elementwise_grid(int64_t rows, int64_t cols) {
     int64_t yb = ceil_div(cols, kElemTile);
     if (yb > kMaxGridY) yb = kMaxGridY;
@@ -258,9 +338,10 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
     return PF_STATUS_OK;
 }
 
-pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
-                         int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
-                         cudaStream_t stream) {
+namespace {
+pf_status rope_launch(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                      int32_t head_dim, int32_t rot_dim, int64_t pos0, const int64_t *pos0_dev,
+                      float base, cudaStream_t stream) {
     PF_TRY(check_heads("rope_neox_rows", ld, rows, n_heads, head_stride, head_dim));
     PF_CHECK_ARG(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim,
                  "rope_neox_rows: rot_dim=%d must be even, in [2, head_dim=%d]", rot_dim,
@@ -272,7 +353,7 @@ pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, in
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x != nullptr, "rope_neox_rows: x is NULL");
     const int32_t half = rot_dim / 2;
-    const RopeArgs a{x, ld, rows, n_heads, head_stride, half, pos0, (double)base, (double)rot_dim};
+    const RopeArgs a{x, ld, rows, n_heads, head_stride, half, pos0, pos0_dev, (double)base, (double)rot_dim};
     const int64_t threads = rows * half;
     const int block = 128;
     PF_CHECK_ARG((threads + block - 1) / block <= kMaxGridX, "rope_neox_rows: rows=%lld too large",
@@ -280,6 +361,20 @@ pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, in
     rope_neox_kernel<<<(unsigned)((threads + block - 1) / block), block, 0, stream>>>(a);
     PF_LAUNCH_CHECK("rope_neox_kernel");
     return PF_STATUS_OK;
+}
+}  // namespace
+
+pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                         int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
+                         cudaStream_t stream) {
+    return rope_launch(x, ld, rows, n_heads, head_stride, head_dim, rot_dim, pos0, nullptr, base, stream);
+}
+
+pf_status rope_neox_rows_at(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                            int32_t head_dim, int32_t rot_dim, const int64_t *pos0_dev, float base,
+                            cudaStream_t stream) {
+    PF_CHECK_ARG(pos0_dev != nullptr, "rope_neox_rows_at: pos0_dev is NULL");
+    return rope_launch(x, ld, rows, n_heads, head_stride, head_dim, rot_dim, 0, pos0_dev, base, stream);
 }
 
 pf_status swiglu_rows(const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
@@ -336,6 +431,60 @@ pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ld
     const GateArgs a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols};
     elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
     PF_LAUNCH_CHECK("elementwise_kernel<GateArgs>");
+    return PF_STATUS_OK;
+}
+
+pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F16Out &out,
+                            int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "rms_norm_rows_f16: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(cols >= 1 && ldx >= cols, "rms_norm_rows_f16: cols=%lld ldx=%lld", (long long)cols,
+                 (long long)ldx);
+    PF_CHECK_ARG(eps >= 0.0f && std::isfinite(eps), "rms_norm_rows_f16: eps=%g must be finite, >= 0",
+                 (double)eps);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(x && w, "rms_norm_rows_f16: null pointer (x=%p w=%p)", (const void *)x, (const void *)w);
+    PF_TRY(check_f16_out("rms_norm_rows_f16", out, cols));
+    const RmsNormF16Args a{x, ldx, w, cols, eps, out};
+    const int block = cols <= 1024 ? 128 : kNormBlock;  // rms_norm_rows' choice: the same sums
+    rms_norm_f16_kernel<<<(unsigned)rows, block, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("rms_norm_f16_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t ldu,
+                          const F16Out &out, int64_t rows, int64_t cols, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "swiglu_rows_f16: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(cols >= 1 && ldg >= cols && ldu >= cols, "swiglu_rows_f16: cols=%lld ldg=%lld ldu=%lld",
+                 (long long)cols, (long long)ldg, (long long)ldu);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(g && u, "swiglu_rows_f16: null pointer");
+    PF_TRY(check_f16_out("swiglu_rows_f16", out, cols));
+    const SwigluF16Args a{g, ldg, u, ldu, cols, out};
+    swiglu_f16_kernel<<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("swiglu_f16_kernel");
+    return PF_STATUS_OK;
+}
+
+pf_status sigmoid_gate_rows_f16(const float *o, int64_t ldo, const float *gate, int64_t ldgate,
+                                int64_t gate_head_stride, const F16Out &out, int64_t rows,
+                                int32_t n_heads, int32_t head_dim, cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "sigmoid_gate_rows_f16: rows=%lld out of range",
+                 (long long)rows);
+    PF_CHECK_ARG(n_heads >= 1 && head_dim >= 1, "sigmoid_gate_rows_f16: n_heads=%d head_dim=%d", n_heads,
+                 head_dim);
+    const int64_t cols = (int64_t)n_heads * head_dim;
+    PF_CHECK_ARG(cols <= INT_MAX && ldo >= cols && gate_head_stride >= head_dim &&
+                     ldgate >= (int64_t)(n_heads - 1) * gate_head_stride + head_dim,
+                 "sigmoid_gate_rows_f16: ldo=%lld ldgate=%lld gate_head_stride=%lld", (long long)ldo,
+                 (long long)ldgate, (long long)gate_head_stride);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(o && gate, "sigmoid_gate_rows_f16: null pointer");
+    PF_TRY(check_f16_out("sigmoid_gate_rows_f16", out, cols));
+    const GateF16Args a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols, out};
+    sigmoid_gate_f16_kernel<<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("sigmoid_gate_f16_kernel");
     return PF_STATUS_OK;
 }
 

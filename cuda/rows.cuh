@@ -21,6 +21,10 @@
 #include "error.h"
 
 namespace pf {
+struct F16Out;  // f16_rows.cuh
+}
+
+namespace pf {
 
 // RMSNorm of each row: y[r, c] = x[r, c] / sqrt(mean_c(x[r, :]^2) + eps) * w[c].
 //  x: [rows][ldx] (cols used), w: [cols], y: [rows][ldy]. y == x (in place, ldy == ldx) is
@@ -50,6 +54,12 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
 pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
                          int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
                          cudaStream_t stream);
+// The same with the position of row 0 read from device memory when the kernel runs (a launch
+// that a CUDA graph can replay at any position). The caller keeps 0 <= *pos0_dev <=
+// INT64_MAX/2 - rows (the host cannot check it).
+pf_status rope_neox_rows_at(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
+                            int32_t head_dim, int32_t rot_dim, const int64_t *pos0_dev, float base,
+                            cudaStream_t stream);
 
 // SwiGLU: out[r, c] = silu(g[r, c]) * u[r, c], silu(x) = x / (1 + exp(-x)).
 //  g: [rows][ldg], u: [rows][ldu], out: [rows][ldo]; out may equal g or u exactly (same ld).
@@ -68,5 +78,17 @@ pf_status add_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t r
 pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ldgate,
                             int64_t gate_head_stride, int64_t rows, int32_t n_heads,
                             int32_t head_dim, cudaStream_t stream);
+
+// fp16 producers: the ops above writing the f16 leg's input form of their output instead of
+// fp32 (f16_rows.cuh: fp16 rows, power-of-two row scales, the accumulate target's pre-scale),
+// for project_f16_rows. Each value is computed as by the fp32 twin, so the fp16 rows and scales
+// are bitwise what gemm.cuh's cast makes of the twin's output. out.ld16 >= cols.
+pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F16Out &out,
+                            int64_t rows, int64_t cols, float eps, cudaStream_t stream);
+pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t ldu,
+                          const F16Out &out, int64_t rows, int64_t cols, cudaStream_t stream);
+pf_status sigmoid_gate_rows_f16(const float *o, int64_t ldo, const float *gate, int64_t ldgate,
+                                int64_t gate_head_stride, const F16Out &out, int64_t rows,
+                                int32_t n_heads, int32_t head_dim, cudaStream_t stream);
 
 }  // namespace pf

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 
 #include "attention.cuh"
 #include "cuda_check.cuh"
 #include "dequant.cuh"
+#include "f16_rows.cuh"
 #include "gdn.cuh"
 #include "gemm.cuh"
 #include "rows.cuh"
@@ -19,7 +21,11 @@ namespace pf {
 namespace {
 
 constexpr int32_t kDefaultMaxTokens = 4096;
-constexpr int32_t kDefaultChunk = 512;
+// Auto chunk (pf_session_options.chunk_tokens = 0): 2048 rows measured ~20% faster than 512
+// for qwen35-4b on the H200 (fewer, larger GEMMs; the delta rule's chunked path fills the GPU).
+constexpr int32_t kAutoChunk = 2048;
+constexpr int32_t kMinAutoChunk = 256;
+constexpr size_t kAutoChunkShare = 4;  // the chunk's scratch takes at most 1/4 of the free memory
 constexpr int32_t kLmRows = 32;  // LM-head rows per pass for PF_LOGITS_ALL: [32][n_vocab] fp32
 constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec §0, G5)
 
@@ -41,47 +47,187 @@ size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 
 // ---------------------------------------------------------------------------- one chunk
 
+// Runs a chunk's launches in order, as steps: graphed steps (launches that depend on the chunk
+// length only; RoPE and kv_write read the position from s->pos_dev) and eager steps (the
+// embedding of the chunk's ids, and attention: their arguments carry the chunk's offset or the
+// position, and attention's path is chosen per call). Modes:
+//  - Eager: every step runs.
+//  - Capture: consecutive graphed steps are captured into one segment (it ends at the next eager
+//    step or at close); eager steps are skipped. Nothing runs on the device.
+//  - Replay: each segment's graph is launched where its first step stands; eager steps run.
+// So Capture then Replay launches exactly what Eager launches, in the same order.
+class ChunkRunner {
+  public:
+    enum Mode { Eager, Capture, Replay };
+    ChunkRunner(cudaStream_t st, Mode mode, std::vector<cudaGraphExec_t> *segs)
+        : st_(st), mode_(mode), segs_(segs) {}
+    ChunkRunner(const ChunkRunner &) = delete;
+    ChunkRunner &operator=(const ChunkRunner &) = delete;
+    ~ChunkRunner() { abort(); }
+
+    template <class F>
+    pf_status graphed(F &&fn) {
+        if (mode_ == Eager) return fn();
+        if (mode_ == Replay) {
+            if (open_) return PF_STATUS_OK;  // the segment's graph holds this step
+            PF_CHECK_ARG(next_ < segs_->size(), "chunk graph: replay past the %zu captured segments",
+                         segs_->size());
+            PF_CUDA_TRY(cudaGraphLaunch((*segs_)[next_++], st_));
+            open_ = true;
+            return PF_STATUS_OK;
+        }
+        if (!open_) {
+            PF_CUDA_TRY(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal));
+            open_ = true;
+        }
+        return fn();
+    }
+
+    template <class F>
+    pf_status eager(F &&fn) {
+        PF_TRY(close());
+        return mode_ == Capture ? PF_STATUS_OK : fn();
+    }
+
+    // Ends the open segment (Capture: instantiates it).
+    pf_status close() {
+        if (!open_) return PF_STATUS_OK;
+        open_ = false;
+        if (mode_ != Capture) return PF_STATUS_OK;
+        cudaGraph_t g = nullptr;
+        PF_CUDA_TRY(cudaStreamEndCapture(st_, &g));
+        cudaGraphExec_t e = nullptr;
+        const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+        (void)cudaGraphDestroy(g);
+        if (err != cudaSuccess) return cuda_fail(err, __FILE__, __LINE__, "chunk graph: cudaGraphInstantiate");
+        segs_->push_back(e);
+        return PF_STATUS_OK;
+    }
+
+    // After a failure while capturing: leaves capture mode and clears the (non-sticky) error.
+    void abort() {
+        if (open_ && mode_ == Capture) {
+            cudaGraph_t g = nullptr;
+            (void)cudaStreamEndCapture(st_, &g);
+            if (g) (void)cudaGraphDestroy(g);
+            (void)cudaGetLastError();
+        }
+        open_ = false;
+    }
+
+  private:
+    cudaStream_t st_;
+    Mode mode_;
+    std::vector<cudaGraphExec_t> *segs_;
+    size_t next_ = 0;
+    bool open_ = false;
+};
+
+// The f16 leg's input form of [rows][cols] in the session's fp16 scratch (f16_rows.cuh); `acc`
+// (optional, [rows][n_embd]) is the residual stream the projection will accumulate into.
+F16Out f16_out(pf_session *s, int64_t cols, float *acc = nullptr) {
+    F16Out o;
+    o.x16 = s->h16;
+    o.ld16 = cols;  // the GEMM reads rows of k = cols
+    o.inv = s->inv16;
+    if (acc) {
+        o.acc = acc;
+        o.ld_acc = o.n_acc = s->model->hp.n_embd;
+    }
+    return o;
+}
+
+// The normed input of the projections (RMSNorm of x's rows): fp16 in h16 on the act16 route,
+// fp32 in h otherwise.
+pf_status norm_input(pf_session *s, const float *x, const float *w, int64_t rows) {
+    const Hparams &hp = s->model->hp;
+    const int64_t d = hp.n_embd;
+    if (s->act16) return rms_norm_rows_f16(x, d, w, f16_out(s, d), rows, d, float(hp.eps), s->ctx->stream);
+    return rms_norm_rows(x, d, w, s->h, d, rows, d, float(hp.eps), s->ctx->stream);
+}
+
+// y (+)= input . W^T for the input norm_input or a producer left: project_f16_rows on the
+// act16 route, project() on s->h-like fp32 `x` (row stride ldx) otherwise.
+pf_status project_in(pf_session *s, pf_weight *w, const float *x, int64_t ldx, int64_t rows, float *y,
+                     int64_t ldy, bool accumulate) {
+    if (s->act16) return project_f16_rows(s->ctx, w, s->h16, s->inv16, rows, y, ldy, accumulate);
+    return project(s->ctx, w, x, rows, ldx, y, ldy, accumulate, s->leg);
+}
+
+// Projects s->h through weights that share it as input into column slices of one [T][ldy]
+// output (out[i] = the first column of part i's slice). One GEMM through the fused fp16 block
+// when the parts run the f16 leg and were prewarmed as a group (model_f16_groups), else one
+// projection per part: the same values within the f16 leg's tolerance, the same layout.
+pf_status project_group(pf_session *s, std::initializer_list<pf_weight *> parts,
+                        std::initializer_list<float *> out, int64_t T, int64_t ldy) {
+    const int64_t d = s->model->hp.n_embd;
+    pf_weight view;
+    if (s->fuse && fused_f16_view(parts.begin(), int32_t(parts.size()), s->leg, &view))
+        return project_in(s, &view, s->h, d, T, *out.begin(), ldy, false);
+    float *const *y = out.begin();
+    for (pf_weight *w : parts) PF_TRY(project_in(s, w, s->h, d, T, *y++, ldy, false));
+    return PF_STATUS_OK;
+}
+
 // Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
-pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T) {
+pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunner &R) {
     pf_context *ctx = s->ctx;
     const Hparams &hp = s->model->hp;
     cudaStream_t st = ctx->stream;
     const int64_t D = hp.head_dim, H = hp.n_head, kvd = hp.kv_dim(), qd = hp.q_proj_dim();
     const bool gated = hp.arch == PF_ARCH_QWEN35;
     const int64_t q_head_stride = gated ? 2 * D : D;
-    float *q = s->a, *k = s->b, *v = s->c, *o = s->o;
-    PF_TRY(project(ctx, L.wq, s->h, T, hp.n_embd, q, qd, false, s->leg));
-    PF_TRY(project(ctx, L.wk, s->h, T, hp.n_embd, k, kvd, false, s->leg));
-    PF_TRY(project(ctx, L.wv, s->h, T, hp.n_embd, v, kvd, false, s->leg));
-    const float eps = float(hp.eps);
-    PF_TRY(head_rms_norm_rows(q, qd, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
-    PF_TRY(head_rms_norm_rows(k, kvd, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st));
-    PF_TRY(rope_neox_rows(q, qd, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim), s->pos,
-                          float(hp.rope_base), st));
-    PF_TRY(rope_neox_rows(k, kvd, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim), s->pos,
-                          float(hp.rope_base), st));
+    // q | k | v side by side in one [T][W] scratch: one fused GEMM on the f16 leg, three
+    // projections into the column slices otherwise (the same layout downstream).
+    const int64_t W = qd + 2 * kvd;
+    float *q = s->a, *k = s->a + qd, *v = s->a + qd + kvd, *o = s->o;
     void *kc = s->k_cache[size_t(L.attn_index)], *vc = s->v_cache[size_t(L.attn_index)];
-    PF_TRY(kv_write(k, kvd, v, kvd, T, kvd, kc, vc, s->kv_dtype, s->pos, st));
-    attention_args a;
-    a.q = q;
-    a.ldq = qd;
-    a.q_head_stride = q_head_stride;
-    a.k_cache = kc;
-    a.v_cache = vc;
-    a.kv_dtype = s->kv_dtype;
-    a.o = o;
-    a.ldo = H * D;
-    a.n_heads = int32_t(H);
-    a.n_kv_heads = int32_t(hp.n_head_kv);
-    a.head_dim = int32_t(D);
-    a.rows = T;
-    a.pos0 = s->pos;
-    a.scale = float(1.0 / std::sqrt(double(D)));
-    a.path = s->attn_path;
-    PF_TRY(attention(ctx, a));
-    if (gated)  // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row
-        PF_TRY(sigmoid_gate_rows(o, H * D, q + D, qd, 2 * D, T, int32_t(H), int32_t(D), st));
-    return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);
+    const float eps = float(hp.eps);
+    PF_TRY(R.graphed([&]() -> pf_status {
+        PF_TRY(project_group(s, {L.wq, L.wk, L.wv}, {q, k, v}, T, W));
+        PF_TRY(head_rms_norm_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
+        PF_TRY(head_rms_norm_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st));
+        // RoPE reads the chunk's position from s->pos_dev: the same launch at any position
+        PF_TRY(rope_neox_rows_at(q, W, T, int32_t(H), q_head_stride, int32_t(D), int32_t(hp.rope_dim),
+                                 s->pos_dev, float(hp.rope_base), st));
+        PF_TRY(rope_neox_rows_at(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), int32_t(hp.rope_dim),
+                                 s->pos_dev, float(hp.rope_base), st));
+        return kv_write_at(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos_dev, st);  // rows pos..pos+T-1
+    }));
+    // Attention: its arguments (and its path) depend on the position: run eagerly between the
+    // graph segments.
+    PF_TRY(R.eager([&]() -> pf_status {
+        attention_args a;
+        a.q = q;
+        a.ldq = W;
+        a.q_head_stride = q_head_stride;
+        a.k_cache = kc;
+        a.v_cache = vc;
+        a.kv_dtype = s->kv_dtype;
+        a.o = o;
+        a.ldo = H * D;
+        a.n_heads = int32_t(H);
+        a.n_kv_heads = int32_t(hp.n_head_kv);
+        a.head_dim = int32_t(D);
+        a.rows = T;
+        a.pos0 = s->pos;
+        a.scale = float(1.0 / std::sqrt(double(D)));
+        a.path = s->attn_path;
+        a.workspace = s->attn_ws;  // the cuBLAS path's scratch (null when the session runs flash)
+        a.workspace_bytes = s->attn_ws_bytes;
+        return attention(ctx, a);
+    }));
+    // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row; on the act16 route
+    // the gate writes wo's input form (and pre-scales x's rows where a row needs it)
+    return R.graphed([&]() -> pf_status {
+        if (gated && s->act16) {
+            PF_TRY(sigmoid_gate_rows_f16(o, H * D, q + D, W, 2 * D, f16_out(s, H * D, s->x), T, int32_t(H),
+                                         int32_t(D), st));
+            return project_f16_rows(ctx, L.wo, s->h16, s->inv16, T, s->x, hp.n_embd, true);
+        }
+        if (gated) PF_TRY(sigmoid_gate_rows(o, H * D, q + D, W, 2 * D, T, int32_t(H), int32_t(D), st));
+        return project(ctx, L.wo, o, T, H * D, s->x, hp.n_embd, true, s->leg);  // qwen3: fp32 o, cast there
+    });
 }
 
 // Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
@@ -90,17 +236,16 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     const Hparams &hp = s->model->hp;
     cudaStream_t st = ctx->stream;
     const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), kd = hp.key_dim(), Hv = hp.ssm_hv;
-    float *m = s->a, *u = s->b, *z = s->c, *o = s->o;
-    float *bl = s->s1, *al = s->s2, *beta = s->s3, *g = s->s4;
-    PF_TRY(project(ctx, L.qkv, s->h, T, hp.n_embd, m, cd, false, s->leg));
-    PF_TRY(project(ctx, L.z, s->h, T, hp.n_embd, z, vd, false, s->leg));
-    PF_TRY(project(ctx, L.beta, s->h, T, hp.n_embd, bl, Hv, false, s->leg));
-    PF_TRY(project(ctx, L.alpha, s->h, T, hp.n_embd, al, Hv, false, s->leg));
+    // qkv | z | b | a side by side in one [T][W] scratch (see attn_layer).
+    const int64_t W = cd + vd + 2 * Hv;
+    float *m = s->a, *z = s->a + cd, *bl = s->a + cd + vd, *al = s->a + cd + vd + Hv;
+    float *u = s->b, *o = s->o, *beta = s->s3, *g = s->s4;
+    PF_TRY(project_group(s, {L.qkv, L.z, L.beta, L.alpha}, {m, z, bl, al}, T, W));
     const float eps = float(hp.eps);
     const int32_t Hk = int32_t(hp.ssm_hk), dk = int32_t(hp.ssm_dk), dv = int32_t(hp.ssm_dv);
     // G2 gates, G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
-    PF_TRY(gdn_gates_rows(bl, Hv, al, Hv, L.ssm_a, L.dt_bias, beta, Hv, g, Hv, T, int32_t(Hv), st));
-    PF_TRY(gdn_conv1d_rows(m, cd, s->conv[size_t(il)], L.conv_w, u, cd, T, cd, int32_t(hp.conv_kernel), st));
+    PF_TRY(gdn_gates_rows(bl, W, al, W, L.ssm_a, L.dt_bias, beta, Hv, g, Hv, T, int32_t(Hv), st));
+    PF_TRY(gdn_conv1d_rows(m, W, s->conv[size_t(il)], L.conv_w, u, cd, T, cd, int32_t(hp.conv_kernel), st));
     PF_TRY(gdn_l2norm_rows(u, cd, T, Hk, dk, dk, kL2NormEps, float(1.0 / std::sqrt(double(dk))), st));
     PF_TRY(gdn_l2norm_rows(u + kd, cd, T, Hk, dk, dk, kL2NormEps, 1.0f, st));
     // G6-G7 delta rule (tiled pairing), G8 gated RMSNorm in place on o
@@ -116,30 +261,129 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     else
         PF_TRY(gdn_scan_rows(u, cd, u + kd, cd, u + 2 * kd, cd, beta, Hv, g, Hv, s->ssm[size_t(il)], o, vd, T,
                              Hk, int32_t(Hv), dk, dv, st));
-    PF_TRY(gdn_gated_rms_norm_rows(o, vd, z, vd, L.ssm_norm, o, vd, T, int32_t(Hv), dv, eps, st));
+    if (s->act16) {
+        PF_TRY(gdn_gated_rms_norm_rows_f16(o, vd, z, W, L.ssm_norm, f16_out(s, vd, s->x), T, int32_t(Hv), dv,
+                                           eps, st));
+        return project_f16_rows(ctx, L.ssm_out, s->h16, s->inv16, T, s->x, hp.n_embd, true);
+    }
+    PF_TRY(gdn_gated_rms_norm_rows(o, vd, z, W, L.ssm_norm, o, vd, T, int32_t(Hv), dv, eps, st));
     return project(ctx, L.ssm_out, o, T, vd, s->x, hp.n_embd, true, s->leg);
 }
 
-// One chunk of T <= s->chunk tokens (ids already on the device in s->ids) at s->pos.
-pf_status run_chunk(pf_session *s, int64_t T) {
+// FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T, h2 = RMSNorm(x).
+pf_status ffn(pf_session *s, const LayerWeights &L, int64_t T) {
+    const Hparams &hp = s->model->hp;
+    const int64_t d = hp.n_embd, ff = hp.n_ff, W = 2 * ff;
+    PF_TRY(norm_input(s, s->x, L.post_norm, T));
+    // gate | up side by side ([T][2 n_ff]); SwiGLU writes over the gate half.
+    PF_TRY(project_group(s, {L.gate, L.up}, {s->a, s->a + ff}, T, W));
+    if (s->act16)  // SwiGLU writes down's input form (and pre-scales x's rows if need be)
+        PF_TRY(swiglu_rows_f16(s->a, W, s->a + ff, W, f16_out(s, ff, s->x), T, ff, s->ctx->stream));
+    else
+        PF_TRY(swiglu_rows(s->a, W, s->a + ff, W, s->a, W, T, ff, s->ctx->stream));
+    return project_in(s, L.down, s->a, W, T, s->x, d, true);
+}
+
+// One chunk of T <= s->chunk tokens (ids: their device ids, inside s->ids) at s->pos (also in
+// s->pos_dev), its launches through R (ChunkRunner).
+pf_status run_chunk(pf_session *s, const int32_t *ids, int64_t T, ChunkRunner &R) {
     pf_model *m = s->model;
     const Hparams &hp = m->hp;
-    cudaStream_t st = s->ctx->stream;
     const int64_t d = hp.n_embd;
-    const float eps = float(hp.eps);
-    PF_TRY(embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, T, s->x, d, st));
+    PF_TRY(R.eager([&] {  // where the ids are moves with the chunk
+        return embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, ids, T, s->x, d,
+                          s->ctx->stream);
+    }));
     for (int64_t il = 0; il < hp.n_layer; il++) {
         const LayerWeights &L = m->layers[size_t(il)];
-        PF_TRY(rms_norm_rows(s->x, d, L.attn_norm, s->h, d, T, d, eps, st));
-        if (L.attn) PF_TRY(attn_layer(s, L, T));
-        else PF_TRY(gdn_layer(s, L, il, T));
-        // FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
-        PF_TRY(rms_norm_rows(s->x, d, L.post_norm, s->h, d, T, d, eps, st));
-        PF_TRY(project(s->ctx, L.gate, s->h, T, d, s->a, hp.n_ff, false, s->leg));
-        PF_TRY(project(s->ctx, L.up, s->h, T, d, s->b, hp.n_ff, false, s->leg));
-        PF_TRY(swiglu_rows(s->a, hp.n_ff, s->b, hp.n_ff, s->a, hp.n_ff, T, hp.n_ff, st));
-        PF_TRY(project(s->ctx, L.down, s->a, T, hp.n_ff, s->x, d, true, s->leg));
+        PF_TRY(R.graphed([&] { return norm_input(s, s->x, L.attn_norm, T); }));
+        if (L.attn) PF_TRY(attn_layer(s, L, T, R));
+        else PF_TRY(R.graphed([&] { return gdn_layer(s, L, il, T); }));
+        PF_TRY(R.graphed([&] { return ffn(s, L, T); }));
     }
+    return R.close();
+}
+
+// ---------------------------------------------------------------------------- chunk graphs
+
+constexpr size_t kMaxChunkGraphs = 8;  // chunk lengths with graphs per session (then eager)
+constexpr size_t kSeenLengths = 16;    // recent chunk lengths remembered (capture on the 2nd sighting)
+
+void destroy_graph(ChunkGraph &g) {
+    for (cudaGraphExec_t e : g.segs) (void)cudaGraphExecDestroy(e);
+    g.segs.clear();
+}
+
+// The graphs for a chunk of T rows now, or nullptr (run eagerly): a length is captured when it
+// comes back (among the last kSeenLengths lengths), so that one-off tail lengths do not pay a
+// capture, and only while the session holds fewer than kMaxChunkGraphs (the full chunk and the
+// decode step, the lengths that recur, come first in practice; no eviction, so no churn). A graph whose key no longer holds
+// (the act16 route, fusion, the fp16 caches or the resolved leg changed, the context's scratch
+// moved) is dropped and captured anew.
+ChunkGraph *chunk_graph(pf_session *s, int64_t T) {
+    if (!s->graph_env || s->graph_off) return nullptr;
+    const pf_context *c = s->ctx;
+    ChunkGraph key;
+    key.T = T;
+    key.act16 = s->act16;
+    key.fuse = s->fuse;
+    key.cached = s->cached;
+    key.leg = s->leg == PF_GEMM_DEFAULT ? gemm_default_leg() : s->leg;
+    key.scratch[0] = c->scratch_f32.ptr;
+    key.scratch[1] = c->scratch_f16_w.ptr;
+    key.scratch[2] = c->scratch_f16_x.ptr;
+    auto same = [&](const ChunkGraph &g) {
+        return g.act16 == key.act16 && g.fuse == key.fuse && g.cached == key.cached && g.leg == key.leg &&
+               std::equal(g.scratch, g.scratch + 3, key.scratch);
+    };
+    for (size_t i = 0; i < s->graphs.size(); ++i) {
+        ChunkGraph &g = s->graphs[i];
+        if (g.T != T) continue;
+        if (same(g)) return &g;
+        destroy_graph(g);
+        s->graphs.erase(s->graphs.begin() + std::ptrdiff_t(i));
+        break;
+    }
+    if (std::find(s->seen_T.begin(), s->seen_T.end(), T) == s->seen_T.end()) {
+        if (s->seen_T.size() == kSeenLengths) s->seen_T.erase(s->seen_T.begin());
+        s->seen_T.push_back(T);
+        return nullptr;
+    }
+    if (s->graphs.size() == kMaxChunkGraphs) return nullptr;  // full: no churn of captures
+    s->graphs.push_back(key);
+    return &s->graphs.back();
+}
+
+// One chunk: eagerly, or through its graphs (captured first when new). A failed capture (an
+// operation the stream capture refuses) has run nothing: the chunk then runs eagerly, and so
+// does the session from then on.
+pf_status run_chunk_graphed(pf_session *s, const int32_t *ids, int64_t T) {
+    cudaStream_t st = s->ctx->stream;
+    ChunkGraph *g = chunk_graph(s, T);
+    if (g && g->segs.empty()) {
+        pf_status r;
+        {
+            ChunkRunner cap(st, ChunkRunner::Capture, &g->segs);
+            r = run_chunk(s, ids, T, cap);
+        }  // ~ChunkRunner ends a capture left open
+        if (r != PF_STATUS_OK) {
+            (void)cudaGetLastError();
+            destroy_graph(*g);
+            s->graphs.pop_back();  // the entry chunk_graph just added
+            s->graph_off = true;
+            g = nullptr;
+        }
+    }
+    ChunkRunner run(st, g ? ChunkRunner::Replay : ChunkRunner::Eager, g ? &g->segs : nullptr);
+    return run_chunk(s, ids, T, run);
+}
+
+__global__ void set_i64_kernel(int64_t *p, int64_t v) { *p = v; }
+
+// s->pos into s->pos_dev, in stream order (a kernel argument: no host staging, no wait).
+pf_status set_position(pf_session *s) {
+    set_i64_kernel<<<1, 1, 0, s->ctx->stream>>>(s->pos_dev, s->pos);
+    PF_LAUNCH_CHECK("set_i64_kernel");
     return PF_STATUS_OK;
 }
 
@@ -148,8 +392,52 @@ pf_status lm_head(pf_session *s, int64_t r0, int64_t n) {
     pf_model *m = s->model;
     const Hparams &hp = m->hp;
     const int64_t d = hp.n_embd;
-    PF_TRY(rms_norm_rows(s->x + r0 * d, d, m->output_norm, s->h, d, n, d, float(hp.eps), s->ctx->stream));
-    return project(s->ctx, m->output, s->h, n, d, s->logits, hp.n_vocab, false, s->leg);
+    PF_TRY(norm_input(s, s->x + r0 * d, m->output_norm, n));
+    return project_in(s, m->output, s->h, d, n, s->logits, hp.n_vocab, false);
+}
+
+// Whether every matrix of the model has its fp16 cache (the prewarm is all or nothing).
+bool all_cached(const pf_session *s) {
+    for (const pf_weight *w : s->model->weights)
+        if (!w->f16) return false;
+    return true;
+}
+
+// Whether this call runs the act16 route: enabled, every matrix cached (project_f16_rows needs
+// an fp16 copy; AUTO without one would be the f32 leg), the session's leg f16 or auto.
+bool act16_route(const pf_session *s) {
+    if (!s->act16_env || !s->cached) return false;
+    const int32_t leg = s->leg == PF_GEMM_DEFAULT ? gemm_default_leg() : s->leg;
+    return leg == PF_GEMM_F16 || leg == PF_GEMM_AUTO;
+}
+
+// Device bytes of a session's chunk scratch for chunks of T rows (x, h, a, b, o, the gates, the
+// LM-head rows, the ids, the delta rule's workspace, the f16 leg's fp16 activations), without
+// the KV caches and recurrent states (which do not depend on T) or the cuBLAS attention path's
+// budget-bound workspace.
+size_t chunk_scratch_bytes(const Hparams &hp, int64_t T) {
+    const int64_t Hv = std::max<int64_t>(hp.ssm_hv, 1);
+    int64_t w = 2 * hp.n_embd;
+    w += std::max({hp.q_proj_dim() + 2 * hp.kv_dim(), hp.conv_dim() + hp.value_dim() + 2 * Hv, 2 * hp.n_ff});
+    w += hp.conv_dim() + std::max(hp.n_head * hp.head_dim, hp.value_dim()) + 2 * Hv;
+    const int64_t k_max = std::max({hp.n_embd, hp.n_ff, hp.n_head * hp.head_dim, hp.value_dim()});
+    size_t b = size_t(T) * size_t(w) * 4 + size_t(T) * size_t(k_max) * 2 + size_t(T) * 8;
+    if (hp.ssm_hv > 0 && gdn_chunk_supported(int32_t(hp.ssm_dk), int32_t(hp.ssm_dv)))
+        b += gdn_chunk_workspace_bytes(T, int32_t(hp.ssm_hk), int32_t(hp.ssm_hv));
+    return b;
+}
+
+// The chunk when the options leave it 0: kAutoChunk rows (capped at the capacity), halved down
+// to kMinAutoChunk while its scratch would take more than 1/kAutoChunkShare of the device memory
+// free after the KV caches and recurrent states (`state_bytes`).
+pf_status auto_chunk(const Hparams &hp, int32_t max_tokens, size_t state_bytes, int32_t *out) {
+    size_t free_b = 0, total_b = 0;
+    PF_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const size_t avail = free_b > state_bytes ? free_b - state_bytes : 0;
+    int32_t c = std::min(kAutoChunk, max_tokens);
+    while (c > kMinAutoChunk && chunk_scratch_bytes(hp, c) > avail / kAutoChunkShare) c /= 2;
+    *out = c;
+    return PF_STATUS_OK;
 }
 
 }  // namespace
@@ -162,16 +450,28 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->model = m;
     s->ctx = m->ctx;
     s->max_tokens = o.max_tokens ? o.max_tokens : kDefaultMaxTokens;
-    s->chunk = std::min(o.chunk_tokens ? o.chunk_tokens : kDefaultChunk, s->max_tokens);
     s->kv_dtype = o.kv_dtype;
     s->leg = o.gemm_leg ? o.gemm_leg : m->gemm_leg;
     s->attn_path = o.attn_path;
+    s->fuse = fuse_env_enabled();
+    s->act16_env = act16_env_enabled();
+    s->graph_env = o.cuda_graphs == 1 && graph_env_enabled();
+    const size_t kv_bytes = size_t(s->max_tokens) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype);
+    if (o.chunk_tokens) {
+        s->chunk = std::min(o.chunk_tokens, s->max_tokens);
+    } else {
+        const size_t states = 2 * kv_bytes * size_t(m->n_attn_layers) +
+                              size_t(hp.n_layer - m->n_attn_layers) * 4 *
+                                  size_t((hp.conv_kernel - 1) * hp.conv_dim() + hp.ssm_hv * hp.ssm_dk * hp.ssm_dv);
+        PF_TRY(auto_chunk(hp, s->max_tokens, states, &s->chunk));
+    }
     const int64_t T = s->chunk, d = hp.n_embd;
-    const int64_t w_a = std::max({hp.q_proj_dim(), hp.conv_dim(), hp.n_ff});
-    const int64_t w_b = std::max({hp.kv_dim(), hp.conv_dim(), hp.n_ff});
-    const int64_t w_c = std::max(hp.kv_dim(), hp.value_dim());
-    const int64_t w_o = std::max(hp.n_head * hp.head_dim, hp.value_dim());
     const int64_t Hv = std::max<int64_t>(hp.ssm_hv, 1);
+    // a: the widest projection group's side-by-side outputs (see project_group)
+    const int64_t w_a = std::max({hp.q_proj_dim() + 2 * hp.kv_dim(), hp.conv_dim() + hp.value_dim() + 2 * Hv,
+                                  2 * hp.n_ff});
+    const int64_t w_b = hp.conv_dim();  // GDN conv output (0 for qwen3: not allocated)
+    const int64_t w_o = std::max(hp.n_head * hp.head_dim, hp.value_dim());
     pf_session *r = s.get();
     auto fail_cleanup = [&](pf_status st) { session_destroy(s.release()); return st; };
     pf_status st = PF_STATUS_OK;
@@ -182,21 +482,21 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     A(size_t(T * d), &r->h, "session scratch h");
     A(size_t(T * w_a), &r->a, "session scratch a");
     A(size_t(T * w_b), &r->b, "session scratch b");
-    A(size_t(T * w_c), &r->c, "session scratch c");
     A(size_t(T * w_o), &r->o, "session scratch o");
-    A(size_t(T * Hv), &r->s1, "session scratch gates");
-    A(size_t(T * Hv), &r->s2, "session scratch gates");
     A(size_t(T * Hv), &r->s3, "session scratch gates");
     A(size_t(T * Hv), &r->s4, "session scratch gates");
     r->lm_rows = int32_t(std::min<int64_t>(kLmRows, T));
     A(size_t(r->lm_rows) * size_t(hp.n_vocab), &r->logits, "session logits");
-    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T), &r->ids, "session token ids");
+    const int64_t k16 = std::max({d, hp.n_ff, hp.n_head * hp.head_dim, hp.value_dim()});  // widest projection input
+    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(T * k16), &r->h16, "session scratch h16");
+    A(size_t(T), &r->inv16, "session scratch row scales");
+    if (st == PF_STATUS_OK) st = salloc_t(r, size_t(r->max_tokens), &r->ids, "session token ids");
+    if (st == PF_STATUS_OK) st = salloc_t(r, 1, &r->pos_dev, "session position");
     if (st == PF_STATUS_OK) st = salloc_t(r, 1, &r->argmax, "session argmax");
     r->k_cache.assign(size_t(m->n_attn_layers), nullptr);
     r->v_cache.assign(size_t(m->n_attn_layers), nullptr);
     r->conv.assign(size_t(hp.n_layer), nullptr);
     r->ssm.assign(size_t(hp.n_layer), nullptr);
-    const size_t kv_bytes = size_t(r->max_tokens) * size_t(hp.kv_dim()) * kv_elem(r->kv_dtype);
     for (int32_t i = 0; i < m->n_attn_layers && st == PF_STATUS_OK; i++) {
         st = salloc(r, kv_bytes, &r->k_cache[size_t(i)], "KV cache K");
         if (st == PF_STATUS_OK) st = salloc(r, kv_bytes, &r->v_cache[size_t(i)], "KV cache V");
@@ -211,6 +511,50 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
         r->gdn_ws_bytes = gdn_chunk_workspace_bytes(T, int32_t(hp.ssm_hk), int32_t(hp.ssm_hv));
         if (r->gdn_ws_bytes) st = salloc(r, r->gdn_ws_bytes, &r->gdn_ws, "GDN chunk workspace");
     }
+    // The cuBLAS attention path's workspace. The path is chosen per call (attention_resolved_path):
+    // always cuBLAS for an fp32 cache or a forced path, and with AUTO also for short chunks deep
+    // into the cache (few flash blocks, many keys). Sized for the most query rows a cuBLAS call
+    // of this session can have, at keys up to the capacity (the choice is monotone: fewer rows
+    // and more keys favour cuBLAS); attention() runs smaller passes where a call needs more.
+    if (st == PF_STATUS_OK && m->n_attn_layers > 0) {
+        attention_args a;
+        a.k_cache = r->k_cache[0];
+        a.v_cache = r->v_cache[0];
+        a.kv_dtype = r->kv_dtype;
+        a.n_heads = int32_t(hp.n_head);
+        a.n_kv_heads = int32_t(hp.n_head_kv);
+        a.head_dim = int32_t(hp.head_dim);
+        a.path = r->attn_path;
+        auto cublas_at = [&](int64_t rows) {
+            a.rows = rows;
+            a.pos0 = r->max_tokens - rows;
+            return attention_resolved_path(a) == PF_ATTN_CUBLAS;
+        };
+        int64_t rows = 0;  // the most rows of a cuBLAS call (0: never)
+        if (cublas_at(T)) {
+            rows = T;
+        } else if (cublas_at(1)) {
+            int64_t lo = 1, hi = T;  // cublas_at(lo), !cublas_at(hi)
+            while (hi - lo > 1) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                (cublas_at(mid) ? lo : hi) = mid;
+            }
+            rows = lo;
+        }
+        if (rows > 0) {
+            a.path = PF_ATTN_CUBLAS;
+            a.rows = rows;
+            a.pos0 = r->max_tokens - rows;
+            r->attn_ws_bytes = attention_workspace_bytes(a, attention_rows_per_pass(a));
+            if (r->attn_ws_bytes) st = salloc(r, r->attn_ws_bytes, &r->attn_ws, "attention workspace");
+        }
+    }
+    // The context's projection scratch, grown now for this session's shapes and legs: a prefill
+    // then allocates nothing (as long as the weights' caches stay as they are now).
+    for (const LayerWeights &L : m->layers)
+        for (pf_weight *w : {L.wq, L.wk, L.wv, L.wo, L.qkv, L.z, L.beta, L.alpha, L.ssm_out, L.gate, L.up, L.down})
+            if (w && st == PF_STATUS_OK) st = project_reserve(r->ctx, w, T, r->leg);
+    if (st == PF_STATUS_OK) st = project_reserve(r->ctx, m->output, r->lm_rows, r->leg);
     if (st != PF_STATUS_OK) return fail_cleanup(st);
     if ((st = session_reset(r)) != PF_STATUS_OK) return fail_cleanup(st);
     *out = s.release();
@@ -221,6 +565,7 @@ void session_destroy(pf_session *s) {
     if (!s) return;
     DeviceGuard dg(s->ctx->device);
     (void)cudaStreamSynchronize(s->ctx->stream);
+    for (ChunkGraph &g : s->graphs) destroy_graph(g);
     for (auto &a : s->allocs) device_free(s->ctx, a.first, a.second);
     delete s;
 }
@@ -271,11 +616,16 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
     DeviceGuard dg(s->ctx->device);
     PF_TRY(dg.status());
     cudaStream_t st = s->ctx->stream;
+    s->cached = all_cached(s);
+    s->act16 = act16_route(s);
     auto body = [&]() -> pf_status {
+        // The call's tokens in one copy (a copy from pageable memory may wait for the stream:
+        // once per call, not once per chunk).
+        PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st));
         for (int64_t done = 0; done < n;) {
             const int64_t T = std::min<int64_t>(s->chunk, n - done);
-            PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens + done, size_t(T) * 4, cudaMemcpyHostToDevice, st));
-            PF_TRY(run_chunk(s, T));
+            PF_TRY(set_position(s));
+            PF_TRY(run_chunk_graphed(s, s->ids + done, T));
             const bool last_chunk = done + T == n;
             if (mode == PF_LOGITS_ALL) {
                 for (int64_t r0 = 0; r0 < T; r0 += s->lm_rows) {

@@ -7,6 +7,18 @@
 
 #include "model.h"
 
+namespace pf {
+// The CUDA graphs of one chunk length (session.cu, "chunk graphs"): the position-independent
+// launches of a chunk of T rows as segments, valid while the key holds.
+struct ChunkGraph {
+    int64_t T = 0;
+    bool act16 = false, fuse = false, cached = false;
+    int32_t leg = 0;                                      // the session's leg, PF_GEMM_DEFAULT resolved
+    const void *scratch[3] = {nullptr, nullptr, nullptr};  // the context scratch the launches use
+    std::vector<cudaGraphExec_t> segs;
+};
+}  // namespace pf
+
 struct pf_session {
     pf_model *model = nullptr;
     pf_context *ctx = nullptr;
@@ -16,15 +28,35 @@ struct pf_session {
     int32_t last_token = -1;         // greedy token after the last position (for generate)
     std::vector<void *> k_cache, v_cache;  // per attention layer [max_tokens][kv_dim]
     std::vector<float *> conv, ssm;         // per layer (GDN layers only; nullptr otherwise)
-    // chunk scratch, fp32 [chunk][width]
-    float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *c = nullptr, *o = nullptr;
-    float *s1 = nullptr, *s2 = nullptr, *s3 = nullptr, *s4 = nullptr;  // [chunk][Hv]
-    int32_t *ids = nullptr;          // [chunk] device token ids
+    bool fuse = true;                // run prewarmed groups as one GEMM (env PREFILL_FUSE at creation)
+    // chunk scratch, fp32 [chunk][width]: x the residual stream, h the normed input of the
+    // projections, a the side-by-side outputs of a projection group, b the GDN conv output, o the
+    // mixer output
+    float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *o = nullptr;
+    float *s3 = nullptr, *s4 = nullptr;  // [chunk][Hv] GDN gates beta, g
+    // The act16 route (f16 leg, every matrix with an fp16 copy; env PREFILL_F16_ACT=0 turns it
+    // off at creation): the producers write the projections' input as fp16 rows + row scales
+    // (f16_rows.cuh) into h16 [chunk][widest k] and inv16 [chunk]; no cast pass.
+    bool act16_env = true;
+    bool act16 = false;              // decided per prefill call (the caches may change between calls)
+    bool cached = false;             // every matrix has its fp16 cache (per prefill call)
+    __half *h16 = nullptr;
+    float *inv16 = nullptr;
+    int32_t *ids = nullptr;          // [max_tokens] device token ids of the current call
+    int64_t *pos_dev = nullptr;      // [1] the chunk's position, for RoPE inside CUDA graphs
     float *logits = nullptr;         // [lm_rows][n_vocab]
     int32_t lm_rows = 0;
     int32_t *argmax = nullptr;       // [1]
     void *gdn_ws = nullptr;          // chunked delta rule workspace (gdn_chunk_workspace_bytes)
     size_t gdn_ws_bytes = 0;
+    void *attn_ws = nullptr;         // cuBLAS attention path workspace (attention_workspace_bytes)
+    size_t attn_ws_bytes = 0;
+    // CUDA graphs per chunk length (env PREFILL_GRAPH=0 turns them off at creation); a length is
+    // captured when it comes back (seen_T), for at most kMaxChunkGraphs lengths
+    bool graph_env = true;
+    bool graph_off = false;          // a capture failed: this session runs eagerly from then on
+    std::vector<pf::ChunkGraph> graphs;
+    std::vector<int64_t> seen_T;
     std::vector<std::pair<void *, size_t>> allocs;
 };
 

@@ -106,10 +106,10 @@ class Model(_Owner):
         self.refresh_info()
         return bool(armed[0])
 
-    def session(self, max_tokens: int = 4096, *, chunk: int = 512, kv: str = "f16",
-                gemm="default", attention: str = "auto") -> "Session":
+    def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
+                gemm="default", attention: str = "auto", graphs: bool = True) -> "Session":
         return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,
-                       attention=attention)
+                       attention=attention, graphs=graphs)
 
     def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
         """A fresh session holding a state saved by Session.save()."""
@@ -130,8 +130,8 @@ class Model(_Owner):
 class Session(_Owner):
     """One sequence on a Model: KV caches, conv windows, recurrent states, position."""
 
-    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 512, kv: str = "f16",
-                 gemm="default", attention: str = "auto"):
+    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 0, kv: str = "f16",
+                 gemm="default", attention: str = "auto", graphs: bool = True):
         if kv not in _KV:
             raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
         if attention not in _ATTN:
@@ -143,6 +143,7 @@ class Session(_Owner):
         opts.kv_dtype = _KV[kv]
         opts.gemm_leg = _leg_id(gemm)
         opts.attn_path = _ATTN[attention]
+        opts.cuda_graphs = 1 if graphs else 0
         out = ffi.new("pf_session **")
         _check(lib.pf_session_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_session_destroy, model)

@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
                                    f"need {need} positions; the model's context_length is "
                                    f"{info['context_length']}")
     with Model.load(args.file, gemm=args.gemm, prewarm=not args.no_prewarm) as m:
-        s = m.session(max_tokens=need, chunk=args.chunk)
+        s = m.session(max_tokens=need, chunk=args.chunk or 0)
         t0 = time.perf_counter()
         logits, tok = s.prefill(ids, "last", return_token=True)
         dt = time.perf_counter() - t0
@@ -160,6 +160,7 @@ def add_parsers(sub) -> None:
     g.add_argument("--tokens", help="token ids, comma or space separated")
     p.add_argument("--n-predict", type=_int_at_least(0), default=8)
     p.add_argument("--gemm", default="default", type=str.lower, choices=["default", "auto", "f16", "f32"])
-    p.add_argument("--chunk", type=_int_at_least(1), default=512)
+    p.add_argument("--chunk", type=_int_at_least(1), default=None,
+                   help="rows per internal chunk (default: the session's, 2048 within free memory)")
     p.add_argument("--no-prewarm", action="store_true")
     p.set_defaults(func=cmd_run)

@@ -47,9 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt lengths, comma or space separated "
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
-                   help="projection legs: auto, f16, f32, int8 "
+                   help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16, "
+                        "LEG/nograph (combinable: LEG/nofuse/noact16/nograph) run LEG with the "
+                        "fused projections, the producers' fp16 inputs or the CUDA graphs off "
+                        "(before/after in one run) "
                         "(default: FILE auto, suites f16,f32)")
-    p.add_argument("--chunk", type=int, default=2048, help="session chunk: rows per internal step")
+    p.add_argument("--chunk", type=int, default=2048,
+                   help="session chunk: rows per internal step (0 = the session's default)")
     p.add_argument("--peer", choices=["hf", "none"], default="hf",
                    help="whole-model peer: HF transformers bf16 sdpa (+FLA), or none")
     p.add_argument("--json", action="store_true", help="FILE: print the results as JSON")
@@ -135,7 +139,8 @@ def run_kernels(a, rec: Recorder, torch) -> dict:
         from ..core import Context
         return Context(0)
     ctx = rec.guard("libprefill kernels", open_context)
-    b = Bench(rec, ctx, torch, reps=a.reps, quick=a.quick, legs=a.gemm)
+    b = Bench(rec, ctx, torch, reps=a.reps, quick=a.quick,
+              legs=[g for g in a.gemm if "/" not in g])  # LEG/variant: whole-model only
     try:
         for fam in a.families:
             mod = rec.guard(f"{fam} benchmarks", importlib.import_module, f".{fam}", __package__)

@@ -91,15 +91,56 @@ def _say(rec, row: dict) -> None:
             f"{row['tok_s']:10.0f} tok/s")
 
 
+# Leg variants for before/after runs in one process (environment switches read at session
+# creation): "LEG/nofuse" runs the projections of a group one by one (PREFILL_FUSE=0),
+# "LEG/noact16" casts the projections' inputs in a separate pass (PREFILL_F16_ACT=0),
+# "LEG/nograph" launches every kernel (PREFILL_GRAPH=0);
+# "auto/nofuse/noact16/nograph" is the path as it was before issue 11 (but the chunk).
+VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
+               "nograph": ("PREFILL_GRAPH", "0")}
+
+
+def split_leg(leg: str) -> tuple[str, dict]:
+    """("auto/nofuse") -> ("auto", {"PREFILL_FUSE": "0"}); ValueError for an unknown variant."""
+    base, *mods = leg.split("/")
+    env = {}
+    for m in mods:
+        if m not in VARIANT_ENV:
+            raise ValueError(f"leg {leg!r}: unknown variant {m!r} (known: {', '.join(VARIANT_ENV)})")
+        k, v = VARIANT_ENV[m]
+        env[k] = v
+    return base, env
+
+
+class _env:
+    """Sets environment variables for a with-block (the library reads them at session creation)."""
+
+    def __init__(self, env: dict):
+        self.env, self.old = env, {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: int,
                rng) -> list[dict]:
     from ..core import Context
     from ..model import Model
     rows: list[dict] = []
+    bases = [split_leg(g)[0] for g in legs]
     with Context(0) as ctx:
         free0, _ = ctx.memory()
         try:
-            model = Model.load(path, gemm=legs[0], prewarm=any(g in ("f16", "auto") for g in legs),
+            model = Model.load(path, gemm=bases[0], prewarm=any(g in ("f16", "auto") for g in bases),
                                progress=False, context=ctx)
         except Exception as exc:   # noqa: BLE001  one row per wanted number says why
             rec.skip(f"ours {label}", f"load: {type(exc).__name__}: {first_line(exc)}")
@@ -109,15 +150,22 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
         base = {"load_ms": info.get("load_ms"), "prewarm_ms": info.get("prewarm_ms"),
                 "f16_armed": bool(info.get("f16_armed")), "weight_bytes": info.get("weight_bytes"),
                 "f16_bytes": info.get("f16_bytes"), "chunk": chunk}
+        # Prewarm bandwidth: the blocks read plus the fp16 copies written, over its wall time
+        # (host side included: allocation, launches, the final synchronisation).
+        if base["f16_armed"] and base["prewarm_ms"]:
+            base["prewarm_gbs"] = ((base["weight_bytes"] or 0) + (base["f16_bytes"] or 0)) / (base["prewarm_ms"] * 1e6)
         rec.say(f"-- ours {label}: load {base['load_ms'] or 0:.0f} ms, prewarm "
-                f"{base['prewarm_ms'] or 0:.0f} ms, fp16 cache "
-                f"{'armed' if base['f16_armed'] else 'not armed'}")
+                f"{base['prewarm_ms'] or 0:.0f} ms ({base.get('prewarm_gbs', 0):.0f} GB/s read + written), "
+                f"fp16 cache {'armed' if base['f16_armed'] else 'not armed'}")
         with model:
             for leg in legs:
                 for T in lengths:
                     row = _row(label, f"ours {leg}", T, **base)
                     try:
-                        with model.session(max_tokens=T, chunk=min(chunk, T), gemm=leg) as s:
+                        base_leg, env = split_leg(leg)
+                        with _env(env):
+                            s = model.session(max_tokens=T, chunk=min(chunk, T), gemm=base_leg)
+                        with s:
                             ids = [rng.integers(0, model.n_vocab, T, dtype=np.int32)
                                    for _ in range(4)]
                             logits = {}

@@ -92,7 +92,8 @@ def test_every_options_struct_is_size_checked(init, ctype):
 def test_session_options_defaults():
     opts = ffi.new("pf_session_options *")
     _check(lib.pf_session_options_init(opts, ffi.sizeof("pf_session_options")))
-    assert (opts.max_tokens, opts.chunk_tokens, opts.kv_dtype, opts.gemm_leg) == (4096, 512, 0, 0)
+    assert (opts.max_tokens, opts.chunk_tokens, opts.kv_dtype, opts.gemm_leg) == (4096, 0, 0, 0)
+    assert opts.cuda_graphs == 1
     m = ffi.new("pf_model_options *")
     _check(lib.pf_model_options_init(m, ffi.sizeof("pf_model_options")))
     assert m.prewarm == 1 and m.progress == ffi.NULL

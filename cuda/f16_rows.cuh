@@ -1,0 +1,75 @@
+// f16_rows.cuh — the f16 leg's input form, written by the kernel that produces a projection's
+// input (RMSNorm, SwiGLU, the gated RMSNorm, the attention output gate) in the same pass, so
+// that no separate cast pass runs before the GEMM (DESIGN.md "Numbers and layouts").
+//
+// The form (the contract of gemm.cuh's f16 leg, shared with its cast kernel):
+//  - x16: [rows][ld16] fp16; row r holds round_to_nearest_fp16(y[r][c] * 2^-e_r);
+//  - inv: [rows] fp32, 2^e_r (1 for an unscaled row);
+//  - e_r = 0 unless the row's max|y| > kF16RowMax (and finite): then e_r is chosen so that the
+//    scaled max stays below 2^kF16SafeExp (fp16 max 65504): the cast never makes Inf, and the
+//    scaling by a power of two is exact. Inf/NaN rows stay unscaled and propagate as in fp32;
+//  - when the projection accumulates into an fp32 output (the residual stream), the producer
+//    also multiplies that output's row by 2^-e_r, so that the GEMM's beta = 1 adds in the
+//    scaled domain; project_f16_rows multiplies the row by 2^e_r after the GEMM.
+// A producer computes each fp32 value exactly as its fp32 twin does, so x16 and inv are
+// bitwise what the cast kernel makes of the twin's output.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace pf {
+
+constexpr float kF16RowMax = 32768.0f;  // rows above this are scaled before the fp16 cast
+constexpr int kF16SafeExp = 15;         // scaled row max stays below 2^15 (fp16 max 65504)
+constexpr int kF16RowThreads = 256;     // one block per row for the producers
+
+// The row scale for a row of max|y| = m (m >= 0 or NaN-free max): scale = 2^-e, inv = 2^e.
+__device__ __forceinline__ void f16_row_scale(float m, float *scale, float *inv) {
+    *scale = 1.0f;
+    *inv = 1.0f;
+    if (m > kF16RowMax && m <= FLT_MAX) {  // Inf/NaN rows stay unscaled: they propagate as in f32
+        int e2 = 0;
+        frexpf(m, &e2);                    // m < 2^e2
+        const int e = e2 - kF16SafeExp;    // m * 2^-e < 2^15
+        *scale = ldexpf(1.0f, -e);         // powers of two: scaling is exact
+        *inv = ldexpf(1.0f, e);
+    }
+}
+
+// Where a producer writes the f16 form of its output (see the file comment).
+struct F16Out {
+    __half *x16 = nullptr;  // [rows][ld16]
+    int64_t ld16 = 0;
+    float *inv = nullptr;   // [rows]
+    float *acc = nullptr;   // optional: the fp32 output the projection accumulates into, [rows][ld_acc]
+    int64_t ld_acc = 0;
+    int64_t n_acc = 0;      // columns of acc to pre-scale
+};
+
+// The second half of every producer, for row r of a block of threads: the row's max over
+// `value(c)` for c < cols, the scale, the fp16 row, the accumulate target's pre-scale and the
+// inverse scale. `value` must return the same float for the same c each time (it is called
+// twice per element: the row max, then the write). `red`: block_max scratch.
+template <class Value>
+__device__ __forceinline__ void f16_write_row(const F16Out &out, int64_t r, int64_t cols,
+                                              const Value &value, float *red) {
+    float m = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(value(c)));
+    m = block_max(m, red);  // >= 0: fmaxf skips NaN elements
+    float scale, inv;
+    f16_row_scale(m, &scale, &inv);
+    __half *h = out.x16 + r * out.ld16;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) h[c] = __float2half_rn(value(c) * scale);
+    if (out.acc && scale != 1.0f) {
+        float *yr = out.acc + r * out.ld_acc;
+        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
+    }
+    if (threadIdx.x == 0) out.inv[r] = inv;
+}
+
+}  // namespace pf
