@@ -53,7 +53,9 @@
  *      stated otherwise.
  *
  * Version 0.2 changed the kernel-level entry points (views, argument structs, names); the core
- * and model-level entry points are those of 0.1.
+ * and model-level entry points are those of 0.1. Version 0.3 adds fields at the end of two
+ * size-prefixed structs (pf_attention_options.kernel, pf_session_options.cuda_graphs): callers
+ * built against 0.2 get ABI_MISMATCH from their _init until rebuilt.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -68,7 +70,7 @@
 #endif
 
 #define PF_VERSION_MAJOR 0
-#define PF_VERSION_MINOR 2
+#define PF_VERSION_MINOR 3
 #define PF_VERSION_PATCH 0
 
 #ifdef __cplusplus
