@@ -12,7 +12,8 @@
 
 The GPU part runs minutes (and the float64 references minutes of CPU, cached: see
 `reference_logits`), so it is opt-in: PF_LONG_CONTEXT=1 (scripts/device-check.sh --long sets
-it). PF_LONG_TOKENS changes the length (default 131072). Numbers go to $OUT/long_context.json
+it). PF_LONG_TOKENS changes the length (default 131072); PF_LONG_REF_CACHED_ONLY=1 makes a
+missing or stale reference cache a failure at once instead of minutes of CPU. Numbers go to $OUT/long_context.json
 where $OUT is set. The CPU test at the end checks both shortcuts against the whole-sequence
 reference model.
 """
@@ -30,6 +31,8 @@ from helpers import rel_error
 
 TOKENS = int(os.environ.get("PF_LONG_TOKENS", "131072"))
 LONG = os.environ.get("PF_LONG_CONTEXT", "") == "1"
+# A bounded run (the GPU's time is short) takes the references from the cache or fails at once.
+CACHED_ONLY = os.environ.get("PF_LONG_REF_CACHED_ONLY", "") == "1"
 # Where logits are compared: the first chunk's end, a chunk boundary, the middle, the end.
 POSITIONS = sorted({min(p, TOKENS - 1) for p in (0, 2047, 2048, TOKENS // 2 + 1, TOKENS - 1)})
 BOUND = {"default": 2e-2, "f32": 1e-4}   # DESIGN.md: default legs 2e-2; f32 legs 1e-4 (model)
@@ -155,6 +158,11 @@ def reference_logits(name: str) -> tuple[np.ndarray, np.ndarray, float]:
         z = np.load(cache)
         if str(z["sha256"]) == digest and list(z["positions"]) == POSITIONS:
             return z["ids"], z["logits"].astype(np.float64), float(z["seconds"])
+        assert not CACHED_ONLY, (f"{cache}: made for another file (sha256 {z['sha256']}, this "
+                                 f"{digest}) or other positions; recompute it without "
+                                 f"PF_LONG_REF_CACHED_ONLY")
+    elif CACHED_ONLY:
+        raise AssertionError(f"{cache}: no cached reference (PF_LONG_REF_CACHED_ONLY=1)")
     ref = ReferenceModel(path, np.float64)
     ids = _tokens(ref.desc.n_vocab, TOKENS)
     t0 = time.perf_counter()
