@@ -6,7 +6,8 @@
 # --soak=N the soak test at N cycles (issue 13's run: --soak=2000).
 # Logs go under $OUT (or ./out); a short summary table is printed last.
 #   bash scripts/device-check.sh [--no-tests] [--no-bench] [--no-sanitizer] [--long] [--soak=N]
-# Env: BENCH_KERNELS / BENCH_MODEL add arguments to the two bench suites (e.g.
+# Env: PYTEST_JOBS (default 3) pytest processes for the suite (the files that measure device
+# memory run alone after them); BENCH_KERNELS / BENCH_MODEL add arguments to the two bench suites (e.g.
 # BENCH_KERNELS="--families gdn -p 8192,32768" BENCH_MODEL="--models qwen35-4b --gemm f16").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,9 +31,41 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 declare -A RESULT
 t0=$(date +%s)
+# The pytest suite in PYTEST_JOBS processes (default 3; 1 = one process): the heaviest files
+# spread over them, then the files that measure the device's free memory (which other processes
+# would move) alone. Every file of tests/python runs once; logs $OUT/test-*.log, summary in test.log.
+pytest_suite() {
+  local jobs=${PYTEST_JOBS:-3} solo=" test_gpu_core.py test_kernel_gemm.py test_gemm_path.py test_memory_faults.py test_soak.py "
+  local -a group=() pids=() rcs=()
+  local f n=0 i rc=0
+  for f in $(cd tests/python && ls test_*.py); do
+    case "$solo" in *" $f "*) continue ;; esac
+    case $f in   # the three longest files first, one per process, the rest round-robin
+      test_kernel_attention.py) i=0 ;; test_kernel_gdn.py) i=$((1 % jobs)) ;; test_bench_cli.py) i=$((2 % jobs)) ;;
+      *) i=$((n % jobs)); n=$((n + 1)) ;;
+    esac
+    group[$i]="${group[$i]:-} tests/python/$f"
+  done
+  for i in "${!group[@]}"; do
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=8 ${group[$i]} > "$OUT/test-$i.log" 2>&1 &
+    pids[$i]=$!
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}"; rcs[$i]=$?; [ "${rcs[$i]}" = 0 ] || rc=1; done
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=8 $(for f in $solo; do echo tests/python/$f; done) \
+    > "$OUT/test-solo.log" 2>&1 || rc=1
+  for f in "$OUT"/test-[0-9]*.log "$OUT/test-solo.log"; do
+    echo "-- $(basename "$f"): $(grep -E "[0-9]+ (passed|failed)" "$f" | tail -n 1)"
+    grep -E "^(FAILED|ERROR|SKIPPED) " "$f"
+  done
+  return $rc
+}
+
 if [ $TESTS = 1 ]; then
-  export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --durations=12"
-  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; bash scripts/test.sh -j 1 -V; } 2>&1 | tee "$OUT/test.log"
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    bash scripts/test.sh -j 1 -V -E '^pytest$' && . scripts/env.sh && \
+      PYPREFILL_LIBRARY=$BUILD_DIR/libprefill.so PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} pytest_suite
+  } 2>&1 | tee "$OUT/test.log"
   RESULT[tests]=$([ "${PIPESTATUS[0]}" = 0 ] && echo pass || echo FAIL)
 else  # the library alone (the benchmarks need it)
   bash scripts/test.sh -N > "$OUT/test.log" 2>&1 || true
@@ -108,5 +141,5 @@ echo
 echo "| check | result |"
 echo "|---|---|"
 for k in "${!RESULT[@]}"; do echo "| $k | ${RESULT[$k]} |"; done | sort
-grep -E "^[0-9]+% tests passed|tests failed|passed|failed" "$OUT/test.log" | tail -n 4
+grep -E "^[0-9]+% tests passed|tests failed|^-- test-" "$OUT/test.log" | tail -n 8
 grep -E "SKIPPED \[" "$OUT/test.log" | sed 's/^[0-9]*: //' | head -n 10
