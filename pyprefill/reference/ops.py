@@ -344,6 +344,78 @@ def delta_rule_chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarra
     return O[:, :T].transpose(1, 0, 2).copy(), S
 
 
+def delta_rule_chunk_transfer(k: np.ndarray, g: np.ndarray, beta: np.ndarray, chunk: int = 64,
+                              dtype: DType = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """The state step of one chunk as an affine map (the form a kernel with one GEMM on its
+    sequential chain would use): for each value head j and chunk,
+        S_next = e^{γ_last} S + E V − D S,
+    E = K̃ᵀ Tm diag(β) (dk x C), D = E diag(e^γ) K (dk x dk), K̃ = e^{γ_last − γ} ⊙ K, Tm =
+    (I + A)^{-1} as in `delta_rule_chunked` (exact algebra: V' = Tm β (V − e^γ K S)).
+
+    k: (T, Hk, dk) with T a multiple of `chunk`; g, beta: (T, Hv). Returns (E (n, Hv, dk, C),
+    D (n, Hv, dk, dk)) for the n = T / chunk chunks; nothing here depends on V or S, so all of
+    it can be computed in parallel before the state pass.
+    """
+    k, g, beta = _f(k, dtype), _f(g, dtype), _f(beta, dtype)
+    T, Hk, dk = k.shape
+    Hv = g.shape[1]
+    if T % chunk:
+        raise ValueError(f"T={T} is not a multiple of chunk={chunk}")
+    pair = np.arange(Hv) % Hk
+    C, n = chunk, T // chunk
+    strict = np.tril(np.ones((C, C), dtype=bool), k=-1)
+    lower_incl = np.tril(np.ones((C, C), dtype=bool))
+    E = np.empty((n, Hv, dk, C), dtype=dtype)
+    D = np.empty((n, Hv, dk, dk), dtype=dtype)
+    for c in range(n):
+        sl = slice(c * C, (c + 1) * C)
+        Kc = k[sl][:, pair].transpose(1, 0, 2)                           # (Hv, C, dk)
+        gam = np.cumsum(g[sl].T, axis=-1)                                # (Hv, C)
+        bc = beta[sl].T
+        diff = gam[:, :, None] - gam[:, None, :]
+        Gam = np.where(lower_incl, np.exp(np.where(lower_incl, diff, 0.0)), 0.0)
+        A = np.where(strict, bc[:, :, None] * np.einsum("hia,hja->hij", Kc, Kc) * Gam, 0.0)
+        Tm = np.linalg.inv(np.eye(C, dtype=dtype)[None] + A)             # unit lower triangular
+        Kt = np.exp(gam[:, -1:] - gam)[:, :, None] * Kc                  # K̃
+        E[c] = np.einsum("hia,hij->haj", Kt, Tm) * bc[:, None, :]
+        D[c] = np.einsum("haj,hjb->hab", E[c], np.exp(gam)[:, :, None] * Kc)
+    return E, D
+
+
+def delta_rule_segments(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                        beta: np.ndarray, state: np.ndarray, segments: int, chunk: int = 64,
+                        dtype: DType = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """G7 by context parallelism (the composition a split of one long sequence over the GPU
+    uses): the rows split into `segments` pieces on chunk boundaries; for each piece s, in
+    parallel, its transfer M_s (the final state of the piece run from S = I with V = 0) and its
+    local state L_s (run from S = 0); then sequentially S_{s+1} = M_s S_s + L_s (the delta rule
+    is affine in the state it starts from); then each piece's outputs from its true S_s, in
+    parallel again. Same arguments and results as `delta_rule_recurrent`, equal up to rounding.
+    """
+    q, k, v = _f(q, dtype), _f(k, dtype), _f(v, dtype)
+    g, beta = _f(g, dtype), _f(beta, dtype)
+    T = q.shape[0]
+    Hv, dk, dv = state.shape
+    n_chunks = -(-T // chunk)
+    per = -(-n_chunks // max(1, segments)) * chunk
+    bounds = [(a, min(a + per, T)) for a in range(0, T, per)] or [(0, 0)]
+    eye = np.broadcast_to(np.eye(dk, dtype=dtype), (Hv, dk, dk)).copy()
+    starts = [_f(state, dtype).copy()]
+    for a, b in bounds[:-1]:                                             # phase 1 + 2
+        sl = slice(a, b)
+        _, M = delta_rule_chunked(q[sl], k[sl], np.zeros((b - a, Hv, dk), dtype), g[sl],
+                                  beta[sl], eye, chunk, dtype)
+        _, L = delta_rule_chunked(q[sl], k[sl], v[sl], g[sl], beta[sl],
+                                  np.zeros_like(starts[0]), chunk, dtype)
+        starts.append(np.einsum("hac,hcb->hab", M, starts[-1]) + L)
+    o = np.empty((T, Hv, dv), dtype=dtype)
+    S = starts[-1]
+    for (a, b), S0 in zip(bounds, starts):                               # phase 3
+        o[a:b], S = delta_rule_chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], S0, chunk,
+                                       dtype)
+    return o, S
+
+
 def gated_rms_norm(o: np.ndarray, w: np.ndarray, z: np.ndarray, eps: float,
                    dtype: DType = np.float64) -> np.ndarray:
     """G8: RMSNorm(o; w) ⊙ silu(z), norm over the last axis (dv), w (dv,) shared by all heads
