@@ -23,23 +23,28 @@ def synth_model(preset: str, mix: str = "q8_0", seed: int = 7) -> str:
     return path
 
 
-@functools.lru_cache(maxsize=None)
-def without_context_limit(preset: str, mix: str = "q8_0") -> str:
-    """synth_model(preset, mix) with its u32 `<arch>.context_length` patched to 0 (no limit), so
-    that a session may ask for any capacity (the out-of-memory tests). Same size, same tensors."""
-    src = synth_model(preset, mix)
+def patch_context_limit(src: str, dst: str, arch: str) -> str:
+    """Writes `src` to `dst` with its u32 `<arch>.context_length` set to 0 (no limit): same
+    size, same tensors. Returns dst."""
     data = bytearray(open(src, "rb").read())
-    arch = "qwen35" if preset.startswith("qwen35") else "qwen3"
     key = f"{arch}.context_length".encode()
     at = data.find(struct.pack("<Q", len(key)) + key)
     assert at > 0, f"{src}: no {key!r}"
     at += 8 + len(key)
     assert struct.unpack_from("<I", data, at)[0] == 4, "context_length is not a u32"
     struct.pack_into("<I", data, at + 4, 0)
-    dst = os.path.join(test_dir(), f"{preset}-{mix}-nolimit.gguf")
     with open(dst, "wb") as f:
         f.write(data)
     return dst
+
+
+@functools.lru_cache(maxsize=None)
+def without_context_limit(preset: str, mix: str = "q8_0") -> str:
+    """synth_model(preset, mix) without a context limit, so that a session may ask for any
+    capacity (the out-of-memory tests)."""
+    arch = "qwen35" if preset.startswith("qwen35") else "qwen3"
+    return patch_context_limit(synth_model(preset, mix),
+                               os.path.join(test_dir(), f"{preset}-{mix}-nolimit.gguf"), arch)
 
 
 def random_tokens(rng, n: int, n_vocab: int):

@@ -26,6 +26,7 @@ import time
 import numpy as np
 import pytest
 
+from _engine_models import patch_context_limit
 from _engine_models import test_dir as _test_dir
 from helpers import rel_error
 
@@ -53,20 +54,9 @@ long_only = pytest.mark.skipif(
 
 
 def _no_context_limit(path: str, arch: str) -> str:
-    """`path` with its u32 `<arch>.context_length` set to 0 (no limit): real qwen3 files say
-    40960, and the long runs ask for more on purpose."""
-    import struct
-    data = bytearray(open(path, "rb").read())
-    key = f"{arch}.context_length".encode()
-    at = data.find(struct.pack("<Q", len(key)) + key)
-    assert at > 0, f"{path}: no {key!r}"
-    at += 8 + len(key)
-    assert struct.unpack_from("<I", data, at)[0] == 4, "context_length is not a u32"
-    struct.pack_into("<I", data, at + 4, 0)
-    out = path.replace(".gguf", "-nolimit.gguf")
-    with open(out, "wb") as f:
-        f.write(data)
-    return out
+    """`path` without its context limit (real qwen3 files say 40960; the long runs ask for
+    more on purpose), written beside it."""
+    return patch_context_limit(path, path.replace(".gguf", "-nolimit.gguf"), arch)
 
 
 def short_model(name: str, limit: bool = False) -> str:
