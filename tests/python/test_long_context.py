@@ -26,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from _engine_models import patch_context_limit
+from _engine_models import patch_context_limit, random_tokens
 from _engine_models import test_dir as _test_dir
 from helpers import rel_error
 
@@ -74,10 +74,6 @@ def short_model(name: str, limit: bool = False) -> str:
     if not os.path.exists(nolimit):
         _no_context_limit(path, "qwen3" if preset.startswith("qwen3-") else "qwen35")
     return nolimit
-
-
-def _tokens(n_vocab: int, n: int, seed: int = 5) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n_vocab, size=n).astype(np.int32)
 
 
 def position_reference(ref, ids: np.ndarray, positions) -> np.ndarray:
@@ -154,7 +150,7 @@ def reference_logits(name: str) -> tuple[np.ndarray, np.ndarray, float]:
     elif CACHED_ONLY:
         raise AssertionError(f"{cache}: no cached reference (PF_LONG_REF_CACHED_ONLY=1)")
     ref = ReferenceModel(path, np.float64)
-    ids = _tokens(ref.desc.n_vocab, TOKENS)
+    ids = random_tokens(np.random.default_rng(5), TOKENS, ref.desc.n_vocab)
     t0 = time.perf_counter()
     if ref.layers[0].kind == "attn":
         logits = position_reference(ref, ids, POSITIONS)
@@ -236,7 +232,7 @@ def test_full_depth_long_prefill_is_finite(preset):
                 m.session(max_tokens=TOKENS)
     if 0 < limit < TOKENS:   # ... and the long run uses the same file without the limit
         path = _no_context_limit(path, "qwen3" if preset.startswith("qwen3-") else "qwen35")
-    ids = _tokens(n_vocab, TOKENS)
+    ids = random_tokens(np.random.default_rng(5), TOKENS, n_vocab)
     out, secs, used = _engine_at(path, ids, [TOKENS - 1], "default", "f16", "auto")
     finite = bool(np.isfinite(out).all())
     _record(f"{preset} full depth", {"tokens": TOKENS, "finite": finite,
@@ -256,7 +252,7 @@ def test_position_reference_matches_the_whole_sequence_reference():
             write_synthetic(preset, "q8_0", path, seed=3, progress=False, n_layer=n_layer,
                             n_vocab=512, interval=interval)
         ref = ReferenceModel(path, np.float64)
-        ids = _tokens(ref.desc.n_vocab, 150)
+        ids = random_tokens(np.random.default_rng(5), 150, ref.desc.n_vocab)
         positions = [0, 63, 64, 149]
         full = ref.session().prefill(ids, "all")[positions]
         if ref.layers[0].kind == "attn":
