@@ -28,6 +28,8 @@ def _free(ctx) -> int:
 
 def _assert_back(ctx, free0: int, alloc0: int, what: str):
     free1 = _free(ctx)
+    print(f"{what}: free device memory moved by {(free1 - free0) / MiB:+.3f} MiB, the context's "
+          f"bytes by {ctx.allocated() - alloc0:+d}")  # the table (pytest -s)
     assert abs(free1 - free0) <= MiB, f"free device memory moved by {(free1 - free0) / MiB:+.2f} MiB after {what}"
     assert ctx.allocated() == alloc0, f"the context holds {ctx.allocated() - alloc0:+d} bytes more after {what}"
 
