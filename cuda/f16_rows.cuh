@@ -18,7 +18,10 @@
 #include <cuda_fp16.h>
 
 #include <cfloat>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 
@@ -51,20 +54,53 @@ struct F16Out {
     int64_t n_acc = 0;      // columns of acc to pre-scale
 };
 
+// Producers stage the row's fp32 values in dynamic shared memory when it fits in the default
+// 48 KB (f16_stage_bytes): each value is then computed once and read back from shared memory for
+// the write, instead of being recomputed from global memory (which doubled the producer's DRAM
+// reads once the rows in flight outgrew L2, and made the act16 route slower than the cast:
+// NOTES.md, 2026-11-30 run 12). Wider rows (the 27B shape's n_ff) recompute, and so does every
+// row under env PREFILL_F16_STAGE=0 (read per launch; the tests run both ways: the same bits).
+constexpr size_t kF16StageMaxBytes = 48 * 1024;
+inline size_t f16_stage_bytes(int64_t cols, size_t other_bytes = 0) {
+    const char *env = std::getenv("PREFILL_F16_STAGE");
+    if (env && std::strcmp(env, "0") == 0) return 0;
+    const size_t b = size_t(cols) * sizeof(float);
+    return b + other_bytes <= kF16StageMaxBytes ? b : 0;
+}
+
 // The second half of every producer, for row r of a block of threads: the row's max over
 // `value(c)` for c < cols, the scale, the fp16 row, the accumulate target's pre-scale and the
-// inverse scale. `value` must return the same float for the same c each time (it is called
-// twice per element: the row max, then the write). `red`: block_max scratch.
+// inverse scale. `value` must return the same float for the same c each time. `red`: block_max
+// scratch. `stage`: null (value is called twice per element: the row max, then the write) or
+// cols floats of shared memory (value is called once; the write reads the staged float, the
+// same bits). block_max ends with __syncthreads(), so the staged row is complete before the write.
 template <class Value>
 __device__ __forceinline__ void f16_write_row(const F16Out &out, int64_t r, int64_t cols,
-                                              const Value &value, float *red) {
+                                              const Value &value, float *red, float *stage = nullptr) {
     float m = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(value(c)));
+    if (stage) {
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+            const float v = value(c);
+            stage[c] = v;
+            m = fmaxf(m, fabsf(v));
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(value(c)));
+    }
     m = block_max(m, red);  // >= 0: fmaxf skips NaN elements
     float scale, inv;
     f16_row_scale(m, &scale, &inv);
     __half *h = out.x16 + r * out.ld16;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) h[c] = __float2half_rn(value(c) * scale);
+    if (stage && reinterpret_cast<uintptr_t>(h) % 4 == 0) {  // half2 stores of staged pairs
+        __half2 *h2 = reinterpret_cast<__half2 *>(h);
+        for (int64_t j = threadIdx.x; j < cols / 2; j += blockDim.x)
+            h2[j] = __floats2half2_rn(stage[2 * j] * scale, stage[2 * j + 1] * scale);
+        if (cols % 2 && threadIdx.x == 0) h[cols - 1] = __float2half_rn(stage[cols - 1] * scale);
+    } else if (stage) {
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) h[c] = __float2half_rn(stage[c] * scale);
+    } else {
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) h[c] = __float2half_rn(value(c) * scale);
+    }
     if (out.acc && scale != 1.0f) {
         float *yr = out.acc + r * out.ld_acc;
         for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;

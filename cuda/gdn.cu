@@ -181,13 +181,14 @@ struct GatedNormF16Args {
     int32_t dv;
     float eps;
     F16Out out;
+    int staged;  // the row's values staged in shared memory after head_inv (f16_rows.cuh)
 };
 
 // The fp16 producer twin (f16_rows.cuh): one block per row; warp j takes heads j, j + 8, ...
 // and computes each head's inverse RMS exactly as gated_rms_norm_kernel's warp does (the same
 // lanes, the same butterfly) into shared memory; then the row's values as the twin computes them.
 __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_kernel(const __grid_constant__ GatedNormF16Args a) {
-    extern __shared__ float head_inv[];  // [n_v_heads]
+    extern __shared__ float head_inv[];  // [n_v_heads], then [cols] staged values when staged
     __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
     const float *o = a.o + r * a.ldo, *z = a.z + r * a.ldz;
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_kernel(cons
     f16_write_row(a.out, r, cols, [&](int64_t c) {
         const int ci = (int)c;
         return ((o[c] * head_inv[ci / a.dv]) * a.w[ci % a.dv]) * silu_(z[c]);
-    }, red);
+    }, red, a.staged ? head_inv + a.n_v_heads : nullptr);
 }
 
 // ------------------------------------------------------------------------------ delta-rule scan
@@ -501,8 +502,9 @@ pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *
                  "gdn_gated_rms_norm_rows_f16: eps=%g must be finite, >= 0", (double)eps);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && z && w && out.x16 && out.inv, "gdn_gated_rms_norm_rows_f16: null pointer");
-    const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out};
-    gated_rms_norm_f16_kernel<<<(unsigned)rows, kF16RowThreads, size_t(n_v_heads) * sizeof(float), stream>>>(a);
+    const size_t heads = size_t(n_v_heads) * sizeof(float), stage = f16_stage_bytes(width, heads);
+    const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, stage ? 1 : 0};
+    gated_rms_norm_f16_kernel<<<(unsigned)rows, kF16RowThreads, heads + stage, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_f16_kernel");
     return PF_STATUS_OK;
 }

@@ -210,19 +210,22 @@ struct RmsNormF16Args {
     int64_t cols;
     float eps;
     F16Out out;
+    int staged;  // the row's values staged in dynamic shared memory (f16_rows.cuh)
 };
 
 // The sum of squares in the fp32 twin's order (same block size, same loop, block_sum): the
 // same inv, so the same values.
 __global__ void rms_norm_f16_kernel(const __grid_constant__ RmsNormF16Args a) {
     __shared__ float red[kWarpSize];
+    extern __shared__ float stage[];  // [cols] when staged (f16_stage_bytes), else none
     const int64_t r = blockIdx.x;
     const float *x = a.x + r * a.ldx;
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
     s = block_sum(s, red);
     const float inv = 1.0f / sqrtf(s / (float)a.cols + a.eps);
-    f16_write_row(a.out, r, a.cols, [&](int64_t c) { return (x[c] * inv) * a.w[c]; }, red);
+    f16_write_row(a.out, r, a.cols, [&](int64_t c) { return (x[c] * inv) * a.w[c]; }, red,
+                  a.staged ? stage : nullptr);
 }
 
 struct SwigluF16Args {
@@ -232,16 +235,18 @@ struct SwigluF16Args {
     int64_t ldu;
     int64_t cols;
     F16Out out;
+    int staged;
 };
 
 __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_kernel(const __grid_constant__ SwigluF16Args a) {
     __shared__ float red[kWarpSize];
+    extern __shared__ float stage[];
     const int64_t r = blockIdx.x;
     const float *g = a.g + r * a.ldg, *u = a.u + r * a.ldu;
     f16_write_row(a.out, r, a.cols, [&](int64_t c) {
         const float gv = g[c];
         return (gv / (1.0f + expf(-gv))) * u[c];
-    }, red);
+    }, red, a.staged ? stage : nullptr);
 }
 
 struct GateF16Args {
@@ -253,16 +258,18 @@ struct GateF16Args {
     int32_t head_dim;
     int32_t cols;
     F16Out out;
+    int staged;
 };
 
 __global__ void __launch_bounds__(kF16RowThreads) sigmoid_gate_f16_kernel(const __grid_constant__ GateF16Args a) {
     __shared__ float red[kWarpSize];
+    extern __shared__ float stage[];
     const int64_t r = blockIdx.x;
     const float *o = a.o + r * a.ldo, *gate = a.gate + r * a.ldgate;
     f16_write_row(a.out, r, a.cols, [&](int64_t c) {
         const int ci = (int)c;
         return o[c] * sigmoidf_(gate[(int64_t)(ci / a.head_dim) * a.gate_head_stride + ci % a.head_dim]);
-    }, red);
+    }, red, a.staged ? stage : nullptr);
 }
 
 pf_status check_f16_out(const char *fn, const F16Out &out, int64_t cols) {
@@ -445,9 +452,10 @@ pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x && w, "rms_norm_rows_f16: null pointer (x=%p w=%p)", (const void *)x, (const void *)w);
     PF_TRY(check_f16_out("rms_norm_rows_f16", out, cols));
-    const RmsNormF16Args a{x, ldx, w, cols, eps, out};
+    const size_t stage = f16_stage_bytes(cols);
+    const RmsNormF16Args a{x, ldx, w, cols, eps, out, stage ? 1 : 0};
     const int block = cols <= 1024 ? 128 : kNormBlock;  // rms_norm_rows' choice: the same sums
-    rms_norm_f16_kernel<<<(unsigned)rows, block, 0, stream>>>(a);
+    rms_norm_f16_kernel<<<(unsigned)rows, block, stage, stream>>>(a);
     PF_LAUNCH_CHECK("rms_norm_f16_kernel");
     return PF_STATUS_OK;
 }
@@ -461,8 +469,9 @@ pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t l
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(g && u, "swiglu_rows_f16: null pointer");
     PF_TRY(check_f16_out("swiglu_rows_f16", out, cols));
-    const SwigluF16Args a{g, ldg, u, ldu, cols, out};
-    swiglu_f16_kernel<<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
+    const size_t stage = f16_stage_bytes(cols);
+    const SwigluF16Args a{g, ldg, u, ldu, cols, out, stage ? 1 : 0};
+    swiglu_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);
     PF_LAUNCH_CHECK("swiglu_f16_kernel");
     return PF_STATUS_OK;
 }
@@ -482,8 +491,9 @@ pf_status sigmoid_gate_rows_f16(const float *o, int64_t ldo, const float *gate, 
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && gate, "sigmoid_gate_rows_f16: null pointer");
     PF_TRY(check_f16_out("sigmoid_gate_rows_f16", out, cols));
-    const GateF16Args a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols, out};
-    sigmoid_gate_f16_kernel<<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
+    const size_t stage = f16_stage_bytes(cols);
+    const GateF16Args a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols, out, stage ? 1 : 0};
+    sigmoid_gate_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);
     PF_LAUNCH_CHECK("sigmoid_gate_f16_kernel");
     return PF_STATUS_OK;
 }

@@ -164,12 +164,16 @@ def _act16_logits(path: str, on: bool, tokens, monkeypatch, **kw):
             return s.prefill(tokens, "all")
 
 
+@pytest.mark.parametrize("stage", ["staged", "recompute"])
 @pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_act16_route_is_bitwise_the_cast_route(preset, mix, rng, monkeypatch):
+def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng, monkeypatch):
     """RMSNorm, SwiGLU, the gated RMSNorm and the attention output gate writing the f16 leg's
     input form themselves (no cast pass) give bitwise the logits of the fp32 outputs cast by
-    the f16 leg (PREFILL_F16_ACT=0): the same fp32 values, the same rounding, the same GEMMs."""
+    the f16 leg (PREFILL_F16_ACT=0): the same fp32 values, the same rounding, the same GEMMs;
+    with the row staged in shared memory and with it recomputed (PREFILL_F16_STAGE=0, the path
+    of rows wider than 12288 floats)."""
+    monkeypatch.setenv("PREFILL_F16_STAGE", "1" if stage == "staged" else "0")
     path = synth_model(preset, mix)
     for T, chunk in ((1, 64), (7, 64), (150, 64), (300, 0)):
         tokens = random_tokens(rng, T, _vocab(path))
@@ -211,10 +215,12 @@ def _loud_model(preset: str) -> str:
     return dst
 
 
+@pytest.mark.parametrize("stage", ["staged", "recompute"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_act16_route_scales_rows_beyond_fp16(preset, rng, monkeypatch):
+def test_act16_route_scales_rows_beyond_fp16(preset, stage, rng, monkeypatch):
     """Activations of ~1e5 (DESIGN.md: fp16 must not overflow silently): the producers' row
     scaling keeps every value finite and gives bitwise the cast route's logits."""
+    monkeypatch.setenv("PREFILL_F16_STAGE", "1" if stage == "staged" else "0")
     path = _loud_model(preset)
     tokens = random_tokens(rng, 150, _vocab(path))
     on = _act16_logits(path, True, tokens, monkeypatch, chunk=64)
