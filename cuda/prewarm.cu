@@ -295,6 +295,11 @@ pf_status launch_batch(batch_args &a, cudaStream_t stream) {
 
 }  // namespace
 
+void prewarm_kernel_load() {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, prewarm_kernel) != cudaSuccess) (void)cudaGetLastError();
+}
+
 pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream) {
     for (const prewarm_job &j : jobs) {
         int64_t be = 0, bb = 0;

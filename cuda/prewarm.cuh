@@ -30,4 +30,9 @@ struct prewarm_job {
 // UNSUPPORTED for an unknown qtype (nothing launched). Asynchronous on `stream`.
 pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream);
 
+// Loads the prewarm kernel on the current device now. CUDA loads kernels lazily, at their first
+// launch (CUDA_MODULE_LOADING=LAZY, the default since 12.2): context creation calls this so
+// that a model's prewarm time is the work alone. Failures are left to the first launch.
+void prewarm_kernel_load();
+
 }  // namespace pf
