@@ -171,6 +171,27 @@ extern "C" PF_API pf_status pf_weight_drop_f16(pf_weight *w) {
     });
 }
 
+extern "C" PF_API pf_status pf_weight_copy_f16(pf_context *ctx, const pf_weight *w, const pf_view *out) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
+        PF_TRY(weight_arg(fn, w, "w"));
+        pf::RowsView vo;
+        PF_TRY(pf::matrix_arg(fn, out, "out", w->n, w->k, w->k, &vo, sizeof(uint16_t)));
+        if (vo.ld != w->k)
+            return pf::fail(PF_STATUS_UNSUPPORTED,
+                            "%s: out row stride ld=%lld; rows are written packed (ld 0 or k=%lld)",
+                            fn, (long long)vo.ld, (long long)w->k);
+        PF_TRY(check_weight_out(fn, ctx, w, "w", vo));
+        PF_CHECK_ARG(w->f16 != nullptr, "%s: w (n=%lld k=%lld) has no fp16 cache", fn,
+                     (long long)w->n, (long long)w->k);
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        PF_CUDA_TRY(cudaMemcpyAsync(vo.ptr<void>(), w->f16, size_t(w->n) * size_t(w->k) * sizeof(uint16_t),
+                                    cudaMemcpyDeviceToDevice, ctx->stream));
+        return PF_STATUS_OK;
+    });
+}
+
 extern "C" PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(report != nullptr, "pf_prewarm_report_init: report is NULL");

@@ -1,6 +1,7 @@
 // api_model.cu — the model-level C API: models and sessions. Validation, then delegation to
 // model.cu and session.cu.
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "cuda_check.cuh"
@@ -24,6 +25,7 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, fuse_env_enabled()),
                               headroom ? headroom : kDefaultPrewarmHeadroom, &rep));
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    m->prewarm_report = rep;
     *armed = rep.armed;
     if (m->progress) m->progress(m->progress_user, "prewarm", total, total);
     return PF_STATUS_OK;
@@ -88,6 +90,38 @@ extern "C" PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_by
         pf::DeviceGuard dg(model->ctx->device);
         PF_TRY(dg.status());
         return pf::model_prewarm(model, headroom_bytes, armed);
+    });
+}
+
+extern "C" PF_API pf_status pf_model_prewarm_report(const pf_model *model, pf_prewarm_report *report) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_model_prewarm_report";
+        PF_CHECK_ARG(report != nullptr, "%s: report is NULL", fn);
+        PF_TRY(pf::struct_check(report, fn, "report", "pf_prewarm_report_init"));
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        if (model->prewarm_report.struct_size == 0) {
+            PF_TRY(pf_prewarm_report_init(report, sizeof *report));
+            std::snprintf(report->reason, sizeof report->reason, "not run");
+            return PF_STATUS_OK;
+        }
+        *report = model->prewarm_report;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_weight(pf_model *model, const char *name, pf_weight **out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_model_weight";
+        PF_CHECK_ARG(out != nullptr, "%s: out is NULL", fn);
+        *out = nullptr;
+        PF_CHECK_ARG(name != nullptr, "%s: name is NULL", fn);
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        for (size_t i = 0; i < model->weight_names.size(); ++i)
+            if (model->weight_names[i] == name) {
+                *out = model->weights[i];
+                return PF_STATUS_OK;
+            }
+        return pf::fail(PF_STATUS_INVALID_ARGUMENT, "%s: the model has no matrix named '%s'", fn, name);
     });
 }
 

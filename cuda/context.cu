@@ -1,5 +1,6 @@
 // context.cu — device selection, accounting, scratch, buffer checks (qtype geometry: qtype.cpp).
 #include <climits>
+#include <new>
 
 #include "context.h"
 #include "cuda_check.cuh"
@@ -33,6 +34,15 @@ pf_status device_alloc(pf_context *ctx, size_t bytes, void **out, const char *wh
         return cuda_fail(e, __FILE__, __LINE__, what);
     }
     ctx->allocated += bytes;
+    if (ctx->flags & PF_CONTEXT_POISON) {
+        // Before any use: work queued later on the stream (uploads, kernels) comes after it.
+        const cudaError_t m = cudaMemsetAsync(*out, 0xFF, bytes, ctx->stream);
+        if (m != cudaSuccess) {
+            device_free(ctx, *out, bytes);
+            *out = nullptr;
+            return cuda_fail(m, __FILE__, __LINE__, what);
+        }
+    }
     return PF_STATUS_OK;
 }
 
@@ -40,6 +50,31 @@ void device_free(pf_context *ctx, void *ptr, size_t bytes) {
     if (!ptr) return;
     (void)cudaFree(ptr);
     ctx->allocated -= bytes;
+}
+
+pf_status f16_arena_create(pf_context *ctx, size_t bytes, F16Arena **out, const char *what) {
+    *out = nullptr;
+    F16Arena *a = new (std::nothrow) F16Arena();
+    if (!a) return fail(PF_STATUS_OUT_OF_MEMORY, "%s: host allocation failed", what);
+    const pf_status s = device_alloc(ctx, bytes, &a->ptr, what);
+    if (s != PF_STATUS_OK) {
+        delete a;
+        return s;
+    }
+    a->bytes = bytes;
+    *out = a;
+    return PF_STATUS_OK;
+}
+
+void f16_release(pf_weight *w) {
+    F16Arena *a = w->f16_arena;
+    w->f16 = nullptr;
+    w->f16_arena = nullptr;
+    w->f16_block = nullptr;
+    if (!a || --a->refs > 0) return;
+    (void)cudaStreamSynchronize(w->ctx->stream);  // no queued GEMM may still read it
+    device_free(w->ctx, a->ptr, a->bytes);
+    delete a;
 }
 
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what) {

@@ -14,6 +14,15 @@
 
 namespace pf {
 
+// The device allocation behind fp16 caches: one per prewarm (every weight it caches, fused
+// groups back to back) or per lone pf_weight_cache_f16. Each cached weight holds a reference;
+// the last one to drop its cache frees it (f16_release).
+struct F16Arena {
+    void *ptr = nullptr;
+    size_t bytes = 0;
+    int32_t refs = 0;
+};
+
 // A device allocation that grows on demand (never shrinks); used for per-context scratch.
 struct Scratch {
     void *ptr = nullptr;
@@ -38,6 +47,7 @@ class DeviceGuard {
 
 struct pf_context {
     int32_t device = 0;
+    uint32_t flags = 0;                 // pf_context_options.flags (PF_CONTEXT_POISON)
     cudaStream_t stream = nullptr;
     cublasHandle_t blas_f32 = nullptr;  // CUBLAS_PEDANTIC_MATH: fp32 in and out, no TF32
     cublasHandle_t blas_tc = nullptr;   // tensor-op math, fp32 compute (fp16 inputs)
@@ -65,22 +75,31 @@ struct pf_weight {
     void *data = nullptr;  // raw GGUF blocks, [n][k]
     size_t bytes = 0;
     __half *f16 = nullptr;  // cached fp16 copy [n][k], or nullptr
-    // The device allocation that holds f16: its own (f16_alloc = n*k*2 bytes), or one block of
-    // a fused group laid out back to back by prewarm_f16_groups: the group's first weight owns
-    // the block (f16_alloc = the block's bytes), later members are slices of it (f16_alloc = 0,
-    // freed with the first). f16_block names the owner in both cases (nullptr when uncached).
-    size_t f16_alloc = 0;
+    // The allocation that holds f16 (shared by every weight of one prewarm; the last reference
+    // frees it), and the first weight of the fused group f16 belongs to: a group of
+    // prewarm_f16_groups is laid out back to back, so that its members' caches form one
+    // [sum n][k] matrix (fused_f16_view). A weight cached alone is its own group. Both nullptr
+    // when uncached.
+    pf::F16Arena *f16_arena = nullptr;
     const pf_weight *f16_block = nullptr;
 };
 
 namespace pf {
 
-// cudaMalloc with accounting; OUT_OF_MEMORY leaves the context usable.
+// cudaMalloc with accounting; OUT_OF_MEMORY leaves the context usable. With PF_CONTEXT_POISON
+// the new bytes are set to 0xFF (NaN as fp16 and fp32) on ctx's stream before any use.
 pf_status device_alloc(pf_context *ctx, size_t bytes, void **out, const char *what);
 void device_free(pf_context *ctx, void *ptr, size_t bytes);
 // Ensures scratch `s` holds at least `bytes` (reallocating, contents lost).
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what);
 void scratch_release(pf_context *ctx, Scratch &s);
+
+// A new arena of `bytes` (device_alloc) with no reference yet; nullptr and a status on failure.
+pf_status f16_arena_create(pf_context *ctx, size_t bytes, F16Arena **out, const char *what);
+// Drops w's fp16 cache: clears its fields and releases its reference to the arena, freeing
+// the arena (after ctx's stream drains: a queued GEMM may still read it) when it was the last.
+// A no-op for an uncached weight.
+void f16_release(pf_weight *w);
 
 // Checks that buffer `b` (non-null, of this context) holds at least `bytes` from its start.
 pf_status check_buffer(const pf_context *ctx, const pf_buffer *b, size_t bytes, const char *fn,

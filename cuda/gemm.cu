@@ -16,12 +16,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "common.cuh"
 #include "dequant.cuh"
 #include "f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "gemm.cuh"
+#include "prewarm.cuh"
 #include "qgemm.cuh"
 
 namespace pf {
@@ -284,41 +286,81 @@ pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, i
 
 namespace {
 
-// One allocation of the prewarm: the fp16 caches of `parts` back to back ([sum n][k] when they
-// share k), owned by parts[0]. A lone weight is a unit of one.
+// One group of the prewarm: the fp16 caches of `parts` back to back ([sum n][k] when they
+// share k). A lone weight is a unit of one.
 struct F16Unit {
     std::vector<pf_weight *> parts;
     size_t bytes = 0;
 };
 
-pf_status cache_unit(pf_context *ctx, const F16Unit &u) {
-    void *p = nullptr;
-    PF_TRY(device_alloc(ctx, u.bytes, &p, u.parts.size() > 1 ? "fused fp16 weight cache" : "fp16 weight cache"));
-    __half *at = static_cast<__half *>(p);
-    for (pf_weight *w : u.parts) {
-        const pf_status s = dequantize(w->data, w->qtype, w->n, w->k, at, true, ctx->stream);
-        if (s != PF_STATUS_OK) {
-            (void)cudaStreamSynchronize(ctx->stream);  // earlier parts' kernels may still write p
-            device_free(ctx, p, u.bytes);
-            for (pf_weight *v : u.parts) v->f16 = nullptr, v->f16_alloc = 0, v->f16_block = nullptr;
-            return s;
+// Caches the weights of `units` (`bytes` in all) in one new arena, back to back in order, and
+// queues their dequantization as one batch (prewarm.cu): one allocation and a few launches for
+// a whole model. Events `start` / `stop` (may be nullptr) are recorded around the launches.
+// Nothing is waited for; on failure nothing is cached.
+pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t bytes,
+                      cudaEvent_t start, cudaEvent_t stop) {
+    if (units.empty()) return PF_STATUS_OK;
+    const char *what = units.size() > 1            ? "fp16 weight caches (prewarm)"
+                       : units[0].parts.size() > 1 ? "fused fp16 weight cache"
+                                                   : "fp16 weight cache";
+    F16Arena *arena = nullptr;
+    PF_TRY(f16_arena_create(ctx, bytes, &arena, what));
+    std::vector<prewarm_job> jobs;
+    __half *at = static_cast<__half *>(arena->ptr);
+    for (const F16Unit &u : units)
+        for (pf_weight *w : u.parts) {
+            jobs.push_back(prewarm_job{w->data, at, w->n * w->k, w->qtype});
+            at += w->n * w->k;
         }
-        at += w->n * w->k;
+    cudaError_t e = start ? cudaEventRecord(start, ctx->stream) : cudaSuccess;
+    pf_status s = e == cudaSuccess ? prewarm_dequantize(jobs, ctx->stream)
+                                   : cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord");
+    if (s == PF_STATUS_OK && stop && (e = cudaEventRecord(stop, ctx->stream)) != cudaSuccess)
+        s = cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord");
+    if (s != PF_STATUS_OK) {
+        (void)cudaStreamSynchronize(ctx->stream);  // launched batches may still write the arena
+        device_free(ctx, arena->ptr, arena->bytes);
+        delete arena;
+        return s;
     }
-    at = static_cast<__half *>(p);
-    for (pf_weight *w : u.parts) {
-        w->f16 = at;
-        w->f16_alloc = w == u.parts.front() ? u.bytes : 0;
-        w->f16_block = u.parts.front();
-        at += w->n * w->k;
-    }
+    at = static_cast<__half *>(arena->ptr);
+    for (const F16Unit &u : units)
+        for (pf_weight *w : u.parts) {
+            w->f16 = at;
+            w->f16_arena = arena;
+            w->f16_block = u.parts.front();
+            arena->refs++;
+            at += w->n * w->k;
+        }
     return PF_STATUS_OK;
 }
 
-void drop_unit(pf_context *ctx, const F16Unit &u) {
-    device_free(ctx, u.parts.front()->f16, u.bytes);
-    for (pf_weight *w : u.parts) w->f16 = nullptr, w->f16_alloc = 0, w->f16_block = nullptr;
-}
+// Two events for the prewarm's device time; destroyed with the scope. Timing is optional: a
+// failure to create them leaves both nullptr (device_ms then reads 0).
+struct EventPair {
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    EventPair() {
+        if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            release();
+        }
+    }
+    ~EventPair() { release(); }
+    EventPair(const EventPair &) = delete;
+    EventPair &operator=(const EventPair &) = delete;
+    void release() {
+        for (cudaEvent_t &e : ev)
+            if (e) (void)cudaEventDestroy(e), e = nullptr;
+    }
+    double elapsed_ms() const {
+        float ms = 0;
+        if (!ev[0] || cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        return double(ms);
+    }
+};
 
 }  // namespace
 
@@ -391,21 +433,14 @@ pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, con
 
 pf_status weight_cache_f16(pf_weight *w) {
     if (w->f16) return PF_STATUS_OK;
-    F16Unit u;
-    u.parts.push_back(w);
-    u.bytes = f16_bytes(w);
-    return cache_unit(w->ctx, u);
+    return cache_units(w->ctx, {F16Unit{{w}, f16_bytes(w)}}, f16_bytes(w), nullptr, nullptr);
 }
 
 pf_status weight_drop_f16(pf_weight *w) {
     if (!w->f16) return PF_STATUS_OK;
-    if (w->f16_alloc) {  // owner of the allocation (a lone cache, or the head of a fused block)
+    if (w->f16_arena && w->f16_arena->refs == 1)  // the last reference frees the arena
         PF_CUDA_TRY(cudaStreamSynchronize(w->ctx->stream));  // no queued GEMM may still read it
-        device_free(w->ctx, w->f16, w->f16_alloc);
-    }
-    w->f16 = nullptr;  // a slice of a fused block: the block stays with its owner
-    w->f16_alloc = 0;
-    w->f16_block = nullptr;
+    f16_release(w);
     return PF_STATUS_OK;
 }
 
@@ -434,13 +469,14 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
     // Distinct weights in the caller's order, and the allocations to make: a group of >= 2
     // fresh, uncached weights of one k is one block; any other member is cached alone.
     std::vector<pf_weight *> set;
+    std::unordered_set<const pf_weight *> seen;  // a model has hundreds: no quadratic search
     std::vector<F16Unit> units;
     size_t need = 0;
     for (const std::vector<pf_weight *> &g : groups) {
         std::vector<pf_weight *> fresh;
         bool fusable = g.size() >= 2;
         for (pf_weight *w : g) {
-            if (std::find(set.begin(), set.end(), w) != set.end()) {
+            if (!seen.insert(w).second) {
                 fusable = false;
                 continue;
             }
@@ -475,40 +511,33 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
         return finish(PF_STATUS_OK);
     }
 
-    size_t n_added = 0;  // units [0, n_added) hold their caches
-    int32_t weights_added = 0;
-    auto rollback = [&]() {
-        (void)cudaStreamSynchronize(ctx->stream);
-        for (size_t i = 0; i < n_added; ++i) drop_unit(ctx, units[i]);
-        n_added = 0;
-        rep.bytes_added = 0;
-        rep.weights_added = 0;
-    };
-    for (const F16Unit &u : units) {
-        const pf_status s = cache_unit(ctx, u);
-        if (s == PF_STATUS_OUT_OF_MEMORY) {  // fragmentation or a concurrent allocation: not armed
-            std::snprintf(rep.reason, sizeof rep.reason,
-                          "allocation failed after %d of %zu weights: %s", int(weights_added),
-                          set.size() - size_t(rep.weights_cached), pf_last_error());
-            rollback();
-            return finish(PF_STATUS_OK);
-        }
-        if (s != PF_STATUS_OK) {
-            std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
-            rollback();
-            return finish(s);
-        }
-        n_added++;
-        weights_added += int32_t(u.parts.size());
-        rep.bytes_added += u.bytes;
+    size_t read = 0;  // GGUF bytes the dequantization reads
+    for (const F16Unit &u : units)
+        for (const pf_weight *w : u.parts) read += w->bytes;
+    EventPair events;
+    const pf_status s = cache_units(ctx, units, need, events.ev[0], events.ev[1]);
+    if (s == PF_STATUS_OUT_OF_MEMORY) {  // fragmentation or a concurrent allocation: not armed
+        std::snprintf(rep.reason, sizeof rep.reason, "allocation failed for %zu weights: %s",
+                      set.size() - size_t(rep.weights_cached), pf_last_error());
+        return finish(PF_STATUS_OK);
     }
-    const cudaError_t e = cudaStreamSynchronize(ctx->stream);  // a faulting dequant surfaces here
-    if (e != cudaSuccess) {
-        const pf_status s = cuda_fail(e, __FILE__, __LINE__, "prewarm_f16: dequantize");
+    if (s != PF_STATUS_OK) {
         std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
-        rollback();
         return finish(s);
     }
+    int32_t weights_added = 0;
+    for (const F16Unit &u : units) weights_added += int32_t(u.parts.size());
+    const cudaError_t e = cudaStreamSynchronize(ctx->stream);  // a faulting dequant surfaces here
+    if (e != cudaSuccess) {
+        const pf_status fs = cuda_fail(e, __FILE__, __LINE__, "prewarm_f16: dequantize");
+        std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
+        for (const F16Unit &u : units)
+            for (pf_weight *w : u.parts) f16_release(w);  // the last one frees the arena
+        return finish(fs);
+    }
+    rep.device_ms = events.elapsed_ms();
+    rep.bytes_read = read;
+    rep.bytes_added = need;
     rep.armed = 1;
     rep.weights_added = weights_added;
     rep.weights_cached = rep.weights_total;

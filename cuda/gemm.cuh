@@ -54,7 +54,8 @@ pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, con
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
 pf_status weight_cache_f16(pf_weight *w);
-// Frees w->f16 (waits for the context's stream first); a no-op when not cached.
+// Drops w->f16; the arena holding it is freed (after the context's stream drains) when w was
+// its last cached weight. A no-op when not cached.
 pf_status weight_drop_f16(pf_weight *w);
 
 // All-or-nothing fp16 caching of a set of weights of ctx (NULL entries are invalid; repeated
@@ -62,15 +63,17 @@ pf_status weight_drop_f16(pf_weight *w);
 // needed + headroom_bytes <= the device's free memory; on a shortfall or an allocation failure
 // every cache made by this call is freed, report->armed = 0 with the reason in
 // report->reason, and the status is OK. CUDA faults return their status (after the rollback).
+// One allocation holds every cache the call makes (freed with the last of them), filled by the
+// batched dequantization of prewarm.cu; report->device_ms times it on the device.
 // Synchronizes ctx->stream. `report` may be NULL.
 pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
                       size_t headroom_bytes, pf_prewarm_report *report);
 
 // prewarm_f16 over groups of weights that share an input (a model's Q|K|V, its GDN
 // in-projections, FFN gate|up): a group of >= 2 weights with the same k, none cached yet and
-// none listed before, gets ONE allocation holding their fp16 caches back to back in the group's
-// order ([sum n][k], row-major), so that one GEMM can run them all (fused_f16_view); the bytes
-// are the same as separate caches. Other members are cached alone. Same contract otherwise
+// none listed before, has its fp16 caches back to back in the group's order ([sum n][k],
+// row-major), so that one GEMM can run them all (fused_f16_view); the bytes are the same as
+// separate caches. Other members are cached alone. Same contract otherwise
 // (all or nothing, the report counts weights). prewarm_f16 is this with groups of one.
 pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
                              size_t headroom_bytes, pf_prewarm_report *report);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <unordered_set>
 
 #include "cuda_check.cuh"
 #include "gguf.h"
@@ -73,6 +74,7 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
             s = pf_weight_create(dst, ctx, int32_t(t->type), rows, k, t->data, t->bytes);
             if (s == PF_STATUS_OK) {
                 raw->weights.push_back(*dst);
+                raw->weight_names.push_back(e.name);
             } else {
                 s = fail(s, "%s: uploading %s: %s", path, e.name.c_str(), pf_last_error());
             }
@@ -123,11 +125,11 @@ void model_destroy(pf_model *m) {
 
 std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool fuse) {
     std::vector<std::vector<pf_weight *>> groups;
-    std::vector<pf_weight *> listed;
+    std::unordered_set<const pf_weight *> listed;
     auto add = [&](std::vector<pf_weight *> g) {
         for (pf_weight *w : g)
-            if (!w || std::find(listed.begin(), listed.end(), w) != listed.end()) return;  // keep it simple: alone below
-        listed.insert(listed.end(), g.begin(), g.end());
+            if (!w || listed.count(w)) return;  // keep it simple: alone below
+        listed.insert(g.begin(), g.end());
         groups.push_back(std::move(g));
     };
     if (fuse)
@@ -137,10 +139,7 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
             add({L.gate, L.up});
         }
     for (pf_weight *w : m->weights)
-        if (std::find(listed.begin(), listed.end(), w) == listed.end()) {
-            listed.push_back(w);
-            groups.push_back({w});
-        }
+        if (listed.insert(w).second) groups.push_back({w});
     return groups;
 }
 

@@ -20,12 +20,14 @@ struct pf_model {
     pf_weight *output = nullptr;      // == tok_embd when tied
     const float *output_norm = nullptr;
     std::vector<pf_weight *> weights; // every matrix we own (for prewarm and destroy)
+    std::vector<std::string> weight_names;  // GGUF tensor name of weights[i] (pf_model_weight)
     void *arena = nullptr;            // fp32 vectors and conv kernels
     size_t arena_bytes = 0;
     int32_t gemm_leg = 0;
     int32_t n_attn_layers = 0;
     uint64_t fingerprint = 0;         // identifies the model for session state restore
     double load_ms = 0, prewarm_ms = 0;
+    pf_prewarm_report prewarm_report{};  // the last prewarm's (struct_size 0: none yet)
     pf_progress_fn progress = nullptr;  // from the load options: reports the prewarm too
     void *progress_user = nullptr;
 };

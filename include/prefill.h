@@ -55,7 +55,10 @@
  * Version 0.2 changed the kernel-level entry points (views, argument structs, names); the core
  * and model-level entry points are those of 0.1. Version 0.3 adds fields at the end of two
  * size-prefixed structs (pf_attention_options.kernel, pf_session_options.cuda_graphs): callers
- * built against 0.2 get ABI_MISMATCH from their _init until rebuilt.
+ * built against 0.2 get ABI_MISMATCH from their _init until rebuilt. Version 0.4 adds
+ * device_ms and bytes_read at the end of pf_prewarm_report (the same rule), the context flag
+ * PF_CONTEXT_POISON, pf_buffer_copy, pf_weight_copy_f16, pf_model_prewarm_report and
+ * pf_model_weight.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -70,7 +73,7 @@
 #endif
 
 #define PF_VERSION_MAJOR 0
-#define PF_VERSION_MINOR 3
+#define PF_VERSION_MINOR 4
 #define PF_VERSION_PATCH 0
 
 #ifdef __cplusplus
@@ -124,10 +127,18 @@ PF_API const char *pf_qtype_name(int32_t qtype); /* "Q4_K"; "?" for an unknown i
 
 typedef struct pf_context pf_context;
 
+/* pf_context_options.flags, or-ed. */
+typedef enum pf_context_flag {
+    PF_CONTEXT_POISON = 1   /* testing: every device allocation of the context (buffers, weights,
+                               fp16 caches, scratch, workspaces) is filled with 0xFF bytes (NaN
+                               in fp16 and float32) before its first use, so that an element a
+                               kernel leaves unwritten shows as NaN. One memset per allocation */
+} pf_context_flag;
+
 typedef struct pf_context_options {
     size_t struct_size;     /* set by pf_context_options_init; do not change */
     int32_t device;         /* CUDA ordinal. default 0 */
-    uint32_t flags;         /* reserved, must be 0 */
+    uint32_t flags;         /* pf_context_flag values, or-ed; other bits INVALID_ARGUMENT. default 0 */
     size_t workspace_bytes; /* cuBLAS workspace. 0 = library default (32 MiB) */
 } pf_context_options;
 
@@ -154,6 +165,11 @@ PF_API pf_status pf_buffer_upload(pf_buffer *buf, size_t offset, const void *src
 PF_API pf_status pf_buffer_download(const pf_buffer *buf, size_t offset, void *dst, size_t bytes);
 /* Sets every byte of [offset, offset + bytes) to `value` (e.g. 0xFF poisons float32 as NaN). */
 PF_API pf_status pf_buffer_fill(pf_buffer *buf, size_t offset, uint8_t value, size_t bytes);
+/* Device-to-device copy of `bytes` bytes from [src_offset, ...) of src to [dst_offset, ...) of
+ * dst (buffers of one context; the ranges must not overlap), asynchronous on the context's
+ * stream: the device copy bandwidth that the benchmarks compare with. */
+PF_API pf_status pf_buffer_copy(pf_buffer *dst, size_t dst_offset, const pf_buffer *src,
+                                size_t src_offset, size_t bytes);
 
 /* ---------------------------------------------------------------- weights */
 
@@ -335,6 +351,9 @@ PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_view *x, con
  * already cached. pf_weight_drop_f16 frees the cache (waits for ctx's stream); no-op if none. */
 PF_API pf_status pf_weight_cache_f16(pf_weight *w);
 PF_API pf_status pf_weight_drop_f16(pf_weight *w);
+/* Copies w's fp16 cache into out: fp16 elements [n][k], packed (out.off counts fp16 elements,
+ * out.ld 0 or k, else UNSUPPORTED). INVALID_ARGUMENT when w has no cache. For tests and tools. */
+PF_API pf_status pf_weight_copy_f16(pf_context *ctx, const pf_weight *w, const pf_view *out);
 
 typedef struct pf_prewarm_report {
     size_t struct_size;      /* set by pf_prewarm_report_init */
@@ -349,6 +368,9 @@ typedef struct pf_prewarm_report {
     size_t headroom_bytes;   /* the headroom asked for */
     double elapsed_ms;       /* wall time of the call, device work included */
     char reason[192];        /* why not armed; "" when armed */
+    double device_ms;        /* device time of the dequantization alone (CUDA events around its
+                                launches); 0 when nothing was dequantized */
+    size_t bytes_read;       /* GGUF bytes read by the dequantization (bytes_added were written) */
 } pf_prewarm_report;
 
 PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size);
@@ -594,6 +616,13 @@ PF_API pf_status pf_model_inspect(const char *path, pf_model_info *out);
 PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out);
 /* Caches every matrix as fp16 now (all or nothing); *armed = 1 on success, 0 when it did not fit. */
 PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_bytes, int32_t *armed);
+/* The report of the model's last prewarm (at load or pf_model_prewarm); armed = 0 and
+ * reason "not run" when there was none. report must come from pf_prewarm_report_init. */
+PF_API pf_status pf_model_prewarm_report(const pf_model *model, pf_prewarm_report *report);
+/* The weight of the model's matrix `name` (a GGUF tensor name, e.g. "blk.0.ffn_up.weight"):
+ * borrowed, valid while the model lives; do not destroy it. INVALID_ARGUMENT when the model has
+ * no matrix of that name (1-D tensors are not weights). For tests and tools. */
+PF_API pf_status pf_model_weight(pf_model *model, const char *name, pf_weight **out);
 
 typedef struct pf_session_options {
     size_t struct_size;    /* set by pf_session_options_init; do not change */

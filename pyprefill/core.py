@@ -98,11 +98,14 @@ class Context(_Owner):
     ...     buf = ctx.upload(np.arange(10, dtype=np.float32))
     """
 
-    def __init__(self, device: int = 0, *, workspace_bytes: int = 0):
+    def __init__(self, device: int = 0, *, workspace_bytes: int = 0, poison: bool = False):
+        """poison: every device allocation starts as 0xFF bytes (NaN), so that an element a
+        kernel leaves unwritten shows (PF_CONTEXT_POISON; for tests)."""
         opts = ffi.new("pf_context_options *")
         _check(lib.pf_context_options_init(opts, ffi.sizeof("pf_context_options")))
         opts.device = device
         opts.workspace_bytes = workspace_bytes
+        opts.flags = lib.PF_CONTEXT_POISON if poison else 0
         out = ffi.new("pf_context **")
         _check(lib.pf_context_create(out, opts))
         self._adopt(out[0], lib.pf_context_destroy)
@@ -181,6 +184,15 @@ class Buffer(_Owner):
     def poison(self) -> None:
         self.fill(0xFF)
 
+    def copy_from(self, src: "Buffer", nbytes: int | None = None, offset: int = 0,
+                  src_offset: int = 0) -> None:
+        """Device-to-device copy of nbytes (default: all of src from src_offset) into this
+        buffer at offset; asynchronous on the context's stream."""
+        if not isinstance(src, Buffer):
+            raise InvalidArgumentError(f"src: expected a Buffer, got {type(src).__name__}")
+        n = src.nbytes - src_offset if nbytes is None else nbytes
+        _check(lib.pf_buffer_copy(self.ptr, offset, src.ptr, src_offset, n))
+
 
 class Weight(_Owner):
     """An [n][k] matrix of raw GGUF blocks on the device."""
@@ -194,6 +206,24 @@ class Weight(_Owner):
         self.ctx = ctx
         self.qtype, self.n, self.k = q, int(n), int(k)
         ctx._children.add(self)
+
+    @classmethod
+    def _borrowed(cls, ptr, ctx: Context, owner) -> "Weight":
+        """A weight the library owns (a model's matrix): never destroyed from Python; `owner`
+        (the model) is kept alive with it."""
+        w = cls.__new__(cls)
+        w._ptr, w._owner, w.ctx = ptr, owner, ctx
+        i = ffi.new("pf_weight_info *")
+        _check(lib.pf_weight_info_get(ptr, i))
+        w.qtype, w.n, w.k = int(i.qtype), int(i.n), int(i.k)
+        return w
+
+    def close(self) -> None:
+        if getattr(self, "_owner", None) is not None:   # borrowed: forget it, the owner frees it
+            self._ptr = None
+            self._owner = None
+            return
+        super().close()
 
     def info(self) -> dict:
         i = ffi.new("pf_weight_info *")

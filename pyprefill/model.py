@@ -106,6 +106,22 @@ class Model(_Owner):
         self.refresh_info()
         return bool(armed[0])
 
+    def prewarm_report(self) -> dict:
+        """The last prewarm's report (at load or prewarm()): armed, bytes read / written,
+        elapsed_ms (wall) and device_ms (the dequantization on the device)."""
+        from .kernels.gemm import new_prewarm_report, prewarm_report_dict
+        rep = new_prewarm_report()
+        _check(lib.pf_model_prewarm_report(self.ptr, rep))
+        return prewarm_report_dict(rep)
+
+    def weight(self, name: str):
+        """The model's matrix `name` (GGUF tensor name) as a borrowed Weight (kernel-level
+        calls, e.g. gemm.weight_f16_np); valid while the model is open."""
+        from .core import Weight
+        out = ffi.new("pf_weight **")
+        _check(lib.pf_model_weight(self.ptr, str(name).encode(), out))
+        return Weight._borrowed(out[0], self.ctx, self)
+
     def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
                 gemm="default", attention: str = "auto", graphs: bool = True) -> "Session":
         return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,

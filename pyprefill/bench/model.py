@@ -75,6 +75,74 @@ def build_hf(torch, path: str, device: str = "cuda"):
     return model
 
 
+# ------------------------------------------------------------------------------------ prewarm
+
+def device_copy_gbs(ctx, nbytes: int, *, reps: int = 5, copies: int = 4) -> float:
+    """The device copy bandwidth in GB/s of bytes read + written: pf_buffer_copy (a
+    device-to-device cudaMemcpyAsync, what torch's copy_ runs) of nbytes between two buffers,
+    `copies` back to back between host clocks, median of `reps` after one warm-up."""
+    src, dst = ctx.buffer(nbytes), ctx.buffer(nbytes)
+    try:
+        src.fill(0)
+        dst.copy_from(src)
+        ctx.synchronize()
+        per_copy = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(copies):
+                dst.copy_from(src)
+            ctx.synchronize()
+            per_copy.append((time.perf_counter() - t0) / copies)
+    finally:
+        src.close()
+        dst.close()
+    return 2 * nbytes / float(np.median(per_copy)) / 1e9
+
+
+def copy_bytes_for(moved: int, free: int) -> int:
+    """Bytes per buffer of the copy measurement: half the bytes the prewarm moved (so that the
+    copy moves as many), at least 256 MiB (below that the copy is not at full rate), at most
+    2 GiB and a quarter of the free device memory."""
+    return int(max(min(max(moved // 2, 256 << 20), 2 << 30, free // 4), 1 << 20))
+
+
+def prewarm_figures(report: dict | None, prewarm_ms: float | None, copy_gbs: float | None,
+                    moved_fallback: int = 0) -> dict:
+    """The prewarm's bandwidth: bytes read (GGUF blocks) + written (fp16 copies) over its wall
+    time (host side included: allocation, launches, the final synchronisation) and over the
+    dequantization's device time alone, each also as % of the device copy bandwidth."""
+    moved = ((report["bytes_read"] + report["bytes_added"]) if report and report.get("armed")
+             else moved_fallback)
+    out = {"prewarm_bytes": moved}
+    rates = {"prewarm_gbs": prewarm_ms,
+             "prewarm_device_gbs": report.get("device_ms") if report else None}
+    for key, ms in rates.items():
+        if moved and ms:
+            out[key] = moved / (ms * 1e6)
+            if copy_gbs:
+                out[key.replace("_gbs", "_pct_copy")] = 100 * out[key] / copy_gbs
+    if copy_gbs:
+        out["copy_gbs"] = copy_gbs
+    return out
+
+
+def _prewarm_line(label: str, base: dict) -> str:
+    def pct(key):
+        return f", {base[key]:.0f}% of the device copy" if key in base else ""
+    line = (f"-- ours {label}: load {base['load_ms'] or 0:.0f} ms, prewarm "
+            f"{base['prewarm_ms'] or 0:.1f} ms")
+    if "prewarm_gbs" in base:
+        line += (f" ({base['prewarm_bytes'] / 1e9:.2f} GB read + written: "
+                 f"{base['prewarm_gbs']:.0f} GB/s{pct('prewarm_pct_copy')}")
+        if "prewarm_device_gbs" in base:
+            line += (f"; dequantization alone {base['prewarm_device_gbs']:.0f} GB/s"
+                     f"{pct('prewarm_device_pct_copy')}")
+        line += ")"
+    if "copy_gbs" in base:
+        line += f", device copy {base['copy_gbs']:.0f} GB/s"
+    return line + f", fp16 cache {'armed' if base['f16_armed'] else 'not armed'}"
+
+
 # ------------------------------------------------------------------------------------ timing
 
 def _row(label: str, impl: str, T: int, t: dict | None = None, **extra) -> dict:
@@ -150,13 +218,13 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
         base = {"load_ms": info.get("load_ms"), "prewarm_ms": info.get("prewarm_ms"),
                 "f16_armed": bool(info.get("f16_armed")), "weight_bytes": info.get("weight_bytes"),
                 "f16_bytes": info.get("f16_bytes"), "chunk": chunk}
-        # Prewarm bandwidth: the blocks read plus the fp16 copies written, over its wall time
-        # (host side included: allocation, launches, the final synchronisation).
         if base["f16_armed"] and base["prewarm_ms"]:
-            base["prewarm_gbs"] = ((base["weight_bytes"] or 0) + (base["f16_bytes"] or 0)) / (base["prewarm_ms"] * 1e6)
-        rec.say(f"-- ours {label}: load {base['load_ms'] or 0:.0f} ms, prewarm "
-                f"{base['prewarm_ms'] or 0:.0f} ms ({base.get('prewarm_gbs', 0):.0f} GB/s read + written), "
-                f"fp16 cache {'armed' if base['f16_armed'] else 'not armed'}")
+            report = rec.guard(f"ours {label}: prewarm report", model.prewarm_report)
+            moved = (base["weight_bytes"] or 0) + (base["f16_bytes"] or 0)
+            copy_gbs = rec.guard(f"ours {label}: device copy", device_copy_gbs, ctx,
+                                 copy_bytes_for(moved, ctx.memory()[0]))
+            base.update(prewarm_figures(report, base["prewarm_ms"], copy_gbs, moved))
+        rec.say(_prewarm_line(label, base))
         with model:
             for leg in legs:
                 for T in lengths:

@@ -29,10 +29,11 @@ def kernels_table(rows: list[dict]) -> str:
 def model_table(rows: list[dict], peak_tflops: float | None = None) -> str:
     lines = ["Whole-model prefill (wall clock incl. logits to host, median of the repeats). "
              f"Roofline = measured torch fp16 peak ({_f(peak_tflops)} TF/s) / (2 x non-embedding "
-             "params).", "",
+             "params). Prewarm % copy: its bytes read + written over its wall time, against the "
+             "device-to-device copy measured in the same run.", "",
              "| model | impl | T | median ms | tok/s | ± std | vs HF | roofline tok/s | "
-             "% roofline | load ms | prewarm ms | device GiB | error |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "% roofline | load ms | prewarm ms | prewarm % copy | device GiB | error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         mem = r.get("allocated_bytes") or r.get("peak_bytes")
         lines.append(
@@ -40,7 +41,8 @@ def model_table(rows: list[dict], peak_tflops: float | None = None) -> str:
             f"{_f(r.get('tok_s'), '{:.0f}')} | {_f(r.get('tok_s_std'), '{:.0f}')} | "
             f"{_f(r.get('ratio_vs_hf'), '{:.2f}')} | {_f(r.get('roofline_tok_s'), '{:.0f}')} | "
             f"{_f(r.get('pct_roofline'))} | {_f(r.get('load_ms'), '{:.0f}')} | "
-            f"{_f(r.get('prewarm_ms'), '{:.0f}')} | {_f(mem / 2**30 if mem else None, '{:.2f}')} | "
+            f"{_f(r.get('prewarm_ms'), '{:.1f}')} | {_f(r.get('prewarm_pct_copy'), '{:.0f}')} | "
+            f"{_f(mem / 2**30 if mem else None, '{:.2f}')} | "
             f"{r.get('error', '')} |")
     return "\n".join(lines)
 

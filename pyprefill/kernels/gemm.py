@@ -95,23 +95,41 @@ def weight_drop_f16(weight: Weight) -> None:
     _check(lib.pf_weight_drop_f16(weight_arg(weight).ptr))
 
 
+def weight_copy_f16(ctx: Context, weight: Weight, out) -> None:
+    """out = the weight's fp16 cache, packed [n][k] (out's offset counts fp16 elements)."""
+    w, vo = weight_arg(weight), c_view(out, "out")
+    _check(lib.pf_weight_copy_f16(ctx_arg(ctx).ptr, w.ptr, vo))
+
+
+def new_prewarm_report():
+    """A `pf_prewarm_report *` filled by its _init function."""
+    rep = ffi.new("pf_prewarm_report *")
+    _check(lib.pf_prewarm_report_init(rep, ffi.sizeof("pf_prewarm_report")))
+    return rep
+
+
+def prewarm_report_dict(rep) -> dict:
+    """A pf_prewarm_report as a dict (device_ms: the dequantization alone, on the device)."""
+    return {
+        "armed": bool(rep.armed), "weights_total": rep.weights_total,
+        "weights_cached": rep.weights_cached, "weights_added": rep.weights_added,
+        "bytes_total": rep.bytes_total, "bytes_needed": rep.bytes_needed,
+        "bytes_added": rep.bytes_added, "bytes_read": rep.bytes_read,
+        "free_bytes": rep.free_bytes, "headroom_bytes": rep.headroom_bytes,
+        "elapsed_ms": rep.elapsed_ms, "device_ms": rep.device_ms,
+        "reason": ffi.string(rep.reason).decode("utf-8", "replace"),
+    }
+
+
 def prewarm_f16(ctx: Context, weights, headroom_bytes: int = 0) -> dict:
     """All-or-nothing fp16 caching of `weights`; returns the report as a dict."""
     weights = [weight_arg(w, "weights[]") for w in weights]
     arr = ffi.new("pf_weight *[]", max(len(weights), 1))
     for i, w in enumerate(weights):
         arr[i] = w.ptr
-    rep = ffi.new("pf_prewarm_report *")
-    _check(lib.pf_prewarm_report_init(rep, ffi.sizeof("pf_prewarm_report")))
+    rep = new_prewarm_report()
     _check(lib.pf_prewarm_f16(ctx_arg(ctx).ptr, arr, len(weights), int(headroom_bytes), rep))
-    return {
-        "armed": bool(rep.armed), "weights_total": rep.weights_total,
-        "weights_cached": rep.weights_cached, "weights_added": rep.weights_added,
-        "bytes_total": rep.bytes_total, "bytes_needed": rep.bytes_needed,
-        "bytes_added": rep.bytes_added, "free_bytes": rep.free_bytes,
-        "headroom_bytes": rep.headroom_bytes, "elapsed_ms": rep.elapsed_ms,
-        "reason": ffi.string(rep.reason).decode("utf-8", "replace"),
-    }
+    return prewarm_report_dict(rep)
 
 
 # ------------------------------------------------------------------ NumPy level
@@ -143,6 +161,14 @@ def dequantize_np(ctx: Context, weight: Weight, *, f16: bool = False) -> np.ndar
     with out_buffer(ctx, (weight.n, weight.k), dt, None, "out") as out:
         dequantize(ctx, weight, out, f16=f16)
         return download(ctx, out, dt, (weight.n, weight.k))
+
+
+def weight_f16_np(ctx: Context, weight: Weight) -> np.ndarray:
+    """The weight's fp16 cache as a float16 [n, k] array (copied into a NaN-poisoned buffer)."""
+    weight_arg(weight)
+    with out_buffer(ctx, (weight.n, weight.k), np.float16, None, "out") as out:
+        weight_copy_f16(ctx, weight, out)
+        return download(ctx, out, np.float16, (weight.n, weight.k))
 
 
 def embed_np(ctx: Context, table: Weight, ids, *, ldo: int | None = None) -> np.ndarray:
@@ -209,5 +235,6 @@ def qgemv_np(ctx: Context, weight: Weight, x: np.ndarray, *, accumulate: bool = 
 
 __all__ = ["LEGS", "leg_id", "gemm_default_leg", "gemm_set_default_leg", "dequantize", "embed",
            "project", "qgemm", "qgemm_swiglu", "qgemv", "weight_cache_f16", "weight_drop_f16",
-           "prewarm_f16", "dequantize_np", "embed_np", "project_np", "qgemm_np",
+           "weight_copy_f16", "new_prewarm_report", "prewarm_report_dict", "prewarm_f16",
+           "weight_f16_np", "dequantize_np", "embed_np", "project_np", "qgemm_np",
            "qgemm_swiglu_np", "qgemv_np"]

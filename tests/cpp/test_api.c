@@ -65,7 +65,7 @@ int main(void) {
     /* options struct size (ABI) */
     EXPECT_STATUS(pf_context_options_init(&o, sizeof o - 4), PF_STATUS_ABI_MISMATCH, "struct_size");
     EXPECT_STATUS(pf_context_options_init(&o, sizeof o), PF_STATUS_OK, NULL);
-    o.flags = 1;
+    o.flags = 2;  /* only PF_CONTEXT_POISON (1) is defined */
     EXPECT_STATUS(pf_context_create(&ctx, &o), PF_STATUS_INVALID_ARGUMENT, "flags");
 
     /* model and session level: NULL handles and pointers, before any device work */

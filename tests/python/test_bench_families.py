@@ -22,6 +22,12 @@ class FakeBuf:
     def poison(self):
         pass
 
+    def fill(self, value):
+        pass
+
+    def copy_from(self, src):
+        assert src.nbytes == self.nbytes
+
     def close(self):
         pass
 
@@ -143,6 +149,9 @@ class FakeModel:
         self.info = {"load_ms": 5.0, "prewarm_ms": 1.0, "f16_armed": 1, "weight_bytes": 10,
                      "f16_bytes": 20}
 
+    def prewarm_report(self):
+        return {"armed": True, "bytes_read": 10, "bytes_added": 20, "device_ms": 0.5}
+
     load = classmethod(lambda cls, path, **kw: cls(path, **kw))
 
     def session(self, *, max_tokens, chunk, gemm):
@@ -174,6 +183,21 @@ class FakeContext(FakeCtx):
         pass
 
 
+def test_prewarm_figures_against_the_copy():
+    from pyprefill.bench import model
+    rep = {"armed": True, "bytes_read": 2 * 10**9, "bytes_added": 8 * 10**9, "device_ms": 2.5}
+    f = model.prewarm_figures(rep, 4.0, 4000.0)                      # 10 GB in 4 ms: 2500 GB/s
+    assert f["prewarm_bytes"] == 10**10
+    assert f["prewarm_gbs"] == pytest.approx(2500.0) and f["prewarm_pct_copy"] == pytest.approx(62.5)
+    assert f["prewarm_device_gbs"] == pytest.approx(4000.0)
+    assert f["prewarm_device_pct_copy"] == pytest.approx(100.0) and f["copy_gbs"] == 4000.0
+    assert model.prewarm_figures(None, 4.0, None, 10**10) == {"prewarm_bytes": 10**10,
+                                                               "prewarm_gbs": 2500.0}
+    assert model.copy_bytes_for(10 << 30, 100 << 30) == 2 << 30     # capped at 2 GiB
+    assert model.copy_bytes_for(1 << 20, 100 << 30) == 256 << 20    # at least 256 MiB
+    assert model.copy_bytes_for(10 << 30, 1 << 30) == 256 << 20     # a quarter of free memory
+
+
 def test_whole_model_rows_on_a_fake_device(monkeypatch):
     import os
 
@@ -195,6 +219,10 @@ def test_whole_model_rows_on_a_fake_device(monkeypatch):
         assert r["roofline_tok_s"] == pytest.approx(1e12 / (2 * non_embd))
         assert r["pct_roofline"] == pytest.approx(100 * r["tok_s"] / r["roofline_tok_s"])
         assert r["load_ms"] == 5.0 and r["device_used_bytes"] == 0 and "ratio_vs_hf" not in r
+        assert r["prewarm_bytes"] == 30 and r["prewarm_gbs"] == pytest.approx(30 / 1e6)
+        assert r["prewarm_device_gbs"] == pytest.approx(60 / 1e6)
+        assert r["copy_gbs"] > 0
+        assert r["prewarm_pct_copy"] == pytest.approx(100 * r["prewarm_gbs"] / r["copy_gbs"])
     bad = [r for r in rows if r["impl"] == "ours int8"]
     assert [r["error"] for r in bad] == ["UnsupportedError: the int8 leg is reserved"] * 2
     assert [s["what"] for s in rec.skipped] == ["ours tiny int8 T=16", "ours tiny int8 T=32"]
