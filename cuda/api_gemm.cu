@@ -153,6 +153,51 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_v
     });
 }
 
+extern "C" PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const pf_view *x16,
+                                           const pf_view *inv, const pf_view *y, int64_t rows,
+                                           int32_t accumulate) {
+    const char *fn = __func__;
+    return pf::guard(fn, [&]() -> pf_status {
+        PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
+        PF_CHECK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d must be 0 or 1", fn,
+                     int(accumulate));
+        PF_TRY(weight_arg(fn, w, "w"));
+        pf::RowsView vx, vi, vy;
+        PF_TRY(pf::matrix_arg(fn, x16, "x16", rows, w->k, w->k, &vx, sizeof(uint16_t)));
+        PF_TRY(pf::matrix_arg(fn, y, "y", rows, w->n, w->n, &vy));
+        if (vx.ld != w->k)  // the GEMM reads x16 as packed [rows][k]
+            return pf::fail(PF_STATUS_UNSUPPORTED,
+                            "%s: x16 row stride ld=%lld; rows are read packed (ld 0 or k=%lld)",
+                            fn, (long long)vx.ld, (long long)w->k);
+        PF_CHECK_ARG(rows <= kMaxBlasDim && vy.ld <= kMaxBlasDim && w->n <= kMaxBlasDim &&
+                         w->k <= kMaxBlasDim,
+                     "%s: rows=%lld, y ld=%lld, n=%lld, k=%lld must fit in int32", fn,
+                     (long long)rows, (long long)vy.ld, (long long)w->n, (long long)w->k);
+        if (inv) {
+            PF_TRY(pf::vector_arg(fn, inv, "inv", rows, &vi));
+            PF_TRY(pf::check_shapes(fn, {vx, vi, vy}));
+            PF_TRY(pf::check_nulls(fn, {vx, vi, vy}));
+        } else {
+            PF_TRY(pf::check_shapes(fn, {vx, vy}));
+            PF_TRY(pf::check_nulls(fn, {vx, vy}));
+        }
+        PF_TRY(pf::check_ctx(fn, ctx));
+        PF_TRY(pf::check_weight(fn, ctx, w, "w"));
+        PF_TRY(pf::check_fits(fn, ctx, {vx, vy}));
+        if (inv) PF_TRY(pf::check_fits(fn, ctx, {vi}));
+        PF_CHECK_ARG(!pf::views_overlap(vx, vy), "%s: y overlaps x16", fn);
+        PF_CHECK_ARG(!inv || !pf::views_overlap(vi, vy), "%s: y overlaps inv", fn);
+        if (!w->f16 && w->qtype != PF_QTYPE_F16)
+            return pf::fail(PF_STATUS_UNSUPPORTED,
+                            "%s: w (n=%lld k=%lld) has no fp16 copy (pf_weight_cache_f16 first)", fn,
+                            (long long)w->n, (long long)w->k);
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        return pf::project_f16_rows(ctx, w, vx.ptr<const __half>(), inv ? vi.ptr<const float>() : nullptr,
+                                    rows, vy.ptr(), vy.ld, accumulate == 1);
+    });
+}
+
 extern "C" PF_API pf_status pf_weight_cache_f16(pf_weight *w) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(w != nullptr, "pf_weight_cache_f16: w is NULL");

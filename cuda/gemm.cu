@@ -425,6 +425,7 @@ pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, con
     if (rows == 0) return PF_STATUS_OK;
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     PF_TRY(gemm_f16(ctx, whole, w->n, w->k, x16, rows, y, ldy, accumulate ? 1.0f : 0.0f));
+    if (!inv) return PF_STATUS_OK;  // every row unscaled (pf_project_f16x with inv NULL)
     const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
     unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, w->n});
     PF_LAUNCH_CHECK("unscale_rows_kernel");

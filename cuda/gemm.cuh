@@ -47,7 +47,8 @@ pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, i
 // stride k, per-row inverse scales inv [rows], the accumulate target pre-scaled by the
 // producer): the GEMM of project()'s f16 leg and its unscale, no cast pass. Bitwise what
 // project(.., PF_GEMM_F16) returns for the producer's fp32 twin output. w must have an fp16 copy
-// (its cache, or an F16 weight): INVALID_ARGUMENT otherwise.
+// (its cache, or an F16 weight): INVALID_ARGUMENT otherwise. inv NULL: every row unscaled (no
+// unscale pass; pf_project_f16x).
 pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
                            int64_t rows, float *y, int64_t ldy, bool accumulate);
 

@@ -57,8 +57,8 @@
  * size-prefixed structs (pf_attention_options.kernel, pf_session_options.cuda_graphs): callers
  * built against 0.2 get ABI_MISMATCH from their _init until rebuilt. Version 0.4 adds
  * device_ms and bytes_read at the end of pf_prewarm_report (the same rule), the context flag
- * PF_CONTEXT_POISON, pf_buffer_copy, pf_weight_copy_f16, pf_model_prewarm_report and
- * pf_model_weight.
+ * PF_CONTEXT_POISON, pf_buffer_copy, pf_weight_copy_f16, pf_model_prewarm_report,
+ * pf_model_weight and pf_project_f16x.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -90,7 +90,7 @@ typedef enum pf_status {
     PF_STATUS_UNSUPPORTED = 2,      /* valid request this build cannot serve (qtype, arch) */
     PF_STATUS_OUT_OF_MEMORY = 3,    /* host or device allocation failed; the context stays usable */
     PF_STATUS_CUDA_ERROR = 4,       /* a CUDA runtime call failed */
-    PF_STATUS_CUBLAS_ERROR = 5,     /* a cuBLAS / cuBLASLt call failed */
+    PF_STATUS_CUBLAS_ERROR = 5,     /* a cuBLAS call failed */
     PF_STATUS_IO_ERROR = 6,         /* GGUF missing, truncated or malformed */
     PF_STATUS_ABI_MISMATCH = 7,     /* struct_size differs between caller and library */
     PF_STATUS_NO_DEVICE = 8,        /* no CUDA driver or device, or the ordinal does not exist */
@@ -346,6 +346,20 @@ PF_API pf_status pf_embed(pf_context *ctx, const pf_weight *table, const int32_t
  * turned into Inf. */
 PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_view *x, const pf_view *y,
                             int64_t rows, int32_t accumulate, int32_t leg);
+
+/* Projection from the f16 leg's input form, the form the engine's producers write on the act16
+ * route (RMSNorm, SwiGLU and the gates write fp16 rows and power-of-two row scales; no cast
+ * pass): Y[r][j] = inv[r] * ((accumulate ? Y[r][j] : 0) + sum_i X16[r][i] * W[j][i]), fp32
+ * accumulation and output, on w's fp16 copy (pf_weight_cache_f16, or an F16 weight; else
+ * UNSUPPORTED). x16: fp16 [rows][k] view (off in fp16 elements; ld must be 0 or k, else
+ * UNSUPPORTED); inv: float32 [rows] vector view of row scales, NULL = 1 for every row (no
+ * unscale pass); y: float32 [rows][ld] view, ld 0 = n, not overlapping x16 or inv. With
+ * accumulate and a row scale other than 1 the caller holds Y's row divided by inv[r] (as the
+ * producers do for the residual stream). Bitwise pf_project on the f16 leg of X = X16 * inv
+ * wherever that leg's cast leaves the rows unscaled. */
+PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const pf_view *x16,
+                                 const pf_view *inv, const pf_view *y, int64_t rows,
+                                 int32_t accumulate);
 
 /* Caches w as fp16 ([n][k], n*k*2 bytes; pf_weight_info.f16_bytes reports it); a no-op when
  * already cached. pf_weight_drop_f16 frees the cache (waits for ctx's stream); no-op if none. */

@@ -1,7 +1,10 @@
-"""Projections on each leg against torch fp16 `x @ w.T` (TF/s), Q4_K -> fp16 dequantization
-against the device copy bandwidth (GB/s), and the two ceilings: the torch fp16 GEMM peak and
-the device-to-device copy. Shapes: qwen35-4b's attn_qkv, ffn_gate and ffn_down."""
+"""Projections on each leg against torch fp16 `x @ w.T` (TF/s), from fp32 x (the leg's cast
+included) and, on the f16 leg, from fp16 x as the engine's producers write it; Q4_K -> fp16
+dequantization against the device copy bandwidth (GB/s), and the two ceilings: the torch fp16
+GEMM peak and the device-to-device copy. Shapes: qwen35-4b's attn_qkv, ffn_gate and ffn_down."""
 from __future__ import annotations
+
+import numpy as np
 
 from ..formats.synth import preset_desc
 from ..kernels import gemm as K
@@ -13,6 +16,10 @@ SHAPES = "qwen35-4b"
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gemm ------------------------
 def _project(ctx, w, x, y, rows, leg):
     K.project(ctx, w, x, y, rows, leg=leg)
+
+
+def _project_f16x(ctx, w, x16, inv, y, rows):
+    K.project_f16x(ctx, w, x16, inv, y, rows)
 
 
 def _cache_f16(w):
@@ -93,8 +100,24 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
         b.add(op, T, f"ours {leg} leg", t, flops=flops, peer=peer,
               note=f"Q4_K {n}x{k}, fp32 x and y", sets=sets)
 
+    def run_f16x():
+        """The f16 leg as the engine runs it on the act16 route: the producer (RMSNorm, SwiGLU,
+        the gates) has written the fp16 rows and their scales, so the projection is the GEMM
+        and the unscale pass (pf_project_f16x), no cast."""
+        for w in ws:
+            _cache_f16(w)
+        x16 = b.upload(b.rand(sets * T, k).astype(np.float16))
+        inv = b.upload(np.ones(T, np.float32))
+        t = b.time_ours(lambda i: _project_f16x(b.ctx, ws[i % sets], View(x16, (i % sets) * T * k),
+                                                View(inv), View(ys.buf, ys.off(i), n), T),
+                        reps=b.reps)
+        b.add(op, T, "ours f16 leg, fp16 x", t, flops=flops, peer=peer,
+              note=f"Q4_K {n}x{k}, fp16 x as the producers write it, fp32 y", sets=sets)
+
     for leg in b.legs:
         b.rec.guard(f"{op} T={T} {leg} leg", run, leg)
+    if "f16" in b.legs:
+        b.rec.guard(f"{op} T={T} f16 leg, fp16 x", run_f16x)
 
 
 def dequant(b, qtype: str = "Q4_K") -> None:

@@ -67,6 +67,16 @@ def project(ctx: Context, weight: Weight, x, y, rows: int, *, accumulate: bool =
                           leg_id(leg)))
 
 
+def project_f16x(ctx: Context, weight: Weight, x16, inv, y, rows: int, *,
+                 accumulate: bool = False) -> None:
+    """y[r] = inv[r] * ((y[r] if accumulate) + x16[r] @ W16.T): the f16 leg from its input form
+    (fp16 rows ``x16`` [rows][k], packed; ``inv`` float32 [rows] row scales or None for 1) on the
+    weight's fp16 copy (UnsupportedError without one). See ``pf_project_f16x``."""
+    w, vx, vy = weight_arg(weight), c_view(x16, "x16"), c_view(y, "y")
+    vi = c_view(inv, "inv") if inv is not None else ffi.NULL
+    _check(lib.pf_project_f16x(ctx_arg(ctx).ptr, w.ptr, vx, vi, vy, rows, 1 if accumulate else 0))
+
+
 def qgemm(ctx: Context, weight: Weight, x, y, rows: int, *, accumulate: bool = False) -> None:
     """Fused GEMM on the blocks: the contract of :func:`project`."""
     w, vx, vy = weight_arg(weight), c_view(x, "x"), c_view(y, "y")
@@ -198,6 +208,26 @@ def project_np(ctx: Context, weight: Weight, x: np.ndarray, *, leg="default",
         return download(ctx, yb, np.float32, (rows, ldy))
 
 
+def project_f16x_np(ctx: Context, weight: Weight, x16: np.ndarray, inv: np.ndarray | None = None,
+                    *, accumulate: bool = False, y: np.ndarray | None = None) -> np.ndarray:
+    """:func:`project_f16x` on arrays: x16 float16 [rows, k], inv float32 [rows] or None, y the
+    initial output float32 [rows, n] (None = NaN-poisoned). Returns y [rows, n]."""
+    weight_arg(weight)
+    x16 = array_arg(x16, "x16", ndim=2, dtypes=(np.float16,), cols=weight.k)
+    rows = x16.shape[0]
+    if inv is not None:
+        inv = array_arg(inv, "inv", ndim=1)
+        if inv.shape[0] != rows:
+            raise InvalidArgumentError(f"inv: {inv.shape[0]} row scales, x16 has {rows} rows")
+    with upload(ctx, x16) as xb, out_buffer(ctx, (rows, weight.n), np.float32, y, "y") as yb:
+        if inv is None:
+            project_f16x(ctx, weight, View(xb), None, View(yb), rows, accumulate=accumulate)
+        else:
+            with upload(ctx, inv) as ib:
+                project_f16x(ctx, weight, View(xb), View(ib), View(yb), rows, accumulate=accumulate)
+        return download(ctx, yb, np.float32, (rows, weight.n))
+
+
 def qgemm_np(ctx: Context, weight: Weight, x: np.ndarray, *, accumulate: bool = False,
              y: np.ndarray | None = None, ldy: int | None = None) -> np.ndarray:
     """Fused Q4_0 / Q8_0 GEMM: the contract of :func:`project_np`."""
@@ -234,7 +264,7 @@ def qgemv_np(ctx: Context, weight: Weight, x: np.ndarray, *, accumulate: bool = 
 
 
 __all__ = ["LEGS", "leg_id", "gemm_default_leg", "gemm_set_default_leg", "dequantize", "embed",
-           "project", "qgemm", "qgemm_swiglu", "qgemv", "weight_cache_f16", "weight_drop_f16",
+           "project", "project_f16x", "qgemm", "qgemm_swiglu", "qgemv", "weight_cache_f16", "weight_drop_f16",
            "weight_copy_f16", "new_prewarm_report", "prewarm_report_dict", "prewarm_f16",
-           "weight_f16_np", "dequantize_np", "embed_np", "project_np", "qgemm_np",
+           "weight_f16_np", "dequantize_np", "embed_np", "project_np", "project_f16x_np", "qgemm_np",
            "qgemm_swiglu_np", "qgemv_np"]

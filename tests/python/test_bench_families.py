@@ -40,7 +40,7 @@ class FakeWeight(FakeBuf):
 
 class FakeCtx:
     def upload(self, arr):
-        assert arr.dtype == np.float32 and np.isfinite(arr).all() and np.any(arr != 0)
+        assert arr.dtype in (np.float32, np.float16) and np.isfinite(arr).all() and np.any(arr != 0)
         return FakeBuf(arr.nbytes)
 
     def buffer(self, nbytes):
@@ -64,7 +64,7 @@ class View:
 # TypeError here instead of a skipped line on the GPU).
 from pyprefill.kernels import attention as KA, gdn as KD, gemm as KG, rows as KR  # noqa: E402
 
-API = {"gemm": [KG.project, KG.weight_cache_f16, KG.dequantize],
+API = {"gemm": [KG.project, KG.project_f16x, KG.weight_cache_f16, KG.dequantize],
        "rows": [KR.rms_norm, KR.rope_neox, KR.swiglu],
        "gdn": [KD.gdn_conv1d, KD.gdn_l2norm, KD.gdn_gates, KD.gdn_scan],
        "attention": [KA.kv_write, KA.attention]}
@@ -81,9 +81,9 @@ def fake_module(family, calls):
             a = bound.arguments
             for arg, v in a.items():
                 if isinstance(v, View):
-                    floats = v.buf.nbytes // 4
+                    elems = v.buf.nbytes // (2 if arg == "x16" else 4)   # x16: fp16 elements
                     need = a["rows"] * v.ld if v.ld else 1
-                    assert 0 <= v.off and v.off + need <= floats, (_name, arg, v, a["rows"])
+                    assert 0 <= v.off and v.off + need <= elems, (_name, arg, v, a["rows"])
             calls.append((_name, a))
         setattr(mod, name, wrapper)
     return mod
@@ -120,7 +120,8 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
             ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
     if name == "gemm":
-        assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f32 leg", "ours -> fp16"}
+        assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f16 leg, fp16 x", "ours f32 leg",
+                                            "ours -> fp16"}
         assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}
 
 

@@ -43,6 +43,16 @@ def test_project_argument_checks_before_device_work():
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
 
 
+def test_project_f16x_argument_checks_before_device_work():
+    N, v = ffi.NULL, null_view()
+    s, msg = _status(lambda: lib.pf_project_f16x(N, N, v, v, v, -1, 0))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "rows=-1" in msg
+    s, msg = _status(lambda: lib.pf_project_f16x(N, N, v, v, v, 4, 3))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "accumulate=3" in msg
+    s, msg = _status(lambda: lib.pf_project_f16x(N, N, v, N, v, 4, 0))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "w is NULL" in msg
+
+
 def test_fused_argument_checks_before_device_work():
     N, v = ffi.NULL, null_view()
     s, msg = _status(lambda: lib.pf_qgemm(N, N, v, v, -3, 0))
@@ -156,6 +166,49 @@ def test_f16_leg_every_qtype(ctx, rng, qtype, rows, cached):
         x = randn(rng, rows, 512)
         assert_close(f"f16/{qtype}", _ref(x, w64), gemm.project_np(ctx, w, x, leg="f16"),
                      rtol=F16_BOUND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "F16"])
+def test_project_f16x_is_the_f16_leg_on_its_input_form(ctx, rng, qtype):
+    """pf_project_f16x on fp16 rows x16 with power-of-two row scales inv equals, bit for bit,
+    the f16 leg of pf_project on X = x16 * inv (its cast leaves these rows unscaled: |X| <=
+    2^15), and the float64 product of X with the weight's fp16 copy within fp32 accumulation
+    (1e-5); y is poisoned first, so every element is written."""
+    n, k, rows = 96, 512, 37
+    w, _ = make_weight(ctx, rng, qtype, n, k)
+    with w:
+        if qtype != "F16":
+            gemm.weight_cache_f16(w)
+        w16 = gemm.weight_f16_np(ctx, w) if qtype != "F16" else gemm.dequantize_np(ctx, w, f16=True)
+        x16 = np.clip(rng.standard_normal((rows, k)), -8, 8).astype(np.float16)
+        inv = rng.choice(np.array([1.0, 16.0, 1024.0], np.float32), size=rows)
+        x = x16.astype(np.float32) * inv[:, None]
+        got = gemm.project_f16x_np(ctx, w, x16, inv)
+        assert np.isfinite(got).all()
+        assert np.array_equal(got, gemm.project_np(ctx, w, x, leg="f16")), \
+            f"{qtype}: pf_project_f16x differs from the f16 leg on x16 * inv"
+        assert_close(f"f16x/{qtype}", x.astype(np.float64) @ w16.astype(np.float64).T, got,
+                     rtol=F32_BOUND)
+        # accumulate without row scales: y0 + x16 @ W16^T
+        y0 = randn(rng, rows, n)
+        acc = gemm.project_f16x_np(ctx, w, x16, None, accumulate=True, y=y0)
+        want = y0.astype(np.float64) + x16.astype(np.float64) @ w16.astype(np.float64).T
+        assert_close(f"f16x accumulate/{qtype}", want, acc, rtol=F32_BOUND)
+
+
+@pytest.mark.gpu
+def test_project_f16x_needs_an_fp16_copy_and_packed_rows(ctx, rng):
+    w, _ = make_weight(ctx, rng, "Q4_K", 64, 256)
+    with w, ctx.upload(np.ones((3, 300), np.float16)) as xb, ctx.buffer(3 * 64 * 4) as yb:
+        with pytest.raises(errors.UnsupportedError, match="no fp16 copy"):
+            gemm.project_f16x(ctx, w, View(xb), None, View(yb), 3)
+        gemm.weight_cache_f16(w)
+        with pytest.raises(errors.UnsupportedError, match="x16 row stride ld=300"):
+            gemm.project_f16x(ctx, w, View(xb, 0, 300), None, View(yb), 3)
+        with ctx.buffer(8) as small:
+            with pytest.raises(errors.InvalidArgumentError, match="inv"):
+                gemm.project_f16x(ctx, w, View(xb), View(small), View(yb), 3)
 
 
 @pytest.mark.gpu

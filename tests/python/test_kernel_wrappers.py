@@ -200,6 +200,14 @@ def test_gemm_wrappers(rec):
                                          "y": vt(1, 5, 100), "rows": 9, "accumulate": 1,
                                          "leg": lib.PF_GEMM_F16})
     rec.calls.clear()
+    gemm.project_f16x(CTX, W, View(B[0], 2), View(B[3], 1), View(B[1], 5, 100), 9, accumulate=True)
+    assert _only(rec) == ("pf_project_f16x", {"ctx": 0x10, "w": 0x20, "x16": vt(0, 2),
+                                              "inv": vt(3, 1), "y": vt(1, 5, 100), "rows": 9,
+                                              "accumulate": 1})
+    rec.calls.clear()
+    gemm.project_f16x(CTX, W, View(B[0]), None, View(B[1]), 4)
+    assert _only(rec)[1]["inv"] == 0          # NULL: every row unscaled
+    rec.calls.clear()
     gemm.qgemm(CTX, W, View(B[0], 1, 65), View(B[1], 2, 97), 8)
     assert _only(rec) == ("pf_qgemm", {"ctx": 0x10, "w": 0x20, "x": vt(0, 1, 65),
                                        "y": vt(1, 2, 97), "rows": 8, "accumulate": 0})
