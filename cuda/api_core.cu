@@ -11,7 +11,7 @@
 
 namespace {
 
-constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // cuBLASLt wants >= 32 MiB on Hopper
+constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // cuBLAS (its Lt kernels) wants >= 32 MiB on Hopper
 
 pf_status context_teardown(pf_context *ctx) {
     pf::attention_release(ctx);
@@ -19,7 +19,6 @@ pf_status context_teardown(pf_context *ctx) {
     pf::scratch_release(ctx, ctx->scratch_f16_w);
     pf::scratch_release(ctx, ctx->scratch_f16_x);
     pf::scratch_release(ctx, ctx->scratch_gdn);
-    if (ctx->lt) cublasLtDestroy(ctx->lt);
     if (ctx->blas_tc) cublasDestroy(ctx->blas_tc);
     if (ctx->blas_f32) cublasDestroy(ctx->blas_f32);
     pf::device_free(ctx, ctx->workspace, ctx->workspace_bytes);
@@ -35,7 +34,6 @@ pf_status context_init(pf_context *ctx, const pf_context_options &o) {
     PF_TRY(pf::device_alloc(ctx, ctx->workspace_bytes, &ctx->workspace, "cuBLAS workspace"));
     PF_CUBLAS_TRY(cublasCreate(&ctx->blas_f32));
     PF_CUBLAS_TRY(cublasCreate(&ctx->blas_tc));
-    PF_CUBLAS_TRY(cublasLtCreate(&ctx->lt));
     for (cublasHandle_t h : {ctx->blas_f32, ctx->blas_tc}) {
         PF_CUBLAS_TRY(cublasSetStream(h, ctx->stream));
         PF_CUBLAS_TRY(cublasSetWorkspace(h, ctx->workspace, ctx->workspace_bytes));

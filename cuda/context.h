@@ -1,7 +1,6 @@
 // context.h — the internals of pf_context, pf_buffer and pf_weight, shared by every op family.
 #pragma once
 
-#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -51,8 +50,7 @@ struct pf_context {
     cudaStream_t stream = nullptr;
     cublasHandle_t blas_f32 = nullptr;  // CUBLAS_PEDANTIC_MATH: fp32 in and out, no TF32
     cublasHandle_t blas_tc = nullptr;   // tensor-op math, fp32 compute (fp16 inputs)
-    cublasLtHandle_t lt = nullptr;
-    void *workspace = nullptr;  // cuBLAS / cuBLASLt workspace, shared by both handles
+    void *workspace = nullptr;  // cuBLAS workspace, shared by both handles
     size_t workspace_bytes = 0;
     size_t allocated = 0;       // device bytes held by this context (buffers, weights, scratch)
     pf::Scratch scratch_f32;    // f32 leg: dequantized weight

@@ -2,7 +2,6 @@
 // through common.cuh, which adds the launch check PF_LAUNCH_CHECK).
 #pragma once
 
-#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
