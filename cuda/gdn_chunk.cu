@@ -838,6 +838,294 @@ __global__ void __launch_bounds__(kStateThreads, 1)
         }
 }
 
+// --------------------------------------------------------------- state kernel, warp-owned form
+// The same chunk step as gdn_chunk_state_kernel (same operands, precision and scales), laid out
+// so that the recurrence never leaves a warp. The delta rule is independent across value
+// columns, and every product of the step keeps the value column as its row when it is written
+// transposed (S^T: dv x dk, the layout FlashInfer's GDN kernels keep on Hopper):
+//   X^T  = S^T K^T                 (16 x 64, K = dk)     R^T = beta (V^T - e^gamma X^T)
+//   V'^T = R^T Tm^T                (16 x 64, K = 64)
+//   O^T  = e^gamma (S^T Q^T) + V'^T P^T
+//   S^T  = e^gamma_last S^T + (e^(gamma_last - gamma) V')^T K
+// With value columns as the M dimension of mma.m16n8k16, the accumulator of one product is,
+// register for register, the A operand of the next (the fp32 C fragments of two adjacent n8
+// tiles pack into the fp16 A fragment of one k16 block, as FlashAttention-2 reuses P), so a
+// warp owning 16 value columns runs the whole chain on its own registers: no shared-memory
+// round trip and no barrier inside the step, and the power-of-two scales come from warp
+// reductions. The CTA's warps share only the chunk's operands (K, Q, Tm, P, gates, the V
+// columns), staged kStages deep with cp.async behind one barrier per chunk.
+// The v2 kernel above spent ~3.7 us per chunk on its four barriers and three dependent
+// shared-memory steps (ncu, NOTES.md run 4-7); this one is bounded by its ~232 mma.sync and
+// ~116 ldmatrix per warp and chunk.
+template <int NW, int NS>
+struct StateTSmem {
+    static constexpr int kBV = 16 * NW;      // value columns of the CTA
+    static constexpr int kLdVf = kBV + 4;    // fp32 V rows: fragment reads (row 2 tig, col g8) conflict-free
+    struct Stage {
+        __half kh[kC][kLdH];
+        __half qh[kC][kLdH];
+        __half tm[kC][kLdP];
+        __half ph[kC][kLdP];
+        float vst[kC][kLdVf];
+        float gam[kC];
+        float beta[kC];
+        float meta[4];
+    };
+    static constexpr int kStages = NS;  // 3 where the shared memory allows (Hopper), else 2
+    Stage st[NS];
+};
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// fp16 A fragments (m16 x k16, k-block kb) from the fp32 accumulators of n8 tiles 2 kb, 2 kb + 1,
+// times `scale`.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4],
+                                         float scale) {
+    a[0] = pack_half2(c0[0] * scale, c0[1] * scale);
+    a[1] = pack_half2(c0[2] * scale, c0[3] * scale);
+    a[2] = pack_half2(c1[0] * scale, c1[1] * scale);
+    a[3] = pack_half2(c1[2] * scale, c1[3] * scale);
+}
+
+template <int NW, int NS_, bool VEC>
+__global__ void __launch_bounds__(32 * NW, 1)
+    gdn_chunk_state_t_kernel(const __grid_constant__ StateArgs a) {
+    using Smem = StateTSmem<NW, NS_>;
+    constexpr int BV = Smem::kBV;
+    constexpr int NS = Smem::kStages;
+    constexpr int kThreads = 32 * NW;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem &s = *reinterpret_cast<Smem *>(smem_raw);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;
+    const int slices = kDK / BV;
+    const int j = blockIdx.x / slices;
+    const int col0 = (blockIdx.x % slices) * BV;
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const int vc = 16 * warp;        // the warp's first column within the CTA's V tile
+    const float *vg = a.v + (int64_t)j * kDK + col0;
+    float *og = a.o + (int64_t)j * kDK + col0 + vc;
+    float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
+
+    const auto stage = [&](int c, int b) {
+        typename Smem::Stage &d = s.st[b];
+        const size_t kq = ((size_t)jk * a.nc + c) * kC * kDK;
+        const size_t hc = (size_t)j * a.nc + c;
+        for (int e = tid; e < kC * kDK / 8; e += kThreads) {  // 16 B = 8 halves
+            const int i = e / (kDK / 8), d8 = (e % (kDK / 8)) * 8;
+            cp_async16(&d.kh[i][d8], a.w.kh + kq + (size_t)i * kDK + d8, true);
+            cp_async16(&d.qh[i][d8], a.w.qh + kq + (size_t)i * kDK + d8, true);
+        }
+        for (int e = tid; e < kC * kC / 8; e += kThreads) {
+            const int i = e / (kC / 8), d8 = (e % (kC / 8)) * 8;
+            cp_async16(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
+            cp_async16(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
+        }
+        const int64_t t0 = (int64_t)c * kC;
+        if (VEC) {
+            for (int e = tid; e < kC * BV / 4; e += kThreads) {
+                const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
+                const bool ok = t0 + i < a.rows;
+                cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
+            }
+        } else {
+            for (int e = tid; e < kC * BV; e += kThreads) {
+                const int i = e / BV, d1 = e % BV;
+                const bool ok = t0 + i < a.rows;
+                cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+            }
+        }
+        for (int e = tid; e < 2 * kC / 4 + 1; e += kThreads) {
+            if (e < kC / 4) cp_async16(&d.gam[4 * e], a.w.gam + hc * kC + 4 * e, true);
+            else if (e < kC / 2) cp_async16(&d.beta[4 * (e - kC / 4)], a.w.bet + hc * kC + 4 * (e - kC / 4), true);
+            else cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
+        }
+    };
+
+#pragma unroll
+    for (int c = 0; c < NS - 1; ++c) {
+        if (c < a.nc) stage(c, c);
+        cp_async_commit();  // empty groups keep the count: group c is chunk c
+    }
+
+    // S^T[v][x] = S[x][v] (v: the warp's 16 columns, x: dk) as 16 n8 accumulator tiles over x:
+    // S[nt][e] holds v = g8 + 8 (e >> 1), x = 8 nt + 2 tig + (e & 1).
+    float S[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            S[nt][e] = state[(int64_t)(8 * nt + 2 * tig + (e & 1)) * kDK + g8 + 8 * (e >> 1)];
+
+    for (int c = 0; c < a.nc; ++c) {
+        const int b = c % NS;
+        const typename Smem::Stage &d = s.st[b];
+        cp_async_wait<NS - 2>();  // chunk c landed (this thread's copies) ...
+        __syncthreads();          // ... everyone's; and chunk c - 1's buffer is free
+        if (c + NS - 1 < a.nc) stage(c + NS - 1, (c + NS - 1) % NS);
+        cp_async_commit();
+
+        // The state's scale and fp16 A fragments (S^T: 8 k-blocks over dk).
+        float ms = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ms = fmaxf(ms, fabsf(S[nt][e]));
+        ms = warp_max(ms);
+        const float sig_s = pow2_scale(__float_as_uint(ms)), inv_s = 1.0f / sig_s;
+        uint32_t sa[8][4];
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb) acc_to_a(sa[kb], S[2 * kb], S[2 * kb + 1], sig_s);
+
+        // X^T = S^T K^T and S^T Q^T (B from K, Q stored [row i][x]: [n][k], ldmatrix plain).
+        float xk[8][4], xq[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) xk[nt][e] = xq[nt][e] = 0.0f;
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                uint32_t bk[4], bq[4];
+                ldsm_x4(bk, &d.kh[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+                ldsm_x4(bq, &d.qh[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+                mma_f16(xk[2 * np], sa[kb], bk[0], bk[1]);
+                mma_f16(xk[2 * np + 1], sa[kb], bk[2], bk[3]);
+                mma_f16(xq[2 * np], sa[kb], bq[0], bq[1]);
+                mma_f16(xq[2 * np + 1], sa[kb], bq[2], bq[3]);
+            }
+
+        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
+        // Scale from a bound known without a reduction over R: |R| <= max|V| + sqrt(dk) max|S|
+        // (q, k unit vectors), as the v2 kernel; here max |V| and max |S| are the warp's own.
+        float vmax = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                vmax = fmaxf(vmax, fabsf(d.vst[8 * nt + 2 * tig + (e & 1)][vc + g8 + 8 * (e >> 1)]));
+        const float r_bound = warp_max(vmax) + kSqrtDk * ms;
+        const float sig_r = pow2_scale_f(r_bound);
+        uint32_t ra[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float r[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int nt = 2 * kb + h, i = 8 * nt + 2 * tig + (e & 1);
+                    const float ei = __expf(d.gam[i]) * inv_s;
+                    const float vx = d.vst[i][vc + g8 + 8 * (e >> 1)];
+                    r[h][e] = d.beta[i] * (vx - ei * xk[nt][e]);
+                }
+            acc_to_a(ra[kb], r[0], r[1], sig_r);
+        }
+
+        // V'^T = R^T Tm^T (B from Tm stored [i][j]: [n][k]; Tm lower triangular, so the n-pair
+        // of rows 16 np.. needs the k-blocks kb <= np only).
+        const float sig_t = d.meta[0];
+        const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| * max |R| >= max |V'|
+        const float sig_v = pow2_scale_f(v_bound), inv_v = 1.0f / sig_v;
+        float vp[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) vp[nt][e] = 0.0f;
+#pragma unroll
+        for (int np = 0; np < 4; ++np)
+#pragma unroll
+            for (int kb = 0; kb <= np; ++kb) {
+                uint32_t bt[4];
+                ldsm_x4(bt, &d.tm[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+                mma_f16(vp[2 * np], ra[kb], bt[0], bt[1]);
+                mma_f16(vp[2 * np + 1], ra[kb], bt[2], bt[3]);
+            }
+        // V' * sigma_V (for the outputs) and e^(gamma_last - gamma) V' * sigma_V (for the state).
+        const float k_v = sig_v / (sig_t * sig_r);  // exact: powers of two
+        const float gl = d.gam[kC - 1];
+        uint32_t va[4][4], vd[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float x[2][4], y[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int nt = 2 * kb + h, i = 8 * nt + 2 * tig + (e & 1);
+                    x[h][e] = vp[nt][e] * k_v;
+                    y[h][e] = x[h][e] * __expf(gl - d.gam[i]);  // exponent <= 0
+                }
+            acc_to_a(va[kb], x[0], x[1], 1.0f);
+            acc_to_a(vd[kb], y[0], y[1], 1.0f);
+        }
+
+        // O^T = e^gamma (S^T Q^T) + V'^T P^T (B from P stored [i][j]: [n][k]; lower triangular,
+        // diagonal included). The warp's 16 columns of 64 rows, straight to global memory: each
+        // store instruction fills four whole 32-byte sectors.
+        {
+            float op[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) op[nt][e] = 0.0f;
+#pragma unroll
+            for (int np = 0; np < 4; ++np)
+#pragma unroll
+                for (int kb = 0; kb <= np; ++kb) {
+                    uint32_t bp[4];
+                    ldsm_x4(bp, &d.ph[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+                    mma_f16(op[2 * np], va[kb], bp[0], bp[1]);
+                    mma_f16(op[2 * np + 1], va[kb], bp[2], bp[3]);
+                }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 8 * nt + 2 * tig + (e & 1);
+                    const int64_t t = (int64_t)c * kC + i;
+                    if (t < a.rows) {
+                        const float os = __expf(d.gam[i]) * inv_s * xq[nt][e];
+                        og[t * a.ldo + g8 + 8 * (e >> 1)] = fmaf(op[nt][e], inv_v, os);
+                    }
+                }
+        }
+
+        // S^T = e^gamma_last S^T + (e^(gamma_last - gamma) V')^T K (B from K stored [i][x]:
+        // [k][n], ldmatrix .trans).
+        {
+            float acc[16][4];
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+            for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+                for (int np = 0; np < 8; ++np) {
+                    uint32_t bk[4];
+                    ldsm_x4_t(bk, &d.kh[16 * kb + lrow_a(lane)][16 * np + lcol_a(lane)]);
+                    mma_f16(acc[2 * np], vd[kb], bk[0], bk[1]);
+                    mma_f16(acc[2 * np + 1], vd[kb], bk[2], bk[3]);
+                }
+            const float el = __expf(gl);  // e^gamma_last
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[nt][e] = fmaf(el, S[nt][e], acc[nt][e] * inv_v);
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the kernel (the trailing groups are empty)
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            state[(int64_t)(8 * nt + 2 * tig + (e & 1)) * kDK + g8 + 8 * (e >> 1)] = S[nt][e];
+}
+
 template <bool VEC>
 pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_kernel<VEC>, int(sizeof(PrepSmem)), "gdn_chunk_prep_kernel"));
@@ -854,6 +1142,47 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
         <<<a.n_v_heads * (kDK / BV), kStateThreads, sizeof(StateSmem<BV>), stream>>>(a);
     PF_LAUNCH_CHECK("gdn_chunk_state_kernel<%d, %d, %d>", BV, int(VEC), int(VEC_O));
     return PF_STATUS_OK;
+}
+
+template <int NW, int NS, bool VEC>
+pf_status launch_state_t_ns(const StateArgs &a, cudaStream_t stream) {
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(StateTSmem<NW, NS>)),
+                                "gdn_chunk_state_t_kernel"));
+    gdn_chunk_state_t_kernel<NW, NS, VEC>
+        <<<a.n_v_heads * (kDK / (16 * NW)), 32 * NW, sizeof(StateTSmem<NW, NS>), stream>>>(a);
+    PF_LAUNCH_CHECK("gdn_chunk_state_t_kernel<%d, %d, %d>", NW, NS, int(VEC));
+    return PF_STATUS_OK;
+}
+
+// Three stages of operands where the device's opt-in shared memory per block holds them (sm_90:
+// 227 KB), else two (sm_80: 163 KB).
+template <int NW, bool VEC>
+pf_status launch_state_t(const StateArgs &a, cudaStream_t stream) {
+    int dev = 0, optin = 0;
+    PF_CUDA_TRY(cudaGetDevice(&dev));
+    PF_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (sizeof(StateTSmem<NW, 3>) <= size_t(optin)) return launch_state_t_ns<NW, 3, VEC>(a, stream);
+    return launch_state_t_ns<NW, 2, VEC>(a, stream);
+}
+
+// The warp-owned state kernel with NW warps (16 value columns each) per CTA: the fewest warps
+// per CTA whose CTAs still fit one wave (Hv = 32 on 132 SMs: 2 warps, 128 CTAs; Hv = 48: 4
+// warps, 96 CTAs). Every warp runs its own chain; the CTA shares the chunk's operands.
+template <bool VEC>
+pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, cudaStream_t stream) {
+    const int64_t slices = (int64_t)a.n_v_heads * (kDK / 16);
+    if (slices <= sm_count) return launch_state_t<1, VEC>(a, stream);
+    if (slices <= 2LL * sm_count) return launch_state_t<2, VEC>(a, stream);
+    if (slices <= 4LL * sm_count) return launch_state_t<4, VEC>(a, stream);
+    return launch_state_t<8, VEC>(a, stream);
+}
+
+// Which state kernel: env PREFILL_GDN_STATE=v2 selects the CTA-wide kernel (four barriers per
+// chunk) for side-by-side measurement; anything else (default) the warp-owned one. Read per call
+// (a getenv per GDN layer and pass), so that tests and benches can switch it in one process.
+bool gdn_state_v2_from_env() {
+    const char *e = std::getenv("PREFILL_GDN_STATE");
+    return e != nullptr && std::strcmp(e, "v2") == 0;
 }
 
 // The state kernel's instance for (BV, V and O alignment).
@@ -918,6 +1247,7 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
     if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
     const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
+    const bool v2 = gdn_state_v2_from_env();
     for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
         const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
         const int32_t nc = int32_t((n + kC - 1) / kC);
@@ -927,8 +1257,12 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
                           g + r0 * ld_g, ld_g, n, n_k_heads, n_v_heads, nc, w};
         PF_TRY(vec_qk ? launch_prep<true>(pa, stream) : launch_prep<false>(pa, stream));
         const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
-        PF_TRY(narrow ? launch_state_bv<32>(sa, vec_v, vec_o, stream)
-                      : launch_state_bv<64>(sa, vec_v, vec_o, stream));
+        if (!v2)
+            PF_TRY(vec_v ? launch_state_t_fit<true>(sa, sm_count, stream)
+                         : launch_state_t_fit<false>(sa, sm_count, stream));
+        else
+            PF_TRY(narrow ? launch_state_bv<32>(sa, vec_v, vec_o, stream)
+                          : launch_state_bv<64>(sa, vec_v, vec_o, stream));
     }
     return PF_STATUS_OK;
 }

@@ -5,6 +5,8 @@ shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one st
 call of T (what chunked prefill does)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..formats.synth import preset_desc
@@ -12,6 +14,10 @@ from ..kernels import gdn as K
 
 SHAPES = ("qwen35-4b", "qwen35-27b")
 SCAN_PATHS = ("sequential", "chunked")
+# (path, row label, PREFILL_GDN_STATE): the chunked path with its default (warp-owned) state
+# kernel and with v2, the CTA-wide one it replaced, side by side.
+SCAN_VARIANTS = (("sequential", "sequential", None), ("chunked", "chunked", None),
+                 ("chunked", "chunked v2-state", "v2"))
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
@@ -148,11 +154,20 @@ def scan(b, T: int, d, parts: int = 1) -> None:
             _scan(b.ctx, qv, kv, vv, bv, gv, View(state.buf, state.off(i)), ov, step, hk, hv, dk,
                   dv, path)
 
-    for path in SCAN_PATHS:
-        def run(path=path):
-            t = b.time_ours(lambda i: call(i, path), target_s=0.01)
-            b.add(op, T, f"ours {path} fp32", t, peer=peer, note=note, sets=n)
-        b.rec.guard(f"{op} T={T} {path}", run)
+    for path, label, state_env in SCAN_VARIANTS:
+        def run(path=path, label=label, state_env=state_env):
+            old = os.environ.get("PREFILL_GDN_STATE")
+            if state_env is not None:
+                os.environ["PREFILL_GDN_STATE"] = state_env   # read by the library per call
+            try:
+                t = b.time_ours(lambda i: call(i, path), target_s=0.01)
+            finally:
+                if old is None:
+                    os.environ.pop("PREFILL_GDN_STATE", None)
+                else:
+                    os.environ["PREFILL_GDN_STATE"] = old
+            b.add(op, T, f"ours {label} fp32", t, peer=peer, note=note, sets=n)
+        b.rec.guard(f"{op} T={T} {label}", run)
 
 
 def run(b, lengths) -> None:

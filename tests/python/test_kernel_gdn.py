@@ -443,6 +443,17 @@ CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
 
+@pytest.fixture(params=["warp", "v2"])
+def state_kernel(request, monkeypatch):
+    """Both state kernels of the chunked path: the warp-owned one (default) and v2 (the CTA-wide
+    one, env PREFILL_GDN_STATE=v2; read per call by the library)."""
+    if request.param == "v2":
+        monkeypatch.setenv("PREFILL_GDN_STATE", "v2")
+    else:
+        monkeypatch.delenv("PREFILL_GDN_STATE", raising=False)
+    return request.param
+
+
 def ref_scan_long(q, k, v, beta, g, S0):
     return ref_scan(q, k, v, beta, g, S0, form=ops.delta_rule_chunked)
 
@@ -450,7 +461,7 @@ def ref_scan_long(q, k, v, beta, g, S0):
 @gpu
 @pytest.mark.parametrize("rows", [1, 63, 64, 65, 777])
 @pytest.mark.parametrize("heads", list(CHUNK_HEADS))
-def test_chunked_matches_float64(ctx, rng, rows, heads):
+def test_chunked_matches_float64(ctx, rng, rows, heads, state_kernel):
     hk, hv = CHUNK_HEADS[heads]
     q, k, v, beta, g, S0 = scan_inputs(rng, rows, hk, hv, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked")
@@ -458,17 +469,19 @@ def test_chunked_matches_float64(ctx, rng, rows, heads):
 
 
 @gpu
-@pytest.mark.parametrize("dims", ["4B", "27B"])
-def test_chunked_real_shapes(ctx, rng, dims):
-    """All heads of the real models (Hv = 32: 32-column CTAs; Hv = 48: 64-column CTAs)."""
-    hk, hv, dk, dv = SCAN_DIMS[dims]
+@pytest.mark.parametrize("dims", ["0.8B", "4B", "27B", "wide"])
+def test_chunked_real_shapes(ctx, rng, dims, state_kernel):
+    """All heads of the real models. v2: 32-column CTAs for Hv = 32, 64 for Hv = 48. Warp-owned
+    kernel on 132 SMs: 1, 2 and 4 warps per CTA for Hv = 16, 32, 48; "wide" (Hv = 72) takes its
+    8-warp instance."""
+    hk, hv, dk, dv = SCAN_DIMS[dims] if dims != "wide" else (8, 72, 128, 128)
     q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
     assert_scan("chunked", ref_scan_long(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
 
 
 @gpu
-def test_chunked_state_carried_across_calls(ctx, rng):
+def test_chunked_state_carried_across_calls(ctx, rng, state_kernel):
     """Calls of 1, 2, 63, 64, 65 and the rest carry the state (within the bound, not bitwise:
     chunks restart at every call); the caller's workspace at a byte offset serves each call."""
     sizes = [1, 2, 63, 64, 65, 582]
@@ -483,7 +496,7 @@ def test_chunked_state_carried_across_calls(ctx, rng):
 
 @gpu
 @pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
-def test_chunked_hard_cases(ctx, rng, case):
+def test_chunked_hard_cases(ctx, rng, case, state_kernel):
     """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
     per row (exp underflows: no NaN), values of 1e4 (past fp16's range after the products: the
     per-chunk scales keep the operands finite), a fresh sequence."""
@@ -517,7 +530,7 @@ def _long_case(rows, hk, hv):
 
 @gpu
 @pytest.mark.parametrize("rows, hk, hv", [(8192, 16, 32), (65536, 1, 2)])
-def test_chunked_long(ctx, rows, hk, hv):
+def test_chunked_long(ctx, rows, hk, hv, state_kernel):
     """The qwen35-4b shape at 8192 rows, and 65536 rows (eight passes of 8192): within the bound,
     no NaN or Inf."""
     (q, k, v, beta, g, S0), (ro, rS) = _long_case(rows, hk, hv)
@@ -526,7 +539,7 @@ def test_chunked_long(ctx, rows, hk, hv):
 
 
 @gpu
-def test_chunked_output_in_place_over_v(ctx, rng):
+def test_chunked_output_in_place_over_v(ctx, rng, state_kernel):
     q, k, v, beta, g, S0 = scan_inputs(rng, 130, 2, 4, 128, 128)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [130], o_in_place=True, path="chunked")
     assert_scan("chunked (in place)", ref_scan(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
