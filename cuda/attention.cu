@@ -8,25 +8,15 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "qk_math.cuh"
 
 namespace pf {
 namespace {
 
 constexpr size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// fp32 -> fp16, round to nearest even, saturating: |x| > 65504 would round to inf (at 65520 and
-// up), and an inf key or value turns into NaN inside the softmax or P.V (inf * 0).
-__device__ __forceinline__ __half to_half_sat(float x) {
-    if (fabsf(x) > 65504.f) x = copysignf(65504.f, x);  // false for NaN: NaN stays NaN
-    return __float2half_rn(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return to_half_sat(x); }
+// to_half_sat, from_float<T>: the cache conversion, in qk_math.cuh (the fused q/k kernel writes
+// the cache with the same function).
 
 // Grid size of a grid-stride loop over `n` elements with 256-thread blocks; capped because each
 // thread loops anyway and 2^20 blocks already cover every SM many times.

@@ -156,6 +156,7 @@ bool env_switch_on(const char *name) {  // unset or anything but 0/off/no/false 
 bool fuse_env_enabled() { return env_switch_on("PREFILL_FUSE"); }
 bool act16_env_enabled() { return env_switch_on("PREFILL_F16_ACT"); }
 bool graph_env_enabled() { return env_switch_on("PREFILL_GRAPH"); }
+bool qkrope_env_enabled() { return env_switch_on("PREFILL_FUSE_QKROPE"); }
 
 void model_info(const pf_model *m, pf_model_info *o) {
     hparam_info(m->hp, m->n_attn_layers, m->output == m->tok_embd, o);

@@ -51,5 +51,9 @@ bool act16_env_enabled();
 // Whether sessions replay chunks as CUDA graphs: env PREFILL_GRAPH = 0 | off | no turns it off
 // (read at session creation; the logits are bitwise the same either way).
 bool graph_env_enabled();
+// Whether sessions run the attention layer's q/k norms, RoPE and KV-cache write as one kernel
+// (qk_rope.cuh): env PREFILL_FUSE_QKROPE = 0 | off | no turns it off (read at session creation;
+// the logits are bitwise the same either way).
+bool qkrope_env_enabled();
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

@@ -6,6 +6,7 @@
 
 #include "common.cuh"
 #include "f16_rows.cuh"
+#include "qk_math.cuh"
 #include "rows.cuh"
 
 namespace pf {
@@ -60,10 +61,9 @@ __global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
     int64_t r, h;
     if (!warp_row_head(a.rows, a.n_heads, r, h)) return;
     float *x = a.x + r * a.ld + h * a.head_stride;
-    const float s = warp_sum_squares(x, a.head_dim);
-    const float inv = 1.0f / sqrtf(s / (float)a.head_dim + a.eps);
+    const float inv = head_norm_inv(warp_sum_squares(x, a.head_dim), a.head_dim, a.eps);
     for (int i = threadIdx.x % kWarpSize; i < a.head_dim; i += kWarpSize)
-        x[i] = (x[i] * inv) * a.w[i];
+        x[i] = head_norm_value(x[i], inv, a.w[i]);
 }
 
 // ------------------------------------------------------------------------------ RoPE
@@ -88,20 +88,18 @@ __global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
     if (idx >= a.rows * a.half) return;
     const int64_t t = idx / a.half;
     const int i = (int)(idx % a.half);
-    // Angle in float64: fp32 would lose ~p*6e-8 rad to the product's rounding alone (1.6e-2
-    // rad at p = 2^18). Hopper's fp64 units make these two transcendentals per thread cheap.
-    const double inv_freq = pow(a.base, -(2.0 * i) / a.rot);
+    // Angle in float64 (qk_math.cuh): fp32 would lose ~p*6e-8 rad to the product's rounding
+    // alone (1.6e-2 rad at p = 2^18). Hopper's fp64 units make these two transcendentals per
+    // thread cheap.
     const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
-    const double phi = (double)(pos0 + t) * inv_freq;
-    double sd, cd;
-    sincos(phi, &sd, &cd);  // full double range reduction (Payne-Hanek for large phi)
-    const float s = (float)sd, c = (float)cd;
+    float c, s;
+    rope_cos_sin(a.base, a.rot, i, pos0 + t, c, s);
     float *row = a.x + t * a.ld + i;
     for (int h = 0; h < a.n_heads; ++h) {
         float *p = row + h * a.head_stride;
         const float u0 = p[0], u1 = p[a.half];
-        p[0] = u0 * c - u1 * s;
-        p[a.half] = u0 * s + u1 * c;
+        p[0] = rope_lo(u0, u1, c, s);
+        p[a.half] = rope_hi(u0, u1, c, s);
     }
 }
 

@@ -13,6 +13,7 @@
 #include "f16_rows.cuh"
 #include "gdn.cuh"
 #include "gemm.cuh"
+#include "qk_rope.cuh"
 #include "rows.cuh"
 #include "session.h"
 #include "session_state.h"
@@ -185,6 +186,30 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunne
     const float eps = float(hp.eps);
     PF_TRY(R.graphed([&]() -> pf_status {
         PF_TRY(project_group(s, {L.wq, L.wk, L.wv}, {q, k, v}, T, W));
+        if (s->fuse_qkrope) {  // the five launches below in one, bitwise the same (qk_rope.cu)
+            QkRopeKvArgs a;
+            a.q = q;
+            a.ldq = W;
+            a.q_head_stride = q_head_stride;
+            a.k = k;
+            a.ldk = W;
+            a.v = v;
+            a.ldv = W;
+            a.rows = T;
+            a.n_heads = int32_t(H);
+            a.n_kv_heads = int32_t(hp.n_head_kv);
+            a.head_dim = int32_t(D);
+            a.rot_dim = int32_t(hp.rope_dim);
+            a.rope_base = float(hp.rope_base);
+            a.q_norm = L.q_norm;
+            a.k_norm = L.k_norm;
+            a.eps = eps;
+            a.pos0_dev = s->pos_dev;
+            a.k_cache = kc;
+            a.v_cache = vc;
+            a.kv_dtype = s->kv_dtype;
+            return qk_norm_rope_kv_at(a, st);
+        }
         PF_TRY(head_rms_norm_rows(q, W, T, int32_t(H), q_head_stride, int32_t(D), L.q_norm, eps, st));
         PF_TRY(head_rms_norm_rows(k, W, T, int32_t(hp.n_head_kv), D, int32_t(D), L.k_norm, eps, st));
         // RoPE reads the chunk's position from s->pos_dev: the same launch at any position
@@ -456,6 +481,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->fuse = fuse_env_enabled();
     s->act16_env = act16_env_enabled();
     s->graph_env = o.cuda_graphs == 1 && graph_env_enabled();
+    s->fuse_qkrope = qkrope_env_enabled() && qk_norm_rope_kv_supported(int32_t(hp.head_dim), int32_t(hp.rope_dim));
     const size_t kv_bytes = size_t(s->max_tokens) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype);
     if (o.chunk_tokens) {
         s->chunk = std::min(o.chunk_tokens, s->max_tokens);

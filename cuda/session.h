@@ -29,6 +29,9 @@ struct pf_session {
     std::vector<void *> k_cache, v_cache;  // per attention layer [max_tokens][kv_dim]
     std::vector<float *> conv, ssm;         // per layer (GDN layers only; nullptr otherwise)
     bool fuse = true;                // run prewarmed groups as one GEMM (env PREFILL_FUSE at creation)
+    // The attention layer's q/k norms, RoPE and cache write as one kernel (qk_rope.cuh; env
+    // PREFILL_FUSE_QKROPE=0 turns it off at creation, for A/B runs: bitwise the same logits)
+    bool fuse_qkrope = true;
     // chunk scratch, fp32 [chunk][width]: x the residual stream, h the normed input of the
     // projections, a the side-by-side outputs of a projection group, b the GDN conv output, o the
     // mixer output

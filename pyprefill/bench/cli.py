@@ -48,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
                    help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16, "
-                        "LEG/nograph (combinable: LEG/nofuse/noact16/nograph) run LEG with the "
-                        "fused projections, the producers' fp16 inputs or the CUDA graphs off "
+                        "LEG/nograph, LEG/noqkrope (combinable: LEG/nofuse/noact16/nograph) run "
+                        "LEG with the fused projections, the producers' fp16 inputs, the CUDA "
+                        "graphs or the fused q/k norm+RoPE+cache write off "
                         "(before/after in one run) "
                         "(default: FILE auto, suites f16,f32)")
     p.add_argument("--chunk", type=int, default=2048,

@@ -81,6 +81,18 @@ def test_suite_defaults_and_quick():
     assert _args("kernels", "--families", "gdn,attention").families == ["gdn", "attention"]
 
 
+def test_leg_variants_name_their_switches():
+    """LEG/variant names the environment switch the library reads at session creation."""
+    from pyprefill.bench.model import split_leg
+    assert split_leg("auto") == ("auto", {})
+    assert split_leg("auto/noqkrope") == ("auto", {"PREFILL_FUSE_QKROPE": "0"})
+    assert split_leg("f16/nofuse/noact16/nograph/noqkrope") == ("f16", {
+        "PREFILL_FUSE": "0", "PREFILL_F16_ACT": "0", "PREFILL_GRAPH": "0", "PREFILL_FUSE_QKROPE": "0"})
+    with pytest.raises(ValueError, match="'noqk'.*nograph, noqkrope"):
+        split_leg("auto/noqk")
+    assert _args("model", "--gemm", "auto", "auto/noqkrope").gemm == ["auto", "auto/noqkrope"]
+
+
 @pytest.mark.parametrize("argv, words", [
     (["m.gguf", "--models", "qwen3-4b"], "--models"),
     (["all", "--json"], "--json"),

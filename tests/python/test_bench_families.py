@@ -231,6 +231,31 @@ def test_whole_model_rows_on_a_fake_device(monkeypatch):
     assert "| tiny |" in table and "| pp32 |" in table and "error: UnsupportedError" in table
 
 
+def test_leg_variant_switch_is_set_for_session_creation_only(monkeypatch):
+    """"auto/noqkrope" creates its sessions with PREFILL_FUSE_QKROPE=0 and puts the environment
+    back; the plain leg sees the switch as it was (unset)."""
+    import os
+
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import model
+    seen = []
+
+    class EnvModel(FakeModel):
+        def session(self, *, max_tokens, chunk, gemm):
+            seen.append((gemm, os.environ.get("PREFILL_FUSE_QKROPE")))
+            return super().session(max_tokens=max_tokens, chunk=chunk, gemm=gemm)
+
+    monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
+    monkeypatch.setattr(pyprefill.model, "Model", EnvModel)
+    monkeypatch.delenv("PREFILL_FUSE_QKROPE", raising=False)
+    rows = model.bench_ours(_common.Recorder(), "unused.gguf", "tiny", [16], ["auto", "auto/noqkrope"],
+                            chunk=16, reps=2, rng=np.random.default_rng(0))
+    assert seen == [("auto", None), ("auto", "0")]
+    assert "PREFILL_FUSE_QKROPE" not in os.environ
+    assert [(r["impl"], "error" in r) for r in rows] == [("ours auto", False), ("ours auto/noqkrope", False)]
+
+
 def test_cli_file_and_model_suite_on_a_fake_device(monkeypatch, tmp_path, capsys):
     import json
     import os

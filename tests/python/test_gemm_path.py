@@ -261,3 +261,37 @@ def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
         for i, (a, b) in enumerate(zip(outs[True], outs[off])):
             assert np.isfinite(a).all(), f"step {i}: non-finite output with graphs"
             assert np.array_equal(a, b), f"step {i}: graphs differ from eager ({off}; max |diff| {np.abs(a - b).max():.3e})"
+
+
+def _qkrope_run(m, on: bool, prompts, monkeypatch, **kw):
+    monkeypatch.setenv("PREFILL_FUSE_QKROPE", "1" if on else "0")   # read at session creation
+    outs = []
+    with m.session(max_tokens=1024, **kw) as s:
+        for p in prompts:                       # the later calls start at positions > 0
+            outs.append(s.prefill(p, "all"))
+        outs.append(s.generate(4).astype(np.float32))   # decode steps: one row each
+    return outs
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, rng, monkeypatch):
+    """The attention layer's q/k RMSNorm, RoPE and KV-cache write as one kernel
+    (qk_norm_rope_kv_at, the default) give bitwise the logits and greedy tokens of the five
+    separate kernels (PREFILL_FUSE_QKROPE=0): qwen3 (q heads of D) and qwen35 ([q | gate]
+    heads, partial RoPE), fp16 and fp32 caches, chunks of 1, 7, 64 rows and the whole prompt,
+    at position 0 and after earlier calls; the same lengths twice, so with graphs on the
+    chunks also replay."""
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    prompts = [random_tokens(rng, n, _vocab(path)) for n in (150, 77, 150)]
+    with Model.load(path, progress=False) as m:
+        for chunk in (1, 7, 64, 0):             # 0: the auto chunk, the whole of each call
+            kw = dict(chunk=chunk, kv=kv, graphs=graphs)
+            on = _qkrope_run(m, True, prompts, monkeypatch, **kw)
+            off = _qkrope_run(m, False, prompts, monkeypatch, **kw)
+            for i, (a, b) in enumerate(zip(on, off)):
+                assert np.isfinite(a).all(), f"{preset} kv={kv} chunk={chunk} call {i}: non-finite output"
+                assert np.array_equal(a, b), (f"{preset} kv={kv} chunk={chunk} call {i}: fused q/k RoPE differs "
+                                              f"(max |diff| {np.abs(a - b).max():.3e})")
