@@ -959,6 +959,23 @@ __global__ void __launch_bounds__(32 * NW, 1)
         for (int e = 0; e < 4; ++e)
             S[nt][e] = state[(int64_t)(8 * nt + 2 * tig + (e & 1)) * kDK + g8 + 8 * (e >> 1)];
 
+    // max |S| of the state entering the chunk (four partial maxima: a short dependent chain)
+    const auto state_max = [&]() {
+        float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) m4[e] = fmaxf(m4[e], fabsf(S[nt][e]));
+        return warp_max(fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3])));
+    };
+    float ms = state_max();
+
+    // Issue order matters: ldmatrix and mma are volatile asm, so the code order below is the
+    // order the warp issues them in. Each product loads the B fragments of its next k-block
+    // before the mma of the current one (the ldmatrix latency hides behind the mma), the
+    // state-independent products (S^T Q^T, V'^T P^T) sit between the chain's steps, and the
+    // chain (X, R, V', the update) is one dependent line with no barrier: the warp runs alone on
+    // its scheduler, so its own instruction-level parallelism is all the latency hiding there is.
     for (int c = 0; c < a.nc; ++c) {
         const int b = c % NS;
         const typename Smem::Stage &d = s.st[b];
@@ -967,47 +984,58 @@ __global__ void __launch_bounds__(32 * NW, 1)
         if (c + NS - 1 < a.nc) stage(c + NS - 1, (c + NS - 1) % NS);
         cp_async_commit();
 
-        // The state's scale and fp16 A fragments (S^T: 8 k-blocks over dk).
-        float ms = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) ms = fmaxf(ms, fabsf(S[nt][e]));
-        ms = warp_max(ms);
         const float sig_s = pow2_scale(__float_as_uint(ms)), inv_s = 1.0f / sig_s;
-        uint32_t sa[8][4];
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb) acc_to_a(sa[kb], S[2 * kb], S[2 * kb + 1], sig_s);
-
-        // X^T = S^T K^T and S^T Q^T (B from K, Q stored [row i][x]: [n][k], ldmatrix plain).
-        float xk[8][4], xq[8][4];
+        // the warp's rows of this lane: i = 8 nt + 2 tig + u; e^gamma_i / sigma_S for R and O
+        float eg[8][2];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) xk[nt][e] = xq[nt][e] = 0.0f;
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb)
-#pragma unroll
-            for (int np = 0; np < 4; ++np) {
-                uint32_t bk[4], bq[4];
-                ldsm_x4(bk, &d.kh[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
-                ldsm_x4(bq, &d.qh[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
-                mma_f16(xk[2 * np], sa[kb], bk[0], bk[1]);
-                mma_f16(xk[2 * np + 1], sa[kb], bk[2], bk[3]);
-                mma_f16(xq[2 * np], sa[kb], bq[0], bq[1]);
-                mma_f16(xq[2 * np + 1], sa[kb], bq[2], bq[3]);
-            }
-
-        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
-        // Scale from a bound known without a reduction over R: |R| <= max|V| + sqrt(dk) max|S|
-        // (q, k unit vectors), as the v2 kernel; here max |V| and max |S| are the warp's own.
-        float vmax = 0.0f;
+            for (int u = 0; u < 2; ++u) eg[nt][u] = __expf(d.gam[8 * nt + 2 * tig + u]) * inv_s;
+        // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), as the v2 kernel; here max |V| and
+        // max |S| are the warp's own columns'.
+        float vm4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                vmax = fmaxf(vmax, fabsf(d.vst[8 * nt + 2 * tig + (e & 1)][vc + g8 + 8 * (e >> 1)]));
-        const float r_bound = warp_max(vmax) + kSqrtDk * ms;
+                vm4[e] = fmaxf(vm4[e], fabsf(d.vst[8 * nt + 2 * tig + (e & 1)][vc + g8 + 8 * (e >> 1)]));
+        const float r_bound = warp_max(fmaxf(fmaxf(vm4[0], vm4[1]), fmaxf(vm4[2], vm4[3]))) + kSqrtDk * ms;
+
+        // X^T = S^T K^T (B from K stored [row i][x]: [n][k], ldmatrix plain).
+        float xk[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) xk[nt][e] = 0.0f;
+        {
+            uint32_t bb[2][4][4];
+#pragma unroll
+            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &d.kh[16 * np + lrow_b(lane)][lcol_b(lane)]);
+#pragma unroll
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb + 1 < 8)
+#pragma unroll
+                    for (int np = 0; np < 4; ++np)
+                        ldsm_x4(bb[(kb + 1) & 1][np], &d.kh[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
+                uint32_t sa[4];
+                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    mma_f16(xk[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
+                    mma_f16(xk[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
+                }
+            }
+        }
+        // Tm's fragments (lower triangle: the n-pair of rows 16 np needs k-blocks kb <= np),
+        // issued now so that they land while R is computed.
+        uint32_t bt[10][4];
+#pragma unroll
+        for (int np = 0, f = 0; np < 4; ++np)
+#pragma unroll
+            for (int kb = 0; kb <= np; ++kb, ++f)
+                ldsm_x4(bt[f], &d.tm[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+
+        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
         const float sig_r = pow2_scale_f(r_bound);
         uint32_t ra[4][4];
 #pragma unroll
@@ -1018,33 +1046,62 @@ __global__ void __launch_bounds__(32 * NW, 1)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int nt = 2 * kb + h, i = 8 * nt + 2 * tig + (e & 1);
-                    const float ei = __expf(d.gam[i]) * inv_s;
                     const float vx = d.vst[i][vc + g8 + 8 * (e >> 1)];
-                    r[h][e] = d.beta[i] * (vx - ei * xk[nt][e]);
+                    r[h][e] = d.beta[i] * (vx - eg[nt][e & 1] * xk[nt][e]);
                 }
             acc_to_a(ra[kb], r[0], r[1], sig_r);
         }
 
-        // V'^T = R^T Tm^T (B from Tm stored [i][j]: [n][k]; Tm lower triangular, so the n-pair
-        // of rows 16 np.. needs the k-blocks kb <= np only).
-        const float sig_t = d.meta[0];
-        const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| * max |R| >= max |V'|
-        const float sig_v = pow2_scale_f(v_bound), inv_v = 1.0f / sig_v;
+        // V'^T = R^T Tm^T (B from Tm stored [i][j]: [n][k]).
         float vp[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) vp[nt][e] = 0.0f;
 #pragma unroll
-        for (int np = 0; np < 4; ++np)
+        for (int np = 0, f = 0; np < 4; ++np)
 #pragma unroll
-            for (int kb = 0; kb <= np; ++kb) {
-                uint32_t bt[4];
-                ldsm_x4(bt, &d.tm[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
-                mma_f16(vp[2 * np], ra[kb], bt[0], bt[1]);
-                mma_f16(vp[2 * np + 1], ra[kb], bt[2], bt[3]);
+            for (int kb = 0; kb <= np; ++kb, ++f) {
+                mma_f16(vp[2 * np], ra[kb], bt[f][0], bt[f][1]);
+                mma_f16(vp[2 * np + 1], ra[kb], bt[f][2], bt[f][3]);
             }
-        // V' * sigma_V (for the outputs) and e^(gamma_last - gamma) V' * sigma_V (for the state).
+
+        // S^T Q^T (independent of V': issued while the V' mma drain), for the outputs.
+        float xq[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) xq[nt][e] = 0.0f;
+        {
+            uint32_t bb[2][4][4];
+#pragma unroll
+            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &d.qh[16 * np + lrow_b(lane)][lcol_b(lane)]);
+#pragma unroll
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb + 1 < 8)
+#pragma unroll
+                    for (int np = 0; np < 4; ++np)
+                        ldsm_x4(bb[(kb + 1) & 1][np], &d.qh[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
+                uint32_t sa[4];
+                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    mma_f16(xq[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
+                    mma_f16(xq[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
+                }
+            }
+        }
+        // P's fragments (lower triangle, diagonal included), landing while V' is converted.
+#pragma unroll
+        for (int np = 0, f = 0; np < 4; ++np)
+#pragma unroll
+            for (int kb = 0; kb <= np; ++kb, ++f)
+                ldsm_x4(bt[f], &d.ph[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+
+        // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (state update).
+        const float sig_t = d.meta[0];
+        const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| * max |R| >= max |V'|
+        const float sig_v = pow2_scale_f(v_bound), inv_v = 1.0f / sig_v;
         const float k_v = sig_v / (sig_t * sig_r);  // exact: powers of two
         const float gl = d.gam[kC - 1];
         uint32_t va[4][4], vd[4][4];
@@ -1054,18 +1111,21 @@ __global__ void __launch_bounds__(32 * NW, 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int nt = 2 * kb + h, i = 8 * nt + 2 * tig + (e & 1);
-                    x[h][e] = vp[nt][e] * k_v;
-                    y[h][e] = x[h][e] * __expf(gl - d.gam[i]);  // exponent <= 0
+                for (int u = 0; u < 2; ++u) {
+                    const int nt = 2 * kb + h;
+                    const float dd = __expf(gl - d.gam[8 * nt + 2 * tig + u]);  // exponent <= 0
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        x[h][2 * hh + u] = vp[nt][2 * hh + u] * k_v;
+                        y[h][2 * hh + u] = x[h][2 * hh + u] * dd;
+                    }
                 }
             acc_to_a(va[kb], x[0], x[1], 1.0f);
             acc_to_a(vd[kb], y[0], y[1], 1.0f);
         }
 
-        // O^T = e^gamma (S^T Q^T) + V'^T P^T (B from P stored [i][j]: [n][k]; lower triangular,
-        // diagonal included). The warp's 16 columns of 64 rows, straight to global memory: each
-        // store instruction fills four whole 32-byte sectors.
+        // O^T = e^gamma (S^T Q^T) + V'^T P^T; the warp's 16 columns of 64 rows straight to
+        // global memory (each store instruction fills four whole 32-byte sectors).
         {
             float op[8][4];
 #pragma unroll
@@ -1073,13 +1133,11 @@ __global__ void __launch_bounds__(32 * NW, 1)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) op[nt][e] = 0.0f;
 #pragma unroll
-            for (int np = 0; np < 4; ++np)
+            for (int np = 0, f = 0; np < 4; ++np)
 #pragma unroll
-                for (int kb = 0; kb <= np; ++kb) {
-                    uint32_t bp[4];
-                    ldsm_x4(bp, &d.ph[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
-                    mma_f16(op[2 * np], va[kb], bp[0], bp[1]);
-                    mma_f16(op[2 * np + 1], va[kb], bp[2], bp[3]);
+                for (int kb = 0; kb <= np; ++kb, ++f) {
+                    mma_f16(op[2 * np], va[kb], bt[f][0], bt[f][1]);
+                    mma_f16(op[2 * np + 1], va[kb], bt[f][2], bt[f][3]);
                 }
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
@@ -1087,10 +1145,8 @@ __global__ void __launch_bounds__(32 * NW, 1)
                 for (int e = 0; e < 4; ++e) {
                     const int i = 8 * nt + 2 * tig + (e & 1);
                     const int64_t t = (int64_t)c * kC + i;
-                    if (t < a.rows) {
-                        const float os = __expf(d.gam[i]) * inv_s * xq[nt][e];
-                        og[t * a.ldo + g8 + 8 * (e >> 1)] = fmaf(op[nt][e], inv_v, os);
-                    }
+                    if (t < a.rows)
+                        og[t * a.ldo + g8 + 8 * (e >> 1)] = fmaf(op[nt][e], inv_v, eg[nt][e & 1] * xq[nt][e]);
                 }
         }
 
@@ -1102,21 +1158,34 @@ __global__ void __launch_bounds__(32 * NW, 1)
             for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+            uint32_t bb[2][4][4];
 #pragma unroll
-            for (int kb = 0; kb < 4; ++kb)
+            for (int q4 = 0; q4 < 4; ++q4) ldsm_x4_t(bb[0][q4], &d.kh[lrow_a(lane)][16 * q4 + lcol_a(lane)]);
+            // 32 (kb, np) steps, fragments one step of four ahead: step s = (kb, half): np = 4 half + q4
 #pragma unroll
-                for (int np = 0; np < 8; ++np) {
-                    uint32_t bk[4];
-                    ldsm_x4_t(bk, &d.kh[16 * kb + lrow_a(lane)][16 * np + lcol_a(lane)]);
-                    mma_f16(acc[2 * np], vd[kb], bk[0], bk[1]);
-                    mma_f16(acc[2 * np + 1], vd[kb], bk[2], bk[3]);
+            for (int st = 0; st < 8; ++st) {
+                const int kb = st >> 1, half = st & 1;
+                if (st + 1 < 8) {
+                    const int kb1 = (st + 1) >> 1, half1 = (st + 1) & 1;
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; ++q4)
+                        ldsm_x4_t(bb[(st + 1) & 1][q4],
+                                  &d.kh[16 * kb1 + lrow_a(lane)][16 * (4 * half1 + q4) + lcol_a(lane)]);
                 }
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4) {
+                    const int np = 4 * half + q4;
+                    mma_f16(acc[2 * np], vd[kb], bb[st & 1][q4][0], bb[st & 1][q4][1]);
+                    mma_f16(acc[2 * np + 1], vd[kb], bb[st & 1][q4][2], bb[st & 1][q4][3]);
+                }
+            }
             const float el = __expf(gl);  // e^gamma_last
 #pragma unroll
             for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S[nt][e] = fmaf(el, S[nt][e], acc[nt][e] * inv_v);
         }
+        ms = state_max();
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the trailing groups are empty)
 #pragma unroll
