@@ -853,7 +853,8 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 // warp owning 16 value columns runs the whole chain on its own registers: no shared-memory
 // round trip and no barrier inside the step, and the power-of-two scales come from warp
 // reductions. The CTA's warps share only the chunk's operands (K, Q, Tm, P, gates, the V
-// columns), staged kStages deep with cp.async behind one barrier per chunk.
+// columns), staged kStages deep with cp.async by one producer warp (on a scheduler of its own
+// for NW <= 3: the compute warps issue no copy instructions) behind one barrier per chunk.
 // The v2 kernel above spent ~3.7 us per chunk on its four barriers and three dependent
 // shared-memory steps (ncu, NOTES.md run 4-7); this one is bounded by its ~232 mma.sync and
 // ~116 ldmatrix per warp and chunk.
@@ -889,12 +890,12 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4],
 }
 
 template <int NW, int NS_, bool VEC>
-__global__ void __launch_bounds__(32 * NW, 1)
+__global__ void __launch_bounds__(32 * (NW + 1), 1)
     gdn_chunk_state_t_kernel(const __grid_constant__ StateArgs a) {
     using Smem = StateTSmem<NW, NS_>;
     constexpr int BV = Smem::kBV;
     constexpr int NS = Smem::kStages;
-    constexpr int kThreads = 32 * NW;
+    constexpr int kLanes = 32;  // the producer warp's lanes issue every copy
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem &s = *reinterpret_cast<Smem *>(smem_raw);
 
@@ -909,45 +910,63 @@ __global__ void __launch_bounds__(32 * NW, 1)
     float *og = a.o + (int64_t)j * kDK + col0 + vc;
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
 
+    // One chunk's operands into stage buffer b, issued by the producer warp (lane = its lane).
     const auto stage = [&](int c, int b) {
         typename Smem::Stage &d = s.st[b];
         const size_t kq = ((size_t)jk * a.nc + c) * kC * kDK;
         const size_t hc = (size_t)j * a.nc + c;
-        for (int e = tid; e < kC * kDK / 8; e += kThreads) {  // 16 B = 8 halves
+#pragma unroll 8
+        for (int e = lane; e < kC * kDK / 8; e += kLanes) {  // 16 B = 8 halves
             const int i = e / (kDK / 8), d8 = (e % (kDK / 8)) * 8;
             cp_async16(&d.kh[i][d8], a.w.kh + kq + (size_t)i * kDK + d8, true);
             cp_async16(&d.qh[i][d8], a.w.qh + kq + (size_t)i * kDK + d8, true);
         }
-        for (int e = tid; e < kC * kC / 8; e += kThreads) {
+#pragma unroll 8
+        for (int e = lane; e < kC * kC / 8; e += kLanes) {
             const int i = e / (kC / 8), d8 = (e % (kC / 8)) * 8;
             cp_async16(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
             cp_async16(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
         }
         const int64_t t0 = (int64_t)c * kC;
         if (VEC) {
-            for (int e = tid; e < kC * BV / 4; e += kThreads) {
+#pragma unroll 4
+            for (int e = lane; e < kC * BV / 4; e += kLanes) {
                 const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
                 const bool ok = t0 + i < a.rows;
                 cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
             }
         } else {
-            for (int e = tid; e < kC * BV; e += kThreads) {
+#pragma unroll 4
+            for (int e = lane; e < kC * BV; e += kLanes) {
                 const int i = e / BV, d1 = e % BV;
                 const bool ok = t0 + i < a.rows;
                 cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
             }
         }
-        for (int e = tid; e < 2 * kC / 4 + 1; e += kThreads) {
+        for (int e = lane; e < 2 * kC / 4 + 1; e += kLanes) {
             if (e < kC / 4) cp_async16(&d.gam[4 * e], a.w.gam + hc * kC + 4 * e, true);
             else if (e < kC / 2) cp_async16(&d.beta[4 * (e - kC / 4)], a.w.bet + hc * kC + 4 * (e - kC / 4), true);
             else cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
         }
     };
 
+    if (warp == NW) {
+        // The producer: chunk c + NS - 1 into the buffer freed by chunk c - 1, once everyone is
+        // past chunk c's barrier. It passes the same barrier once per chunk as the compute warps
+        // (no early exit), and its wait_group before the barrier publishes chunk c's copies.
 #pragma unroll
-    for (int c = 0; c < NS - 1; ++c) {
-        if (c < a.nc) stage(c, c);
-        cp_async_commit();  // empty groups keep the count: group c is chunk c
+        for (int c = 0; c < NS - 1; ++c) {
+            if (c < a.nc) stage(c, c);
+            cp_async_commit();  // empty groups keep the count: group c is chunk c
+        }
+        for (int c = 0; c < a.nc; ++c) {
+            cp_async_wait<NS - 2>();
+            __syncthreads();
+            if (c + NS - 1 < a.nc) stage(c + NS - 1, (c + NS - 1) % NS);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        return;
     }
 
     // S^T[v][x] = S[x][v] (v: the warp's 16 columns, x: dk) as 16 n8 accumulator tiles over x:
@@ -979,10 +998,7 @@ __global__ void __launch_bounds__(32 * NW, 1)
     for (int c = 0; c < a.nc; ++c) {
         const int b = c % NS;
         const typename Smem::Stage &d = s.st[b];
-        cp_async_wait<NS - 2>();  // chunk c landed (this thread's copies) ...
-        __syncthreads();          // ... everyone's; and chunk c - 1's buffer is free
-        if (c + NS - 1 < a.nc) stage(c + NS - 1, (c + NS - 1) % NS);
-        cp_async_commit();
+        __syncthreads();  // chunk c landed (the producer waited for it); chunk c - 1's buffer is free
 
         const float sig_s = pow2_scale(__float_as_uint(ms)), inv_s = 1.0f / sig_s;
         // the warp's rows of this lane: i = 8 nt + 2 tig + u; e^gamma_i / sigma_S for R and O
@@ -1139,14 +1155,19 @@ __global__ void __launch_bounds__(32 * NW, 1)
                     mma_f16(op[2 * np], va[kb], bt[f][0], bt[f][1]);
                     mma_f16(op[2 * np + 1], va[kb], bt[f][2], bt[f][3]);
                 }
+            const int64_t t0 = (int64_t)c * kC;
+            const int lim = a.rows - t0 < kC ? int(a.rows - t0) : kC;  // rows of this chunk
+            float *orow = og + (t0 + 2 * tig) * a.ldo + g8;              // row 2 tig of the chunk
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
+            for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = 8 * nt + 2 * tig + (e & 1);
-                    const int64_t t = (int64_t)c * kC + i;
-                    if (t < a.rows)
-                        og[t * a.ldo + g8 + 8 * (e >> 1)] = fmaf(op[nt][e], inv_v, eg[nt][e & 1] * xq[nt][e]);
+                for (int u = 0; u < 2; ++u) {
+                    const int i = 8 * nt + 2 * tig + u;
+                    if (i < lim) {
+                        float *p = orow + (u ? a.ldo : 0);
+                        p[0] = fmaf(op[nt][u], inv_v, eg[nt][u] * xq[nt][u]);
+                        p[8] = fmaf(op[nt][2 + u], inv_v, eg[nt][u] * xq[nt][2 + u]);
+                    }
                 }
         }
 
@@ -1187,7 +1208,6 @@ __global__ void __launch_bounds__(32 * NW, 1)
         }
         ms = state_max();
     }
-    cp_async_wait<0>();  // no copy outlives the kernel (the trailing groups are empty)
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
@@ -1218,7 +1238,7 @@ pf_status launch_state_t_ns(const StateArgs &a, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(StateTSmem<NW, NS>)),
                                 "gdn_chunk_state_t_kernel"));
     gdn_chunk_state_t_kernel<NW, NS, VEC>
-        <<<a.n_v_heads * (kDK / (16 * NW)), 32 * NW, sizeof(StateTSmem<NW, NS>), stream>>>(a);
+        <<<a.n_v_heads * (kDK / (16 * NW)), 32 * (NW + 1), sizeof(StateTSmem<NW, NS>), stream>>>(a);
     PF_LAUNCH_CHECK("gdn_chunk_state_t_kernel<%d, %d, %d>", NW, NS, int(VEC));
     return PF_STATUS_OK;
 }
