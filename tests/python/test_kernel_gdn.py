@@ -443,14 +443,15 @@ CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
 
-@pytest.fixture(params=["warp", "v2"])
+@pytest.fixture(params=["warp", "warp1", "v2"])
 def state_kernel(request, monkeypatch):
-    """Both state kernels of the chunked path: the warp-owned one (default) and v2 (the CTA-wide
-    one, env PREFILL_GDN_STATE=v2; read per call by the library)."""
-    if request.param == "v2":
-        monkeypatch.setenv("PREFILL_GDN_STATE", "v2")
-    else:
+    """Every state kernel of the chunked path: the warp-owned one with chain and output warps
+    (default), with one warp per slice (env PREFILL_GDN_STATE=warp1), and v2, the CTA-wide one
+    (PREFILL_GDN_STATE=v2). The library reads the variable per call."""
+    if request.param == "warp":
         monkeypatch.delenv("PREFILL_GDN_STATE", raising=False)
+    else:
+        monkeypatch.setenv("PREFILL_GDN_STATE", request.param)
     return request.param
 
 
