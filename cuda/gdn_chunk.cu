@@ -1324,7 +1324,7 @@ pf_status launch_state_t(const StateArgs &a, cudaStream_t stream) {
 // The warp-owned state kernel with NW warps (16 value columns each) per CTA: the fewest warps
 // per CTA whose CTAs still fit one wave (Hv = 32 on 132 SMs: 2 warps, 128 CTAs; Hv = 48: 4
 // warps, 96 CTAs). Every warp runs its own chain; the CTA shares the chunk's operands.
-// SPLIT (default): a second warp per slice takes the outputs (S^T Q^T, V'^T P^T, the stores)
+// SPLIT (PREFILL_GDN_STATE=split): a second warp per slice takes the outputs (S^T Q^T, V'^T P^T, the stores)
 // off the chain warp, for NW <= 2: with 2 NW + 1 warps the register file grants 255 registers
 // to at most 8 warps (NW = 4 would get 168 and spill), so NW >= 4 (Hv > 66 on 132 SMs) takes
 // the one-warp-per-slice form.
@@ -1341,14 +1341,17 @@ pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool split, c
 }
 
 // Which state kernel, from env PREFILL_GDN_STATE: "v2" the CTA-wide kernel (four barriers per
-// chunk), "warp1" the warp-owned one with one warp per slice, anything else (default) the
-// warp-owned one with chain and output warps. Read per call (a getenv per GDN layer and pass),
-// so that tests and benches can switch it in one process.
+// chunk), "split" the warp-owned one with chain and output warps, anything else (default) the
+// warp-owned one with one warp per slice. Read per call (a getenv per GDN layer and pass), so
+// that tests and benches can switch it in one process. Run 19 (H200, 16/32 heads): split 0.438
+// / 1.744 ms per layer at T = 8192 / 32768 against 0.434 / 1.735 for one warp per slice: taking
+// the outputs off the chain warp did not shorten the step (the warps then wait at the chunk's
+// barrier: ncu stall "barrier" 0.42 -> 1.34 per issue), so the simpler form is the default.
 int gdn_state_from_env() {
     const char *e = std::getenv("PREFILL_GDN_STATE");
     if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
-    if (e != nullptr && std::strcmp(e, "warp1") == 0) return 1;
-    return 0;
+    if (e != nullptr && std::strcmp(e, "split") == 0) return 0;
+    return 1;
 }
 
 // The state kernel's instance for (BV, V and O alignment).
@@ -1413,7 +1416,7 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
     if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
     const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
-    const int which = gdn_state_from_env();  // 0 warp-owned + output warps, 1 warp-owned, 2 v2
+    const int which = gdn_state_from_env();  // 0 warp-owned + output warps, 1 warp-owned (default), 2 v2
     const bool v2 = which == 2;
     for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
         const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;

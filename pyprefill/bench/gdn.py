@@ -15,9 +15,9 @@ from ..kernels import gdn as K
 SHAPES = ("qwen35-4b", "qwen35-27b")
 SCAN_PATHS = ("sequential", "chunked")
 # (path, row label, PREFILL_GDN_STATE): the chunked path with its default state kernel (warp-owned,
-# chain and output warps), with one warp per slice, and with v2 (the CTA-wide one), side by side.
+# one warp per slice), with chain and output warps, and with v2 (the CTA-wide one), side by side.
 SCAN_VARIANTS = (("sequential", "sequential", None), ("chunked", "chunked", None),
-                 ("chunked", "chunked warp1-state", "warp1"), ("chunked", "chunked v2-state", "v2"))
+                 ("chunked", "chunked split-state", "split"), ("chunked", "chunked v2-state", "v2"))
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
