@@ -1548,10 +1548,21 @@ pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
 }
 
 // v2: one CTA per (round of NH value heads, chunk, key head); NH = 2 where Hv / Hk is even.
+// Occupancy (sm_90): 96 registers x 128 threads and ~44 KB of shared memory per CTA: 5 CTAs,
+// 20 warps per SM (v1: 2 CTAs, 8 warps); that needs the largest shared-memory carveout, asked
+// for once per instance (a hint: on failure the driver's choice stands; current device only).
 template <bool VEC, int NH>
 pf_status launch_prep_v2_nh(const PrepArgs &a, cudaStream_t stream) {
     const int bytes = int(sizeof(PrepV2Smem<NH>));
     PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_v2_kernel<VEC, NH>, bytes, "gdn_chunk_prep_v2_kernel"));
+    static const bool carveout = [] {
+        const cudaError_t e = cudaFuncSetAttribute(gdn_chunk_prep_v2_kernel<VEC, NH>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   int(cudaSharedmemCarveoutMaxShared));
+        if (e != cudaSuccess) (void)cudaGetLastError();  // not an error of the launch below
+        return e == cudaSuccess;
+    }();
+    (void)carveout;
     const dim3 grid((a.n_v_heads / a.n_k_heads) / NH, a.nc, a.n_k_heads);
     gdn_chunk_prep_v2_kernel<VEC, NH><<<grid, kPrepV2Threads, bytes, stream>>>(a);
     PF_LAUNCH_CHECK("gdn_chunk_prep_v2_kernel<%d, %d>", int(VEC), NH);
