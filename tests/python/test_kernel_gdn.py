@@ -549,6 +549,7 @@ def _scan_prep(ctx, monkeypatch, prep, inputs, layout):
                     upload(ctx, beta) as bb, upload(ctx, g) as bg, upload(ctx, S0) as bs, \
                     poisoned(ctx, v.nbytes) as bo:
                 G.gdn_scan(ctx, bq, bk, bv, bb, bg, bs, bo, rows, hk, hv, dk, dv, "chunked", ws)
+                ctx.synchronize()
                 o, S = bo.download(np.float32, v.shape), bs.download(np.float32, S0.shape)
         ctx.synchronize()
         return o, S, ws.download(np.uint8, (need,))
