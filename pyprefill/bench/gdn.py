@@ -14,10 +14,14 @@ from ..kernels import gdn as K
 
 SHAPES = ("qwen35-4b", "qwen35-27b")
 SCAN_PATHS = ("sequential", "chunked")
-# (path, row label, PREFILL_GDN_STATE): the chunked path with its default state kernel (warp-owned,
-# one warp per slice), with chain and output warps, and with v2 (the CTA-wide one), side by side.
-SCAN_VARIANTS = (("sequential", "sequential", None), ("chunked", "chunked", None),
-                 ("chunked", "chunked split-state", "split"), ("chunked", "chunked v2-state", "v2"))
+# (path, row label, environment): the chunked path with its default kernels (the warp-owned
+# state kernel, one warp per slice; prep v2), with chain and output warps (split-state), with v2
+# (the CTA-wide state kernel the warp-owned one replaced) and with v1-prep (the first prep
+# kernel), side by side. The library reads these variables per call.
+SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
+                 ("chunked", "chunked split-state", {"PREFILL_GDN_STATE": "split"}),
+                 ("chunked", "chunked v2-state", {"PREFILL_GDN_STATE": "v2"}),
+                 ("chunked", "chunked v1-prep", {"PREFILL_GDN_PREP": "v1"}))
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
@@ -154,18 +158,18 @@ def scan(b, T: int, d, parts: int = 1) -> None:
             _scan(b.ctx, qv, kv, vv, bv, gv, View(state.buf, state.off(i)), ov, step, hk, hv, dk,
                   dv, path)
 
-    for path, label, state_env in SCAN_VARIANTS:
-        def run(path=path, label=label, state_env=state_env):
-            old = os.environ.get("PREFILL_GDN_STATE")
-            if state_env is not None:
-                os.environ["PREFILL_GDN_STATE"] = state_env   # read by the library per call
+    for path, label, env in SCAN_VARIANTS:
+        def run(path=path, label=label, env=env):
+            old = {name: os.environ.get(name) for name in env}
+            os.environ.update(env)                            # read by the library per call
             try:
                 t = b.time_ours(lambda i: call(i, path), target_s=0.01)
             finally:
-                if old is None:
-                    os.environ.pop("PREFILL_GDN_STATE", None)
-                else:
-                    os.environ["PREFILL_GDN_STATE"] = old
+                for name, value in old.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
             b.add(op, T, f"ours {label} fp32", t, peer=peer, note=note, sets=n)
         b.rec.guard(f"{op} T={T} {label}", run)
 

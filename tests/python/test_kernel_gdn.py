@@ -516,6 +516,62 @@ def test_chunked_hard_cases(ctx, rng, case, state_kernel):
     assert_scan(f"chunked ({case})", ref_scan(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
 
 
+# The two prep kernels (env PREFILL_GDN_PREP=v1: the first form, one CTA per chunk and key head;
+# default v2: value heads of a round together, Tm and A^T in one tile, fewer barriers) compute
+# the same workspace from the same operations in the same order, so the whole chunked scan is
+# bitwise the same under either. "engine": q, k, v inside one conv-output matrix with an odd row
+# stride (the scalar-load instance); "packed": separate 16 B-aligned arrays (the float4 one).
+# (rows, hk, hv, layout): Hv / Hk = 2 (two heads per CTA), 1 and 3 (one head per CTA; for 3,
+# three CTAs per key head and chunk), the qwen35 shapes.
+PREP_CASES = [(1, 2, 4, "engine"), (63, 2, 4, "engine"), (64, 2, 4, "engine"),
+              (65, 2, 4, "engine"), (777, 2, 4, "engine"), (65, 2, 2, "engine"),
+              (777, 1, 3, "engine"), (777, 2, 4, "packed"), (333, 16, 32, "packed"),
+              (333, 16, 48, "packed"), (333, 16, 16, "packed"), (333, 16, 32, "engine")]
+
+
+def _scan_prep(ctx, monkeypatch, prep, inputs, layout):
+    """(o, S, workspace bytes) of one chunked call with prep kernel `prep` ("v1" | "v2") over a
+    poisoned caller workspace (the state kernel only reads it: the bytes are prep's)."""
+    if prep == "v1":
+        monkeypatch.setenv("PREFILL_GDN_PREP", "v1")
+    else:
+        monkeypatch.delenv("PREFILL_GDN_PREP", raising=False)
+    q, k, v, beta, g, S0 = inputs
+    rows, (hv, dk, dv) = q.shape[0], S0.shape
+    hk = q.shape[1] // dk
+    need = G.gdn_scan_plan(rows, hk, hv, dk, dv, path="chunked")["workspace_bytes"]
+    with ctx.buffer(need) as ws:
+        ws.poison()
+        if layout == "engine":
+            o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked",
+                                  workspace=View(ws, 0, 0))
+        else:
+            with upload(ctx, q) as bq, upload(ctx, k) as bk, upload(ctx, v) as bv, \
+                    upload(ctx, beta) as bb, upload(ctx, g) as bg, upload(ctx, S0) as bs, \
+                    poisoned(ctx, v.nbytes) as bo:
+                G.gdn_scan(ctx, bq, bk, bv, bb, bg, bs, bo, rows, hk, hv, dk, dv, "chunked", ws)
+                ctx.synchronize()
+                o, S = bo.download(np.float32, v.shape), bs.download(np.float32, S0.shape)
+        ctx.synchronize()
+        return o, S, ws.download(np.uint8, (need,))
+
+
+@gpu
+@pytest.mark.parametrize("rows, hk, hv, layout", PREP_CASES,
+                         ids=[f"T{r}-hk{a}-hv{b}-{l}" for r, a, b, l in PREP_CASES])
+def test_chunked_prep_v2_bitwise_v1(ctx, rng, monkeypatch, rows, hk, hv, layout):
+    inputs = scan_inputs(rng, rows, hk, hv, 128, 128)
+    ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
+    out = {prep: _scan_prep(ctx, monkeypatch, prep, inputs, layout) for prep in ("v1", "v2")}
+    for prep, (o, S, _) in out.items():
+        assert_scan(f"chunked (prep {prep})", ref, (o, S), CHUNK_TOL)
+    (o1, S1, w1), (o2, S2, w2) = out["v1"], out["v2"]
+    diff = np.flatnonzero(w1 != w2)
+    assert diff.size == 0, f"workspace: {diff.size} bytes differ, first at byte {diff[0]}"
+    assert np.array_equal(o1.view(np.uint32), o2.view(np.uint32)), "o differs between v1 and v2"
+    assert np.array_equal(S1.view(np.uint32), S2.view(np.uint32)), "state differs between v1 and v2"
+
+
 _LONG = {}
 
 
