@@ -368,7 +368,8 @@ pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t
         planned += p.bytes;
     }
     if (planned != bytes)
-        return fail(PF_STATUS_INTERNAL, "prewarm: pieces of %zu bytes for a cache of %zu", planned, bytes);
+        return fail(PF_STATUS_INTERNAL, "prewarm: pieces of %zu bytes for a cache of %zu", planned,
+                    bytes);
     // Host allocations before the first device one: from here on nothing below throws.
     std::vector<F16Arena *> arenas;
     arenas.reserve(pieces.size());
@@ -385,8 +386,8 @@ pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t
     for (size_t p = 0; p < pieces.size(); ++p) {
         char what[96];
         if (pieces.size() > 1)
-            std::snprintf(what, sizeof what, "fp16 weight caches (prewarm, piece %zu of %zu)", p + 1,
-                          pieces.size());
+            std::snprintf(what, sizeof what, "fp16 weight caches (prewarm, piece %zu of %zu)",
+                          p + 1, pieces.size());
         else
             std::snprintf(what, sizeof what, "%s",
                           units.size() > 1            ? "fp16 weight caches (prewarm)"
@@ -395,8 +396,8 @@ pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t
         F16Arena *arena = nullptr;
         const pf_status as =
             int(p) == fail_piece
-                ? fail(PF_STATUS_OUT_OF_MEMORY, "%s: allocation refused (PREFILL_PREWARM_FAIL_PIECE=%d)",
-                       what, fail_piece)
+                ? fail(PF_STATUS_OUT_OF_MEMORY,
+                       "%s: allocation refused (PREFILL_PREWARM_FAIL_PIECE=%d)", what, fail_piece)
                 : f16_arena_create(ctx, pieces[p].bytes, &arena, what);
         if (as != PF_STATUS_OK) return rollback(as);
         arenas.push_back(arena);
@@ -408,8 +409,10 @@ pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t
                 at += w->n * w->k;
             }
         cudaError_t e = p == 0 && start ? cudaEventRecord(start, ctx->stream) : cudaSuccess;
-        if (e != cudaSuccess) return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
-        if (const pf_status s = prewarm_dequantize(jobs, ctx->stream); s != PF_STATUS_OK) return rollback(s);
+        if (e != cudaSuccess)
+            return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
+        if (const pf_status s = prewarm_dequantize(jobs, ctx->stream); s != PF_STATUS_OK)
+            return rollback(s);
     }
     if (stop)
         if (const cudaError_t e = cudaEventRecord(stop, ctx->stream); e != cudaSuccess)

@@ -86,7 +86,9 @@ __device__ __forceinline__ float biased_byte(uint32_t w, int e) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | uint32_t(e)));
 }
 // 2^23 + v for 0 <= v < 2^23.
-__device__ __forceinline__ float biased_uint(uint32_t v) { return __uint_as_float(0x4B000000u | v); }
+__device__ __forceinline__ float biased_uint(uint32_t v) {
+    return __uint_as_float(0x4B000000u | v);
+}
 
 // ------------------------------------------------------------------ shared-memory reads
 
@@ -193,7 +195,8 @@ __device__ __forceinline__ void decode8_stage<PF_QTYPE_Q6_K>(const uint8_t *s, u
     const int shl = (r0 >> 6) << 2, shh = (r0 >> 5) << 1;
     // The int8 scale as the byte scale + 128 (sign bit flipped), as for Q8_0.
     const uint32_t sc = uint32_t(s[bo + offsetof(block_q6_K, scales) + (i0 >> 4)]) ^ 0x80u;
-    const float sd = stage_half(s, bo + offsetof(block_q6_K, d)) * (biased_uint(sc) - (kTwo23 + 128.0f));
+    const float sd =
+        stage_half(s, bo + offsetof(block_q6_K, d)) * (biased_uint(sc) - (kTwo23 + 128.0f));
     // Per byte: the low nibble and the 2 high bits above it, q in [0, 63]; the value is q - 32.
     const uint32_t w[2] = {((ql.x >> shl) & 0x0F0F0F0Fu) | (((qh.x >> shh) & 0x03030303u) << 4),
                            ((ql.y >> shl) & 0x0F0F0F0Fu) | (((qh.y >> shh) & 0x03030303u) << 4)};
@@ -248,7 +251,9 @@ __device__ __forceinline__ void cp_async16(uint8_t *dst_smem, const uint8_t *src
                  "l"(src)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 // Waits until at most one of this thread's committed groups (the newest) is still in flight.
 __device__ __forceinline__ void cp_async_wait_all_but_newest() {
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
@@ -297,7 +302,8 @@ __device__ __forceinline__ void stage_issue(const batch_job &j, uint32_t t, uint
 
 // Elements [e0, e0 + n) of a block-type job from its staged blocks: 8 per thread and step.
 template <int Q>
-__device__ __forceinline__ void tile_blocks(const batch_job &j, int64_t e0, int n, const uint8_t *stage) {
+__device__ __forceinline__ void tile_blocks(const batch_job &j, int64_t e0, int n,
+                                            const uint8_t *stage) {
     using T = qtraits<Q>;
     constexpr int kGroupsPerBlock = T::kElems / kGroup;
     const int groups = n / kGroup;
@@ -414,7 +420,8 @@ __device__ __forceinline__ int next_job(const batch_args &a, int from, uint32_t 
 // and the barrier after it extends that to the CTA. The barrier after the decoding frees
 // stage[buf] for the copy issued at the top of the next iteration. Every branch below is
 // uniform over the CTA (t, the job and the stage are the same in all threads).
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) prewarm_kernel(const __grid_constant__ batch_args a) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    prewarm_kernel(const __grid_constant__ batch_args a) {
     __shared__ __align__(16) uint8_t stage[2][kStageStride];
     uint32_t t = blockIdx.x;
     int jt = find_job(a, t);
@@ -446,7 +453,8 @@ bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 pf_status resident_ctas(int64_t *out) {
     int sms = 0, per_sm = 0;
     PF_TRY(device_sm_count(&sms));
-    PF_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prewarm_kernel, kThreads, 0));
+    PF_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prewarm_kernel, kThreads, 0));
     *out = int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
     return PF_STATUS_OK;
 }
@@ -455,7 +463,8 @@ pf_status launch_batch(batch_args &a, int64_t max_grid, cudaStream_t stream) {
     if (a.n_jobs == 0) return PF_STATUS_OK;
     const unsigned grid = unsigned(std::min<int64_t>(a.n_tiles, max_grid));
     prewarm_kernel<<<grid, kThreads, 0, stream>>>(a);
-    PF_LAUNCH_CHECK("prewarm_kernel (%d matrices, %u tiles, %u CTAs)", int(a.n_jobs), a.n_tiles, grid);
+    PF_LAUNCH_CHECK("prewarm_kernel (%d matrices, %u tiles, %u CTAs)", int(a.n_jobs), a.n_tiles,
+                    grid);
     a.n_jobs = 0;
     a.n_tiles = 0;
     return PF_STATUS_OK;
