@@ -293,45 +293,141 @@ struct F16Unit {
     size_t bytes = 0;
 };
 
-// Caches the weights of `units` (`bytes` in all) in one new arena, back to back in order, and
-// queues their dequantization as one batch (prewarm.cu): one allocation and a few launches for
-// a whole model. Events `start` / `stop` (may be nullptr) are recorded around the launches.
-// Nothing is waited for; on failure nothing is cached.
+// The cache of a prewarm is allocated in pieces, each launched as soon as it is allocated, so
+// that the device dequantizes piece p while the host maps piece p + 1: one cudaMalloc of a
+// whole 4B model's cache (~7.7 GB) took ~1 ms before the first launch (run 14), about a fifth
+// of the prewarm. The first piece is small (its allocation is the only one the device waits
+// for) and each next one twice the last: at ~0.13 ms per GB to allocate against ~0.4 ms per GB
+// written to dequantize, an allocation ends while the piece before it is still being written,
+// and a model is a handful of pieces (5 for 7.7 GB). A piece holds whole units, in order (a
+// fused group stays one contiguous block), so it may outgrow its target.
+constexpr size_t kFirstPieceBytes = size_t(256) << 20;
+
+// PREFILL_PREWARM_PIECE=BYTES (read at each prewarm): the first piece's target; 0 = the whole
+// cache in one allocation (v1, for A/B runs). Unset, empty or not a number: kFirstPieceBytes.
+size_t first_piece_bytes() {
+    const char *v = std::getenv("PREFILL_PREWARM_PIECE");
+    if (!v || !*v) return kFirstPieceBytes;
+    char *end = nullptr;
+    const unsigned long long b = std::strtoull(v, &end, 10);
+    return *end == '\0' ? size_t(b) : kFirstPieceBytes;
+}
+
+// PREFILL_PREWARM_FAIL_PIECE=N (read at each prewarm; a test hook): the allocation of piece N
+// (0-based) of every cache_units call reports OUT_OF_MEMORY, to exercise the rollback of the
+// pieces already launched. -1 (unset) = none.
+int fail_piece_for_tests() {
+    const char *v = std::getenv("PREFILL_PREWARM_FAIL_PIECE");
+    if (!v || !*v) return -1;
+    char *end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return *end == '\0' && n >= 0 && n <= INT_MAX ? int(n) : -1;
+}
+
+struct F16Piece {
+    size_t first = 0, end = 0;  // units [first, end)
+    size_t bytes = 0;
+    size_t parts = 0;           // weights in those units
+};
+
+// Consecutive runs of `units`: the first of at least `first_bytes`, each next of at least
+// twice the last target, the rest in the last one; one run of all when first_bytes is 0.
+std::vector<F16Piece> plan_pieces(const std::vector<F16Unit> &units, size_t first_bytes) {
+    std::vector<F16Piece> pieces;
+    size_t target = first_bytes;
+    F16Piece cur;
+    for (size_t i = 0; i < units.size(); ++i) {
+        cur.end = i + 1;
+        cur.bytes += units[i].bytes;
+        cur.parts += units[i].parts.size();
+        if (first_bytes != 0 && cur.bytes >= target) {
+            pieces.push_back(cur);
+            cur = F16Piece{i + 1, i + 1, 0, 0};
+            target = target > SIZE_MAX / 2 ? SIZE_MAX : 2 * target;
+        }
+    }
+    if (cur.end > cur.first) pieces.push_back(cur);
+    return pieces;
+}
+
+// Caches the weights of `units` (`bytes` in all) in new arenas, back to back in order, one
+// arena per piece (plan_pieces), and queues each piece's dequantization (prewarm.cu) right after
+// its allocation. Events `start` / `stop` (may be nullptr) are recorded before the first
+// piece's launches (after its allocation) and after the last piece's: device_ms spans every
+// launch and any wait of the device for a later piece's allocation, not the first allocation.
+// Nothing is waited for on success; on failure every piece's launches are drained, every arena
+// freed, and nothing is cached.
 pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t bytes,
                       cudaEvent_t start, cudaEvent_t stop) {
     if (units.empty()) return PF_STATUS_OK;
-    const char *what = units.size() > 1            ? "fp16 weight caches (prewarm)"
-                       : units[0].parts.size() > 1 ? "fused fp16 weight cache"
-                                                   : "fp16 weight cache";
-    F16Arena *arena = nullptr;
-    PF_TRY(f16_arena_create(ctx, bytes, &arena, what));
-    std::vector<prewarm_job> jobs;
-    __half *at = static_cast<__half *>(arena->ptr);
-    for (const F16Unit &u : units)
-        for (pf_weight *w : u.parts) {
-            jobs.push_back(prewarm_job{w->data, at, w->n * w->k, w->qtype});
-            at += w->n * w->k;
-        }
-    cudaError_t e = start ? cudaEventRecord(start, ctx->stream) : cudaSuccess;
-    pf_status s = e == cudaSuccess ? prewarm_dequantize(jobs, ctx->stream)
-                                   : cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord");
-    if (s == PF_STATUS_OK && stop && (e = cudaEventRecord(stop, ctx->stream)) != cudaSuccess)
-        s = cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord");
-    if (s != PF_STATUS_OK) {
-        (void)cudaStreamSynchronize(ctx->stream);  // launched batches may still write the arena
-        device_free(ctx, arena->ptr, arena->bytes);
-        delete arena;
-        return s;
+    const std::vector<F16Piece> pieces = plan_pieces(units, first_piece_bytes());
+    const int fail_piece = fail_piece_for_tests();
+    size_t most_parts = 0, planned = 0;
+    for (const F16Piece &p : pieces) {
+        most_parts = std::max(most_parts, p.parts);
+        planned += p.bytes;
     }
-    at = static_cast<__half *>(arena->ptr);
-    for (const F16Unit &u : units)
-        for (pf_weight *w : u.parts) {
-            w->f16 = at;
-            w->f16_arena = arena;
-            w->f16_block = u.parts.front();
-            arena->refs++;
-            at += w->n * w->k;
+    if (planned != bytes)
+        return fail(PF_STATUS_INTERNAL, "prewarm: pieces of %zu bytes for a cache of %zu", planned,
+                    bytes);
+    // Host allocations before the first device one: from here on nothing below throws.
+    std::vector<F16Arena *> arenas;
+    arenas.reserve(pieces.size());
+    std::vector<prewarm_job> jobs;
+    jobs.reserve(most_parts);
+    auto rollback = [&](pf_status s) {
+        (void)cudaStreamSynchronize(ctx->stream);  // launched pieces may still write their arenas
+        for (F16Arena *a : arenas) {
+            device_free(ctx, a->ptr, a->bytes);
+            delete a;
         }
+        return s;
+    };
+    for (size_t p = 0; p < pieces.size(); ++p) {
+        char what[96];
+        if (pieces.size() > 1)
+            std::snprintf(what, sizeof what, "fp16 weight caches (prewarm, piece %zu of %zu)",
+                          p + 1, pieces.size());
+        else
+            std::snprintf(what, sizeof what, "%s",
+                          units.size() > 1            ? "fp16 weight caches (prewarm)"
+                          : units[0].parts.size() > 1 ? "fused fp16 weight cache"
+                                                      : "fp16 weight cache");
+        F16Arena *arena = nullptr;
+        const pf_status as =
+            int(p) == fail_piece
+                ? fail(PF_STATUS_OUT_OF_MEMORY,
+                       "%s: allocation refused (PREFILL_PREWARM_FAIL_PIECE=%d)", what, fail_piece)
+                : f16_arena_create(ctx, pieces[p].bytes, &arena, what);
+        if (as != PF_STATUS_OK) return rollback(as);
+        arenas.push_back(arena);
+        jobs.clear();
+        __half *at = static_cast<__half *>(arena->ptr);
+        for (size_t u = pieces[p].first; u < pieces[p].end; ++u)
+            for (pf_weight *w : units[u].parts) {
+                jobs.push_back(prewarm_job{w->data, at, w->n * w->k, w->qtype});
+                at += w->n * w->k;
+            }
+        cudaError_t e = p == 0 && start ? cudaEventRecord(start, ctx->stream) : cudaSuccess;
+        if (e != cudaSuccess)
+            return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
+        if (const pf_status s = prewarm_dequantize(jobs, ctx->stream); s != PF_STATUS_OK)
+            return rollback(s);
+    }
+    if (stop)
+        if (const cudaError_t e = cudaEventRecord(stop, ctx->stream); e != cudaSuccess)
+            return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
+    for (size_t p = 0; p < pieces.size(); ++p) {
+        __half *at = static_cast<__half *>(arenas[p]->ptr);
+        for (size_t u = pieces[p].first; u < pieces[p].end; ++u)
+            for (pf_weight *w : units[u].parts) {
+                w->f16 = at;
+                w->f16_arena = arenas[p];
+                w->f16_block = units[u].parts.front();
+                arenas[p]->refs++;
+                at += w->n * w->k;
+            }
+    }
     return PF_STATUS_OK;
 }
 

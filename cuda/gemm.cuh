@@ -64,8 +64,10 @@ pf_status weight_drop_f16(pf_weight *w);
 // needed + headroom_bytes <= the device's free memory; on a shortfall or an allocation failure
 // every cache made by this call is freed, report->armed = 0 with the reason in
 // report->reason, and the status is OK. CUDA faults return their status (after the rollback).
-// One allocation holds every cache the call makes (freed with the last of them), filled by the
-// batched dequantization of prewarm.cu; report->device_ms times it on the device.
+// A few allocations ("pieces", gemm.cu plan_pieces: whole fused groups each, the first small,
+// each next twice the last) hold every cache the call makes, each freed with the last of its
+// caches; each piece is filled by the batched dequantization of prewarm.cu as soon as it is
+// allocated, while the next is allocated. report->device_ms times the launches on the device.
 // Synchronizes ctx->stream. `report` may be NULL.
 pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
                       size_t headroom_bytes, pf_prewarm_report *report);

@@ -23,10 +23,11 @@ struct prewarm_job {
 
 // Writes every job's fp16 copy, each element the round to nearest even of its exact fp32
 // value: bitwise what dequantize(..., out_f16 = true) writes. Jobs of one launch share the
-// grid (tiles of 8192 elements, a CTA each), so a model's few hundred matrices take
-// ceil(jobs / 96) launches. A job whose blocks are not 16-byte aligned (never the case for a
-// pf_weight, whose blocks are a cudaMalloc of their own) or whose block-type output is not
-// 16-byte aligned runs through dequantize() instead: same bytes, slower.
+// grid (tiles of 8192 elements, taken in turn by persistent CTAs, as many as are resident on
+// the device), so a model's few hundred matrices take ceil(jobs / 96) launches. A job whose
+// blocks are not 16-byte aligned (never the case for a pf_weight, whose blocks are a cudaMalloc
+// of their own) or whose block-type output is not 16-byte aligned runs through dequantize()
+// instead: same bytes, slower.
 // UNSUPPORTED for an unknown qtype (nothing launched). Asynchronous on `stream`.
 pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream);
 

@@ -380,17 +380,24 @@ typedef struct pf_prewarm_report {
     size_t bytes_added;      /* bytes this call allocated and kept */
     size_t free_bytes;       /* free device memory seen before allocating */
     size_t headroom_bytes;   /* the headroom asked for */
-    double elapsed_ms;       /* wall time of the call, device work included */
+    double elapsed_ms;       /* wall time of the call: host set-up, cudaMemGetInfo, the cache's
+                                allocations, the launches and the final synchronization */
     char reason[192];        /* why not armed; "" when armed */
-    double device_ms;        /* device time of the dequantization alone (CUDA events around its
-                                launches); 0 when nothing was dequantized */
+    double device_ms;        /* device time of the dequantization (CUDA events from before the
+                                first launch, after the first piece of the cache is allocated, to
+                                after the last): the kernels, plus any wait of the device for a
+                                later piece's allocation; not the first allocation. 0 when
+                                nothing was dequantized */
     size_t bytes_read;       /* GGUF bytes read by the dequantization (bytes_added were written) */
 } pf_prewarm_report;
 
 PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size);
 /* Caches every weight of weights[0..count) as fp16, all or nothing: only when the bytes still
- * needed + headroom_bytes fit in the device's free memory. A shortfall or an allocation
- * failure frees what this call cached and returns OK with report->armed = 0 and the reason;
+ * needed + headroom_bytes fit in the device's free memory. The caches are allocated in a few
+ * pieces of whole fused groups (each dequantized while the next is allocated), so two weights of
+ * one call need not be adjacent unless they are one fused block. A shortfall or an allocation
+ * failure (of any piece) frees what this call cached and returns OK with report->armed = 0 and
+ * the reason;
  * bad arguments and CUDA faults return their status. Weights already cached count as done;
  * repeated entries count once. report (NULL = not wanted) must come from
  * pf_prewarm_report_init. Synchronizes ctx's stream. */

@@ -119,7 +119,8 @@ def new_prewarm_report():
 
 
 def prewarm_report_dict(rep) -> dict:
-    """A pf_prewarm_report as a dict (device_ms: the dequantization alone, on the device)."""
+    """A pf_prewarm_report as a dict (device_ms: the dequantization launches on the device, from
+    after the first piece of the cache is allocated; elapsed_ms: the whole call, host included)."""
     return {
         "armed": bool(rep.armed), "weights_total": rep.weights_total,
         "weights_cached": rep.weights_cached, "weights_added": rep.weights_added,

@@ -6,7 +6,12 @@ matrices than one launch takes, misaligned element-type slices) and in whole mod
 fused blocks (Q|K|V, GDN qkv|z|beta|alpha, gate|up). The destination is poisoned first: the
 contexts are made with PF_CONTEXT_POISON, so every cache starts as NaN bytes. Also the entries
 that serve it: pf_buffer_copy (the copy-bandwidth yardstick), pf_weight_copy_f16,
-pf_model_weight, pf_model_prewarm_report, and the shared cache allocation's lifetime."""
+pf_model_weight, pf_model_prewarm_report, and the shared cache allocation's lifetime.
+Prewarm v2 (session 17): the kernel's persistent CTAs take several tiles each, of changing
+matrices and types (sets of thousands of tiles), and the cache comes in pieces allocated one
+after the other (PREFILL_PREWARM_PIECE sets the first piece's bytes, 0 = one allocation;
+PREFILL_PREWARM_FAIL_PIECE=N makes piece N's allocation fail): every piece setting gives the
+same bits and the same logits, and a failing piece leaves nothing behind."""
 from __future__ import annotations
 
 import gguf
@@ -15,7 +20,7 @@ import pytest
 from helpers import null_view, status_and_error
 from test_kernel_dequant import QTYPES, oracle, random_blocks
 
-from _engine_models import synth_model
+from _engine_models import random_tokens, synth_model
 from pyprefill import core, errors
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gemm
@@ -123,6 +128,157 @@ def test_prewarm_every_qtype_bitwise(poisoned_ctx, rng):
             w.close()
 
 
+def _block_elems(q: str) -> int:
+    return 1 if q in ("F32", "F16", "BF16") else (32 if q in ("Q4_0", "Q8_0") else 256)
+
+
+def _check_against_dequantize(ctx, cases, ws):
+    for (q, n, k, regime), w in zip(cases, ws):
+        assert_bitwise(f"prewarm {q} {n}x{k} {regime} vs pf_dequantize",
+                       gemm.dequantize_np(ctx, w, f16=True), gemm.weight_f16_np(ctx, w))
+
+
+@pytest.fixture(params=["default", "1", "0"], ids=lambda p: f"piece={p}")
+def piece_env(request, monkeypatch):
+    """PREFILL_PREWARM_PIECE: the library's default (256 MiB: one piece for these sets), 1 byte
+    (each matrix its own piece until the doubling target outgrows them) or 0 (one allocation)."""
+    if request.param == "default":
+        monkeypatch.delenv("PREFILL_PREWARM_PIECE", raising=False)
+    else:
+        monkeypatch.setenv("PREFILL_PREWARM_PIECE", request.param)
+    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
+    return request.param
+
+
+@pytest.mark.gpu
+def test_prewarm_many_tiles_per_cta_bitwise(poisoned_ctx, rng, piece_env):
+    """~3800 tiles in one launch: more than the resident CTAs of any current GPU (H200: 132 SMs
+    x 6), so each persistent CTA takes several tiles, and its next tile (staged while the current
+    one decodes) is often of another matrix and type, element types included. Row counts and
+    k = 7680 put every matrix end inside a tile."""
+    ctx = poisoned_ctx
+    cases = [(QTYPES[(5 + i) % len(QTYPES)], 131 + 37 * i, 7680, "normal") for i in range(12)]
+    assert sum(n * k for _, n, k, _ in cases) > 3500 * TILE
+    ws = [ctx.weight(q, n, k, random_blocks(rng, q, n, k, r)) for q, n, k, r in cases]
+    try:
+        rep = gemm.prewarm_f16(ctx, ws)
+        assert rep["armed"], rep
+        assert rep["bytes_added"] == sum(n * k * 2 for _, n, k, _ in cases)
+        _check_against_dequantize(ctx, cases, ws)
+    finally:
+        for w in ws:
+            w.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [1, 95, 96, 97, 192, 193, 301])
+def test_prewarm_matrix_counts_around_the_launch_size(poisoned_ctx, rng, count, monkeypatch):
+    """Sets of 1 to 301 matrices (96 per launch): one launch, exactly full, one over, two full,
+    four launches; small matrices of every type, odd rows, some of several tiles with a partial
+    last one. In pieces of at least 4 KiB (many pieces, each its own launches)."""
+    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "4096")
+    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
+    ctx = poisoned_ctx
+    cases = []
+    for i in range(count):
+        q = QTYPES[i % len(QTYPES)]
+        blk = _block_elems(q)
+        k = blk * (1 + i % 3) if blk > 1 else 5 + i % 11     # element types: k not a multiple of 8
+        n = 1 + (i * 7) % 13 if i % 10 else (TILE // k) * 2 + 3
+        cases.append((q, n, k, "normal"))
+    made = [_make(ctx, rng, *c) for c in cases]
+    ws = [w for w, _ in made]
+    try:
+        rep = gemm.prewarm_f16(ctx, ws)
+        assert rep["armed"] and rep["weights_added"] == count, rep
+        for (q, n, k, regime), (w, ref16) in zip(cases, made):
+            cache = gemm.weight_f16_np(ctx, w)
+            assert_bitwise(f"#{count} {q} {n}x{k} vs gguf", ref16, cache)
+            assert_bitwise(f"#{count} {q} {n}x{k} vs pf_dequantize",
+                           gemm.dequantize_np(ctx, w, f16=True), cache)
+    finally:
+        for w in ws:
+            w.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "F16"])
+@pytest.mark.parametrize("delta_blocks", [-1, 0, 1, 33])
+def test_prewarm_sizes_around_the_tile(poisoned_ctx, rng, qtype, delta_blocks):
+    """One matrix of 1, 2 and 3 tiles plus or minus blocks (delta_blocks blocks past a whole
+    number of tiles): the last tile full, short by a block, or a few blocks long, including the
+    2-byte tails of Q4_0, Q8_0, Q6_K and IQ4_XS tiles whose bytes are not a multiple of 16."""
+    ctx = poisoned_ctx
+    blk = _block_elems(qtype) if qtype != "F16" else 8
+    cases = [(qtype, 1, tiles * TILE + delta_blocks * blk, "normal") for tiles in (1, 2, 3)]
+    made = [_make(ctx, rng, *c) for c in cases]
+    ws = [w for w, _ in made]
+    try:
+        assert gemm.prewarm_f16(ctx, ws)["armed"]
+        for (q, n, k, _), (w, ref16) in zip(cases, made):
+            assert_bitwise(f"{q} 1x{k} vs gguf", ref16, gemm.weight_f16_np(ctx, w))
+    finally:
+        for w in ws:
+            w.close()
+
+
+@pytest.mark.gpu
+def test_each_piece_lives_until_its_last_cache(poisoned_ctx, rng, monkeypatch):
+    """PREFILL_PREWARM_PIECE=1: three matrices, three pieces (targets 1, 2, 4 bytes). Dropping
+    one cache frees its own piece and nothing else; the others keep their bits."""
+    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "1")
+    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
+    ctx = poisoned_ctx
+    made = [_make(ctx, rng, q, 64, 512, "normal") for q in ("Q4_K", "Q6_K", "Q8_0")]
+    ws = [w for w, _ in made]
+    one = 64 * 512 * 2
+    alloc_weights = ctx.allocated()
+    try:
+        assert gemm.prewarm_f16(ctx, ws)["armed"]
+        assert ctx.allocated() - alloc_weights == 3 * one
+        gemm.weight_drop_f16(ws[1])
+        assert ctx.allocated() - alloc_weights == 2 * one
+        for i in (0, 2):
+            assert_bitwise(f"{i} after piece 1 went", made[i][1], gemm.weight_f16_np(ctx, ws[i]))
+        gemm.weight_drop_f16(ws[0])
+        gemm.weight_drop_f16(ws[2])
+        assert ctx.allocated() == alloc_weights
+    finally:
+        for w in ws:
+            w.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fail_piece", [0, 1, 5])
+def test_failing_piece_rolls_back_every_piece(poisoned_ctx, rng, monkeypatch, fail_piece):
+    """The allocation of piece N refused (PREFILL_PREWARM_FAIL_PIECE, pieces of 1 byte doubling:
+    one matrix each) while earlier pieces are being dequantized: not armed, the reason names
+    the piece, no weight cached, the context's bytes and the device's free memory back; then the
+    same set arms and is bitwise right."""
+    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "1")
+    ctx = poisoned_ctx
+    made = [_make(ctx, rng, QTYPES[i % len(QTYPES)], 37, 2560, "normal") for i in range(8)]
+    ws = [w for w, _ in made]
+    try:
+        ctx.synchronize()
+        alloc0, free0 = ctx.allocated(), ctx.memory()[0]
+        monkeypatch.setenv("PREFILL_PREWARM_FAIL_PIECE", str(fail_piece))
+        rep = gemm.prewarm_f16(ctx, ws)
+        assert not rep["armed"] and rep["weights_added"] == 0, rep
+        assert f"piece {fail_piece + 1} of 8" in rep["reason"] and "PREFILL_PREWARM_FAIL_PIECE" in rep["reason"], rep
+        assert all(w.info()["f16_bytes"] == 0 for w in ws)
+        ctx.synchronize()
+        assert ctx.allocated() == alloc0
+        assert abs(ctx.memory()[0] - free0) <= (1 << 20)
+        monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE")
+        assert gemm.prewarm_f16(ctx, ws)["armed"]
+        for (w, ref16) in made:
+            assert_bitwise("after the rollback", ref16, gemm.weight_f16_np(ctx, w))
+    finally:
+        for w in ws:
+            w.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_cache_f16_alone_bitwise(poisoned_ctx, rng, qtype):
@@ -219,6 +375,65 @@ def test_model_prewarm_bitwise_with_fused_blocks(mix, monkeypatch):
             with pytest.raises(errors.InvalidArgumentError, match="no matrix named"):
                 m.weight("blk.0.attn_norm.weight")
     assert seen, "no matrix compared"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mix", ["q4_k_m", "f16"])
+def test_model_prewarm_in_pieces_same_bits_and_logits(mix, monkeypatch, rng):
+    """PREFILL_PREWARM_PIECE=1 (a tiny model's caches in a dozen or more pieces, each fused group
+    whole in one) against 0 (one allocation): every cache bitwise gguf's, and a session's logits
+    on the f16 leg with the fused projections bitwise the same."""
+    from pyprefill.model import Model
+    monkeypatch.setenv("PREFILL_FUSE", "1")
+    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
+    path = synth_model("qwen35-tiny", mix)
+    refs = [(name, ref16) for name, _, ref16 in _matrices(path)]
+    logits, toks = {}, None
+    for piece in ("0", "1"):
+        monkeypatch.setenv("PREFILL_PREWARM_PIECE", piece)
+        with core.Context(0, poison=True) as ctx:
+            with Model(path, context=ctx, gemm="f16", prewarm=True, progress=False) as m:
+                rep = m.prewarm_report()
+                assert rep["armed"] and rep["bytes_added"] == m.info["f16_bytes"], rep
+                for name, ref16 in refs:
+                    assert_bitwise(f"{mix} piece={piece} {name}", ref16, gemm.weight_f16_np(ctx, m.weight(name)))
+                toks = random_tokens(rng, 50, m.n_vocab) if toks is None else toks
+                with m.session(max_tokens=64, chunk=32) as s:
+                    logits[piece] = s.prefill(toks, "all")
+    assert np.isfinite(logits["0"]).all()
+    assert np.array_equal(logits["0"], logits["1"]), "pieces changed the f16 leg's logits"
+
+
+@pytest.mark.gpu
+def test_model_prewarm_failing_piece_leaves_the_exact_leg(monkeypatch, rng):
+    """A model whose prewarm loses a later piece's allocation (PREFILL_PREWARM_FAIL_PIECE=3 with
+    pieces from 1 byte: pieces 1-3 already launched): not armed at load nor when called again,
+    nothing kept (the context's bytes, the device's free memory), the auto leg is the f32 leg
+    bit for bit; without the hook the same model arms."""
+    from pyprefill.model import Model
+    exact = dict(kv="f32", attention="cublas")
+    path = synth_model("qwen35-tiny", "q4_k_m")
+    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "1")
+    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
+    with Model.load(path, gemm="f32", prewarm=False, progress=False) as ref:
+        toks = random_tokens(rng, 50, ref.n_vocab)
+        with ref.session(max_tokens=64, chunk=32, **exact) as s:
+            want = s.prefill(toks, "all")
+    monkeypatch.setenv("PREFILL_PREWARM_FAIL_PIECE", "3")
+    with core.Context(0) as ctx:
+        with Model(path, context=ctx, gemm="auto", prewarm=True, progress=False) as m:
+            rep = m.prewarm_report()
+            assert not rep["armed"] and "PREFILL_PREWARM_FAIL_PIECE" in rep["reason"], rep
+            assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == 0
+            ctx.synchronize()
+            alloc0, free0 = ctx.allocated(), ctx.memory()[0]
+            assert m.prewarm() is False
+            ctx.synchronize()
+            assert ctx.allocated() == alloc0 and abs(ctx.memory()[0] - free0) <= (1 << 20)
+            with m.session(max_tokens=64, chunk=32, gemm="auto", **exact) as s:
+                assert np.array_equal(s.prefill(toks, "all"), want), "auto without the cache is not the f32 leg"
+            monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE")
+            assert m.prewarm() is True and m.info["f16_armed"] == 1
 
 
 @pytest.mark.gpu
