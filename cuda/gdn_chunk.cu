@@ -1791,7 +1791,13 @@ pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool split, c
         return split ? launch_state_t<2, VEC, true>(a, stream) : launch_state_t<2, VEC, false>(a, stream);
     if (slices <= 4LL * sm_count)
         return launch_state_t<4, VEC, false>(a, stream);
-    return launch_state_t<8, VEC, false>(a, stream);
+    // 8 warps where their two stages fit (sm_90); else 4 warps in more than one wave (sm_80's
+    // 163 KB cannot hold two 8-warp stages).
+    int dev = 0, optin = 0;
+    PF_CUDA_TRY(cudaGetDevice(&dev));
+    PF_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (sizeof(StateTSmem<8, 2, false>) <= size_t(optin)) return launch_state_t<8, VEC, false>(a, stream);
+    return launch_state_t<4, VEC, false>(a, stream);
 }
 
 // Which state kernel, from env PREFILL_GDN_STATE: "v2" the CTA-wide kernel (four barriers per
