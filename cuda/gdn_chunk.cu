@@ -1272,8 +1272,11 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 // columns), staged kStages deep with cp.async by one producer warp (on a scheduler of its own
 // for NW <= 3: the compute warps issue no copy instructions) behind one barrier per chunk.
 // The v2 kernel above spent ~3.7 us per chunk on its four barriers and three dependent
-// shared-memory steps (ncu, NOTES.md run 4-7); this one is bounded by its ~232 mma.sync and
-// ~116 ldmatrix per warp and chunk.
+// shared-memory steps (ncu, NOTES.md runs 4-7); this one ~2.2 us (run 20: 282 us at T = 8192,
+// 16/32 heads), where each compute warp issues ~232 mma.sync, ~116 ldmatrix and ~1500 other
+// instructions per chunk alone on its scheduler: the step is one warp's dependent instruction
+// stream (4.5 cycles per issued instruction, stalls on fixed-latency dependencies), not a
+// bandwidth (L2 56%, DRAM 29%).
 template <int NW, int NS, bool SPLIT>
 struct StateTSmem {
     static constexpr int kBV = 16 * NW;      // value columns of the CTA
