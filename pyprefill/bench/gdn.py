@@ -13,7 +13,6 @@ from ..formats.synth import preset_desc
 from ..kernels import gdn as K
 
 SHAPES = ("qwen35-4b", "qwen35-27b")
-SCAN_PATHS = ("sequential", "chunked")
 # (path, row label, environment): the chunked path with its default kernels (the warp-owned
 # state kernel, one warp per slice; prep v2), with chain and output warps (split-state), with v2
 # (the CTA-wide state kernel the warp-owned one replaced) and with v1-prep (the first prep
