@@ -1276,8 +1276,10 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 // 16/32 heads), where each compute warp issues ~232 mma.sync, ~116 ldmatrix and ~1500 other
 // instructions per chunk alone on its scheduler: the step is one warp's dependent instruction
 // stream (4.5 cycles per issued instruction, stalls on fixed-latency dependencies), not a
-// bandwidth (L2 56%, DRAM 29%).
-template <int NW, int NS, bool SPLIT>
+// bandwidth (L2 56%, DRAM 29%). A form with separate output warps (S and V' handed over in
+// shared memory behind named barriers) measured no faster (run 19: 282 us; the warps then
+// waited at the barrier) and was removed.
+template <int NW, int NS>
 struct StateTSmem {
     static constexpr int kBV = 16 * NW;      // value columns of the CTA
     static constexpr int kLdVf = kBV + 4;    // fp32 V rows: fragment reads (row 2 tig, col g8) conflict-free
@@ -1293,25 +1295,7 @@ struct StateTSmem {
     };
     static constexpr int kStages = NS;  // 3 where the shared memory allows (Hopper), else 2
     Stage st[NS];
-    // SPLIT: what a chain warp hands its output warp per chunk (fragments in lane order: one
-    // 16-byte store / load per lane and k-block, conflict-free): S * sigma_S as fp16 A fragments,
-    // V' * sigma_V likewise, and the two scales.
-    struct Hand {
-        uint4 sa[8][32];
-        uint4 va[4][32];
-        float sig_s, inv_v;
-    };
-    Hand hand[SPLIT ? NW : 1];
 };
-
-// Named barriers 1.. (0 is __syncthreads): bar.arrive by the writer, bar.sync by the reader of
-// a hand-off; `n` counts the threads of both warps.
-__device__ __forceinline__ void named_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -1326,10 +1310,10 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4],
     a[3] = pack_half2(c1[2] * scale, c1[3] * scale);
 }
 
-template <int NW, int NS_, bool VEC, bool SPLIT>
-__global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
+template <int NW, int NS_, bool VEC>
+__global__ void __launch_bounds__(32 * (NW + 1), 1)
     gdn_chunk_state_t_kernel(const __grid_constant__ StateArgs a) {
-    using Smem = StateTSmem<NW, NS_, SPLIT>;
+    using Smem = StateTSmem<NW, NS_>;
     constexpr int BV = Smem::kBV;
     constexpr int NS = Smem::kStages;
     constexpr int kLanes = 32;  // the producer warp's lanes issue every copy
@@ -1342,12 +1326,7 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
     const int j = blockIdx.x / slices;
     const int col0 = (blockIdx.x % slices) * BV;
     const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
-    constexpr int kProducer = (SPLIT ? 2 : 1) * NW;  // the producer warp's index
-    // SPLIT: warps 0..NW-1 run the chains (X, R, V', the update), warps NW..2NW-1 the outputs of
-    // the same column slices; else every compute warp runs both (role 0).
-    const int role = SPLIT ? (warp < NW ? 1 : 2) : 0;
-    const int slice = SPLIT ? warp % NW : warp;
-    const int vc = 16 * slice;       // the warp's first column within the CTA's V tile
+    const int vc = 16 * warp;        // the warp's first column within the CTA's V tile
     const float *vg = a.v + (int64_t)j * kDK + col0;
     float *og = a.o + (int64_t)j * kDK + col0 + vc;
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
@@ -1392,7 +1371,7 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
         }
     };
 
-    if (warp == kProducer) {
+    if (warp == NW) {
         // The producer: chunk c + NS - 1 into the buffer freed by chunk c - 1, once everyone is
         // past chunk c's barrier. It passes the same barrier once per chunk as the compute warps
         // (no early exit), and its wait_group before the barrier publishes chunk c's copies.
@@ -1412,13 +1391,13 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
     }
 
     // S^T[v][x] = S[x][v] (v: the warp's 16 columns, x: dk) as 16 n8 accumulator tiles over x:
-    // S[nt][e] holds v = g8 + 8 (e >> 1), x = 8 nt + 2 tig + (e & 1). (Output warps: unused.)
+    // S[nt][e] holds v = g8 + 8 (e >> 1), x = 8 nt + 2 tig + (e & 1).
     float S[16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            S[nt][e] = role == 2 ? 0.0f : state[(int64_t)(8 * nt + 2 * tig + (e & 1)) * kDK + g8 + 8 * (e >> 1)];
+            S[nt][e] = state[(int64_t)(8 * nt + 2 * tig + (e & 1)) * kDK + g8 + 8 * (e >> 1)];
 
     // max |S| of the state entering the chunk (four partial maxima: a short dependent chain)
     const auto state_max = [&]() {
@@ -1430,203 +1409,161 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
         return warp_max(fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3])));
     };
     float ms = state_max();
-    typename Smem::Hand &hd = s.hand[SPLIT ? slice : 0];
-    const int bar_s = 1 + 2 * slice, bar_v = 2 + 2 * slice;  // SPLIT: S handed over, V' handed over
 
     // Issue order matters: ldmatrix and mma are volatile asm, so the code order below is the
     // order the warp issues them in. Each product loads the B fragments of its next k-block
-    // before the mma of the current one (the ldmatrix latency hides behind the mma), and the
-    // chain (X, R, V', the update) is one dependent line with no barrier. Role 0 (one warp per
-    // slice) puts the state-independent products (S^T Q^T, V'^T P^T) between the chain's steps;
-    // SPLIT gives them to a second warp on another scheduler, which takes S and V' through
-    // shared memory behind a named barrier each.
+    // before the mma of the current one (the ldmatrix latency hides behind the mma), the
+    // state-independent products (S^T Q^T, V'^T P^T) sit between the chain's steps, and the
+    // chain (X, R, V', the update) is one dependent line with no barrier: the warp runs alone on
+    // its scheduler, so its own instruction-level parallelism is all the latency hiding there is.
     for (int c = 0; c < a.nc; ++c) {
         const int b = c % NS;
         const typename Smem::Stage &d = s.st[b];
         __syncthreads();  // chunk c landed (the producer waited for it); chunk c - 1's buffer is free
 
-        // S * sigma_S as fp16 A fragments (8 k-blocks over dk): SPLIT builds them once (the
-        // chain warp, which hands them over); role 0 converts per k-block inside each product.
-        float sig_s = 0.0f;
-        uint32_t sa[SPLIT ? 8 : 1][4];
-        if (role != 2) {
-            sig_s = pow2_scale(__float_as_uint(ms));
-            if (SPLIT) {
-#pragma unroll
-                for (int kb = 0; kb < 8; ++kb) {
-                    acc_to_a(sa[SPLIT ? kb : 0], S[2 * kb], S[2 * kb + 1], sig_s);
-                    hd.sa[kb][lane] = make_uint4(sa[SPLIT ? kb : 0][0], sa[SPLIT ? kb : 0][1],
-                                                 sa[SPLIT ? kb : 0][2], sa[SPLIT ? kb : 0][3]);
-                }
-                if (lane == 0) hd.sig_s = sig_s;
-                named_arrive(bar_s, 64);
-            }
-        } else {
-            named_sync(bar_s, 64);
-#pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                const uint4 x = hd.sa[kb][lane];
-                sa[SPLIT ? kb : 0][0] = x.x;
-                sa[SPLIT ? kb : 0][1] = x.y;
-                sa[SPLIT ? kb : 0][2] = x.z;
-                sa[SPLIT ? kb : 0][3] = x.w;
-            }
-            sig_s = hd.sig_s;
-        }
-        const float inv_s = 1.0f / sig_s;
-        // The A fragment of k-block kb of S^T.
-        const auto s_frag = [&](uint32_t (&x)[4], int kb) {
-            if (SPLIT) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) x[e] = sa[SPLIT ? kb : 0][e];
-            } else {
-                acc_to_a(x, S[2 * kb], S[2 * kb + 1], sig_s);
-            }
-        };
-        // One 64 x 16 product over dk with B from a [row i][x] fp16 tile (K or Q): acc[8][4] =
-        // S^T B^T, fragments one k-block ahead.
-        const auto s_times = [&](float (&acc)[8][4], const __half (*bt)[kLdH]) {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-            uint32_t bb[2][4][4];
-#pragma unroll
-            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &bt[16 * np + lrow_b(lane)][lcol_b(lane)]);
-#pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb + 1 < 8)
-#pragma unroll
-                    for (int np = 0; np < 4; ++np)
-                        ldsm_x4(bb[(kb + 1) & 1][np], &bt[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
-                uint32_t x[4];
-                s_frag(x, kb);
-#pragma unroll
-                for (int np = 0; np < 4; ++np) {
-                    mma_f16(acc[2 * np], x, bb[kb & 1][np][0], bb[kb & 1][np][1]);
-                    mma_f16(acc[2 * np + 1], x, bb[kb & 1][np][2], bb[kb & 1][np][3]);
-                }
-            }
-        };
+        const float sig_s = pow2_scale(__float_as_uint(ms)), inv_s = 1.0f / sig_s;
         // the warp's rows of this lane: i = 8 nt + 2 tig + u; e^gamma_i / sigma_S for R and O
         float eg[8][2];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int u = 0; u < 2; ++u) eg[nt][u] = __expf(d.gam[8 * nt + 2 * tig + u]) * inv_s;
+        // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), as the v2 kernel; here max |V| and
+        // max |S| are the warp's own columns'.
+        float vm4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                vm4[e] = fmaxf(vm4[e], fabsf(d.vst[8 * nt + 2 * tig + (e & 1)][vc + g8 + 8 * (e >> 1)]));
+        const float r_bound = warp_max(fmaxf(fmaxf(vm4[0], vm4[1]), fmaxf(vm4[2], vm4[3]))) + kSqrtDk * ms;
 
-        uint32_t va[4][4], vd[4][4];
-        float inv_v = 0.0f;
-        uint32_t bt[10][4];
-        if (role != 2) {
-            // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), as the v2 kernel; here max |V|
-            // and max |S| are the warp's own columns'.
-            float vm4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // X^T = S^T K^T (B from K stored [row i][x]: [n][k], ldmatrix plain).
+        float xk[8][4];
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    vm4[e] = fmaxf(vm4[e], fabsf(d.vst[8 * nt + 2 * tig + (e & 1)][vc + g8 + 8 * (e >> 1)]));
-            const float r_bound = warp_max(fmaxf(fmaxf(vm4[0], vm4[1]), fmaxf(vm4[2], vm4[3]))) + kSqrtDk * ms;
-
-            // X^T = S^T K^T (B from K stored [row i][x]: [n][k], ldmatrix plain).
-            float xk[8][4];
-            s_times(xk, d.kh);
-            // Tm's fragments (lower triangle: the n-pair of rows 16 np needs k-blocks kb <= np),
-            // issued now so that they land while R is computed.
+            for (int e = 0; e < 4; ++e) xk[nt][e] = 0.0f;
+        {
+            uint32_t bb[2][4][4];
 #pragma unroll
-            for (int np = 0, f = 0; np < 4; ++np)
+            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &d.kh[16 * np + lrow_b(lane)][lcol_b(lane)]);
 #pragma unroll
-                for (int kb = 0; kb <= np; ++kb, ++f)
-                    ldsm_x4(bt[f], &d.tm[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
-
-            // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
-            const float sig_r = pow2_scale_f(r_bound);
-            uint32_t ra[4][4];
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb + 1 < 8)
 #pragma unroll
-            for (int kb = 0; kb < 4; ++kb) {
-                float r[2][4];
+                    for (int np = 0; np < 4; ++np)
+                        ldsm_x4(bb[(kb + 1) & 1][np], &d.kh[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
+                uint32_t sa[4];
+                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int nt = 2 * kb + h, i = 8 * nt + 2 * tig + (e & 1);
-                        const float vx = d.vst[i][vc + g8 + 8 * (e >> 1)];
-                        r[h][e] = d.beta[i] * (vx - eg[nt][e & 1] * xk[nt][e]);
-                    }
-                acc_to_a(ra[kb], r[0], r[1], sig_r);
-            }
-
-            // V'^T = R^T Tm^T (B from Tm stored [i][j]: [n][k]).
-            float vp[8][4];
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) vp[nt][e] = 0.0f;
-#pragma unroll
-            for (int np = 0, f = 0; np < 4; ++np)
-#pragma unroll
-                for (int kb = 0; kb <= np; ++kb, ++f) {
-                    mma_f16(vp[2 * np], ra[kb], bt[f][0], bt[f][1]);
-                    mma_f16(vp[2 * np + 1], ra[kb], bt[f][2], bt[f][3]);
+                for (int np = 0; np < 4; ++np) {
+                    mma_f16(xk[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
+                    mma_f16(xk[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
                 }
-
-            // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (state update).
-            const float sig_t = d.meta[0];
-            const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| max |R| >= max |V'|
-            const float sig_v = pow2_scale_f(v_bound);
-            inv_v = 1.0f / sig_v;
-            const float k_v = sig_v / (sig_t * sig_r);  // exact: powers of two
-            const float gl = d.gam[kC - 1];
-#pragma unroll
-            for (int kb = 0; kb < 4; ++kb) {
-                float x[2][4], y[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int u = 0; u < 2; ++u) {
-                        const int nt = 2 * kb + h;
-                        const float dd = __expf(gl - d.gam[8 * nt + 2 * tig + u]);  // exponent <= 0
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            x[h][2 * hh + u] = vp[nt][2 * hh + u] * k_v;
-                            y[h][2 * hh + u] = x[h][2 * hh + u] * dd;
-                        }
-                    }
-                acc_to_a(va[kb], x[0], x[1], 1.0f);
-                acc_to_a(vd[kb], y[0], y[1], 1.0f);
-            }
-            if (SPLIT) {
-#pragma unroll
-                for (int kb = 0; kb < 4; ++kb) hd.va[kb][lane] = make_uint4(va[kb][0], va[kb][1], va[kb][2], va[kb][3]);
-                if (lane == 0) hd.inv_v = inv_v;
-                named_arrive(bar_v, 64);
             }
         }
+        // Tm's fragments (lower triangle: the n-pair of rows 16 np needs k-blocks kb <= np),
+        // issued now so that they land while R is computed.
+        uint32_t bt[10][4];
+#pragma unroll
+        for (int np = 0, f = 0; np < 4; ++np)
+#pragma unroll
+            for (int kb = 0; kb <= np; ++kb, ++f)
+                ldsm_x4(bt[f], &d.tm[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
 
-        if (role != 1) {
-            // O^T = e^gamma (S^T Q^T) + V'^T P^T; the warp's 16 columns of 64 rows straight to
-            // global memory (each store instruction fills four whole 32-byte sectors).
-            float xq[8][4];
-            s_times(xq, d.qh);
-            if (SPLIT) {
-                named_sync(bar_v, 64);
+        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
+        const float sig_r = pow2_scale_f(r_bound);
+        uint32_t ra[4][4];
 #pragma unroll
-                for (int kb = 0; kb < 4; ++kb) {
-                    const uint4 x = hd.va[kb][lane];
-                    va[kb][0] = x.x;
-                    va[kb][1] = x.y;
-                    va[kb][2] = x.z;
-                    va[kb][3] = x.w;
+        for (int kb = 0; kb < 4; ++kb) {
+            float r[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int nt = 2 * kb + h, i = 8 * nt + 2 * tig + (e & 1);
+                    const float vx = d.vst[i][vc + g8 + 8 * (e >> 1)];
+                    r[h][e] = d.beta[i] * (vx - eg[nt][e & 1] * xk[nt][e]);
                 }
-                inv_v = hd.inv_v;
+            acc_to_a(ra[kb], r[0], r[1], sig_r);
+        }
+
+        // V'^T = R^T Tm^T (B from Tm stored [i][j]: [n][k]).
+        float vp[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) vp[nt][e] = 0.0f;
+#pragma unroll
+        for (int np = 0, f = 0; np < 4; ++np)
+#pragma unroll
+            for (int kb = 0; kb <= np; ++kb, ++f) {
+                mma_f16(vp[2 * np], ra[kb], bt[f][0], bt[f][1]);
+                mma_f16(vp[2 * np + 1], ra[kb], bt[f][2], bt[f][3]);
             }
-            // P's fragments (lower triangle, diagonal included).
+
+        // S^T Q^T (independent of V': issued while the V' mma drain), for the outputs.
+        float xq[8][4];
 #pragma unroll
-            for (int np = 0, f = 0; np < 4; ++np)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-                for (int kb = 0; kb <= np; ++kb, ++f)
-                    ldsm_x4(bt[f], &d.ph[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+            for (int e = 0; e < 4; ++e) xq[nt][e] = 0.0f;
+        {
+            uint32_t bb[2][4][4];
+#pragma unroll
+            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &d.qh[16 * np + lrow_b(lane)][lcol_b(lane)]);
+#pragma unroll
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb + 1 < 8)
+#pragma unroll
+                    for (int np = 0; np < 4; ++np)
+                        ldsm_x4(bb[(kb + 1) & 1][np], &d.qh[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
+                uint32_t sa[4];
+                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    mma_f16(xq[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
+                    mma_f16(xq[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
+                }
+            }
+        }
+        // P's fragments (lower triangle, diagonal included), landing while V' is converted.
+#pragma unroll
+        for (int np = 0, f = 0; np < 4; ++np)
+#pragma unroll
+            for (int kb = 0; kb <= np; ++kb, ++f)
+                ldsm_x4(bt[f], &d.ph[16 * np + lrow_b(lane)][16 * kb + lcol_b(lane)]);
+
+        // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (state update).
+        const float sig_t = d.meta[0];
+        const float v_bound = d.meta[1] * r_bound;  // max_i sum_j |Tm_ij| * max |R| >= max |V'|
+        const float sig_v = pow2_scale_f(v_bound), inv_v = 1.0f / sig_v;
+        const float k_v = sig_v / (sig_t * sig_r);  // exact: powers of two
+        const float gl = d.gam[kC - 1];
+        uint32_t va[4][4], vd[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float x[2][4], y[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int nt = 2 * kb + h;
+                    const float dd = __expf(gl - d.gam[8 * nt + 2 * tig + u]);  // exponent <= 0
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        x[h][2 * hh + u] = vp[nt][2 * hh + u] * k_v;
+                        y[h][2 * hh + u] = x[h][2 * hh + u] * dd;
+                    }
+                }
+            acc_to_a(va[kb], x[0], x[1], 1.0f);
+            acc_to_a(vd[kb], y[0], y[1], 1.0f);
+        }
+
+        // O^T = e^gamma (S^T Q^T) + V'^T P^T; the warp's 16 columns of 64 rows straight to
+        // global memory (each store instruction fills four whole 32-byte sectors).
+        {
             float op[8][4];
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
@@ -1655,9 +1592,9 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
                 }
         }
 
-        if (role != 2) {
-            // S^T = e^gamma_last S^T + (e^(gamma_last - gamma) V')^T K (B from K stored [i][x]:
-            // [k][n], ldmatrix .trans).
+        // S^T = e^gamma_last S^T + (e^(gamma_last - gamma) V')^T K (B from K stored [i][x]:
+        // [k][n], ldmatrix .trans).
+        {
             float acc[16][4];
 #pragma unroll
             for (int nt = 0; nt < 16; ++nt)
@@ -1666,7 +1603,7 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
             uint32_t bb[2][4][4];
 #pragma unroll
             for (int q4 = 0; q4 < 4; ++q4) ldsm_x4_t(bb[0][q4], &d.kh[lrow_a(lane)][16 * q4 + lcol_a(lane)]);
-            // 8 steps of (k-block kb, half of the n-pairs), fragments one step ahead
+            // 32 (kb, np) steps, fragments one step of four ahead: step s = (kb, half): np = 4 half + q4
 #pragma unroll
             for (int st = 0; st < 8; ++st) {
                 const int kb = st >> 1, half = st & 1;
@@ -1684,15 +1621,14 @@ __global__ void __launch_bounds__(32 * ((SPLIT ? 2 : 1) * NW + 1), 1)
                     mma_f16(acc[2 * np + 1], vd[kb], bb[st & 1][q4][2], bb[st & 1][q4][3]);
                 }
             }
-            const float el = __expf(d.gam[kC - 1]);  // e^gamma_last
+            const float el = __expf(gl);  // e^gamma_last
 #pragma unroll
             for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S[nt][e] = fmaf(el, S[nt][e], acc[nt][e] * inv_v);
-            ms = state_max();
         }
+        ms = state_max();
     }
-    if (role == 2) return;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
@@ -1756,65 +1692,52 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
     return PF_STATUS_OK;
 }
 
-template <int NW, int NS, bool VEC, bool SPLIT>
+template <int NW, int NS, bool VEC>
 pf_status launch_state_t_ns(const StateArgs &a, cudaStream_t stream) {
-    using Smem = StateTSmem<NW, NS, SPLIT>;
-    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC, SPLIT>, int(sizeof(Smem)),
+    using Smem = StateTSmem<NW, NS>;
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(Smem)),
                                 "gdn_chunk_state_t_kernel"));
-    gdn_chunk_state_t_kernel<NW, NS, VEC, SPLIT>
-        <<<a.n_v_heads * (kDK / (16 * NW)), 32 * ((SPLIT ? 2 : 1) * NW + 1), sizeof(Smem), stream>>>(a);
-    PF_LAUNCH_CHECK("gdn_chunk_state_t_kernel<%d, %d, %d, %d>", NW, NS, int(VEC), int(SPLIT));
+    gdn_chunk_state_t_kernel<NW, NS, VEC>
+        <<<a.n_v_heads * (kDK / (16 * NW)), 32 * (NW + 1), sizeof(Smem), stream>>>(a);
+    PF_LAUNCH_CHECK("gdn_chunk_state_t_kernel<%d, %d, %d>", NW, NS, int(VEC));
     return PF_STATUS_OK;
 }
 
 // Three stages of operands where the device's opt-in shared memory per block holds them (sm_90:
 // 227 KB), else two (sm_80: 163 KB).
-template <int NW, bool VEC, bool SPLIT>
+template <int NW, bool VEC>
 pf_status launch_state_t(const StateArgs &a, cudaStream_t stream) {
     int dev = 0, optin = 0;
     PF_CUDA_TRY(cudaGetDevice(&dev));
     PF_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (sizeof(StateTSmem<NW, 3, SPLIT>) <= size_t(optin)) return launch_state_t_ns<NW, 3, VEC, SPLIT>(a, stream);
-    return launch_state_t_ns<NW, 2, VEC, SPLIT>(a, stream);
+    if (sizeof(StateTSmem<NW, 3>) <= size_t(optin)) return launch_state_t_ns<NW, 3, VEC>(a, stream);
+    return launch_state_t_ns<NW, 2, VEC>(a, stream);
 }
 
 // The warp-owned state kernel with NW warps (16 value columns each) per CTA: the fewest warps
 // per CTA whose CTAs still fit one wave (Hv = 32 on 132 SMs: 2 warps, 128 CTAs; Hv = 48: 4
 // warps, 96 CTAs). Every warp runs its own chain; the CTA shares the chunk's operands.
-// SPLIT (PREFILL_GDN_STATE=split): a second warp per slice takes the outputs (S^T Q^T, V'^T P^T, the stores)
-// off the chain warp, for NW <= 2: with 2 NW + 1 warps the register file grants 255 registers
-// to at most 8 warps (NW = 4 would get 168 and spill), so NW >= 4 (Hv > 66 on 132 SMs) takes
-// the one-warp-per-slice form.
 template <bool VEC>
-pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool split, cudaStream_t stream) {
+pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, cudaStream_t stream) {
     const int64_t slices = (int64_t)a.n_v_heads * (kDK / 16);
-    if (slices <= sm_count)
-        return split ? launch_state_t<1, VEC, true>(a, stream) : launch_state_t<1, VEC, false>(a, stream);
-    if (slices <= 2LL * sm_count)
-        return split ? launch_state_t<2, VEC, true>(a, stream) : launch_state_t<2, VEC, false>(a, stream);
-    if (slices <= 4LL * sm_count)
-        return launch_state_t<4, VEC, false>(a, stream);
+    if (slices <= sm_count) return launch_state_t<1, VEC>(a, stream);
+    if (slices <= 2LL * sm_count) return launch_state_t<2, VEC>(a, stream);
+    if (slices <= 4LL * sm_count) return launch_state_t<4, VEC>(a, stream);
     // 8 warps where their two stages fit (sm_90); else 4 warps in more than one wave (sm_80's
     // 163 KB cannot hold two 8-warp stages).
     int dev = 0, optin = 0;
     PF_CUDA_TRY(cudaGetDevice(&dev));
     PF_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (sizeof(StateTSmem<8, 2, false>) <= size_t(optin)) return launch_state_t<8, VEC, false>(a, stream);
-    return launch_state_t<4, VEC, false>(a, stream);
+    if (sizeof(StateTSmem<8, 2>) <= size_t(optin)) return launch_state_t<8, VEC>(a, stream);
+    return launch_state_t<4, VEC>(a, stream);
 }
 
-// Which state kernel, from env PREFILL_GDN_STATE: "v2" the CTA-wide kernel (four barriers per
-// chunk), "split" the warp-owned one with chain and output warps, anything else (default) the
-// warp-owned one with one warp per slice. Read per call (a getenv per GDN layer and pass), so
-// that tests and benches can switch it in one process. Run 19 (H200, 16/32 heads): split 0.438
-// / 1.744 ms per layer at T = 8192 / 32768 against 0.434 / 1.735 for one warp per slice: taking
-// the outputs off the chain warp did not shorten the step (the warps then wait at the chunk's
-// barrier: ncu stall "barrier" 0.42 -> 1.34 per issue), so the simpler form is the default.
-int gdn_state_from_env() {
+// Which state kernel: env PREFILL_GDN_STATE=v2 selects the CTA-wide kernel (four barriers per
+// chunk) for side-by-side measurement; anything else (default) the warp-owned one. Read per call
+// (a getenv per GDN layer and pass), so that tests and benches can switch it in one process.
+bool gdn_state_v2_from_env() {
     const char *e = std::getenv("PREFILL_GDN_STATE");
-    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
-    if (e != nullptr && std::strcmp(e, "split") == 0) return 0;
-    return 1;
+    return e != nullptr && std::strcmp(e, "v2") == 0;
 }
 
 // The state kernel's instance for (BV, V and O alignment).
@@ -1879,8 +1802,7 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
     if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
     const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
-    const int which = gdn_state_from_env();  // 0 warp-owned + output warps, 1 warp-owned (default), 2 v2
-    const bool v2 = which == 2;
+    const bool v2 = gdn_state_v2_from_env();
     const bool prep_v1 = gdn_prep_v1_from_env();
     for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
         const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
@@ -1895,8 +1817,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
             PF_TRY(vec_qk ? launch_prep_v2<true>(pa, stream) : launch_prep_v2<false>(pa, stream));
         const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
         if (!v2)
-            PF_TRY(vec_v ? launch_state_t_fit<true>(sa, sm_count, which == 0, stream)
-                         : launch_state_t_fit<false>(sa, sm_count, which == 0, stream));
+            PF_TRY(vec_v ? launch_state_t_fit<true>(sa, sm_count, stream)
+                         : launch_state_t_fit<false>(sa, sm_count, stream));
         else
             PF_TRY(narrow ? launch_state_bv<32>(sa, vec_v, vec_o, stream)
                           : launch_state_bv<64>(sa, vec_v, vec_o, stream));

@@ -443,11 +443,10 @@ CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
 
-@pytest.fixture(params=["warp", "split", "v2"])
+@pytest.fixture(params=["warp", "v2"])
 def state_kernel(request, monkeypatch):
-    """Every state kernel of the chunked path: the warp-owned one with one warp per slice
-    (default), with chain and output warps (env PREFILL_GDN_STATE=split), and v2, the CTA-wide
-    one (PREFILL_GDN_STATE=v2). The library reads the variable per call."""
+    """Both state kernels of the chunked path: the warp-owned one (default) and v2, the CTA-wide
+    one (env PREFILL_GDN_STATE=v2). The library reads the variable per call."""
     if request.param == "warp":
         monkeypatch.delenv("PREFILL_GDN_STATE", raising=False)
     else:
