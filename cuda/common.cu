@@ -10,24 +10,33 @@
 namespace pf {
 namespace {
 
-std::mutex g_device_mu;                              // guards the two caches below
-std::map<int, int> g_sm_count;                       // device -> SM count
-std::map<std::pair<int, const void *>, int> g_smem;  // (device, kernel) -> dynamic smem allowed
+std::mutex g_device_mu;                                   // guards the two caches below
+std::map<std::pair<int, cudaDeviceAttr>, int> g_attr;     // (device, attribute) -> value
+std::map<std::pair<int, const void *>, int> g_smem;       // (device, kernel) -> dynamic smem allowed
+
+// An attribute of the current device, queried once per (device, attribute).
+pf_status cached_device_attribute(cudaDeviceAttr attr, int *out) {
+    int dev = 0;
+    PF_CUDA_TRY(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(g_device_mu);
+    auto it = g_attr.find({dev, attr});
+    if (it == g_attr.end()) {
+        int n = 0;
+        PF_CUDA_TRY(cudaDeviceGetAttribute(&n, attr, dev));
+        it = g_attr.emplace(std::make_pair(dev, attr), n).first;
+    }
+    *out = it->second;
+    return PF_STATUS_OK;
+}
 
 }  // namespace
 
 pf_status device_sm_count(int *out) {
-    int dev = 0;
-    PF_CUDA_TRY(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(g_device_mu);
-    auto it = g_sm_count.find(dev);
-    if (it == g_sm_count.end()) {
-        int n = 0;
-        PF_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        it = g_sm_count.emplace(dev, n).first;
-    }
-    *out = it->second;
-    return PF_STATUS_OK;
+    return cached_device_attribute(cudaDevAttrMultiProcessorCount, out);
+}
+
+pf_status device_smem_optin(int *out) {
+    return cached_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, out);
 }
 
 pf_status set_max_dynamic_smem(const void *kernel, int bytes, const char *name) {

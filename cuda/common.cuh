@@ -132,6 +132,9 @@ inline unsigned head_warp_blocks(int64_t warps) { return (unsigned)ceil_div(warp
 
 // Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount).
 pf_status device_sm_count(int *out);
+// Shared memory one block may opt in to on the current device
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80).
+pf_status device_smem_optin(int *out);
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (above 48 KiB a
 // kernel must opt in). The attribute persists on the device, so it is set once per (device,

@@ -1707,9 +1707,8 @@ pf_status launch_state_t_ns(const StateArgs &a, cudaStream_t stream) {
 // 227 KB), else two (sm_80: 163 KB).
 template <int NW, bool VEC>
 pf_status launch_state_t(const StateArgs &a, cudaStream_t stream) {
-    int dev = 0, optin = 0;
-    PF_CUDA_TRY(cudaGetDevice(&dev));
-    PF_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int optin = 0;
+    PF_TRY(device_smem_optin(&optin));
     if (sizeof(StateTSmem<NW, 3>) <= size_t(optin)) return launch_state_t_ns<NW, 3, VEC>(a, stream);
     return launch_state_t_ns<NW, 2, VEC>(a, stream);
 }
@@ -1725,9 +1724,8 @@ pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, cudaStream_t 
     if (slices <= 4LL * sm_count) return launch_state_t<4, VEC>(a, stream);
     // 8 warps where their two stages fit (sm_90); else 4 warps in more than one wave (sm_80's
     // 163 KB cannot hold two 8-warp stages).
-    int dev = 0, optin = 0;
-    PF_CUDA_TRY(cudaGetDevice(&dev));
-    PF_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int optin = 0;
+    PF_TRY(device_smem_optin(&optin));
     if (sizeof(StateTSmem<8, 2>) <= size_t(optin)) return launch_state_t<8, VEC>(a, stream);
     return launch_state_t<4, VEC>(a, stream);
 }
