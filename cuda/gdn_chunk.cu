@@ -935,6 +935,54 @@ struct StateArgs {
     Workspace w;
 };
 
+// One chunk's operands into a state kernel's stage buffer `d`: K, Q (fp16 rows of key head jk),
+// Tm, P (fp16, value head j), BV columns of V from vg (fp32; rows past the pass read as zeros),
+// the gates and meta. Issued by NT threads (t: this thread's index among them) as 16-byte
+// cp.async, or 4-byte ones for V when its rows are not 16-byte aligned (VEC false); the caller
+// commits the group.
+template <int BV, bool VEC, int NT, class Stage>
+__device__ __forceinline__ void stage_chunk(Stage &d, const StateArgs &a, const float *vg, int j,
+                                            int jk, int c, int t) {
+    // Unrolled for a single issuing warp (its loops run 32, 16 and 16 times); with a whole CTA
+    // issuing they run once or twice and stay rolled.
+    constexpr int kU8 = NT <= 32 ? 8 : 1, kU4 = NT <= 32 ? 4 : 1;
+    const size_t kq = ((size_t)jk * a.nc + c) * kC * kDK;
+    const size_t hc = (size_t)j * a.nc + c;
+#pragma unroll kU8
+    for (int e = t; e < kC * kDK / 8; e += NT) {  // 16 B = 8 halves
+        const int i = e / (kDK / 8), d8 = (e % (kDK / 8)) * 8;
+        cp_async16(&d.kh[i][d8], a.w.kh + kq + (size_t)i * kDK + d8, true);
+        cp_async16(&d.qh[i][d8], a.w.qh + kq + (size_t)i * kDK + d8, true);
+    }
+#pragma unroll kU8
+    for (int e = t; e < kC * kC / 8; e += NT) {
+        const int i = e / (kC / 8), d8 = (e % (kC / 8)) * 8;
+        cp_async16(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
+        cp_async16(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
+    }
+    const int64_t t0 = (int64_t)c * kC;
+    if (VEC) {
+#pragma unroll kU4
+        for (int e = t; e < kC * BV / 4; e += NT) {
+            const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
+            const bool ok = t0 + i < a.rows;
+            cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
+        }
+    } else {
+#pragma unroll kU4
+        for (int e = t; e < kC * BV; e += NT) {
+            const int i = e / BV, d1 = e % BV;
+            const bool ok = t0 + i < a.rows;
+            cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+        }
+    }
+    for (int e = t; e < 2 * kC / 4 + 1; e += NT) {
+        if (e < kC / 4) cp_async16(&d.gam[4 * e], a.w.gam + hc * kC + 4 * e, true);
+        else if (e < kC / 2) cp_async16(&d.beta[4 * (e - kC / 4)], a.w.bet + hc * kC + 4 * (e - kC / 4), true);
+        else cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
+    }
+}
+
 template <int BV>
 struct StateSmem {
     static constexpr int kLdV = BV + 8;   // fp16 [.][BV] tiles: 16 B row shift mod 128 B
@@ -1004,36 +1052,7 @@ __global__ void __launch_bounds__(kStateThreads, 1)
     float *state = a.state + (int64_t)j * kDK * kDK + col0;
 
     const auto stage = [&](int c, int b) {
-        typename Smem::Stage &d = s.st[b];
-        const size_t kq = ((size_t)jk * a.nc + c) * kC * kDK;
-        const size_t hc = (size_t)j * a.nc + c;
-        for (int e = tid; e < kC * kDK / 8; e += kStateThreads) {  // 16 B = 8 halves
-            const int i = e / (kDK / 8), d8 = (e % (kDK / 8)) * 8;
-            cp_async16(&d.kh[i][d8], a.w.kh + kq + (size_t)i * kDK + d8, true);
-            cp_async16(&d.qh[i][d8], a.w.qh + kq + (size_t)i * kDK + d8, true);
-        }
-        for (int e = tid; e < kC * kC / 8; e += kStateThreads) {
-            const int i = e / (kC / 8), d8 = (e % (kC / 8)) * 8;
-            cp_async16(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
-            cp_async16(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
-        }
-        const int64_t t0 = (int64_t)c * kC;
-        if (VEC) {
-            for (int e = tid; e < kC * BV / 4; e += kStateThreads) {
-                const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
-                const bool ok = t0 + i < a.rows;
-                cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
-            }
-        } else {
-            for (int e = tid; e < kC * BV; e += kStateThreads) {
-                const int i = e / BV, d1 = e % BV;
-                const bool ok = t0 + i < a.rows;
-                cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
-            }
-        }
-        if (tid < 16) cp_async16(&d.gam[4 * tid], a.w.gam + hc * kC + 4 * tid, true);
-        else if (tid < 32) cp_async16(&d.beta[4 * (tid - 16)], a.w.bet + hc * kC + 4 * (tid - 16), true);
-        else if (tid == 32) cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
+        stage_chunk<BV, VEC, kStateThreads>(s.st[b], a, vg, j, jk, c, tid);
         cp_async_commit();
     };
 
@@ -1316,7 +1335,6 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     using Smem = StateTSmem<NW, NS_>;
     constexpr int BV = Smem::kBV;
     constexpr int NS = Smem::kStages;
-    constexpr int kLanes = 32;  // the producer warp's lanes issue every copy
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem &s = *reinterpret_cast<Smem *>(smem_raw);
 
@@ -1332,44 +1350,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
 
     // One chunk's operands into stage buffer b, issued by the producer warp (lane = its lane).
-    const auto stage = [&](int c, int b) {
-        typename Smem::Stage &d = s.st[b];
-        const size_t kq = ((size_t)jk * a.nc + c) * kC * kDK;
-        const size_t hc = (size_t)j * a.nc + c;
-#pragma unroll 8
-        for (int e = lane; e < kC * kDK / 8; e += kLanes) {  // 16 B = 8 halves
-            const int i = e / (kDK / 8), d8 = (e % (kDK / 8)) * 8;
-            cp_async16(&d.kh[i][d8], a.w.kh + kq + (size_t)i * kDK + d8, true);
-            cp_async16(&d.qh[i][d8], a.w.qh + kq + (size_t)i * kDK + d8, true);
-        }
-#pragma unroll 8
-        for (int e = lane; e < kC * kC / 8; e += kLanes) {
-            const int i = e / (kC / 8), d8 = (e % (kC / 8)) * 8;
-            cp_async16(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
-            cp_async16(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
-        }
-        const int64_t t0 = (int64_t)c * kC;
-        if (VEC) {
-#pragma unroll 4
-            for (int e = lane; e < kC * BV / 4; e += kLanes) {
-                const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
-                const bool ok = t0 + i < a.rows;
-                cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
-            }
-        } else {
-#pragma unroll 4
-            for (int e = lane; e < kC * BV; e += kLanes) {
-                const int i = e / BV, d1 = e % BV;
-                const bool ok = t0 + i < a.rows;
-                cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
-            }
-        }
-        for (int e = lane; e < 2 * kC / 4 + 1; e += kLanes) {
-            if (e < kC / 4) cp_async16(&d.gam[4 * e], a.w.gam + hc * kC + 4 * e, true);
-            else if (e < kC / 2) cp_async16(&d.beta[4 * (e - kC / 4)], a.w.bet + hc * kC + 4 * (e - kC / 4), true);
-            else cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
-        }
-    };
+    const auto stage = [&](int c, int b) { stage_chunk<BV, VEC, 32>(s.st[b], a, vg, j, jk, c, lane); };
 
     if (warp == NW) {
         // The producer: chunk c + NS - 1 into the buffer freed by chunk c - 1, once everyone is
