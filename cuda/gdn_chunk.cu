@@ -205,6 +205,89 @@ struct PrepArgs {
     Workspace w;
 };
 
+// Gates of value head j for chunk c (one warp): gamma = inclusive scan of g (fp32) and beta, into
+// gam[64], bet[64] and the workspace. Both prep kernels.
+__device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, int j, float *gam, float *bet) {
+    const int lane = threadIdx.x & 31;
+    const int64_t t0 = (int64_t)c * kC;
+    const size_t hc = (size_t)j * a.nc + c;
+    float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+    if (t0 + 2 * lane < a.rows) {
+        g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
+        b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
+    }
+    if (t0 + 2 * lane + 1 < a.rows) {
+        g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
+        b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
+    }
+    float x = g0 + g1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    const float lo = x - g1;
+    gam[2 * lane] = lo;
+    gam[2 * lane + 1] = x;
+    bet[2 * lane] = b0;
+    bet[2 * lane + 1] = b1;
+    *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
+    *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
+}
+
+// K and Q rows of key head jk, chunk c, to fp16: into the shared tiles kh, qh and, when
+// `store`, the workspace (rows past the end: zero). NT threads (t: this thread's index), loads
+// in batches of 8 float4 per thread all issued before any store: the compiler may not move a
+// load of q or k above a store to the workspace (they could alias), and one load in flight per
+// thread left the first prep kernel waiting on DRAM latency (ncu: long scoreboard, 40% of the
+// stall samples). Both prep kernels.
+template <bool VEC, int NT>
+__device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, int jk, int t,
+                                             __half (*kh)[kLdH], __half (*qh)[kLdH], bool store) {
+    constexpr int kLoads = 8;
+    constexpr int kIters = kC * kDK / 4 / NT;  // float4 per thread and matrix
+    static_assert(kIters % kLoads == 0, "batches");
+    const int64_t t0 = (int64_t)c * kC;
+    const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
+#pragma unroll 1
+    for (int it0 = 0; it0 < kIters; it0 += kLoads) {
+        float4 kx[kLoads], qx[kLoads];
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+            const int e = t + (it0 + u) * NT;
+            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+            kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t0 + i < a.rows) {
+                const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
+                const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
+                if (VEC) {
+                    kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
+                    qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));
+                } else {
+                    kx[u] = make_float4(__ldg(kp), __ldg(kp + 1), __ldg(kp + 2), __ldg(kp + 3));
+                    qx[u] = make_float4(__ldg(qp), __ldg(qp + 1), __ldg(qp + 2), __ldg(qp + 3));
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+            const int e = t + (it0 + u) * NT;
+            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+            uint2 kp2, qp2;
+            kp2.x = pack_half2(kx[u].x, kx[u].y);
+            kp2.y = pack_half2(kx[u].z, kx[u].w);
+            qp2.x = pack_half2(qx[u].x, qx[u].y);
+            qp2.y = pack_half2(qx[u].z, qx[u].w);
+            *reinterpret_cast<uint2 *>(&kh[i][d]) = kp2;
+            *reinterpret_cast<uint2 *>(&qh[i][d]) = qp2;
+            if (store) {
+                *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
+                *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
+            }
+        }
+    }
+}
+
 constexpr int kGateSlots = 4;  // value heads per key head whose gates are read up front
 
 struct PrepSmem {
@@ -230,84 +313,16 @@ __global__ void __launch_bounds__(kPrepThreads)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, tig = lane & 3;
     const int c = blockIdx.x, jk = blockIdx.y;
-    const int64_t t0 = (int64_t)c * kC;
-    const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
 
-    // Gates of value head j into slot u (one warp): gamma = inclusive scan of g (fp32), beta;
-    // to the workspace too.
-    const auto gates = [&](int j, int u) {
-        const size_t hc = (size_t)j * a.nc + c;
-        float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-        if (t0 + 2 * lane < a.rows) {
-            g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
-            b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
-        }
-        if (t0 + 2 * lane + 1 < a.rows) {
-            g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
-            b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
-        }
-        float x = g0 + g1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        const float lo = x - g1;
-        s.gam[u][2 * lane] = lo;
-        s.gam[u][2 * lane + 1] = x;
-        s.beta[u][2 * lane] = b0;
-        s.beta[u][2 * lane + 1] = b1;
-        *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
-        *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
-    };
+    // Gates of value head j into slot u (one warp), to the workspace too.
+    const auto gates = [&](int j, int u) { prep_gates(a, c, j, s.gam[u], s.beta[u]); };
     // The first kGateSlots value heads' gates, one warp each, before the K/Q traffic (the
     // loop over value heads below then starts without a dependent global load).
     static_assert(kPrepThreads / 32 == kGateSlots, "one warp per gate slot");
     if (jk + warp * a.n_k_heads < a.n_v_heads) gates(jk + warp * a.n_k_heads, warp);
 
-    // K and Q rows to fp16, into shared memory and the workspace (rows past the end: zero).
-    // Loads in batches of kPrepLoads per thread, all issued before any store: the compiler may
-    // not move a load of q or k above a store to the workspace (they could alias), and one
-    // load in flight per thread left the kernel waiting on DRAM latency (ncu: long scoreboard,
-    // 40% of the stall samples).
-    constexpr int kPrepLoads = 8;
-    constexpr int kPrepIters = kC * kDK / 4 / kPrepThreads;  // float4 per thread and matrix
-    static_assert(kPrepIters % kPrepLoads == 0, "batches");
-#pragma unroll 1
-    for (int it0 = 0; it0 < kPrepIters; it0 += kPrepLoads) {
-        float4 kx[kPrepLoads], qx[kPrepLoads];
-#pragma unroll
-        for (int u = 0; u < kPrepLoads; ++u) {
-            const int e = tid + (it0 + u) * kPrepThreads;
-            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
-            kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t0 + i < a.rows) {
-                const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
-                const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
-                if (VEC) {
-                    kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
-                    qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));
-                } else {
-                    kx[u] = make_float4(__ldg(kp), __ldg(kp + 1), __ldg(kp + 2), __ldg(kp + 3));
-                    qx[u] = make_float4(__ldg(qp), __ldg(qp + 1), __ldg(qp + 2), __ldg(qp + 3));
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < kPrepLoads; ++u) {
-            const int e = tid + (it0 + u) * kPrepThreads;
-            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
-            uint2 kp2, qp2;
-            kp2.x = pack_half2(kx[u].x, kx[u].y);
-            kp2.y = pack_half2(kx[u].z, kx[u].w);
-            qp2.x = pack_half2(qx[u].x, qx[u].y);
-            qp2.y = pack_half2(qx[u].z, qx[u].w);
-            *reinterpret_cast<uint2 *>(&s.kh[i][d]) = kp2;
-            *reinterpret_cast<uint2 *>(&s.qh[i][d]) = qp2;
-            *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
-            *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
-        }
-    }
+    // K and Q rows to fp16, into shared memory and the workspace.
+    prep_load_kq<VEC, kPrepThreads>(a, c, jk, tid, s.kh, s.qh, true);
     // Tm's blocks above the diagonal are never written and must read as zero in the merges.
     for (int e = tid; e < kC * kLdF; e += kPrepThreads) s.ts[e / kLdF][e % kLdF] = 0.0f;
     __syncthreads();
@@ -573,36 +588,6 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// Gates of value head j for chunk c (one warp): gamma = inclusive scan of g (fp32) and beta, into
-// gam[64], bet[64] and the workspace (v1's gates, unchanged arithmetic).
-__device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, int j, float *gam, float *bet) {
-    const int lane = threadIdx.x & 31;
-    const int64_t t0 = (int64_t)c * kC;
-    const size_t hc = (size_t)j * a.nc + c;
-    float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-    if (t0 + 2 * lane < a.rows) {
-        g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
-        b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
-    }
-    if (t0 + 2 * lane + 1 < a.rows) {
-        g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
-        b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
-    }
-    float x = g0 + g1;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    const float lo = x - g1;
-    gam[2 * lane] = lo;
-    gam[2 * lane + 1] = x;
-    bet[2 * lane] = b0;
-    bet[2 * lane + 1] = b1;
-    *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
-    *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
-}
-
 template <bool VEC, int NH>
 __global__ void __launch_bounds__(kPrepV2Threads, 5)
     gdn_chunk_prep_v2_kernel(const __grid_constant__ PrepArgs a) {
@@ -612,8 +597,6 @@ __global__ void __launch_bounds__(kPrepV2Threads, 5)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, tig = lane & 3;
     const int round = blockIdx.x, c = blockIdx.y, jk = blockIdx.z;
-    const int64_t t0 = (int64_t)c * kC;
-    const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
     // Head h of this CTA: value head jk + (NH round + h) Hk; hc(h) its (head, chunk) index.
     const auto head_hc = [&](int h) {
         return (size_t)(jk + (NH * round + h) * a.n_k_heads) * a.nc + c;
@@ -623,51 +606,8 @@ __global__ void __launch_bounds__(kPrepV2Threads, 5)
     if (warp < NH) prep_gates(a, c, jk + (NH * round + warp) * a.n_k_heads, s.gam[warp], s.beta[warp]);
     if (tid < NH) s.max_t[tid] = s.max_rs[tid] = 0u;
 
-    // K and Q rows to fp16 (v1's loop: batches of 16 float4 loads per thread, all issued before
-    // any store); only round 0 writes them to the workspace.
-    {
-        constexpr int kLoads = 8;
-        constexpr int kIters = kC * kDK / 4 / kPrepV2Threads;
-        static_assert(kIters % kLoads == 0, "batches");
-        const bool store_kq = round == 0;
-#pragma unroll 1
-        for (int it0 = 0; it0 < kIters; it0 += kLoads) {
-            float4 kx[kLoads], qx[kLoads];
-#pragma unroll
-            for (int u = 0; u < kLoads; ++u) {
-                const int e = tid + (it0 + u) * kPrepV2Threads;
-                const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
-                kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (t0 + i < a.rows) {
-                    const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
-                    const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
-                    if (VEC) {
-                        kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
-                        qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));
-                    } else {
-                        kx[u] = make_float4(__ldg(kp), __ldg(kp + 1), __ldg(kp + 2), __ldg(kp + 3));
-                        qx[u] = make_float4(__ldg(qp), __ldg(qp + 1), __ldg(qp + 2), __ldg(qp + 3));
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kLoads; ++u) {
-                const int e = tid + (it0 + u) * kPrepV2Threads;
-                const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
-                uint2 kp2, qp2;
-                kp2.x = pack_half2(kx[u].x, kx[u].y);
-                kp2.y = pack_half2(kx[u].z, kx[u].w);
-                qp2.x = pack_half2(qx[u].x, qx[u].y);
-                qp2.y = pack_half2(qx[u].z, qx[u].w);
-                *reinterpret_cast<uint2 *>(&s.u.in.kh[i][d]) = kp2;
-                *reinterpret_cast<uint2 *>(&s.u.in.qh[i][d]) = qp2;
-                if (store_kq) {
-                    *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
-                    *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
-                }
-            }
-        }
-    }
+    // K and Q rows to fp16; only round 0 writes them to the workspace.
+    prep_load_kq<VEC, kPrepV2Threads>(a, c, jk, tid, s.u.in.kh, s.u.in.qh, round == 0);
     __syncthreads();  // K, Q tiles and the gates complete
 
     // K K^T and Q K^T, row strip w of both (v1's mma sequence per tile: the same fragments, k
