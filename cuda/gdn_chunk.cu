@@ -1349,6 +1349,31 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int u = 0; u < 2; ++u) eg[nt][u] = __expf(d.gam[8 * nt + 2 * tig + u]) * inv_s;
+        // acc = S^T B^T for a [row i][x] fp16 tile B (K or Q: stored [n][k], ldmatrix plain), the
+        // A fragments of S^T converted per k-block and B's fragments one k-block ahead.
+        const auto s_times = [&](float (&acc)[8][4], const __half (*bt)[kLdH]) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+            uint32_t bb[2][4][4];
+#pragma unroll
+            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &bt[16 * np + lrow_b(lane)][lcol_b(lane)]);
+#pragma unroll
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb + 1 < 8)
+#pragma unroll
+                    for (int np = 0; np < 4; ++np)
+                        ldsm_x4(bb[(kb + 1) & 1][np], &bt[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
+                uint32_t sa[4];
+                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    mma_f16(acc[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
+                    mma_f16(acc[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
+                }
+            }
+        };
         // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), as the v2 kernel; here max |V| and
         // max |S| are the warp's own columns'.
         float vm4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1361,29 +1386,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
 
         // X^T = S^T K^T (B from K stored [row i][x]: [n][k], ldmatrix plain).
         float xk[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) xk[nt][e] = 0.0f;
-        {
-            uint32_t bb[2][4][4];
-#pragma unroll
-            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &d.kh[16 * np + lrow_b(lane)][lcol_b(lane)]);
-#pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb + 1 < 8)
-#pragma unroll
-                    for (int np = 0; np < 4; ++np)
-                        ldsm_x4(bb[(kb + 1) & 1][np], &d.kh[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
-                uint32_t sa[4];
-                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
-#pragma unroll
-                for (int np = 0; np < 4; ++np) {
-                    mma_f16(xk[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
-                    mma_f16(xk[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
-                }
-            }
-        }
+        s_times(xk, d.kh);
         // Tm's fragments (lower triangle: the n-pair of rows 16 np needs k-blocks kb <= np),
         // issued now so that they land while R is computed.
         uint32_t bt[10][4];
@@ -1426,29 +1429,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
 
         // S^T Q^T (independent of V': issued while the V' mma drain), for the outputs.
         float xq[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) xq[nt][e] = 0.0f;
-        {
-            uint32_t bb[2][4][4];
-#pragma unroll
-            for (int np = 0; np < 4; ++np) ldsm_x4(bb[0][np], &d.qh[16 * np + lrow_b(lane)][lcol_b(lane)]);
-#pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb + 1 < 8)
-#pragma unroll
-                    for (int np = 0; np < 4; ++np)
-                        ldsm_x4(bb[(kb + 1) & 1][np], &d.qh[16 * np + lrow_b(lane)][16 * (kb + 1) + lcol_b(lane)]);
-                uint32_t sa[4];
-                acc_to_a(sa, S[2 * kb], S[2 * kb + 1], sig_s);
-#pragma unroll
-                for (int np = 0; np < 4; ++np) {
-                    mma_f16(xq[2 * np], sa, bb[kb & 1][np][0], bb[kb & 1][np][1]);
-                    mma_f16(xq[2 * np + 1], sa, bb[kb & 1][np][2], bb[kb & 1][np][3]);
-                }
-            }
-        }
+        s_times(xq, d.qh);
         // P's fragments (lower triangle, diagonal included), landing while V' is converted.
 #pragma unroll
         for (int np = 0, f = 0; np < 4; ++np)
