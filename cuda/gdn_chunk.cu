@@ -1269,6 +1269,29 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4],
     a[3] = pack_half2(c1[2] * scale, c1[3] * scale);
 }
 
+// The producer warp of a warp-owned state kernel, for every chunk of the pass: chunk
+// c + NS - 1 into the buffer freed by chunk c - 1 (st[(c + NS - 1) % NS]) once everyone is past
+// chunk c's barrier. It passes the same __syncthreads once per chunk as the compute warps (no
+// early exit), and its wait_group before the barrier publishes chunk c's copies.
+template <int BV, int NS, bool VEC, class Stage>
+__device__ __forceinline__ void produce_state_operands(const StateArgs &a, Stage *st, int j, int jk,
+                                                       int col0) {
+    const int lane = threadIdx.x & 31;
+    const float *vg = a.v + (int64_t)j * kDK + col0;
+#pragma unroll
+    for (int c = 0; c < NS - 1; ++c) {
+        if (c < a.nc) stage_chunk<BV, VEC, 32>(st[c], a, vg, j, jk, c, lane);
+        cp_async_commit();  // empty groups keep the count: group c is chunk c
+    }
+    for (int c = 0; c < a.nc; ++c) {
+        cp_async_wait<NS - 2>();
+        __syncthreads();
+        if (c + NS - 1 < a.nc) stage_chunk<BV, VEC, 32>(st[(c + NS - 1) % NS], a, vg, j, jk, c + NS - 1, lane);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+}
+
 template <int NW, int NS_, bool VEC>
 __global__ void __launch_bounds__(32 * (NW + 1), 1)
     gdn_chunk_state_t_kernel(const __grid_constant__ StateArgs a) {
@@ -1285,29 +1308,11 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     const int col0 = (blockIdx.x % slices) * BV;
     const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
     const int vc = 16 * warp;        // the warp's first column within the CTA's V tile
-    const float *vg = a.v + (int64_t)j * kDK + col0;
     float *og = a.o + (int64_t)j * kDK + col0 + vc;
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
 
-    // One chunk's operands into stage buffer b, issued by the producer warp (lane = its lane).
-    const auto stage = [&](int c, int b) { stage_chunk<BV, VEC, 32>(s.st[b], a, vg, j, jk, c, lane); };
-
-    if (warp == NW) {
-        // The producer: chunk c + NS - 1 into the buffer freed by chunk c - 1, once everyone is
-        // past chunk c's barrier. It passes the same barrier once per chunk as the compute warps
-        // (no early exit), and its wait_group before the barrier publishes chunk c's copies.
-#pragma unroll
-        for (int c = 0; c < NS - 1; ++c) {
-            if (c < a.nc) stage(c, c);
-            cp_async_commit();  // empty groups keep the count: group c is chunk c
-        }
-        for (int c = 0; c < a.nc; ++c) {
-            cp_async_wait<NS - 2>();
-            __syncthreads();
-            if (c + NS - 1 < a.nc) stage(c + NS - 1, (c + NS - 1) % NS);
-            cp_async_commit();
-        }
-        cp_async_wait<0>();
+    if (warp == NW) {  // the producer
+        produce_state_operands<BV, NS, VEC>(a, s.st, j, jk, col0);
         return;
     }
 
