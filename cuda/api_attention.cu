@@ -2,8 +2,10 @@
 // attention, argmax. Every entry validates all arguments in the order of api_views.h (scalars
 // and shapes, NULL buffers, ctx, ownership and fit, overlaps) before any device work, then calls
 // the internal entry on ctx->stream.
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "api_views.h"
@@ -40,6 +42,15 @@ pf_status check_cache(const pf_context *ctx, const pf_buffer *b, int64_t kv_dim,
                  fn, (long long)needed_rows - 1, (long long)needed_rows, arg, (long long)cap,
                  (long long)kv_dim, kv_dtype_name(kv_dtype), b->bytes);
     return PF_STATUS_OK;
+}
+
+// PREFILL_ATTN_POS_DEVICE=1 (read per call; a test hook): pf_attention's flash path runs as a
+// session runs it inside a CUDA graph, with pos0 in device memory and the caches' capacity in
+// the wgmma kernel's maps (bitwise the same output; the tests fill the rows past pos0 + rows
+// with NaN to check that the kernels keep them out).
+bool pos_device_hook() {
+    const char *e = std::getenv("PREFILL_ATTN_POS_DEVICE");
+    return e && std::strcmp(e, "1") == 0;
 }
 
 // Resolved, validated options: everything pf_attention checks before it looks at buffers.
@@ -229,6 +240,17 @@ extern "C" PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_opt
         a.o = static_cast<float *>(out->ptr);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
+        if (pos_device_hook() && pf::attention_resolved_path(a) == PF_ATTN_FLASH) {
+            // Test hook: the session's form of the flash launch (position read on the device,
+            // TMA maps over the caches' whole capacity), staged in the context's attention
+            // scratch, which the flash path does not otherwise use.
+            PF_TRY(pf::scratch_reserve(ctx, ctx->scratch_attn, sizeof(int64_t), "attention position"));
+            int64_t *pos_dev = static_cast<int64_t *>(ctx->scratch_attn.ptr);
+            PF_TRY(pf::store_i64(pos_dev, a.pos0, ctx->stream));
+            a.pos0_dev = pos_dev;
+            a.kv_capacity = std::min(cache_capacity(k_cache, r.kv_dim, a.kv_dtype),
+                                     cache_capacity(v_cache, r.kv_dim, a.kv_dtype));
+        }
         return pf::attention(ctx, a);
     });
 }

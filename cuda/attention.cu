@@ -142,6 +142,7 @@ struct flash_args {
     int64_t ldo;
     int32_t G;
     int64_t rows, pos0;
+    const int64_t *pos0_dev;  // when set, pos0 is read here when the kernel runs (CUDA graphs)
     float scale_log2;  // scale * log2(e): the softmax runs in base 2 (exp2f)
 };
 
@@ -192,7 +193,9 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
     const int64_t m0 = int64_t(gridDim.x - 1 - blockIdx.x) * kFlashBM;
     const int64_t packed = a.rows * a.G;
     const int64_t m_end = m0 + kFlashBM < packed ? m0 + kFlashBM : packed;
-    const int64_t n_keys = a.pos0 + (m_end - 1) / a.G + 1;  // keys visible to the tile's last row
+    // The grid and shared memory do not depend on the position: the key loop's bound does.
+    const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
+    const int64_t n_keys = pos0 + (m_end - 1) / a.G + 1;  // keys visible to the tile's last row
 
     // Q tile -> fp16 in shared memory (rows past the chunk are zero and never stored).
     for (int idx = threadIdx.x; idx < kFlashBM * D; idx += kFlashThreads) {
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
     int64_t last_key[2];
     for (int i = 0; i < 2; ++i) {
         const int64_t m = m0 + warp * 16 + gid + 8 * i;
-        last_key[i] = std::min(a.pos0 + m / a.G, n_keys - 1);
+        last_key[i] = std::min(pos0 + m / a.G, n_keys - 1);
     }
 
     float acc[D / 8][4];  // O, 16 x D per warp: n-tile dt holds columns dt*8 .. dt*8+7
@@ -378,6 +381,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __gri
     }
 }
 
+__global__ void store_i64_kernel(int64_t *p, int64_t v) { *p = v; }
+
 // ------------------------------------------------------------------ per-context scratch
 
 // The cuBLAS path's scratch for calls without a workspace (the kernel-level API): the context's
@@ -514,6 +519,7 @@ pf_status launch_flash(const attention_args &a, cudaStream_t st) {
     f.G = a.n_heads / a.n_kv_heads;
     f.rows = a.rows;
     f.pos0 = a.pos0;
+    f.pos0_dev = a.pos0_dev;
     f.scale_log2 = a.scale * 1.4426950408889634f;
     const dim3 grid(unsigned(ceil_div(a.rows * f.G, kFlashBM)), unsigned(a.n_kv_heads));
     flash_attn_kernel<D, BC><<<grid, kFlashThreads, smem, st>>>(f);
@@ -620,6 +626,10 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
                         "attention: the flash path needs an fp16 cache (kv_dtype=%d), head_dim 128 "
                         "or 256 (head_dim=%d) and 16-byte aligned caches",
                         (int)a.kv_dtype, a.head_dim);
+        // The device position: the host copy must fit the caches (the kernels trust it).
+        PF_CHECK_ARG(!a.pos0_dev || (a.kv_capacity >= a.pos0 + a.rows && a.kv_capacity <= INT_MAX),
+                     "attention: pos0_dev with kv_capacity=%lld rows, pos0=%lld + rows=%lld",
+                     (long long)a.kv_capacity, (long long)a.pos0, (long long)a.rows);
         if (attention_resolved_kernel(a, ctx->device) == PF_ATTN_KERNEL_WGMMA) {
             if (!attention_wgmma_available(ctx->device))
                 return fail(PF_STATUS_UNSUPPORTED,
@@ -634,6 +644,13 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
 }
 
 void attention_release(pf_context *ctx) { scratch_release(ctx, ctx->scratch_attn); }
+
+pf_status store_i64(int64_t *dst, int64_t v, cudaStream_t stream) {
+    PF_CHECK_ARG(dst != nullptr, "store_i64: dst is NULL");
+    store_i64_kernel<<<1, 1, 0, stream>>>(dst, v);
+    PF_LAUNCH_CHECK("store_i64_kernel");
+    return PF_STATUS_OK;
+}
 
 pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32_t *out_ids,
                       cudaStream_t stream) {

@@ -70,6 +70,16 @@ struct attention_args {
     // rows_per_pass rows needs, rows_per_pass shrinks to what fits (INVALID_ARGUMENT below 1 row).
     void *workspace = nullptr;
     size_t workspace_bytes = 0;
+    // Flash path only: the position on the device (a launch that a CUDA graph can replay at any
+    // position). When set, the kernels read pos0 from *pos0_dev when they run (the key count,
+    // the number of key tiles and the causal limits follow from it) and a.pos0 is the host's
+    // copy, used for the path choice and the checks only; the grid, the shared memory and the
+    // wgmma kernel's TMA maps depend on rows and kv_capacity, not on the position. kv_capacity:
+    // the rows both caches hold (>= pos0 + rows); the wgmma kernel's maps span them all and the
+    // kernel keeps rows at or past *pos0_dev + rows out of the result (masked scores, zeroed V
+    // rows). The cuBLAS path ignores both and runs at a.pos0.
+    const int64_t *pos0_dev = nullptr;
+    int64_t kv_capacity = 0;
 };
 
 constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-path workspace
@@ -95,8 +105,11 @@ constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-p
 //    Two kernels serve it (a.kernel, see attention_resolved_kernel): the mma.sync kernel above
 //    (sm_80+), and on Hopper the wgmma kernel of attention_wgmma.cu (128 packed rows per block,
 //    wgmma for both products, 128B-swizzled K/V tiles loaded by TMA into a 2-stage mbarrier
-//    pipeline, a producer and two consumer warpgroups). Same bound; no workspace.
-//  - PF_ATTN_AUTO: flash where it applies, else cuBLAS.
+//    pipeline, a producer and two consumer warpgroups). Same bound; no workspace. Either
+//    kernel takes the position from the host (a.pos0) or from the device (a.pos0_dev, for
+//    CUDA graphs): bitwise the same output.
+//  - PF_ATTN_AUTO: flash where it applies, else cuBLAS (the choice depends on pos0: a caller
+//    that captures the flash launch at one position must check the choice at each replay).
 // ctx is needed for the cuBLAS handles, its stream and the scratch; runs on ctx->stream.
 // Scalar checks only (the C API validates buffers); rows == 0 is a no-op.
 pf_status attention(pf_context *ctx, const attention_args &a);
@@ -124,6 +137,10 @@ int32_t attention_resolved_kernel(const attention_args &a, int device);
 // Runs the wgmma kernel (D 128 or 256, fp16 cache, 16-byte aligned caches; the caller checked
 // attention_flash_supported and attention_wgmma_available) on `stream`.
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t stream);
+
+// *dst = v in stream order (a kernel argument: no host staging, no wait), for callers that keep
+// attention's position on the device (attention_args::pos0_dev).
+pf_status store_i64(int64_t *dst, int64_t v, cudaStream_t stream);
 
 // Frees this family's per-context scratch (call from context teardown; harmless when none).
 void attention_release(pf_context *ctx);

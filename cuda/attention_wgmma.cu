@@ -13,7 +13,9 @@
 //    (the 256 consumer threads arrive when the wgmma reading the tile has completed): K_i is
 //    released as soon as S_i is done, a tile before V_i, so K_{i+2} loads while tile i+1 is
 //    worked on. The TMA writes the 128-byte swizzle itself (box = BN rows x 64 columns) and
-//    fills rows past pos0 + rows with zeros.
+//    fills rows past the map with zeros. The map spans pos0 + rows rows, or, with the position
+//    on the device (CUDA graphs: the launch must not depend on it), the caches' capacity; then
+//    the consumers zero the last V tile's rows from pos0 + rows on themselves.
 //  - Per tile, each warpgroup: S = Q K^T (wgmma, A and B from shared memory, K-major), causal mask
 //    on the tiles that cross the diagonal only, online softmax (exp2, scale folded into log2 e),
 //    P converted to fp16 in registers (the accumulator layout of S is the A-register layout of
@@ -62,6 +64,8 @@ struct wgmma_attn_args {
     int32_t q_vec4;    // q, ldq and the head stride are whole 16-byte units: vector loads of q
     int32_t pingpong;  // the consumer warpgroups take turns issuing wgmma (PREFILL_ATTN_PINGPONG)
     int64_t rows, pos0;
+    const int64_t *pos0_dev;  // when set, pos0 is read here when the kernel runs (CUDA graphs)
+    int64_t map_rows;         // rows the K/V tensor maps span (pos0 + rows, or the capacity)
     float scale_log2;  // scale * log2(e): the softmax runs in base 2 (exp2f)
 };
 
@@ -229,8 +233,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int kvh = int(blockIdx.x % unsigned(a.n_kv_heads));
     const int64_t m0 = (n_mtiles - 1 - int64_t(blockIdx.x / unsigned(a.n_kv_heads))) * kWgBM;
     const int64_t m_end = m0 + kWgBM < packed ? m0 + kWgBM : packed;
-    const int64_t n_keys = a.pos0 + (m_end - 1) / a.G + 1;  // keys visible to the block's last row
-    const int64_t diag = a.pos0 + m0 / a.G;  // keys <= diag are visible to every row of the block
+    // The grid, the shared memory and the maps do not depend on the position: the key loop's
+    // bound and the causal limits do.
+    const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
+    const int64_t n_keys = pos0 + (m_end - 1) / a.G + 1;  // keys visible to the block's last row
+    const int64_t diag = pos0 + m0 / a.G;  // keys <= diag are visible to every row of the block
     const int n_tiles = int((n_keys + BN - 1) / BN);
 
     if (tid == 0) {
@@ -329,7 +336,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int64_t m = m0 + wg * 64 + warp * 16 + gid + 8 * i;
-        const int64_t lk = a.pos0 + m / a.G;
+        const int64_t lk = pos0 + m / a.G;
         last_key[i] = lk < n_keys - 1 ? lk : n_keys - 1;
     }
 
@@ -398,6 +405,27 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     const int it = n_tiles - 1, st = it % kStages;
     mbar_wait(full_v(st), (it / kStages) & 1);
+    // Rows of the last V tile from pos0 + rows on are not keys of this chunk. Past the maps the
+    // TMA filled them with zeros; inside (maps spanning the capacity: pos0_dev) they hold
+    // whatever the cache held there, and P = 0 times a stale or never written value may be NaN,
+    // so they are zeroed here: the same tile as the TMA's fill, bitwise the same products. (K
+    // needs nothing: scores of those keys are masked to -inf, and S column j reads K row j only.)
+    // Only the last tile can reach them (n_keys <= pos0 + rows); the condition is block-uniform,
+    // so both consumer warpgroups meet the barrier or neither does.
+    const int64_t kv_len = pos0 + a.rows;
+    const int64_t j_end = int64_t(n_tiles) * BN < a.map_rows ? int64_t(n_tiles) * BN : a.map_rows;
+    if (j_end > kv_len) {
+        constexpr int kChunksPerRow = kSwizzleRow / 16;  // a swizzled row permutes its own chunks
+        const int r0 = int(kv_len - int64_t(it) * BN), nr = int(j_end - kv_len);
+        unsigned char *const tile = base_ptr + (sV0 - base) + st * kTileBytes;
+        for (int idx = ctid; idx < nr * (D / kSwizzleCols) * kChunksPerRow; idx += kWgConsumers) {
+            const int c = idx % kChunksPerRow, rb = idx / kChunksPerRow;
+            const int r = r0 + rb % nr, b = rb / nr;  // row r of swizzle block b (64 columns)
+            *reinterpret_cast<uint4 *>(tile + (b * BN + r) * kSwizzleRow + c * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async();  // the zeros, seen by the wgmma's (async proxy) reads
+        consumer_sync();
+    }
     turn_wait(n_tiles);
     fence_regs(acc);
     issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
@@ -459,9 +487,12 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
     PF_TRY(set_max_dynamic_smem(wgmma_attn_kernel<D, BN>, int(smem), "wgmma_attn_kernel"));
     const int64_t kv_dim = int64_t(a.n_kv_heads) * D;
+    // The maps span the keys of this call, or with the position on the device the caches'
+    // whole capacity (the same map at any position; the kernel bounds its loop).
+    const int64_t map_rows = a.pos0_dev ? a.kv_capacity : a.pos0 + a.rows;
     CUtensorMap tm_k, tm_v;
-    PF_TRY(make_cache_map<BN>(&tm_k, a.k_cache, kv_dim, a.pos0 + a.rows, "K"));
-    PF_TRY(make_cache_map<BN>(&tm_v, a.v_cache, kv_dim, a.pos0 + a.rows, "V"));
+    PF_TRY(make_cache_map<BN>(&tm_k, a.k_cache, kv_dim, map_rows, "K"));
+    PF_TRY(make_cache_map<BN>(&tm_v, a.v_cache, kv_dim, map_rows, "V"));
     wgmma_attn_args f;
     f.q = a.q;
     f.ldq = a.ldq;
@@ -474,6 +505,8 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.pingpong = pingpong_env();
     f.rows = a.rows;
     f.pos0 = a.pos0;
+    f.pos0_dev = a.pos0_dev;
+    f.map_rows = map_rows;
     f.scale_log2 = a.scale * 1.4426950408889634f;
     const int64_t blocks = ceil_div(a.rows * f.G, kWgBM) * a.n_kv_heads;
     if (blocks > kMaxGridX)

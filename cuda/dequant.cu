@@ -24,6 +24,7 @@ struct dequant_args {
     int64_t rows;           // output rows
     int64_t k;              // elements per row
     const int32_t *ids;     // gather: source row of output row r; nullptr = identity
+    const int64_t *ids_off_dev;  // when set, the gather reads ids + *ids_off_dev (CUDA graphs)
     int64_t n_src;          // source rows (clamp bound for ids)
     void *out;              // [rows][ldo], float or __half
     int64_t ldo;            // output row stride in elements
@@ -35,12 +36,13 @@ template <int Q, bool kF16, int G, bool kVec>
 __global__ void dequant_kernel(const __grid_constant__ dequant_args a) {
     const int64_t kg = a.k / G;  // groups per row
     const int64_t total = a.rows * kg;
+    const int32_t *ids = a.ids && a.ids_off_dev ? a.ids + *a.ids_off_dev : a.ids;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
          g += int64_t(gridDim.x) * blockDim.x) {
         const int64_t r = g / kg, c0 = (g - r * kg) * G;
         int64_t src = r;
-        if (a.ids) {
-            src = a.ids[r];
+        if (ids) {
+            src = ids[r];
             src = src < 0 ? 0 : (src >= a.n_src ? a.n_src - 1 : src);  // memory safety only
         }
         const uint8_t *rp = a.blocks + src * a.row_bytes;
@@ -121,7 +123,7 @@ pf_status dequantize(const void *blocks, int32_t qtype, int64_t n, int64_t k, vo
                      bool out_f16, cudaStream_t stream) {
     int64_t rb = 0;
     PF_TRY(row_bytes_of(qtype, k, &rb, "dequantize"));
-    dequant_args a{static_cast<const uint8_t *>(blocks), rb, n, k, nullptr, n, out, k};
+    dequant_args a{static_cast<const uint8_t *>(blocks), rb, n, k, nullptr, nullptr, n, out, k};
     return launch(qtype, a, out_f16, stream, "dequantize");
 }
 
@@ -132,8 +134,21 @@ pf_status embed_rows(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t
     PF_TRY(row_bytes_of(qtype, k, &rb, "embed_rows"));
     PF_CHECK_ARG(ldo >= k, "embed_rows: ldo=%lld < k=%lld", (long long)ldo, (long long)k);
     PF_CHECK_ARG(n_vocab > 0, "embed_rows: n_vocab=%lld must be positive", (long long)n_vocab);
-    dequant_args a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, n_vocab, out, ldo};
+    dequant_args a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, nullptr, n_vocab, out, ldo};
     return launch(qtype, a, false, stream, "embed_rows");
+}
+
+pf_status embed_rows_at(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
+                        const int32_t *ids, const int64_t *ids_off_dev, int64_t rows, float *out,
+                        int64_t ldo, cudaStream_t stream) {
+    int64_t rb = 0;
+    PF_TRY(row_bytes_of(qtype, k, &rb, "embed_rows_at"));
+    PF_CHECK_ARG(ldo >= k, "embed_rows_at: ldo=%lld < k=%lld", (long long)ldo, (long long)k);
+    PF_CHECK_ARG(n_vocab > 0, "embed_rows_at: n_vocab=%lld must be positive", (long long)n_vocab);
+    PF_CHECK_ARG(ids != nullptr && ids_off_dev != nullptr, "embed_rows_at: ids=%p ids_off_dev=%p",
+                 (const void *)ids, (const void *)ids_off_dev);
+    dequant_args a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, ids_off_dev, n_vocab, out, ldo};
+    return launch(qtype, a, false, stream, "embed_rows_at");
 }
 
 }  // namespace pf

@@ -27,5 +27,11 @@ pf_status dequantize(const void *blocks, int32_t qtype, int64_t n, int64_t k, vo
 pf_status embed_rows(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
                      const int32_t *ids, int64_t rows, float *out, int64_t ldo,
                      cudaStream_t stream);
+// embed_rows with the ids at ids + *ids_off_dev, the offset read from device memory when the
+// kernel runs (a launch that a CUDA graph can replay for any chunk of a call); the caller keeps
+// the rows within ids.
+pf_status embed_rows_at(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
+                        const int32_t *ids, const int64_t *ids_off_dev, int64_t rows, float *out,
+                        int64_t ldo, cudaStream_t stream);
 
 }  // namespace pf

@@ -55,5 +55,10 @@ bool graph_env_enabled();
 // (qk_rope.cuh): env PREFILL_FUSE_QKROPE = 0 | off | no turns it off (read at session creation;
 // the logits are bitwise the same either way).
 bool qkrope_env_enabled();
+// Whether a session's chunk graph holds the flash attention launches (the position read on the
+// device) and the embedding, so that a chunk is one graph: env PREFILL_GRAPH_ATTN = 0 | off | no
+// restores the segments with attention launched between them (read at session creation, for
+// A/B runs; the logits are bitwise the same either way).
+bool graph_attn_env_enabled();
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

@@ -49,9 +49,10 @@ size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 // ---------------------------------------------------------------------------- one chunk
 
 // Runs a chunk's launches in order, as steps: graphed steps (launches that depend on the chunk
-// length only; RoPE and kv_write read the position from s->pos_dev) and eager steps (the
-// embedding of the chunk's ids, and attention: their arguments carry the chunk's offset or the
-// position, and attention's path is chosen per call). Modes:
+// length only; RoPE, kv_write, and with s->graph_attn the embedding and the flash attention
+// kernels read the position from s->pos_dev) and eager steps (with PREFILL_GRAPH_ATTN=0 the
+// embedding, whose ids pointer moves with the chunk, and attention whenever it is not graphed:
+// cuBLAS launches depend on the position, and so does AUTO's choice of path). Modes:
 //  - Eager: every step runs.
 //  - Capture: consecutive graphed steps are captured into one segment (it ends at the next eager
 //    step or at close); eager steps are skipped. Nothing runs on the device.
@@ -170,6 +171,44 @@ pf_status project_group(pf_session *s, std::initializer_list<pf_weight *> parts,
     return PF_STATUS_OK;
 }
 
+// attention's arguments for the index-th attention layer over a chunk of T rows at s->pos: q in
+// the side-by-side scratch s->a (see attn_layer), o in s->o, the host position.
+attention_args attn_args(const pf_session *s, int32_t index, int64_t T) {
+    const Hparams &hp = s->model->hp;
+    const int64_t D = hp.head_dim, H = hp.n_head;
+    const bool gated = hp.arch == PF_ARCH_QWEN35;
+    attention_args a;
+    a.q = s->a;
+    a.ldq = hp.q_proj_dim() + 2 * hp.kv_dim();
+    a.q_head_stride = gated ? 2 * D : D;
+    a.k_cache = s->k_cache[size_t(index)];
+    a.v_cache = s->v_cache[size_t(index)];
+    a.kv_dtype = s->kv_dtype;
+    a.o = s->o;
+    a.ldo = H * D;
+    a.n_heads = int32_t(H);
+    a.n_kv_heads = int32_t(hp.n_head_kv);
+    a.head_dim = int32_t(D);
+    a.rows = T;
+    a.pos0 = s->pos;
+    a.scale = float(1.0 / std::sqrt(double(D)));
+    a.path = s->attn_path;
+    a.workspace = s->attn_ws;  // the cuBLAS path's scratch (null when the session runs flash)
+    a.workspace_bytes = s->attn_ws_bytes;
+    return a;
+}
+
+// Whether a chunk of T rows at s->pos runs attention inside the chunk's graph: the switch is on
+// and every attention layer resolves to the flash path here (the kernels then take the position
+// from s->pos_dev; a cuBLAS layer's launches depend on it). A function of (T, s->pos) only: it
+// is part of the chunk graph's key, so a replay runs the structure that was captured.
+bool attn_graphable(const pf_session *s, int64_t T) {
+    if (!s->graph_attn) return false;
+    for (int32_t i = 0; i < s->model->n_attn_layers; i++)
+        if (attention_resolved_path(attn_args(s, i, T)) != PF_ATTN_FLASH) return false;
+    return true;
+}
+
 // Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
 pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunner &R) {
     pf_context *ctx = s->ctx;
@@ -219,29 +258,20 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunne
                                  s->pos_dev, float(hp.rope_base), st));
         return kv_write_at(k, W, v, W, T, kvd, kc, vc, s->kv_dtype, s->pos_dev, st);  // rows pos..pos+T-1
     }));
-    // Attention: its arguments (and its path) depend on the position: run eagerly between the
-    // graph segments.
-    PF_TRY(R.eager([&]() -> pf_status {
-        attention_args a;
-        a.q = q;
-        a.ldq = W;
-        a.q_head_stride = q_head_stride;
-        a.k_cache = kc;
-        a.v_cache = vc;
-        a.kv_dtype = s->kv_dtype;
-        a.o = o;
-        a.ldo = H * D;
-        a.n_heads = int32_t(H);
-        a.n_kv_heads = int32_t(hp.n_head_kv);
-        a.head_dim = int32_t(D);
-        a.rows = T;
-        a.pos0 = s->pos;
-        a.scale = float(1.0 / std::sqrt(double(D)));
-        a.path = s->attn_path;
-        a.workspace = s->attn_ws;  // the cuBLAS path's scratch (null when the session runs flash)
-        a.workspace_bytes = s->attn_ws_bytes;
-        return attention(ctx, a);
-    }));
+    attention_args a = attn_args(s, L.attn_index, T);
+    if (s->attn_in_graph) {
+        // The flash kernels with the position on the device: the same launch at any position
+        // (grid over query tiles x heads, the key loop bounded in the kernel, the wgmma maps over
+        // the whole capacity), so it joins the graph segment.
+        a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this chunk
+        a.pos0_dev = s->pos_dev;
+        a.kv_capacity = s->max_tokens;
+        PF_TRY(R.graphed([&] { return attention(ctx, a); }));
+    } else {
+        // The cuBLAS path's launches (and AUTO's choice) depend on the position: run eagerly
+        // between the graph segments.
+        PF_TRY(R.eager([&] { return attention(ctx, a); }));
+    }
     // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row; on the act16 route
     // the gate writes wo's input form (and pre-scales x's rows where a row needs it)
     return R.graphed([&]() -> pf_status {
@@ -309,16 +339,23 @@ pf_status ffn(pf_session *s, const LayerWeights &L, int64_t T) {
     return project_in(s, L.down, s->a, W, T, s->x, d, true);
 }
 
-// One chunk of T <= s->chunk tokens (ids: their device ids, inside s->ids) at s->pos (also in
-// s->pos_dev), its launches through R (ChunkRunner).
+// One chunk of T <= s->chunk tokens (ids: their device ids, s->ids + s->pos) at s->pos (also in
+// s->pos_dev), its launches through R (ChunkRunner); s->attn_in_graph set for this chunk.
 pf_status run_chunk(pf_session *s, const int32_t *ids, int64_t T, ChunkRunner &R) {
     pf_model *m = s->model;
     const Hparams &hp = m->hp;
     const int64_t d = hp.n_embd;
-    PF_TRY(R.eager([&] {  // where the ids are moves with the chunk
-        return embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, ids, T, s->x, d,
-                          s->ctx->stream);
-    }));
+    if (s->graph_attn) {  // the chunk's ids at s->ids + *pos_dev: the same launch for any chunk
+        PF_TRY(R.graphed([&] {
+            return embed_rows_at(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, s->ids, s->pos_dev, T,
+                                 s->x, d, s->ctx->stream);
+        }));
+    } else {
+        PF_TRY(R.eager([&] {  // where the ids are moves with the chunk
+            return embed_rows(m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d, ids, T, s->x, d,
+                              s->ctx->stream);
+        }));
+    }
     for (int64_t il = 0; il < hp.n_layer; il++) {
         const LayerWeights &L = m->layers[size_t(il)];
         PF_TRY(R.graphed([&] { return norm_input(s, s->x, L.attn_norm, T); }));
@@ -344,12 +381,15 @@ void destroy_graph(ChunkGraph &g) {
 // capture, and only while the session holds fewer than kMaxChunkGraphs (the full chunk and the
 // decode step, the lengths that recur, come first in practice; no eviction, so no churn). A graph whose key no longer holds
 // (the act16 route, fusion, the fp16 caches or the resolved leg changed, the context's scratch
-// moved) is dropped and captured anew.
+// moved) is dropped and captured anew. A length may hold two graphs, one with attention inside
+// (s->attn_in_graph) and one in segments (AUTO's cuBLAS chunks deep into the cache): a decode
+// that crosses that line, then a new prompt after a reset, replays both without recapture.
 ChunkGraph *chunk_graph(pf_session *s, int64_t T) {
     if (!s->graph_env || s->graph_off) return nullptr;
     const pf_context *c = s->ctx;
     ChunkGraph key;
     key.T = T;
+    key.attn = s->attn_in_graph;
     key.act16 = s->act16;
     key.fuse = s->fuse;
     key.cached = s->cached;
@@ -363,7 +403,7 @@ ChunkGraph *chunk_graph(pf_session *s, int64_t T) {
     };
     for (size_t i = 0; i < s->graphs.size(); ++i) {
         ChunkGraph &g = s->graphs[i];
-        if (g.T != T) continue;
+        if (g.T != T || g.attn != key.attn) continue;
         if (same(g)) return &g;
         destroy_graph(g);
         s->graphs.erase(s->graphs.begin() + std::ptrdiff_t(i));
@@ -384,6 +424,7 @@ ChunkGraph *chunk_graph(pf_session *s, int64_t T) {
 // does the session from then on.
 pf_status run_chunk_graphed(pf_session *s, const int32_t *ids, int64_t T) {
     cudaStream_t st = s->ctx->stream;
+    s->attn_in_graph = attn_graphable(s, T);  // before chunk_graph: part of the key
     ChunkGraph *g = chunk_graph(s, T);
     if (g && g->segs.empty()) {
         pf_status r;
@@ -482,6 +523,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->act16_env = act16_env_enabled();
     s->graph_env = o.cuda_graphs == 1 && graph_env_enabled();
     s->fuse_qkrope = qkrope_env_enabled() && qk_norm_rope_kv_supported(int32_t(hp.head_dim), int32_t(hp.rope_dim));
+    s->graph_attn = graph_attn_env_enabled();
     const size_t kv_bytes = size_t(s->max_tokens) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype);
     if (o.chunk_tokens) {
         s->chunk = std::min(o.chunk_tokens, s->max_tokens);
@@ -646,12 +688,14 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
     s->act16 = act16_route(s);
     auto body = [&]() -> pf_status {
         // The call's tokens in one copy (a copy from pageable memory may wait for the stream:
-        // once per call, not once per chunk).
-        PF_CUDA_TRY(cudaMemcpyAsync(s->ids, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st));
+        // once per call, not once per chunk), at their positions: a chunk's ids are then at
+        // s->ids + its position, which the graphed embedding reads from s->pos_dev.
+        const int64_t pos_call = s->pos;
+        PF_CUDA_TRY(cudaMemcpyAsync(s->ids + pos_call, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st));
         for (int64_t done = 0; done < n;) {
             const int64_t T = std::min<int64_t>(s->chunk, n - done);
             PF_TRY(set_position(s));
-            PF_TRY(run_chunk_graphed(s, s->ids + done, T));
+            PF_TRY(run_chunk_graphed(s, s->ids + pos_call + done, T));
             const bool last_chunk = done + T == n;
             if (mode == PF_LOGITS_ALL) {
                 for (int64_t r0 = 0; r0 < T; r0 += s->lm_rows) {

@@ -13,6 +13,7 @@ namespace pf {
 struct ChunkGraph {
     int64_t T = 0;
     bool act16 = false, fuse = false, cached = false;
+    bool attn = false;  // attention inside (pf_session::attn_in_graph): the chunk is one graph
     int32_t leg = 0;                                      // the session's leg, PF_GEMM_DEFAULT resolved
     const void *scratch[3] = {nullptr, nullptr, nullptr};  // the context scratch the launches use
     std::vector<cudaGraphExec_t> segs;
@@ -45,8 +46,8 @@ struct pf_session {
     bool cached = false;             // every matrix has its fp16 cache (per prefill call)
     __half *h16 = nullptr;
     float *inv16 = nullptr;
-    int32_t *ids = nullptr;          // [max_tokens] device token ids of the current call
-    int64_t *pos_dev = nullptr;      // [1] the chunk's position, for RoPE inside CUDA graphs
+    int32_t *ids = nullptr;          // [max_tokens] device token ids: the call's at [pos, pos + n)
+    int64_t *pos_dev = nullptr;      // [1] the chunk's position, for the launches inside CUDA graphs
     float *logits = nullptr;         // [lm_rows][n_vocab]
     int32_t lm_rows = 0;
     int32_t *argmax = nullptr;       // [1]
@@ -58,6 +59,13 @@ struct pf_session {
     // captured when it comes back (seen_T), for at most kMaxChunkGraphs lengths
     bool graph_env = true;
     bool graph_off = false;          // a capture failed: this session runs eagerly from then on
+    // The chunk as one graph (env PREFILL_GRAPH_ATTN=0 turns it off at creation, for A/B runs:
+    // bitwise the same logits): the embedding reads its ids at s->ids + *pos_dev, and on chunks
+    // whose attention runs the flash kernels (attn_in_graph, decided per chunk from the length
+    // and the position: AUTO takes cuBLAS for short chunks deep into the cache) those read the
+    // position from pos_dev too. Off, or on cuBLAS chunks: attention runs between segments.
+    bool graph_attn = true;
+    bool attn_in_graph = false;
     std::vector<pf::ChunkGraph> graphs;
     std::vector<int64_t> seen_T;
     std::vector<std::pair<void *, size_t>> allocs;

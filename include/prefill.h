@@ -658,9 +658,12 @@ typedef struct pf_session_options {
                               rule token by token; the fast legs run it chunked
                               (PF_GDN_SCAN_CHUNKED) for chunks of >= 64 rows */
     int32_t attn_path;     /* 0 = auto (flash for an fp16 cache), 1 = cuBLAS, 2 = flash */
-    int32_t cuda_graphs;   /* 1: a chunk length that comes back is captured as CUDA graphs (its
-                              position-independent launches; attention runs between them)
-                              and replayed, for up to 8 lengths per session; results
+    int32_t cuda_graphs;   /* 1: a chunk length that comes back is captured as a CUDA graph
+                              (every launch reads the position from device memory, flash
+                              attention included: one graph per chunk; chunks on the cuBLAS
+                              attention path, and every chunk with env PREFILL_GRAPH_ATTN=0,
+                              are captured as segments with attention launched between them)
+                              and replayed, for up to 8 graphs per session; results
                               are bitwise those of 0 (every kernel launched). Env PREFILL_GRAPH=0
                               forces 0. default 1 */
 } pf_session_options;

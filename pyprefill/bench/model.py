@@ -163,10 +163,13 @@ def _say(rec, row: dict) -> None:
 # creation): "LEG/nofuse" runs the projections of a group one by one (PREFILL_FUSE=0),
 # "LEG/noact16" casts the projections' inputs in a separate pass (PREFILL_F16_ACT=0),
 # "LEG/nograph" launches every kernel (PREFILL_GRAPH=0), "LEG/noqkrope" runs the attention
-# layer's q/k norms, RoPE and cache write as five kernels (PREFILL_FUSE_QKROPE=0);
+# layer's q/k norms, RoPE and cache write as five kernels (PREFILL_FUSE_QKROPE=0),
+# "LEG/noattngraph" captures a chunk as segments with attention and the embedding launched
+# between them, as before session 17 (PREFILL_GRAPH_ATTN=0);
 # "auto/nofuse/noact16/nograph/noqkrope" is the path as it was before issue 11 (but the chunk).
 VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
-               "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0")}
+               "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0"),
+               "noattngraph": ("PREFILL_GRAPH_ATTN", "0")}
 
 
 def split_leg(leg: str) -> tuple[str, dict]:

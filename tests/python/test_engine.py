@@ -208,3 +208,90 @@ def test_model_info_and_prewarm_report():
     info = m.info
     assert info["arch"] == "qwen35" and info["n_layer"] == 4 and info["n_attn_layers"] == 1
     assert info["f16_armed"] == 1 and info["f16_bytes"] > 0 and info["prewarm_ms"] > 0
+
+
+# The chunk as one CUDA graph (PREFILL_GRAPH_ATTN, read at session creation): the embedding and
+# the flash attention kernels read the position from the device, so they join the graph. The
+# model lives in a poisoned context: every cache row a prefill has not written is NaN, which the
+# wgmma kernel's capacity-wide TMA maps load into its last key tile and must keep out.
+GRAPH_ATTN_CONFIGS = [(True, True), (True, False), (False, True), (False, False)]   # (switch, graphs)
+
+
+def _graph_attn_rounds(m, on, graphs, monkeypatch, rounds, body, **kw):
+    """`rounds` runs of body(session) in one session (reset between them) with the switch `on`
+    and CUDA graphs `graphs`: a length is captured when it comes back, so later rounds replay."""
+    monkeypatch.setenv("PREFILL_GRAPH_ATTN", "1" if on else "0")
+    got = []
+    with m.session(graphs=graphs, **kw) as s:
+        for _ in range(rounds):
+            s.reset()
+            got.extend(body(s))
+    return got
+
+
+def _assert_bitwise(outs, what):
+    want = outs[False, False]   # the segments of before, every kernel launched
+    for key, got in outs.items():
+        assert len(got) == len(want)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert np.isfinite(a).all(), f"{what} switch/graphs={key} step {i}: non-finite output"
+            assert np.array_equal(a, b), (f"{what} switch/graphs={key} step {i}: differs from "
+                                          f"PREFILL_GRAPH_ATTN=0 eager (max |diff| {np.abs(a - b).max():.3e})")
+
+
+@pytest.mark.parametrize("chunk,lengths", [(1, (20, 13)), (64, (150, 800, 150)), (777, (150, 800, 150)),
+                                           (0, (150, 800, 150))], ids=["chunk1", "chunk64", "chunk777", "whole"])
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_chunk_as_one_graph_is_bitwise_segmented(preset, chunk, lengths, rng, monkeypatch):
+    """Attention (and the embedding) inside the chunk's graph, replayed at other positions than
+    the captured one, give bitwise the logits of today's segments and of every kernel launched
+    (switch on/off x graphs on/off): chunks of 1, 64, 777 rows and the whole call (0: the auto
+    chunk), calls after the first at positions > 0, decode steps after the prefills, three
+    rounds so that every length is captured and replayed."""
+    from pyprefill.core import Context
+    from pyprefill.model import Model
+    path = _synth(preset, "q4_k_m")
+    with Context(0, poison=True) as ctx:
+        m = Model.load(path, context=ctx, progress=False)
+        prompts = [rng.integers(0, m.n_vocab, size=n).astype(np.int32) for n in lengths]
+
+        def body(s):
+            out = [s.prefill(p, "all") for p in prompts]
+            out.append(s.generate(3).astype(np.float32))
+            out.extend(s.decode(int(t)) for t in prompts[0][:3])   # decode steps with their logits
+            return out
+        try:
+            outs = {cfg: _graph_attn_rounds(m, *cfg, monkeypatch, 3, body, max_tokens=2048, chunk=chunk)
+                    for cfg in GRAPH_ATTN_CONFIGS}
+        finally:
+            m.close()
+    _assert_bitwise(outs, f"{preset} chunk={chunk}")
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_one_graph_across_the_cublas_line(preset, rng, monkeypatch):
+    """AUTO runs short chunks deep into the cache (past 2048 keys) on cuBLAS, whose launches
+    depend on the position: such chunks keep attention between segments, the others run it in
+    the graph, and one length may hold both graphs. Decode steps from position 2040 to 2060
+    and a 7-row chunk past 2048, three rounds (each graph replayed after a reset): bitwise the
+    same logits with the switch on and off, graphs on and off."""
+    from pyprefill.core import Context
+    from pyprefill.model import Model
+    path = _synth(preset, "q4_k_m")
+    with Context(0, poison=True) as ctx:
+        m = Model.load(path, context=ctx, progress=False)
+        prompt = rng.integers(0, m.n_vocab, size=2040).astype(np.int32)
+        tail = rng.integers(0, m.n_vocab, size=7).astype(np.int32)
+
+        def body(s):
+            out = [s.prefill(prompt, "last")]
+            out.extend(s.decode(int(t)) for t in prompt[:12])    # positions 2040..2051
+            out.append(s.prefill(tail, "all"))                   # 2052..2058: cuBLAS
+            out.extend(s.decode(int(t)) for t in prompt[:2])
+            return out
+        try:
+            outs = {cfg: _graph_attn_rounds(m, *cfg, monkeypatch, 3, body, max_tokens=4096, chunk=0)
+                    for cfg in GRAPH_ATTN_CONFIGS}
+        finally:
+            m.close()
+    _assert_bitwise(outs, f"{preset} across 2048")

@@ -234,15 +234,18 @@ def test_act16_route_scales_rows_beyond_fp16(preset, stage, rng, monkeypatch):
 def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
     """A session replaying its chunks as CUDA graphs (a length is captured when it comes back)
     gives bitwise the logits and greedy tokens of one launching every kernel (cuda_graphs = 0,
-    and env PREFILL_GRAPH=0): full chunks, tails, decode steps, after a reset and a restore."""
+    and env PREFILL_GRAPH=0), and of one whose graphs leave attention and the embedding out
+    (PREFILL_GRAPH_ATTN=0, the segments of before): full chunks, tails, decode steps, after a
+    reset and a restore."""
     from pyprefill.model import Model
     path = synth_model(preset, "q4_k_m")
     kw = dict(kv="f32", attention="cublas", gemm="f32") if legs == "f32" else {}
     prompts = [random_tokens(rng, n, _vocab(path)) for n in (300, 300, 64, 1, 1, 130)]
     outs = {}
     with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
-        for graphs in (True, False, "env"):
+        for graphs in (True, False, "env", "segments"):
             monkeypatch.setenv("PREFILL_GRAPH", "0" if graphs == "env" else "1")   # read at session creation
+            monkeypatch.setenv("PREFILL_GRAPH_ATTN", "0" if graphs == "segments" else "1")
             kw["graphs"] = graphs is not False   # "env": the option on, the environment off
             got = []
             with m.session(max_tokens=1024, chunk=64, **kw) as s:
@@ -257,7 +260,7 @@ def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
                     got.append(r.prefill(prompts[2], "last"))
                     got.append(r.generate(3).astype(np.float32))
             outs[graphs] = got
-    for off in (False, "env"):
+    for off in (False, "env", "segments"):
         for i, (a, b) in enumerate(zip(outs[True], outs[off])):
             assert np.isfinite(a).all(), f"step {i}: non-finite output with graphs"
             assert np.array_equal(a, b), f"step {i}: graphs differ from eager ({off}; max |diff| {np.abs(a - b).max():.3e})"

@@ -212,6 +212,48 @@ def test_flash_kernels_agree(ctx, rng):
 
 
 @gpu
+@pytest.mark.parametrize("extra", [1, 300])
+@pytest.mark.parametrize("rows,pos0", [(1, 0), (1, 700), (17, 300), (64, 64), (129, 1000),
+                                       (300, 0), (777, 2000)])
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=[s[0] for s in FLASH_SHAPES])
+@pytest.mark.parametrize("kernel", FLASH_KERNELS)
+def test_flash_position_on_device_is_bitwise_host(ctx, rng, kernel, shape, rows, pos0, extra,
+                                                 monkeypatch):
+    """The launch a session captures into its chunk graph (PREFILL_ATTN_POS_DEVICE=1, read per
+    call: pos0 read from device memory, the wgmma kernel's TMA maps over the caches' whole
+    capacity) gives bitwise the output of the host-position launch, with the cache rows past
+    pos0 + rows NaN (1 or 300 of them: inside the last key tile and past it), none of which may
+    reach the output."""
+    _, H, Hkv, D, qmult = shape
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
+                               kv_dtype="f16", extra=extra)
+    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
+    monkeypatch.delenv("PREFILL_ATTN_POS_DEVICE", raising=False)
+    host = flash_np(ctx, kernel, q, k, v, **kw)
+    monkeypatch.setenv("PREFILL_ATTN_POS_DEVICE", "1")
+    dev = flash_np(ctx, kernel, q, k, v, **kw)
+    name = f"flash/{kernel} device pos0 H={H} Hkv={Hkv} D={D} rows={rows} pos0={pos0} extra={extra}"
+    assert np.isfinite(dev).all(), f"{name}: {int((~np.isfinite(dev)).sum())} non-finite outputs"
+    assert np.array_equal(host, dev), f"{name}: differs from the host position (max |diff| {np.abs(host - dev).max():.3e})"
+    assert_flash_close(name, q, k, v, dev, H=H, Hkv=Hkv, D=D, pos0=pos0, qhs=qhs)
+
+
+@gpu
+def test_position_on_device_hook_leaves_cublas_alone(ctx, rng, monkeypatch):
+    """PREFILL_ATTN_POS_DEVICE=1 changes the flash path only: the cuBLAS path (whose launches
+    depend on the position) gives bitwise what it gives without it."""
+    H, Hkv, D, rows, pos0 = 16, 4, 256, 33, 100
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
+                               kv_dtype="f16", extra=40)
+    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs, path="cublas")
+    monkeypatch.delenv("PREFILL_ATTN_POS_DEVICE", raising=False)
+    host = A.attention_np(ctx, q, k, v, **kw)
+    monkeypatch.setenv("PREFILL_ATTN_POS_DEVICE", "1")
+    dev = A.attention_np(ctx, q, k, v, **kw)
+    assert np.isfinite(dev).all() and np.array_equal(host, dev)
+
+
+@gpu
 @pytest.mark.parametrize("kv_dtype,bound", [("f32", 1e-5), ("f16", 3e-3)])
 @pytest.mark.parametrize("rows_per_pass", [1, 100, 776, 777, 5000])
 def test_cublas_passes(ctx, rng, rows_per_pass, kv_dtype, bound):
