@@ -108,4 +108,73 @@ __device__ __forceinline__ void f16_write_row(const F16Out &out, int64_t r, int6
     if (threadIdx.x == 0) out.inv[r] = inv;
 }
 
+// The register-resident form of the producers (rows.cu's *_reg kernels): each thread loads
+// every element of the row it owns before using any, so that NPER loads per thread are in
+// flight instead of one (device run 23: the staged producers ran at 2.3-3.5x their bandwidth
+// time at 512 rows, latency-bound on one dependent load per loop trip). Env
+// PREFILL_ROW_REGS=0 (read per launch, like PREFILL_F16_STAGE) turns them off: the staged or
+// recomputing producers run instead; the tests run every form and compare the bits.
+inline bool row_regs_enabled() {
+    const char *env = std::getenv("PREFILL_ROW_REGS");
+    return !(env && std::strcmp(env, "0") == 0);
+}
+
+// The second half of a register-resident producer: v[i] is the value of column
+// c = threadIdx.x + i * blockDim.x (scalar ownership, used where the fp32 twin's summation
+// order fixes which thread reads which column), ignored past cols. The same max, scale, fp16
+// rounding, pre-scale and inverse as f16_write_row: the same bits.
+template <int NPER>
+__device__ __forceinline__ void f16_write_regs(const F16Out &out, int64_t r, int64_t cols,
+                                               const float (&v)[NPER], float *red) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPER; ++i)
+        if (threadIdx.x + int64_t(i) * blockDim.x < cols) m = fmaxf(m, fabsf(v[i]));
+    m = block_max(m, red);  // >= 0: fmaxf skips NaN elements (any order: the same max)
+    float scale, inv;
+    f16_row_scale(m, &scale, &inv);
+    __half *h = out.x16 + r * out.ld16;
+#pragma unroll
+    for (int i = 0; i < NPER; ++i) {
+        const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+        if (c < cols) h[c] = __float2half_rn(v[i] * scale);
+    }
+    if (out.acc && scale != 1.0f) {
+        float *yr = out.acc + r * out.ld_acc;
+        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
+    }
+    if (threadIdx.x == 0) out.inv[r] = inv;
+}
+
+// The same with float4 ownership: v[i] holds columns 4 c4 .. 4 c4 + 3, c4 = threadIdx.x +
+// i * blockDim.x < n4 = cols / 4 (cols % 4 == 0; x16 rows 8-byte aligned: one 8-byte store
+// per four values).
+template <int NPER>
+__device__ __forceinline__ void f16_write_regs4(const F16Out &out, int64_t r, int64_t n4,
+                                                const float4 (&v)[NPER], float *red) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPER; ++i)
+        if (threadIdx.x + int64_t(i) * blockDim.x < n4)
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+    m = block_max(m, red);
+    float scale, inv;
+    f16_row_scale(m, &scale, &inv);
+    uint2 *h = reinterpret_cast<uint2 *>(out.x16 + r * out.ld16);
+#pragma unroll
+    for (int i = 0; i < NPER; ++i) {
+        const int64_t c4 = threadIdx.x + int64_t(i) * blockDim.x;
+        if (c4 < n4) {
+            const __half2 lo = __floats2half2_rn(v[i].x * scale, v[i].y * scale);
+            const __half2 hi = __floats2half2_rn(v[i].z * scale, v[i].w * scale);
+            h[c4] = make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+        }
+    }
+    if (out.acc && scale != 1.0f) {
+        float *yr = out.acc + r * out.ld_acc;
+        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
+    }
+    if (threadIdx.x == 0) out.inv[r] = inv;
+}
+
 }  // namespace pf

@@ -136,14 +136,33 @@ struct unscale_args {
     int64_t ldy, rows, n;
 };
 
-// Undoes the row scale on the GEMM output (rows with scale 1 return at once).
+// Undoes the row scale on the GEMM output. Rows are scaled only when an input row exceeds
+// kF16RowMax, so the common case is a launch with nothing to do: each block reads the inverse
+// scales of blockDim.x rows (one per thread) and leaves at once unless one of them is not 1
+// (__syncthreads_or: block-uniform); then the block rescales those rows together. A grid of
+// rows / blockDim.x blocks instead of one block per row (device run 23: 2.2 us per launch at
+// 512 rows, 145 launches per qwen3-4b chunk).
 __global__ void unscale_rows_kernel(const __grid_constant__ unscale_args a) {
-    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-        const float inv = a.inv_scale[r];
-        if (inv == 1.0f) continue;  // uniform per block: no divergence
-        float *yr = a.y + r * a.ldy;
-        for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= inv;
+    for (int64_t r0 = int64_t(blockIdx.x) * blockDim.x; r0 < a.rows; r0 += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = r0 + threadIdx.x;
+        const float mine = r < a.rows ? a.inv_scale[r] : 1.0f;
+        if (!__syncthreads_or(mine != 1.0f)) continue;
+        const int64_t n_rows = a.rows - r0 < blockDim.x ? a.rows - r0 : blockDim.x;
+        for (int64_t i = 0; i < n_rows; ++i) {
+            const float inv = a.inv_scale[r0 + i];  // the same address in every thread
+            if (inv == 1.0f) continue;
+            float *yr = a.y + (r0 + i) * a.ldy;
+            for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= inv;
+        }
     }
+}
+
+// The unscale launch: one block of kCastThreads per kCastThreads rows.
+pf_status launch_unscale(const float *inv, float *y, int64_t ldy, int64_t rows, int64_t n, cudaStream_t st) {
+    const int grid = int(std::min<int64_t>(ceil_div(rows, kCastThreads), kMaxRowBlocks));
+    unscale_rows_kernel<<<grid, kCastThreads, 0, st>>>(unscale_args{inv, y, ldy, rows, n});
+    PF_LAUNCH_CHECK("unscale_rows_kernel");
+    return PF_STATUS_OK;
 }
 
 // ------------------------------------------------------------------ the legs
@@ -228,9 +247,7 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
             PF_TRY(gemm_f16(ctx, ws, nc, k, xh, rows, y + n0, ldy, beta));
         }
     }
-    unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, n});
-    PF_LAUNCH_CHECK("unscale_rows_kernel");
-    return PF_STATUS_OK;
+    return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
 }
 
 size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * sizeof(__half); }
@@ -522,10 +539,7 @@ pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, con
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     PF_TRY(gemm_f16(ctx, whole, w->n, w->k, x16, rows, y, ldy, accumulate ? 1.0f : 0.0f));
     if (!inv) return PF_STATUS_OK;  // every row unscaled (pf_project_f16x with inv NULL)
-    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
-    unscale_rows_kernel<<<grid, kCastThreads, 0, ctx->stream>>>(unscale_args{inv, y, ldy, rows, w->n});
-    PF_LAUNCH_CHECK("unscale_rows_kernel");
-    return PF_STATUS_OK;
+    return launch_unscale(inv, y, ldy, rows, w->n, ctx->stream);
 }
 
 pf_status weight_cache_f16(pf_weight *w) {

@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "f16_rows.cuh"
 #include "qk_math.cuh"
 #include "qk_rope.cuh"
 
@@ -83,6 +84,95 @@ __global__ void __launch_bounds__(kQkThreads) qk_norm_rope_kv_kernel(const __gri
     for (int64_t c = threadIdx.x; c < a.kv_dim; c += kQkThreads) vc[c] = from_float<T>(v[c]);
 }
 
+// The register form, for D = 32 PER and half = rot_dim / 2 = 32 HP (qwen3: D 128, full RoPE,
+// PER 4, HP 2; qwen35: D 256, rot_dim 64, PER 8, HP 1): lane l holds elements i = l + 32 j of a
+// head, so both members of a RoPE pair (i, i + half) are in one lane (j, j + HP) and the head
+// never goes through shared memory. Each warp's first head and the row's v are loaded before the
+// cos / sin, and every next head while the current one is worked on (the staged kernel waits on
+// one load per step). The same functions in the same order as the staged kernel (the sum of
+// squares is warp_sum_squares' loop, lane-strided, then warp_sum): the same bits.
+template <typename T, int PER, int HP>
+__global__ void __launch_bounds__(kQkThreads) qk_norm_rope_kv_reg_kernel(const __grid_constant__ QkArgs a) {
+    extern __shared__ float sm[];
+    constexpr int D = kWarpSize * PER, half = kWarpSize * HP, kV = 4;
+    static_assert(2 * HP <= PER, "rot_dim <= head_dim");
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    float *cs = sm, *sn = sm + half;
+    const int64_t t = blockIdx.x;
+    const int n_all = a.n_heads + a.n_kv_heads;
+    // Heads 0..H-1 are q's, H..H+Hkv-1 k's; warp-uniform branches only.
+    const auto head = [&](int hh) {
+        return hh < a.n_heads ? a.q + t * a.ldq + hh * a.qhs : a.k + t * a.ldk + int64_t(hh - a.n_heads) * D;
+    };
+    float cur[PER], vv[kV];
+    if (warp < n_all) {
+        const float *x = head(warp);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) cur[j] = x[lane + kWarpSize * j];
+    }
+    const float *v = a.v + t * a.ldv;
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+        const int64_t c = threadIdx.x + int64_t(e) * kQkThreads;
+        vv[e] = c < a.kv_dim ? v[c] : 0.0f;
+    }
+    const int64_t pos = *a.pos0_dev + t;
+    for (int i = threadIdx.x; i < half; i += kQkThreads) rope_cos_sin(a.base, a.rot, i, pos, cs[i], sn[i]);
+    __syncthreads();
+    T *kc = static_cast<T *>(a.k_cache) + pos * a.kv_dim;
+    T *vc = static_cast<T *>(a.v_cache) + pos * a.kv_dim;
+    for (int hh = warp; hh < n_all; hh += kQkWarps) {
+        float nxt[PER];
+        if (hh + kQkWarps < n_all) {
+            const float *xn = head(hh + kQkWarps);
+#pragma unroll
+            for (int j = 0; j < PER; ++j) nxt[j] = xn[lane + kWarpSize * j];
+        }
+        const bool is_q = hh < a.n_heads;
+        const int h = is_q ? hh : hh - a.n_heads;
+        float *x = head(hh);
+        const float *w = is_q ? a.q_norm : a.k_norm;
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) ss = fmaf(cur[j], cur[j], ss);
+        const float inv = head_norm_inv(warp_sum(ss), D, a.eps);
+        float nv[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) nv[j] = head_norm_value(cur[j], inv, w[lane + kWarpSize * j]);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = lane + kWarpSize * j;
+            float y;
+            if (j < HP) y = rope_lo(nv[j], nv[(j + HP) % PER], cs[i], sn[i]);
+            else if (j < 2 * HP) y = rope_hi(nv[(j + PER - HP) % PER], nv[j], cs[i - half], sn[i - half]);
+            else y = nv[j];
+            x[i] = y;
+            if (!is_q) kc[int64_t(h) * D + i] = from_float<T>(y);
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) cur[j] = nxt[j];
+    }
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+        const int64_t c = threadIdx.x + int64_t(e) * kQkThreads;
+        if (c < a.kv_dim) vc[c] = from_float<T>(vv[e]);
+    }
+    for (int64_t c = threadIdx.x + int64_t(kV) * kQkThreads; c < a.kv_dim; c += kQkThreads)
+        vc[c] = from_float<T>(v[c]);
+}
+
+template <typename T>
+bool launch_qk_reg(const QkArgs &k, int64_t rows, cudaStream_t stream) {
+    const size_t smem = size_t(k.half) * 2 * sizeof(float);
+    if (k.head_dim == 128 && k.half == 64)
+        qk_norm_rope_kv_reg_kernel<T, 4, 2><<<(unsigned)rows, kQkThreads, smem, stream>>>(k);
+    else if (k.head_dim == 256 && k.half == 32)
+        qk_norm_rope_kv_reg_kernel<T, 8, 1><<<(unsigned)rows, kQkThreads, smem, stream>>>(k);
+    else
+        return false;
+    return true;
+}
+
 size_t qk_smem_bytes(int32_t head_dim, int32_t rot_dim) {
     return (size_t(kQkWarps) * size_t(head_dim) + size_t(rot_dim)) * sizeof(float);
 }
@@ -118,6 +208,12 @@ pf_status qk_norm_rope_kv_at(const QkRopeKvArgs &a, cudaStream_t stream) {
     const QkArgs k{a.q, a.ldq, a.q_head_stride, a.k, a.ldk, a.v, a.ldv, a.n_heads, a.n_kv_heads,
                    a.head_dim, a.rot_dim / 2, (double)a.rope_base, (double)a.rot_dim, a.q_norm, a.k_norm,
                    a.eps, a.pos0_dev, a.k_cache, a.v_cache, kvd};
+    // The register form for the two models' head shapes (env PREFILL_ROW_REGS=0: the staged one).
+    if (row_regs_enabled() && (a.kv_dtype == PF_KV_F16 ? launch_qk_reg<__half>(k, a.rows, stream)
+                                                        : launch_qk_reg<float>(k, a.rows, stream))) {
+        PF_LAUNCH_CHECK("qk_norm_rope_kv_reg_kernel<%s>", a.kv_dtype == PF_KV_F16 ? "__half" : "float");
+        return PF_STATUS_OK;
+    }
     const size_t smem = qk_smem_bytes(a.head_dim, a.rot_dim);
     if (a.kv_dtype == PF_KV_F16)
         qk_norm_rope_kv_kernel<__half><<<(unsigned)a.rows, kQkThreads, smem, stream>>>(k);

@@ -3,6 +3,8 @@
 // entry (declared in rows.cuh). All fp32; reductions in a fixed order (deterministic).
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "f16_rows.cuh"
@@ -16,6 +18,9 @@ constexpr int kElemBlock = 256;        // elementwise kernels: 8 warps, enough t
 constexpr int kNormBlock = 256;        // full-row RMSNorm: one block per row
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+// silu(g) * u, the one expression of every SwiGLU form (g -> -inf: exp(-g) = inf and g / inf =
+// -0, no NaN).
+__device__ __forceinline__ float swiglu_value(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
 
 // ------------------------------------------------------------------------------ RMSNorm
 
@@ -149,9 +154,8 @@ struct SwigluArgs {
     __device__ Row row(int64_t r) const { return {g + r * ldg, u + r * ldu, out + r * ldo}; }
     __device__ float in0(const Row &w, int64_t c) const { return w.g[c]; }
     __device__ float in1(const Row &w, int64_t c) const { return w.u[c]; }
-    // g -> -inf: exp(-g) = inf and g / inf = -0, no NaN
     __device__ void store(const Row &w, int64_t c, float gv, float uv) const {
-        w.out[c] = (gv / (1.0f + expf(-gv))) * uv;
+        w.out[c] = swiglu_value(gv, uv);
     }
 };
 
@@ -241,10 +245,65 @@ __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_kernel(const __grid
     extern __shared__ float stage[];
     const int64_t r = blockIdx.x;
     const float *g = a.g + r * a.ldg, *u = a.u + r * a.ldu;
-    f16_write_row(a.out, r, a.cols, [&](int64_t c) {
-        const float gv = g[c];
-        return (gv / (1.0f + expf(-gv))) * u[c];
-    }, red, a.staged ? stage : nullptr);
+    f16_write_row(a.out, r, a.cols, [&](int64_t c) { return swiglu_value(g[c], u[c]); }, red,
+                  a.staged ? stage : nullptr);
+}
+
+// Register-resident twins (f16_rows.cuh, f16_write_regs): every load of the row is issued before
+// the first use. RMSNorm keeps the fp32 twin's column ownership (c = t + i * blockDim.x, same
+// block size) and so its summation order: the same inv, the same values, the same bits.
+template <int NPER>
+__global__ void rms_norm_f16_reg_kernel(const __grid_constant__ RmsNormF16Args a) {
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x;
+    const float *x = a.x + r * a.ldx;
+    float xv[NPER], wv[NPER];
+#pragma unroll
+    for (int i = 0; i < NPER; ++i) {
+        const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+        xv[i] = c < a.cols ? x[c] : 0.0f;
+        wv[i] = c < a.cols ? a.w[c] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPER; ++i)
+        if (threadIdx.x + int64_t(i) * blockDim.x < a.cols) s = fmaf(xv[i], xv[i], s);
+    s = block_sum(s, red);
+    const float inv = 1.0f / sqrtf(s / (float)a.cols + a.eps);
+#pragma unroll
+    for (int i = 0; i < NPER; ++i) xv[i] = (xv[i] * inv) * wv[i];
+    f16_write_regs(a.out, r, a.cols, xv, red);
+}
+
+// SwiGLU's value has no order: float4 ownership (cols % 4 == 0, 16-byte aligned g and u rows).
+template <int NPER>
+__global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_reg_kernel(const __grid_constant__ SwigluF16Args a) {
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x, n4 = a.cols / 4;
+    const float4 *g = reinterpret_cast<const float4 *>(a.g + r * a.ldg);
+    const float4 *u = reinterpret_cast<const float4 *>(a.u + r * a.ldu);
+    float4 gv[NPER], uv[NPER];
+#pragma unroll
+    for (int i = 0; i < NPER; ++i) {
+        const int64_t c4 = threadIdx.x + int64_t(i) * blockDim.x;
+        gv[i] = c4 < n4 ? g[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+        uv[i] = c4 < n4 ? u[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < NPER; ++i) {
+        gv[i].x = swiglu_value(gv[i].x, uv[i].x);
+        gv[i].y = swiglu_value(gv[i].y, uv[i].y);
+        gv[i].z = swiglu_value(gv[i].z, uv[i].z);
+        gv[i].w = swiglu_value(gv[i].w, uv[i].w);
+    }
+    f16_write_regs4(a.out, r, n4, gv, red);
+}
+
+// Calls f(std::integral_constant<int, N>) for the smallest N of Ns with need <= N; false if
+// need exceeds them all (the caller's general kernel runs).
+template <int... Ns, class F>
+bool with_smallest_fit(int64_t need, F &&f) {
+    return ((need <= Ns ? (f(std::integral_constant<int, Ns>{}), true) : false) || ...);
 }
 
 struct GateF16Args {
@@ -450,9 +509,17 @@ pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x && w, "rms_norm_rows_f16: null pointer (x=%p w=%p)", (const void *)x, (const void *)w);
     PF_TRY(check_f16_out("rms_norm_rows_f16", out, cols));
+    const int block = cols <= 1024 ? 128 : kNormBlock;  // rms_norm_rows' choice: the same sums
+    if (row_regs_enabled() &&
+        with_smallest_fit<2, 4, 8, 10, 12, 16, 20>(ceil_div(cols, block), [&](auto n) {
+            const RmsNormF16Args a{x, ldx, w, cols, eps, out, 0};
+            rms_norm_f16_reg_kernel<decltype(n)::value><<<(unsigned)rows, block, 0, stream>>>(a);
+        })) {
+        PF_LAUNCH_CHECK("rms_norm_f16_reg_kernel");
+        return PF_STATUS_OK;
+    }
     const size_t stage = f16_stage_bytes(cols);
     const RmsNormF16Args a{x, ldx, w, cols, eps, out, stage ? 1 : 0};
-    const int block = cols <= 1024 ? 128 : kNormBlock;  // rms_norm_rows' choice: the same sums
     rms_norm_f16_kernel<<<(unsigned)rows, block, stage, stream>>>(a);
     PF_LAUNCH_CHECK("rms_norm_f16_kernel");
     return PF_STATUS_OK;
@@ -467,6 +534,17 @@ pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t l
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(g && u, "swiglu_rows_f16: null pointer");
     PF_TRY(check_f16_out("swiglu_rows_f16", out, cols));
+    const auto aligned = [](const void *p, uintptr_t b) { return reinterpret_cast<uintptr_t>(p) % b == 0; };
+    const bool vec4 = cols % 4 == 0 && ldg % 4 == 0 && ldu % 4 == 0 && out.ld16 % 4 == 0 &&
+                      aligned(g, 16) && aligned(u, 16) && aligned(out.x16, 8);
+    if (vec4 && row_regs_enabled() &&
+        with_smallest_fit<1, 2, 4, 6, 8, 10, 12, 16>(ceil_div(cols / 4, kF16RowThreads), [&](auto n) {
+            const SwigluF16Args a{g, ldg, u, ldu, cols, out, 0};
+            swiglu_f16_reg_kernel<decltype(n)::value><<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
+        })) {
+        PF_LAUNCH_CHECK("swiglu_f16_reg_kernel");
+        return PF_STATUS_OK;
+    }
     const size_t stage = f16_stage_bytes(cols);
     const SwigluF16Args a{g, ldg, u, ldu, cols, out, stage ? 1 : 0};
     swiglu_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);

@@ -165,11 +165,13 @@ def _say(rec, row: dict) -> None:
 # "LEG/nograph" launches every kernel (PREFILL_GRAPH=0), "LEG/noqkrope" runs the attention
 # layer's q/k norms, RoPE and cache write as five kernels (PREFILL_FUSE_QKROPE=0),
 # "LEG/noattngraph" captures a chunk as segments with attention and the embedding launched
-# between them, as before session 17 (PREFILL_GRAPH_ATTN=0);
+# between them, as before session 17 (PREFILL_GRAPH_ATTN=0), "LEG/norowregs" runs the row
+# kernels (RMSNorm, SwiGLU, the fused q/k RoPE) in their shared-memory form, as before session
+# 18 (PREFILL_ROW_REGS=0; read per launch, so the switch stays set while the session runs);
 # "auto/nofuse/noact16/nograph/noqkrope" is the path as it was before issue 11 (but the chunk).
 VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
                "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0"),
-               "noattngraph": ("PREFILL_GRAPH_ATTN", "0")}
+               "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0")}
 
 
 def split_leg(leg: str) -> tuple[str, dict]:
@@ -235,9 +237,8 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                     row = _row(label, f"ours {leg}", T, **base)
                     try:
                         base_leg, env = split_leg(leg)
-                        with _env(env):
-                            s = model.session(max_tokens=T, chunk=min(chunk, T), gemm=base_leg)
-                        with s:
+                        with _env(env), model.session(max_tokens=T, chunk=min(chunk, T),
+                                                      gemm=base_leg) as s:
                             ids = [rng.integers(0, model.n_vocab, T, dtype=np.int32)
                                    for _ in range(4)]
                             logits = {}

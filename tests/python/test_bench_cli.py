@@ -87,6 +87,7 @@ def test_leg_variants_name_their_switches():
     assert split_leg("auto") == ("auto", {})
     assert split_leg("auto/noqkrope") == ("auto", {"PREFILL_FUSE_QKROPE": "0"})
     assert split_leg("auto/noattngraph") == ("auto", {"PREFILL_GRAPH_ATTN": "0"})
+    assert split_leg("auto/norowregs") == ("auto", {"PREFILL_ROW_REGS": "0"})
     assert split_leg("f16/nofuse/noact16/nograph/noqkrope") == ("f16", {
         "PREFILL_FUSE": "0", "PREFILL_F16_ACT": "0", "PREFILL_GRAPH": "0", "PREFILL_FUSE_QKROPE": "0"})
     with pytest.raises(ValueError, match="'noqk'.*nograph, noqkrope, noattngraph"):

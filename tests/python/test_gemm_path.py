@@ -164,16 +164,23 @@ def _act16_logits(path: str, on: bool, tokens, monkeypatch, **kw):
             return s.prefill(tokens, "all")
 
 
-@pytest.mark.parametrize("stage", ["staged", "recompute"])
+def _producer_form(stage: str, monkeypatch) -> None:
+    """The f16 producers' form: "regs" (the default: RMSNorm and SwiGLU with the row in
+    registers), "staged" (PREFILL_ROW_REGS=0: the row staged in shared memory) or "recompute"
+    (also PREFILL_F16_STAGE=0: the path of rows wider than 12288 floats)."""
+    monkeypatch.setenv("PREFILL_ROW_REGS", "1" if stage == "regs" else "0")
+    monkeypatch.setenv("PREFILL_F16_STAGE", "0" if stage == "recompute" else "1")
+
+
+@pytest.mark.parametrize("stage", ["regs", "staged", "recompute"])
 @pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng, monkeypatch):
     """RMSNorm, SwiGLU, the gated RMSNorm and the attention output gate writing the f16 leg's
     input form themselves (no cast pass) give bitwise the logits of the fp32 outputs cast by
     the f16 leg (PREFILL_F16_ACT=0): the same fp32 values, the same rounding, the same GEMMs;
-    with the row staged in shared memory and with it recomputed (PREFILL_F16_STAGE=0, the path
-    of rows wider than 12288 floats)."""
-    monkeypatch.setenv("PREFILL_F16_STAGE", "1" if stage == "staged" else "0")
+    in each producer form (_producer_form)."""
+    _producer_form(stage, monkeypatch)
     path = synth_model(preset, mix)
     for T, chunk in ((1, 64), (7, 64), (150, 64), (300, 0)):
         tokens = random_tokens(rng, T, _vocab(path))
@@ -215,12 +222,12 @@ def _loud_model(preset: str) -> str:
     return dst
 
 
-@pytest.mark.parametrize("stage", ["staged", "recompute"])
+@pytest.mark.parametrize("stage", ["regs", "staged", "recompute"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_act16_route_scales_rows_beyond_fp16(preset, stage, rng, monkeypatch):
     """Activations of ~1e5 (DESIGN.md: fp16 must not overflow silently): the producers' row
     scaling keeps every value finite and gives bitwise the cast route's logits."""
-    monkeypatch.setenv("PREFILL_F16_STAGE", "1" if stage == "staged" else "0")
+    _producer_form(stage, monkeypatch)
     path = _loud_model(preset)
     tokens = random_tokens(rng, 150, _vocab(path))
     on = _act16_logits(path, True, tokens, monkeypatch, chunk=64)
@@ -276,17 +283,21 @@ def _qkrope_run(m, on: bool, prompts, monkeypatch, **kw):
     return outs
 
 
+@pytest.mark.parametrize("form", ["regs", "staged"])
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, rng, monkeypatch):
+def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, form, rng, monkeypatch):
     """The attention layer's q/k RMSNorm, RoPE and KV-cache write as one kernel
     (qk_norm_rope_kv_at, the default) give bitwise the logits and greedy tokens of the five
     separate kernels (PREFILL_FUSE_QKROPE=0): qwen3 (q heads of D) and qwen35 ([q | gate]
     heads, partial RoPE), fp16 and fp32 caches, chunks of 1, 7, 64 rows and the whole prompt,
     at position 0 and after earlier calls; the same lengths twice, so with graphs on the
-    chunks also replay."""
+    chunks also replay. Both forms of the fused kernel: heads in registers (the default for
+    these head shapes: D 128 with full RoPE, D 256 with rot_dim 64) and staged in shared
+    memory (PREFILL_ROW_REGS=0)."""
     from pyprefill.model import Model
+    monkeypatch.setenv("PREFILL_ROW_REGS", "1" if form == "regs" else "0")
     path = synth_model(preset, "q4_k_m")
     prompts = [random_tokens(rng, n, _vocab(path)) for n in (150, 77, 150)]
     with Model.load(path, progress=False) as m:
