@@ -94,9 +94,11 @@ __device__ __forceinline__ __half wg_to_half_sat(float x) {
     return __float2half_rn(x);
 }
 
+// Two fp32 -> fp16x2 (lo in bits 0-15), rounding to nearest even: one cvt.rn.f16x2.f32, the
+// same rounding as two cvt.rn.f16.f32, so the bits are those of converting each separately.
 __device__ __forceinline__ uint32_t wg_pack_float2(float lo, float hi) {
-    return uint32_t(__half_as_ushort(__float2half_rn(lo))) |
-           (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+    const __half2 h = __floats2half2_rn(lo, hi);  // .x = lo (low half), .y = hi
+    return *reinterpret_cast<const uint32_t *>(&h);
 }
 
 __device__ __forceinline__ void consumer_sync() {
