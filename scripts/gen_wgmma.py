@@ -117,7 +117,8 @@ def main():
     parts.append(dispatch("ss", SS_N, "float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,\n"
                           "                                         int accumulate",
                           "d, desc_a, desc_b, accumulate"))
-    parts.append(dispatch("rs", RS_N, "float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,\n"
+    parts.append(dispatch("rs", RS_N,
+                          "float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,\n"
                           "                                         int accumulate",
                           "d, a, desc_b, accumulate"))
     parts.append(FOOTER)
