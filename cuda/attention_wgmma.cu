@@ -24,6 +24,10 @@
 //    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
 //    products (FA3's ping-pong), so one's softmax overlaps the other's products.
 //    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
+//  - Key tiles: BN = 128 at D = 128; at D = 256 BN = 64, or 80 with PREFILL_ATTN_BN256=80 (FA3's
+//    128 x 80 tiles at hd256). Nothing needs BN to be a power of two: BN is a multiple of 16
+//    (whole k-steps of P V, whole n8 tiles of S) and of 8 (each swizzle block of 64 columns x
+//    BN rows is whole 1024-byte atoms, so every block and stage starts 1024-aligned).
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
 //    launched heaviest first.
 //  - The Q tile (fp32 in global memory) is converted to fp16 by the consumers and stored into the
@@ -76,6 +80,11 @@ constexpr size_t wgmma_smem_bytes() {
     return size_t(kWgBM) * D * 2 + 2 * kStages * size_t(BN) * D * 2 + (4 * kStages + 2) * 8 +
            kSwizzleAtom;
 }
+// sm_90's opt-in limit of shared memory per block (227 KiB; launch_wgmma asserts every
+// instance under it). The instances: <128, 128> 160 KiB + 1104 B, <256, 64> 192 KiB + 1104 B,
+// <256, 80> 224 KiB + 1104 B = 230480 B (1968 B to spare: the largest this pipeline fits).
+constexpr size_t kSm90SmemOptin = 232448;
+static_assert(wgmma_smem_bytes<256, 80>() == 230480, "the <256, 80> layout as documented");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PF_WGMMA_DEVICE 1
@@ -94,9 +103,11 @@ __device__ __forceinline__ __half wg_to_half_sat(float x) {
     return __float2half_rn(x);
 }
 
+// Two fp32 -> fp16x2 (lo in bits 0-15), rounding to nearest even: one cvt.rn.f16x2.f32, the
+// same rounding as two cvt.rn.f16.f32, so the bits are those of converting each separately.
 __device__ __forceinline__ uint32_t wg_pack_float2(float lo, float hi) {
-    return uint32_t(__half_as_ushort(__float2half_rn(lo))) |
-           (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+    const __half2 h = __floats2half2_rn(lo, hi);  // .x = lo (low half), .y = hi
+    return *reinterpret_cast<const uint32_t *>(&h);
 }
 
 __device__ __forceinline__ void consumer_sync() {
@@ -206,7 +217,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v) {
 #ifdef PF_WGMMA_DEVICE
+    // BN % 16: whole k-steps of P V (and n8 tiles of S); BN % 8 is then implied, which keeps
+    // each BN-row swizzle block whole 1024-byte atoms. BN <= 256: wgmma's N and the TMA box.
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "whole swizzle blocks, whole k-steps");
+    static_assert(uint32_t(BN) * kSwizzleRow % kSwizzleAtom == 0, "swizzle blocks 1024-aligned");
     constexpr int CPR = D / 8;                             // 16-byte chunks per row
     constexpr uint32_t kQBytes = uint32_t(kWgBM) * D * 2;
     constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;  // one K or V stage
@@ -482,9 +496,21 @@ int32_t pingpong_env() {
     return v;
 }
 
+// PREFILL_ATTN_BN256=80 gives the D = 256 kernel key tiles of 80 (FA3's hd256 tiles; 224 KiB
+// of shared memory) instead of 64 (until a device measures 80 faster); anything else or unset
+// keeps 64. Read once per process.
+int bn256_env() {
+    static const int v = [] {
+        const char *e = std::getenv("PREFILL_ATTN_BN256");
+        return e && std::strcmp(e, "80") == 0 ? 80 : 64;
+    }();
+    return v;
+}
+
 template <int D, int BN>
 pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
+    static_assert(smem <= kSm90SmemOptin, "Q + kStages of K and V exceed sm_90's 227 KiB");
     PF_TRY(set_max_dynamic_smem(wgmma_attn_kernel<D, BN>, int(smem), "wgmma_attn_kernel"));
     const int64_t kv_dim = int64_t(a.n_kv_heads) * D;
     // The maps span the keys of this call, or with the position on the device the caches'
@@ -557,10 +583,12 @@ int32_t attention_kernel_env() {
 }
 
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
-    // Key tiles: 128 at D = 128, 64 at D = 256 (shared memory: Q + 2 stages of K and V, 160 and
-    // 192 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
+    // Key tiles: 128 at D = 128, 64 (or 80: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
+    // 2 stages of K and V, 160, 192 or 224 KiB; registers: O, two S and two P at 240 per
+    // consumer thread, no spills).
     if (a.head_dim == 128) return launch_wgmma<128, 128>(a, st);
-    if (a.head_dim == 256) return launch_wgmma<256, 64>(a, st);
+    if (a.head_dim == 256)
+        return bn256_env() == 80 ? launch_wgmma<256, 80>(a, st) : launch_wgmma<256, 64>(a, st);
     return fail(PF_STATUS_UNSUPPORTED, "attention: the wgmma kernel needs head_dim 128 or 256 (got %d)",
                 a.head_dim);
 }

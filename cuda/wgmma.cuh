@@ -47,6 +47,21 @@ __device__ __forceinline__ void wgmma_rs_64(float (&d)[32], const uint32_t (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+// m64n80k16, A and B from shared memory, both K-major (imm-trans-a = imm-trans-b = 0).
+__device__ __forceinline__ void wgmma_ss_80(float (&d)[40], uint64_t desc_a, uint64_t desc_b,
+                                            int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
+        "%40, %41, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // m64n128k16, A and B from shared memory, both K-major (imm-trans-a = imm-trans-b = 0).
 __device__ __forceinline__ void wgmma_ss_128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                             int accumulate) {
@@ -111,8 +126,9 @@ __device__ __forceinline__ void wgmma_rs_256(float (&d)[128], const uint32_t (&a
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
-    static_assert(N == 64 || N == 128 || N == 256, "generated shapes: 64, 128, 256");
+    static_assert(N == 64 || N == 80 || N == 128 || N == 256, "generated shapes: 64, 80, 128, 256");
     if constexpr (N == 64) wgmma_ss_64(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 80) wgmma_ss_80(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 128) wgmma_ss_128(d, desc_a, desc_b, accumulate);
     else wgmma_ss_256(d, desc_a, desc_b, accumulate);
 }

@@ -103,6 +103,16 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
     calls = []
     name = family.__name__.split(".")[-1]
     monkeypatch.setattr(family, "K", fake_module(name, calls))
+    children = []
+    if name == "attention":    # the child-process variants, timed here on the fake device
+        def in_process(b, env, spec):
+            children.append(env)
+            timed = []
+            family.time_variants(b, spec["op"], spec["H"], spec["Hkv"], spec["D"], spec["rows"],
+                                 spec["pos0"], spec["variants"],
+                                 lambda label, t, n: timed.append([label, t, n]))
+            return timed
+        monkeypatch.setattr(family, "time_in_child", in_process)
     family.run(bench, [64])
     called = {c[0] for c in calls}
     assert called == {f.__name__.rstrip("_") for f in API[name]}
@@ -115,8 +125,10 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         scans = [a for n, a in calls if n == "gdn_scan"]
         assert {a["rows"] for a in scans} == {64, 16}
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
-    if name == "attention":    # both flash kernels by name, and the cuBLAS path
-        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas"}
+    if name == "attention":    # both flash kernels by name, the cuBLAS path, BN = 80 at D = 256
+        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas",
+                                            "ours flash wgmma bn80"}
+        assert children == [{"PREFILL_ATTN_BN256": "80"}]      # --quick: qwen35-4b (D = 256) only
         assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
             ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
     if name == "gemm":
