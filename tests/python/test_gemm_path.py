@@ -191,6 +191,36 @@ def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng, monkeypa
                                          f"(max |diff| {np.abs(on - off).max():.3e})")
 
 
+@pytest.mark.parametrize("preset,layers", [("qwen3-4b", 1), ("qwen35-4b", 4)])
+def test_row_kernel_forms_are_bitwise_at_4b_widths(preset, layers, rng, monkeypatch):
+    """The row kernels' register form at the benchmark models' widths (hidden 2560, n_ff 9728 /
+    9216: the RMSNorm instance of 10 columns per thread, SwiGLU's of 10 float4, the q/k RoPE
+    with 32 + 8 and 16 + 4 heads over 8 warps), which the tiny presets do not reach: the 4B
+    shapes with 1 / 4 layers and a small vocabulary give bitwise the logits of the staged
+    forms (PREFILL_ROW_REGS=0) and of the cast route (PREFILL_F16_ACT=0), chunks of 64 and
+    the whole prompt."""
+    import os
+
+    from _engine_models import test_dir
+    from pyprefill.formats.synth import write_synthetic
+    path = os.path.join(test_dir(), f"{preset}-l{layers}-v1024-q8_0.gguf")
+    if not os.path.exists(path):
+        write_synthetic(preset, "q8_0", path + ".tmp", seed=7, progress=False, n_layer=layers, n_vocab=1024)
+        os.replace(path + ".tmp", path)
+    for T, chunk in ((150, 64), (300, 0)):
+        tokens = random_tokens(rng, T, 1024)
+        outs = {}
+        for form in ("regs", "staged"):
+            _producer_form(form, monkeypatch)
+            outs[form] = _act16_logits(path, True, tokens, monkeypatch, chunk=chunk)
+        outs["cast"] = _act16_logits(path, False, tokens, monkeypatch, chunk=chunk)
+        assert np.isfinite(outs["regs"]).all(), f"{preset} T={T}: non-finite logits"
+        for other in ("staged", "cast"):
+            assert np.array_equal(outs["regs"], outs[other]), (
+                f"{preset} T={T} chunk={chunk}: the register form differs from {other} "
+                f"(max |diff| {np.abs(outs['regs'] - outs[other]).max():.3e})")
+
+
 def _vocab(path: str) -> int:
     from pyprefill.model import inspect
     return int(inspect(path)["n_vocab"])
