@@ -24,8 +24,8 @@
 //    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
 //    products (FA3's ping-pong), so one's softmax overlaps the other's products.
 //    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
-//  - Key tiles: BN = 128 at D = 128; at D = 256 BN = 64, or 80 with PREFILL_ATTN_BN256=80 (FA3's
-//    128 x 80 tiles at hd256). Nothing needs BN to be a power of two: BN is a multiple of 16
+//  - Key tiles: BN = 128 at D = 128; at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device run
+//    24: 4.7% faster than 64 at T = 8192), or 64 with PREFILL_ATTN_BN256=64. Nothing needs BN to be a power of two: BN is a multiple of 16
 //    (whole k-steps of P V, whole n8 tiles of S) and of 8 (each swizzle block of 64 columns x
 //    BN rows is whole 1024-byte atoms, so every block and stage starts 1024-aligned).
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
@@ -496,13 +496,13 @@ int32_t pingpong_env() {
     return v;
 }
 
-// PREFILL_ATTN_BN256=80 gives the D = 256 kernel key tiles of 80 (FA3's hd256 tiles; 224 KiB
-// of shared memory) instead of 64 (until a device measures 80 faster); anything else or unset
-// keeps 64. Read once per process.
+// The D = 256 kernel's key tiles: 80 (FA3's hd256 tiles; 224 KiB of shared memory), measured
+// faster than 64 in device run 24 (H16/Hkv4, 0.938 vs 0.984 ms at T = 8192, 0.0955 vs 0.0975 at
+// 2048, same run); PREFILL_ATTN_BN256=64 keeps 64 for A/B runs. Read once per process.
 int bn256_env() {
     static const int v = [] {
         const char *e = std::getenv("PREFILL_ATTN_BN256");
-        return e && std::strcmp(e, "80") == 0 ? 80 : 64;
+        return e && std::strcmp(e, "64") == 0 ? 64 : 80;
     }();
     return v;
 }
@@ -583,12 +583,12 @@ int32_t attention_kernel_env() {
 }
 
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
-    // Key tiles: 128 at D = 128, 64 (or 80: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
+    // Key tiles: 128 at D = 128, 80 (or 64: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
     // 2 stages of K and V, 160, 192 or 224 KiB; registers: O, two S and two P at 240 per
     // consumer thread, no spills).
     if (a.head_dim == 128) return launch_wgmma<128, 128>(a, st);
     if (a.head_dim == 256)
-        return bn256_env() == 80 ? launch_wgmma<256, 80>(a, st) : launch_wgmma<256, 64>(a, st);
+        return bn256_env() == 64 ? launch_wgmma<256, 64>(a, st) : launch_wgmma<256, 80>(a, st);
     return fail(PF_STATUS_UNSUPPORTED, "attention: the wgmma kernel needs head_dim 128 or 256 (got %d)",
                 a.head_dim);
 }

@@ -4,9 +4,9 @@ for each length, and 2048 new rows at pos0 = 30720 (a chunk deep into a long pro
 one run: both flash kernels by name ("ours flash wgmma": the Hopper kernel, skipped with the
 reason where the device or build lacks it; "ours flash mma": the mma.sync kernel) and the cuBLAS
 path (up to 8192 keys: past that its passes only measure the scores traffic). At D = 256 also
-"ours flash wgmma bn80": the Hopper kernel with key tiles of 80 (PREFILL_ATTN_BN256=80, which the
+"ours flash wgmma bn64": the Hopper kernel with key tiles of 64 (PREFILL_ATTN_BN256=64, which the
 library reads once per process, so that row is timed in a child process on inputs of the same
-shape; run the bench without the variable set, so that "ours flash wgmma" is the default 64).
+shape; run the bench without the variable set, so that "ours flash wgmma" is the default 80).
 Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s count the causal FLOPs once:
 4 x H x D x (query, key) pairs under the mask. The issue-10 table:
     pyprefill bench kernels --families attention --lengths 2048,8192,32768 --out DIR"""
@@ -27,7 +27,7 @@ VARIANTS = (("flash wgmma", "flash", "wgmma"), ("flash mma", "flash", "mma"),
             ("cublas", "cublas", "auto"))
 # (label, path, flash kernel, environment, head dims) of variants whose switch the library reads
 # once per process: each runs in a child process (`python -m pyprefill.bench.attention SPEC`).
-CHILD_VARIANTS = (("flash wgmma bn80", "flash", "wgmma", {"PREFILL_ATTN_BN256": "80"}, (256,)),)
+CHILD_VARIANTS = (("flash wgmma bn64", "flash", "wgmma", {"PREFILL_ATTN_BN256": "64"}, (256,)),)
 CUBLAS_MAX_KEYS = 8192
 DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
 

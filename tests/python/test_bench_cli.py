@@ -348,19 +348,20 @@ def test_shapes_come_from_the_presets():
     assert attention.causal_pairs(4, 0) == 10 and attention.causal_pairs(2, 3) == 4 + 5
 
 
-def test_attention_bn80_row_is_timed_in_a_child():
-    """Key tiles of 80 (PREFILL_ATTN_BN256, read once per process) are a D = 256 row of their own,
-    timed by a child process; a child that fails is one skipped line, not an abort."""
+def test_attention_bn64_row_is_timed_in_a_child():
+    """Key tiles of 64 (PREFILL_ATTN_BN256=64, read once per process; the default is 80) are a
+    D = 256 row of their own, timed by a child process; a child that fails is one skipped line,
+    not an abort."""
     pytest.importorskip("pyprefill.kernels.attention", reason="libprefill not loadable")
     from pyprefill.bench import attention
     from pyprefill.bench._common import Bench
     assert [(v[0], v[1], v[2], v[3], v[4]) for v in attention.CHILD_VARIANTS] == [
-        ("flash wgmma bn80", "flash", "wgmma", {"PREFILL_ATTN_BN256": "80"}, (256,))]
+        ("flash wgmma bn64", "flash", "wgmma", {"PREFILL_ATTN_BN256": "64"}, (256,))]
     rec = Recorder()
     b = Bench(rec, None, None, reps=1)
-    assert rec.guard("bn80", attention.time_in_child, b, {"PREFILL_ATTN_BN256": "80"},
+    assert rec.guard("bn64", attention.time_in_child, b, {"PREFILL_ATTN_BN256": "64"},
                      {"op": "attention"}) is None        # no "H" in the spec: the child fails
-    assert [s["what"] for s in rec.skipped] == ["bn80"]
+    assert [s["what"] for s in rec.skipped] == ["bn64"]
     assert rec.skipped[0]["why"].startswith("RuntimeError: child exited 1")
 
 

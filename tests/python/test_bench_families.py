@@ -125,10 +125,10 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         scans = [a for n, a in calls if n == "gdn_scan"]
         assert {a["rows"] for a in scans} == {64, 16}
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
-    if name == "attention":    # both flash kernels by name, the cuBLAS path, BN = 80 at D = 256
+    if name == "attention":    # both flash kernels by name, the cuBLAS path, BN = 64 at D = 256
         assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas",
-                                            "ours flash wgmma bn80"}
-        assert children == [{"PREFILL_ATTN_BN256": "80"}]      # --quick: qwen35-4b (D = 256) only
+                                            "ours flash wgmma bn64"}
+        assert children == [{"PREFILL_ATTN_BN256": "64"}]      # --quick: qwen35-4b (D = 256) only
         assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
             ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
     if name == "gemm":

@@ -110,10 +110,10 @@ FLASH_KERNELS = ["mma", "wgmma"]
 FLASH_BOUND = 2e-3
 # (name, H, Hkv, D, q head stride in units of D): the two benchmark shapes.
 FLASH_SHAPES = [("qwen35-4B", 16, 4, 256, 2), ("qwen3-4B", 32, 8, 128, 1)]
-# The wgmma kernel's key tiles at D = 256: 64, or 80 with PREFILL_ATTN_BN256=80, which the library
-# reads once per process. This process runs with whatever it was given (64 unless set);
-# test_flash_bn80_in_child runs the D = 256 flash tests again in a child process with 80.
-BN256 = 80 if os.environ.get("PREFILL_ATTN_BN256") == "80" else 64
+# The wgmma kernel's key tiles at D = 256: 80, or 64 with PREFILL_ATTN_BN256=64, which the library
+# reads once per process. This process runs with whatever it was given (80 unless set);
+# test_flash_bn64_in_child runs the D = 256 flash tests again in a child process with 64.
+BN256 = 64 if os.environ.get("PREFILL_ATTN_BN256") == "64" else 80
 
 
 def flash_np(ctx, kernel, q, k, v, **kw):
@@ -259,23 +259,23 @@ def _run_child(args, env_extra, timeout):
 # key tiles of 80 these cover partial last tiles (rows 1, 17, 79, 80, 81, 777, pos0 0 and > 0),
 # the position on the device (maps over the capacity, V rows past the keys zeroed in the last
 # tile) bitwise equal to the host position, large scores, 8192 rows and an odd q stride.
-BN80_CHILD_TESTS = ("(test_flash and wgmma and not qwen3-4B and not in_child) or "
+BN64_CHILD_TESTS = ("(test_flash and wgmma and not qwen3-4B and not in_child) or "
                     "test_flash_kernels_agree")
 
 
 @gpu
-def test_flash_bn80_in_child(ctx, rng, tmp_path):
-    """PREFILL_ATTN_BN256=80 (read once per process): (1) a child process's output on one input
-    is within the bound of the float64 oracle and differs from this process's (key tiles of 64:
+def test_flash_bn64_in_child(ctx, rng, tmp_path):
+    """PREFILL_ATTN_BN256=64 (read once per process): (1) a child process's output on one input
+    is within the bound of the float64 oracle and differs from this process's (key tiles of 80:
     the tiles' online-softmax steps round differently), so the switch reaches the kernel; (2) the
     D = 256 flash tests pass in a child process with it."""
-    if BN256 == 80:
-        pytest.skip("this process already runs with PREFILL_ATTN_BN256=80")
+    if BN256 == 64:
+        pytest.skip("this process already runs with PREFILL_ATTN_BN256=64")
     H, Hkv, D, rows, pos0 = 16, 4, 256, 777, 300
     q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
                                kv_dtype="f16")
     kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
-    out64 = flash_np(ctx, "wgmma", q, k, v, **kw)
+    out80 = flash_np(ctx, "wgmma", q, k, v, **kw)
     np.savez(tmp_path / "in.npz", q=q, k=k, v=v)
     code = ("import sys, numpy as np\n"
             "from pyprefill.core import Context\n"
@@ -286,16 +286,16 @@ def test_flash_bn80_in_child(ctx, rng, tmp_path):
             f"                       **{kw!r})\n"
             "np.save(sys.argv[2], o)\n")
     r = _run_child(["-c", code, str(tmp_path / "in.npz"), str(tmp_path / "out.npy")],
-                   {"PREFILL_ATTN_BN256": "80"}, timeout=300)
+                   {"PREFILL_ATTN_BN256": "64"}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    out80 = np.load(tmp_path / "out.npy")
-    assert_flash_close("flash/wgmma BN=80 (child)", q, k, v, out80, H=H, Hkv=Hkv, D=D, pos0=pos0,
+    out64 = np.load(tmp_path / "out.npy")
+    assert_flash_close("flash/wgmma BN=64 (child)", q, k, v, out64, H=H, Hkv=Hkv, D=D, pos0=pos0,
                        qhs=qhs)
-    assert not np.array_equal(out64, out80), "the BN=80 child gave bitwise the BN=64 output"
+    assert not np.array_equal(out64, out80), "the BN=64 child gave bitwise the BN=80 output"
     r = _run_child(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
-                    "-k", BN80_CHILD_TESTS], {"PREFILL_ATTN_BN256": "80"}, timeout=1800)
+                    "-k", BN64_CHILD_TESTS], {"PREFILL_ATTN_BN256": "64"}, timeout=1800)
     tail = (r.stdout + r.stderr)[-3000:]
-    assert r.returncode == 0, f"D = 256 flash tests with PREFILL_ATTN_BN256=80:\n{tail}"
+    assert r.returncode == 0, f"D = 256 flash tests with PREFILL_ATTN_BN256=64:\n{tail}"
     last = r.stdout.strip().splitlines()[-1]
     assert " passed" in last and "skipped" not in last, tail
 
