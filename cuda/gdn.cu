@@ -205,6 +205,60 @@ __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_kernel(cons
     }, red, a.staged ? head_inv + a.n_v_heads : nullptr);
 }
 
+// The register form (f16_rows.cuh): warp j holds heads j, j + 8, ... (at most HW of them) with
+// lane l owning elements l + 32 i of each (dv = 32 PER), all loaded before the first use; each
+// head's inverse RMS is warp_sum_squares' loop on those registers (the same lanes, order and
+// butterfly), each value the twin's expression: the same bits as the staged kernel.
+template <int PER, int HW>
+__global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_reg_kernel(const __grid_constant__ GatedNormF16Args a) {
+    __shared__ float red[kWarpSize];
+    const int64_t r = blockIdx.x;
+    const float *o = a.o + r * a.ldo, *z = a.z + r * a.ldz;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, n_warps = blockDim.x / kWarpSize;
+    float ov[HW][PER], zv[HW][PER];
+#pragma unroll
+    for (int k = 0; k < HW; ++k) {
+        const int h = warp + k * n_warps;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int64_t c = (int64_t)h * a.dv + lane + kWarpSize * j;
+            ov[k][j] = h < a.n_v_heads ? o[c] : 0.0f;
+            zv[k][j] = h < a.n_v_heads ? z[c] : 0.0f;
+        }
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HW; ++k) {
+        if (warp + k * n_warps >= a.n_v_heads) continue;  // warp-uniform
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) ss = fmaf(ov[k][j], ov[k][j], ss);
+        const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)a.dv + a.eps);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            ov[k][j] = ((ov[k][j] * inv) * a.w[lane + kWarpSize * j]) * silu_(zv[k][j]);
+            m = fmaxf(m, fabsf(ov[k][j]));
+        }
+    }
+    m = block_max(m, red);  // >= 0: fmaxf skips NaN elements (any order: the same max)
+    float scale, inv_row;
+    f16_row_scale(m, &scale, &inv_row);
+    __half *h16 = a.out.x16 + r * a.out.ld16;
+#pragma unroll
+    for (int k = 0; k < HW; ++k) {
+        const int h = warp + k * n_warps;
+        if (h >= a.n_v_heads) continue;
+#pragma unroll
+        for (int j = 0; j < PER; ++j)
+            h16[(int64_t)h * a.dv + lane + kWarpSize * j] = __float2half_rn(ov[k][j] * scale);
+    }
+    if (a.out.acc && scale != 1.0f) {
+        float *yr = a.out.acc + r * a.out.ld_acc;
+        for (int64_t j = threadIdx.x; j < a.out.n_acc; j += blockDim.x) yr[j] *= scale;
+    }
+    if (threadIdx.x == 0) a.out.inv[r] = inv_row;
+}
+
 // ------------------------------------------------------------------------------ delta-rule scan
 
 constexpr int kScanParts = 8;  // threads per value column: the dk sums split 8 ways
@@ -502,6 +556,21 @@ pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *
                  "gdn_gated_rms_norm_rows_f16: eps=%g must be finite, >= 0", (double)eps);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && z && w && out.x16 && out.inv, "gdn_gated_rms_norm_rows_f16: null pointer");
+    if (row_regs_enabled() && dv == 4 * kWarpSize) {  // the register form (dv = 128: every qwen35)
+        const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, 0};
+        const int hw = (n_v_heads + kF16RowThreads / kWarpSize - 1) / (kF16RowThreads / kWarpSize);
+        const unsigned grid = (unsigned)rows;
+        bool launched = true;
+        if (hw <= 1) gated_rms_norm_f16_reg_kernel<4, 1><<<grid, kF16RowThreads, 0, stream>>>(a);
+        else if (hw <= 2) gated_rms_norm_f16_reg_kernel<4, 2><<<grid, kF16RowThreads, 0, stream>>>(a);
+        else if (hw <= 4) gated_rms_norm_f16_reg_kernel<4, 4><<<grid, kF16RowThreads, 0, stream>>>(a);
+        else if (hw <= 6) gated_rms_norm_f16_reg_kernel<4, 6><<<grid, kF16RowThreads, 0, stream>>>(a);
+        else launched = false;
+        if (launched) {
+            PF_LAUNCH_CHECK("gated_rms_norm_f16_reg_kernel");
+            return PF_STATUS_OK;
+        }
+    }
     const size_t heads = size_t(n_v_heads) * sizeof(float), stage = f16_stage_bytes(width, heads);
     const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, stage ? 1 : 0};
     gated_rms_norm_f16_kernel<<<(unsigned)rows, kF16RowThreads, heads + stage, stream>>>(a);

@@ -165,9 +165,9 @@ def _act16_logits(path: str, on: bool, tokens, monkeypatch, **kw):
 
 
 def _producer_form(stage: str, monkeypatch) -> None:
-    """The f16 producers' form: "regs" (the default: RMSNorm and SwiGLU with the row in
-    registers), "staged" (PREFILL_ROW_REGS=0: the row staged in shared memory) or "recompute"
-    (also PREFILL_F16_STAGE=0: the path of rows wider than 12288 floats)."""
+    """The f16 producers' form: "regs" (the default: RMSNorm, SwiGLU and the GDN gated RMSNorm
+    with the row in registers), "staged" (PREFILL_ROW_REGS=0: the row staged in shared memory) or
+    "recompute" (also PREFILL_F16_STAGE=0: the path of rows wider than 12288 floats)."""
     monkeypatch.setenv("PREFILL_ROW_REGS", "1" if stage == "regs" else "0")
     monkeypatch.setenv("PREFILL_F16_STAGE", "0" if stage == "recompute" else "1")
 
@@ -195,7 +195,8 @@ def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng, monkeypa
 def test_row_kernel_forms_are_bitwise_at_4b_widths(preset, layers, rng, monkeypatch):
     """The row kernels' register form at the benchmark models' widths (hidden 2560, n_ff 9728 /
     9216: the RMSNorm instance of 10 columns per thread, SwiGLU's of 10 float4, the q/k RoPE
-    with 32 + 8 and 16 + 4 heads over 8 warps), which the tiny presets do not reach: the 4B
+    with 32 + 8 and 16 + 4 heads over 8 warps, the gated RMSNorm's 32 value heads, 4 per warp),
+    which the tiny presets do not reach: the 4B
     shapes with 1 / 4 layers and a small vocabulary give bitwise the logits of the staged
     forms (PREFILL_ROW_REGS=0) and of the cast route (PREFILL_F16_ACT=0), chunks of 64 and
     the whole prompt."""
