@@ -68,6 +68,22 @@ inline size_t f16_stage_bytes(int64_t cols, size_t other_bytes = 0) {
     return b + other_bytes <= kF16StageMaxBytes ? b : 0;
 }
 
+// The row's scale and inverse from each thread's partial max |value| (block-wide; NaN-free:
+// fmaxf skips NaN elements, in any order the same max).
+__device__ __forceinline__ void f16_block_scale(float m, float *red, float *scale, float *inv) {
+    f16_row_scale(block_max(m, red), scale, inv);
+}
+
+// The end of every producer, for row r: the accumulate target's pre-scale (rows scaled by
+// 2^-e) and the inverse scale 2^e.
+__device__ __forceinline__ void f16_finish_row(const F16Out &out, int64_t r, float scale, float inv) {
+    if (out.acc && scale != 1.0f) {
+        float *yr = out.acc + r * out.ld_acc;
+        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
+    }
+    if (threadIdx.x == 0) out.inv[r] = inv;
+}
+
 // The second half of every producer, for row r of a block of threads: the row's max over
 // `value(c)` for c < cols, the scale, the fp16 row, the accumulate target's pre-scale and the
 // inverse scale. `value` must return the same float for the same c each time. `red`: block_max
@@ -101,11 +117,7 @@ __device__ __forceinline__ void f16_write_row(const F16Out &out, int64_t r, int6
     } else {
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) h[c] = __float2half_rn(value(c) * scale);
     }
-    if (out.acc && scale != 1.0f) {
-        float *yr = out.acc + r * out.ld_acc;
-        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
-    }
-    if (threadIdx.x == 0) out.inv[r] = inv;
+    f16_finish_row(out, r, scale, inv);
 }
 
 // The register-resident form of the producers (rows.cu's *_reg kernels): each thread loads
@@ -119,62 +131,44 @@ inline bool row_regs_enabled() {
     return !(env && std::strcmp(env, "0") == 0);
 }
 
-// The second half of a register-resident producer: v[i] is the value of column
-// c = threadIdx.x + i * blockDim.x (scalar ownership, used where the fp32 twin's summation
-// order fixes which thread reads which column), ignored past cols. The same max, scale, fp16
-// rounding, pre-scale and inverse as f16_write_row: the same bits.
-template <int NPER>
-__device__ __forceinline__ void f16_write_regs(const F16Out &out, int64_t r, int64_t cols,
-                                               const float (&v)[NPER], float *red) {
+// A register-resident producer's element: one float (scalar ownership) or a float4 of four
+// consecutive columns; its max |x| and its fp16 store at unit u of the row (float4: one
+// 8-byte store, the row 8-byte aligned).
+__device__ __forceinline__ float abs_max(float x) { return fabsf(x); }
+__device__ __forceinline__ float abs_max(const float4 &v) {
+    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+__device__ __forceinline__ void store_f16(__half *row, int64_t u, float x, float scale) {
+    row[u] = __float2half_rn(x * scale);
+}
+__device__ __forceinline__ void store_f16(__half *row, int64_t u, const float4 &v, float scale) {
+    const __half2 lo = __floats2half2_rn(v.x * scale, v.y * scale);
+    const __half2 hi = __floats2half2_rn(v.z * scale, v.w * scale);
+    reinterpret_cast<uint2 *>(row)[u] =
+        make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+}
+
+// The second half of a register-resident producer: v[i] is unit u = threadIdx.x + i * blockDim.x
+// of the row (a column, or with float4 the columns 4u .. 4u + 3; cols % 4 == 0 then), ignored
+// from `units` on. Scalar ownership serves where the fp32 twin's summation order fixes which
+// thread reads which column. The same max, scale, fp16 rounding, pre-scale and inverse as
+// f16_write_row: the same bits.
+template <int NPER, class T>
+__device__ __forceinline__ void f16_write_regs(const F16Out &out, int64_t r, int64_t units,
+                                               const T (&v)[NPER], float *red) {
     float m = 0.0f;
 #pragma unroll
     for (int i = 0; i < NPER; ++i)
-        if (threadIdx.x + int64_t(i) * blockDim.x < cols) m = fmaxf(m, fabsf(v[i]));
-    m = block_max(m, red);  // >= 0: fmaxf skips NaN elements (any order: the same max)
+        if (threadIdx.x + int64_t(i) * blockDim.x < units) m = fmaxf(m, abs_max(v[i]));
     float scale, inv;
-    f16_row_scale(m, &scale, &inv);
+    f16_block_scale(m, red, &scale, &inv);
     __half *h = out.x16 + r * out.ld16;
 #pragma unroll
     for (int i = 0; i < NPER; ++i) {
-        const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-        if (c < cols) h[c] = __float2half_rn(v[i] * scale);
+        const int64_t u = threadIdx.x + int64_t(i) * blockDim.x;
+        if (u < units) store_f16(h, u, v[i], scale);
     }
-    if (out.acc && scale != 1.0f) {
-        float *yr = out.acc + r * out.ld_acc;
-        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
-    }
-    if (threadIdx.x == 0) out.inv[r] = inv;
-}
-
-// The same with float4 ownership: v[i] holds columns 4 c4 .. 4 c4 + 3, c4 = threadIdx.x +
-// i * blockDim.x < n4 = cols / 4 (cols % 4 == 0; x16 rows 8-byte aligned: one 8-byte store
-// per four values).
-template <int NPER>
-__device__ __forceinline__ void f16_write_regs4(const F16Out &out, int64_t r, int64_t n4,
-                                                const float4 (&v)[NPER], float *red) {
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NPER; ++i)
-        if (threadIdx.x + int64_t(i) * blockDim.x < n4)
-            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-    m = block_max(m, red);
-    float scale, inv;
-    f16_row_scale(m, &scale, &inv);
-    uint2 *h = reinterpret_cast<uint2 *>(out.x16 + r * out.ld16);
-#pragma unroll
-    for (int i = 0; i < NPER; ++i) {
-        const int64_t c4 = threadIdx.x + int64_t(i) * blockDim.x;
-        if (c4 < n4) {
-            const __half2 lo = __floats2half2_rn(v[i].x * scale, v[i].y * scale);
-            const __half2 hi = __floats2half2_rn(v[i].z * scale, v[i].w * scale);
-            h[c4] = make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
-        }
-    }
-    if (out.acc && scale != 1.0f) {
-        float *yr = out.acc + r * out.ld_acc;
-        for (int64_t j = threadIdx.x; j < out.n_acc; j += blockDim.x) yr[j] *= scale;
-    }
-    if (threadIdx.x == 0) out.inv[r] = inv;
+    f16_finish_row(out, r, scale, inv);
 }
 
 }  // namespace pf

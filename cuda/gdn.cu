@@ -240,9 +240,8 @@ __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_reg_kernel(
             m = fmaxf(m, fabsf(ov[k][j]));
         }
     }
-    m = block_max(m, red);  // >= 0: fmaxf skips NaN elements (any order: the same max)
     float scale, inv_row;
-    f16_row_scale(m, &scale, &inv_row);
+    f16_block_scale(m, red, &scale, &inv_row);
     __half *h16 = a.out.x16 + r * a.out.ld16;
 #pragma unroll
     for (int k = 0; k < HW; ++k) {
@@ -252,11 +251,7 @@ __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_reg_kernel(
         for (int j = 0; j < PER; ++j)
             h16[(int64_t)h * a.dv + lane + kWarpSize * j] = __float2half_rn(ov[k][j] * scale);
     }
-    if (a.out.acc && scale != 1.0f) {
-        float *yr = a.out.acc + r * a.out.ld_acc;
-        for (int64_t j = threadIdx.x; j < a.out.n_acc; j += blockDim.x) yr[j] *= scale;
-    }
-    if (threadIdx.x == 0) a.out.inv[r] = inv_row;
+    f16_finish_row(a.out, r, scale, inv_row);
 }
 
 // ------------------------------------------------------------------------------ delta-rule scan

@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_reg_kernel(const __
         gv[i].z = swiglu_value(gv[i].z, uv[i].z);
         gv[i].w = swiglu_value(gv[i].w, uv[i].w);
     }
-    f16_write_regs4(a.out, r, n4, gv, red);
+    f16_write_regs(a.out, r, n4, gv, red);
 }
 
 // Calls f(std::integral_constant<int, N>) for the smallest N of Ns with need <= N; false if
