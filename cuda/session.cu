@@ -444,14 +444,8 @@ pf_status run_chunk_graphed(pf_session *s, const int32_t *ids, int64_t T) {
     return run_chunk(s, ids, T, run);
 }
 
-__global__ void set_i64_kernel(int64_t *p, int64_t v) { *p = v; }
-
 // s->pos into s->pos_dev, in stream order (a kernel argument: no host staging, no wait).
-pf_status set_position(pf_session *s) {
-    set_i64_kernel<<<1, 1, 0, s->ctx->stream>>>(s->pos_dev, s->pos);
-    PF_LAUNCH_CHECK("set_i64_kernel");
-    return PF_STATUS_OK;
-}
+pf_status set_position(pf_session *s) { return store_i64(s->pos_dev, s->pos, s->ctx->stream); }
 
 // Logits of chunk rows [r0, r0 + n) (n <= s->lm_rows) into s->logits: final norm, LM head.
 pf_status lm_head(pf_session *s, int64_t r0, int64_t n) {
