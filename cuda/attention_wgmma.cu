@@ -24,10 +24,11 @@
 //    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
 //    products (FA3's ping-pong), so one's softmax overlaps the other's products.
 //    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
-//  - Key tiles: BN = 128 at D = 128; at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device run
-//    24: 4.7% faster than 64 at T = 8192), or 64 with PREFILL_ATTN_BN256=64. Nothing needs BN to be a power of two: BN is a multiple of 16
-//    (whole k-steps of P V, whole n8 tiles of S) and of 8 (each swizzle block of 64 columns x
-//    BN rows is whole 1024-byte atoms, so every block and stage starts 1024-aligned).
+//  - Key tiles: BN = 128 at D = 128; at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device
+//    run 24: 0.938 vs 0.984 ms for 64 at T = 8192), or 64 with PREFILL_ATTN_BN256=64. Nothing
+//    needs BN to be a power of two: BN is a multiple of 16 (whole k-steps of P V, whole n8 tiles
+//    of S) and of 8 (each swizzle block of 64 columns x BN rows is whole 1024-byte atoms, so
+//    every block and stage starts 1024-aligned).
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
 //    launched heaviest first.
 //  - The Q tile (fp32 in global memory) is converted to fp16 by the consumers and stored into the

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_check.cuh"
 
@@ -129,6 +130,14 @@ inline unsigned head_warp_blocks(int64_t warps) { return (unsigned)ceil_div(warp
 //
 // Keyed by the current device (the API layer makes the context's device current before any
 // launcher runs), queried or set once per device, cached for the process, thread-safe.
+
+// Launch-time choice of a kernel instance: calls f(std::integral_constant<int, N>) for the
+// smallest N of Ns with need <= N; false if need exceeds them all (the caller's general kernel
+// runs). The register-resident row kernels size their per-thread arrays this way.
+template <int... Ns, class F>
+bool with_smallest_fit(int64_t need, F &&f) {
+    return ((need <= Ns ? (f(std::integral_constant<int, Ns>{}), true) : false) || ...);
+}
 
 // Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount).
 pf_status device_sm_count(int *out);

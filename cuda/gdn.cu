@@ -551,20 +551,14 @@ pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *
                  "gdn_gated_rms_norm_rows_f16: eps=%g must be finite, >= 0", (double)eps);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && z && w && out.x16 && out.inv, "gdn_gated_rms_norm_rows_f16: null pointer");
-    if (row_regs_enabled() && dv == 4 * kWarpSize) {  // the register form (dv = 128: every qwen35)
-        const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, 0};
-        const int hw = (n_v_heads + kF16RowThreads / kWarpSize - 1) / (kF16RowThreads / kWarpSize);
-        const unsigned grid = (unsigned)rows;
-        bool launched = true;
-        if (hw <= 1) gated_rms_norm_f16_reg_kernel<4, 1><<<grid, kF16RowThreads, 0, stream>>>(a);
-        else if (hw <= 2) gated_rms_norm_f16_reg_kernel<4, 2><<<grid, kF16RowThreads, 0, stream>>>(a);
-        else if (hw <= 4) gated_rms_norm_f16_reg_kernel<4, 4><<<grid, kF16RowThreads, 0, stream>>>(a);
-        else if (hw <= 6) gated_rms_norm_f16_reg_kernel<4, 6><<<grid, kF16RowThreads, 0, stream>>>(a);
-        else launched = false;
-        if (launched) {
-            PF_LAUNCH_CHECK("gated_rms_norm_f16_reg_kernel");
-            return PF_STATUS_OK;
-        }
+    // The register form (dv = 128: every qwen35), heads per warp from 1 to 6.
+    if (row_regs_enabled() && dv == 4 * kWarpSize &&
+        with_smallest_fit<1, 2, 4, 6>(ceil_div(n_v_heads, kF16RowThreads / kWarpSize), [&](auto hw) {
+            const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, 0};
+            gated_rms_norm_f16_reg_kernel<4, decltype(hw)::value><<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
+        })) {
+        PF_LAUNCH_CHECK("gated_rms_norm_f16_reg_kernel");
+        return PF_STATUS_OK;
     }
     const size_t heads = size_t(n_v_heads) * sizeof(float), stage = f16_stage_bytes(width, heads);
     const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, stage ? 1 : 0};

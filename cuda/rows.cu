@@ -4,7 +4,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "common.cuh"
 #include "f16_rows.cuh"
@@ -299,12 +298,6 @@ __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_reg_kernel(const __
     f16_write_regs(a.out, r, n4, gv, red);
 }
 
-// Calls f(std::integral_constant<int, N>) for the smallest N of Ns with need <= N; false if
-// need exceeds them all (the caller's general kernel runs).
-template <int... Ns, class F>
-bool with_smallest_fit(int64_t need, F &&f) {
-    return ((need <= Ns ? (f(std::integral_constant<int, Ns>{}), true) : false) || ...);
-}
 
 struct GateF16Args {
     const float *o;
