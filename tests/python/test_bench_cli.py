@@ -40,7 +40,7 @@ def test_help_names_both_forms():
     r = _bench("--help")
     assert r.returncode == 0, r.stderr
     for word in ("FILE", "kernels", "model", "all", "--out", "--quick", "--plot", "--peer", "--json",
-                 "--gemm", "--chunk", "--models", "--lengths"):
+                 "--gemm", "--chunk", "--models", "--lengths", "LEG/nolt"):
         assert word in r.stdout
 
 
