@@ -87,9 +87,10 @@ def test_sessions_and_models_reuse_the_choice(preset, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_session_creation_with_nothing_to_choose(preset, rng, monkeypatch):
-    """Sessions whose shapes have no choice to make are created and run: chunks of 1 and 7 rows,
-    the f16 leg without fp16 copies (the streaming slabs run GemmEx), the f32 leg."""
+def test_session_creation_at_the_edges(preset, rng, monkeypatch):
+    """Sessions at the edges of the choice are created and run: chunks of 1 and 7 rows (shapes
+    timed at those rows), and with nothing to time: the f16 leg without fp16 copies (the
+    streaming slabs run GemmEx), the f32 leg."""
     from pyprefill.model import Model
     path = synth_model(preset, "q4_k_m")
     monkeypatch.setenv("PREFILL_GEMM_LT", LT_ON)
@@ -175,7 +176,9 @@ def test_forced_choice_in_child(preset, rng, tmp_path, monkeypatch):
     lines = [LOG.search(ln) for ln in first.splitlines() if "gemm choice" in ln]
     assert lines and all(lines), f"unparsed choice lines:\n{first[-2000:]}"
     shapes = [g.groups()[:5] for g in lines]
-    assert len(shapes) >= 3 and len(set(shapes)) == len(shapes), f"shapes {shapes}"
+    # distinct shapes: qwen3-tiny 2 (Q|K|V = gate|up = 1024 x 256, o = down = 256 x 512 beta 1),
+    # qwen35-tiny 4 (Q|gate|K|V 1536, the GDN block 1544, gate|up 1024, o = ssm_out = down)
+    assert len(shapes) >= 2 and len(set(shapes)) == len(shapes), f"shapes {shapes}"
     assert all(s[1] == "64" for s in shapes), f"rows other than the chunk: {shapes}"
     if not all("no Lt algorithm" in g.group(6) for g in lines):
         assert any(g.group(6).endswith("Lt (forced)") for g in lines), first[-2000:]
