@@ -19,6 +19,7 @@ pf_status context_teardown(pf_context *ctx) {
     pf::scratch_release(ctx, ctx->scratch_f16_w);
     pf::scratch_release(ctx, ctx->scratch_f16_x);
     pf::scratch_release(ctx, ctx->scratch_gdn);
+    if (ctx->blas_lt) cublasLtDestroy(ctx->blas_lt);
     if (ctx->blas_tc) cublasDestroy(ctx->blas_tc);
     if (ctx->blas_f32) cublasDestroy(ctx->blas_f32);
     pf::device_free(ctx, ctx->workspace, ctx->workspace_bytes);
@@ -34,6 +35,7 @@ pf_status context_init(pf_context *ctx, const pf_context_options &o) {
     PF_TRY(pf::device_alloc(ctx, ctx->workspace_bytes, &ctx->workspace, "cuBLAS workspace"));
     PF_CUBLAS_TRY(cublasCreate(&ctx->blas_f32));
     PF_CUBLAS_TRY(cublasCreate(&ctx->blas_tc));
+    PF_CUBLAS_TRY(cublasLtCreate(&ctx->blas_lt));  // stream and workspace are per call
     for (cublasHandle_t h : {ctx->blas_f32, ctx->blas_tc}) {
         PF_CUBLAS_TRY(cublasSetStream(h, ctx->stream));
         PF_CUBLAS_TRY(cublasSetWorkspace(h, ctx->workspace, ctx->workspace_bytes));

@@ -1,6 +1,7 @@
 // context.h — the internals of pf_context, pf_buffer and pf_weight, shared by every op family.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -12,6 +13,8 @@
 #include "qtype.h"  // qtype_block, matrix_bytes
 
 namespace pf {
+
+class GemmPlan;  // gemm_lt.cuh
 
 // The device allocation behind fp16 caches: one per prewarm (every weight it caches, fused
 // groups back to back) or per lone pf_weight_cache_f16. Each cached weight holds a reference;
@@ -50,7 +53,8 @@ struct pf_context {
     cudaStream_t stream = nullptr;
     cublasHandle_t blas_f32 = nullptr;  // CUBLAS_PEDANTIC_MATH: fp32 in and out, no TF32
     cublasHandle_t blas_tc = nullptr;   // tensor-op math, fp32 compute (fp16 inputs)
-    void *workspace = nullptr;  // cuBLAS workspace, shared by both handles
+    cublasLtHandle_t blas_lt = nullptr; // the f16 leg's chosen cuBLASLt algorithms (gemm_lt.cuh)
+    void *workspace = nullptr;  // cuBLAS workspace, shared by the three handles (one stream)
     size_t workspace_bytes = 0;
     size_t allocated = 0;       // device bytes held by this context (buffers, weights, scratch)
     pf::Scratch scratch_f32;    // f32 leg: dequantized weight
@@ -58,6 +62,9 @@ struct pf_context {
     pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16
     pf::Scratch scratch_gdn;    // chunked delta rule (kernel-level calls without a workspace)
     pf::Scratch scratch_attn;   // cuBLAS attention path (kernel-level calls without a workspace)
+    // The running session's f16-leg GEMM plan (gemm_lt.cuh), set for the duration of its prefill;
+    // nullptr otherwise: kernel-level calls run cublasGemmEx.
+    const pf::GemmPlan *gemm_plan = nullptr;
 };
 
 struct pf_buffer {

@@ -23,6 +23,7 @@
 #include "dequant.cuh"
 #include "f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "gemm.cuh"
+#include "gemm_lt.cuh"  // gemm_f16: the f16 leg's GEMM and its per-shape algorithm
 #include "prewarm.cuh"
 #include "qgemm.cuh"
 
@@ -193,16 +194,6 @@ pf_status project_f32(pf_context *ctx, pf_weight *w, const float *x, int64_t row
         PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(rows), k,
                                   &alpha, ws, k, x, int(ldx), &beta, y + n0, int(ldy)));
     }
-    return PF_STATUS_OK;
-}
-
-pf_status gemm_f16(pf_context *ctx, const __half *wh, int64_t nc, int64_t k, const __half *xh,
-                   int64_t rows, float *y, int64_t ldy, float beta) {
-    const float alpha = 1.0f;
-    // fp16 A/B on tensor cores, fp32 accumulation and fp32 C: no fp16 intermediate anywhere.
-    PF_CUBLAS_TRY(cublasGemmEx(ctx->blas_tc, CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(rows), int(k),
-                               &alpha, wh, CUDA_R_16F, int(k), xh, CUDA_R_16F, int(k), &beta, y,
-                               CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return PF_STATUS_OK;
 }
 

@@ -31,7 +31,9 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
 //    in place), cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32).
 //  - F16: W from its fp16 cache (w->f16), or an F16 weight in place, or dequantized per call
 //    to fp16 slabs in ctx->scratch_f16_w ("streaming"); X rounded to fp16 into
-//    ctx->scratch_f16_x; cublasGemmEx fp16 x fp16 -> fp32 with fp32 compute on ctx->blas_tc.
+//    ctx->scratch_f16_x; fp16 x fp16 -> fp32 with fp32 compute (gemm_lt.cuh gemm_f16:
+//    cublasGemmEx on ctx->blas_tc, or during a session's prefill the cuBLASLt algorithm the
+//    process chose for the shape).
 //    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
 //    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
 //    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.

@@ -13,6 +13,7 @@
 #include "f16_rows.cuh"
 #include "gdn.cuh"
 #include "gemm.cuh"
+#include "gemm_lt.cuh"
 #include "qk_rope.cuh"
 #include "rows.cuh"
 #include "session.h"
@@ -500,6 +501,67 @@ pf_status auto_chunk(const Hparams &hp, int32_t max_tokens, size_t state_bytes, 
     return PF_STATUS_OK;
 }
 
+// The f16-leg GEMM shapes of a chunk of s->chunk rows, as the layer loop runs them now (the
+// fused block of project_group or its parts side by side, the accumulating wo / ssm_out / down
+// into the residual stream), each with the weight it reads; then the session's plan (the
+// process's choice per shape, timed for the shapes it has none for yet) on the chunk scratch:
+// x = h16 [chunk][widest k] fp16, y = a [chunk][widest group] (the accumulating shapes too:
+// never the residual stream x, the caches or the states).
+pf_status plan_gemms(pf_session *s, size_t x_elems, size_t y_elems, GemmLtMode mode) {
+    const pf_model *m = s->model;
+    const Hparams &hp = m->hp;
+    const int64_t T = s->chunk, d = hp.n_embd;
+    std::vector<GemmTuneJob> jobs;
+    auto add = [&](pf_weight *w, int64_t ldy, bool accumulate) {
+        int32_t run = PF_GEMM_F32;
+        if (!w || resolve_gemm_leg(w, s->leg, &run) != PF_STATUS_OK || run != PF_GEMM_F16) return;
+        const __half *whole = w->f16 ? w->f16
+                              : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                         : nullptr;
+        if (!whole) return;  // the streaming leg's slabs run GemmEx
+        GemmTuneJob j;
+        j.shape = GemmShape{w->n, T, w->k, ldy, accumulate};
+        j.w = whole;
+        jobs.push_back(j);
+    };
+    auto group = [&](std::initializer_list<pf_weight *> parts, int64_t ldy) {
+        pf_weight view;
+        if (s->fuse && fused_f16_view(parts.begin(), int32_t(parts.size()), s->leg, &view))
+            return add(&view, ldy, false);
+        for (pf_weight *w : parts) add(w, ldy, false);
+    };
+    for (const LayerWeights &L : m->layers) {
+        if (L.attn) {
+            group({L.wq, L.wk, L.wv}, hp.q_proj_dim() + 2 * hp.kv_dim());
+            add(L.wo, d, true);
+        } else {
+            group({L.qkv, L.z, L.beta, L.alpha}, hp.conv_dim() + hp.value_dim() + 2 * hp.ssm_hv);
+            add(L.ssm_out, d, true);
+        }
+        group({L.gate, L.up}, 2 * hp.n_ff);
+        add(L.down, d, true);
+    }
+    if (jobs.empty()) return PF_STATUS_OK;  // the f32 leg, or no fp16 copies
+    std::unique_ptr<GemmPlan> plan(new GemmPlan());
+    PF_TRY(gemm_plan_build(s->ctx, jobs, s->h16, x_elems, s->a, y_elems, mode, plan.get()));
+    if (plan->size() > 0) s->gemm_plan = plan.release();  // none: every call runs GemmEx
+    return PF_STATUS_OK;
+}
+
+// Makes a session's GEMM plan current on its context for one prefill call (restored on exit, on
+// every path: kernel-level calls between prefills run GemmEx).
+class PlanScope {
+  public:
+    PlanScope(pf_context *ctx, const GemmPlan *plan) : ctx_(ctx), old_(ctx->gemm_plan) { ctx->gemm_plan = plan; }
+    ~PlanScope() { ctx_->gemm_plan = old_; }
+    PlanScope(const PlanScope &) = delete;
+    PlanScope &operator=(const PlanScope &) = delete;
+
+  private:
+    pf_context *ctx_;
+    const GemmPlan *old_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- lifecycle
@@ -617,6 +679,10 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
         for (pf_weight *w : {L.wq, L.wk, L.wv, L.wo, L.qkv, L.z, L.beta, L.alpha, L.ssm_out, L.gate, L.up, L.down})
             if (w && st == PF_STATUS_OK) st = project_reserve(r->ctx, w, T, r->leg);
     if (st == PF_STATUS_OK) st = project_reserve(r->ctx, m->output, r->lm_rows, r->leg);
+    // The f16 leg's GEMM algorithms for the chunk's projection shapes (times the shapes the
+    // process has not chosen for yet, on the session's scratch; synchronizes).
+    const GemmLtMode lt = gemm_lt_env_mode();
+    if (st == PF_STATUS_OK && lt != kGemmLtOff) st = plan_gemms(r, size_t(T * k16), size_t(T * w_a), lt);
     if (st != PF_STATUS_OK) return fail_cleanup(st);
     if ((st = session_reset(r)) != PF_STATUS_OK) return fail_cleanup(st);
     *out = s.release();
@@ -629,6 +695,7 @@ void session_destroy(pf_session *s) {
     (void)cudaStreamSynchronize(s->ctx->stream);
     for (ChunkGraph &g : s->graphs) destroy_graph(g);
     for (auto &a : s->allocs) device_free(s->ctx, a.first, a.second);
+    delete s->gemm_plan;
     delete s;
 }
 
@@ -680,6 +747,7 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
     cudaStream_t st = s->ctx->stream;
     s->cached = all_cached(s);
     s->act16 = act16_route(s);
+    const PlanScope plan_scope(s->ctx, s->gemm_plan);  // the session's GEMM choices, this call only
     auto body = [&]() -> pf_status {
         // The call's tokens in one copy (a copy from pageable memory may wait for the stream:
         // once per call, not once per chunk), at their positions: a chunk's ids are then at

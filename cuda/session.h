@@ -66,6 +66,12 @@ struct pf_session {
     // position from pos_dev too. Off, or on cuBLAS chunks: attention runs between segments.
     bool graph_attn = true;
     bool attn_in_graph = false;
+    // The f16 leg's GEMM algorithm per projection shape at rows = chunk (gemm_lt.cuh): the
+    // process's choice (timed by the first session that needed the shape), made current on the
+    // context during each prefill. nullptr with env PREFILL_GEMM_LT=0 (read at creation: GemmEx
+    // everywhere), on the f32 leg, or when every shape's choice is GemmEx. Owned (session_destroy
+    // deletes it).
+    pf::GemmPlan *gemm_plan = nullptr;
     std::vector<pf::ChunkGraph> graphs;
     std::vector<int64_t> seen_T;
     std::vector<std::pair<void *, size_t>> allocs;

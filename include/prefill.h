@@ -675,6 +675,15 @@ typedef enum pf_logits_mode {
 } pf_logits_mode;
 
 PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct_size);
+/* Sizes every state and scratch of the session now (a prefill then allocates nothing). On the f16
+ * leg it also fixes the GEMM algorithm of each projection shape at rows = chunk_tokens: cuBLAS's
+ * default (cublasGemmEx) or a cuBLASLt algorithm that beat it by > 3%, timed on the device by the
+ * first session of the process that needs the shape (tens of ms, once; synchronizes) and reused,
+ * never changed, by every later session of the process on that device, other models of the same
+ * shapes included: logits stay bitwise equal between sessions and models of one process, and
+ * graphs bitwise eager. Two processes may choose differently: their f16-leg logits then agree
+ * within the leg's tolerance, not bitwise. Env PREFILL_GEMM_LT=0 (read here) runs cublasGemmEx
+ * everywhere; PREFILL_GEMM_LT_LOG=1 prints each choice made to stderr. The f32 leg is untouched. */
 PF_API pf_status pf_session_create(pf_session **out, pf_model *model, const pf_session_options *opts);
 PF_API void pf_session_destroy(pf_session *s);
 /* Runs n_tokens tokens (any count, in internal chunks) from the session's position, which then

@@ -167,11 +167,15 @@ def _say(rec, row: dict) -> None:
 # "LEG/noattngraph" captures a chunk as segments with attention and the embedding launched
 # between them, as before session 17 (PREFILL_GRAPH_ATTN=0), "LEG/norowregs" runs the row
 # kernels (RMSNorm, SwiGLU, the fused q/k RoPE) in their shared-memory form, as before session
-# 18 (PREFILL_ROW_REGS=0; read per launch, so the switch stays set while the session runs);
+# 18 (PREFILL_ROW_REGS=0; read per launch, so the switch stays set while the session runs),
+# "LEG/nolt" runs every f16-leg GEMM through cublasGemmEx instead of the per-shape algorithm
+# timed at session creation (PREFILL_GEMM_LT=0; the choices stay made for the process, so
+# "auto" and "auto/nolt" can run in either order);
 # "auto/nofuse/noact16/nograph/noqkrope" is the path as it was before issue 11 (but the chunk).
 VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
                "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0"),
-               "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0")}
+               "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0"),
+               "nolt": ("PREFILL_GEMM_LT", "0")}
 
 
 def split_leg(leg: str) -> tuple[str, dict]:
@@ -237,8 +241,11 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                     row = _row(label, f"ours {leg}", T, **base)
                     try:
                         base_leg, env = split_leg(leg)
+                        t_session = time.perf_counter()
                         with _env(env), model.session(max_tokens=T, chunk=min(chunk, T),
                                                       gemm=base_leg) as s:
+                            # creation, with the GEMM choices the process times for new shapes
+                            session_ms = (time.perf_counter() - t_session) * 1e3
                             ids = [rng.integers(0, model.n_vocab, T, dtype=np.int32)
                                    for _ in range(4)]
                             logits = {}
@@ -251,7 +258,8 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                                 raise RuntimeError("non-finite logits")
                             free1, _ = ctx.memory()
                         row = _row(label, f"ours {leg}", T, t, **base,
-                                   allocated_bytes=ctx.allocated(), device_used_bytes=free0 - free1)
+                                   allocated_bytes=ctx.allocated(), device_used_bytes=free0 - free1,
+                                   session_ms=session_ms)
                         _say(rec, row)
                     except Exception as exc:   # noqa: BLE001
                         row["error"] = f"{type(exc).__name__}: {first_line(exc)}"

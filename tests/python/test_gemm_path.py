@@ -274,7 +274,8 @@ def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
     gives bitwise the logits and greedy tokens of one launching every kernel (cuda_graphs = 0,
     and env PREFILL_GRAPH=0), and of one whose graphs leave attention and the embedding out
     (PREFILL_GRAPH_ATTN=0, the segments of before): full chunks, tails, decode steps, after a
-    reset and a restore."""
+    reset and a restore. The f16 leg's per-shape GEMM choice is on (the default; test_gemm_lt
+    runs this test again with a cuBLASLt algorithm forced onto every shape)."""
     from pyprefill.model import Model
     path = synth_model(preset, "q4_k_m")
     kw = dict(kv="f32", attention="cublas", gemm="f32") if legs == "f32" else {}
