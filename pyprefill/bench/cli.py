@@ -48,11 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
                    help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16, "
-                        "LEG/nograph, LEG/noqkrope, LEG/noattngraph, LEG/norowregs (combinable: "
-                        "LEG/nofuse/noact16/nograph) run "
+                        "LEG/nograph, LEG/noqkrope, LEG/noattngraph, LEG/norowregs, "
+                        "LEG/noconvnorm (combinable: LEG/nofuse/noact16/nograph) run "
                         "LEG with the fused projections, the producers' fp16 inputs, the CUDA "
                         "graphs, the fused q/k norm+RoPE+cache write, attention inside the "
-                        "chunk's graph or the register-resident row kernels off "
+                        "chunk's graph, the register-resident row kernels or the GDN "
+                        "conv1d fused with the q/k L2 norms off "
                         "(before/after in one run) "
                         "(default: FILE auto, suites f16,f32)")
     p.add_argument("--chunk", type=int, default=2048,

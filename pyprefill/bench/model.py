@@ -167,11 +167,14 @@ def _say(rec, row: dict) -> None:
 # "LEG/noattngraph" captures a chunk as segments with attention and the embedding launched
 # between them, as before session 17 (PREFILL_GRAPH_ATTN=0), "LEG/norowregs" runs the row
 # kernels (RMSNorm, SwiGLU, the fused q/k RoPE) in their shared-memory form, as before session
-# 18 (PREFILL_ROW_REGS=0; read per launch, so the switch stays set while the session runs);
+# 18 (PREFILL_ROW_REGS=0; read per launch, so the switch stays set while the session runs),
+# "LEG/noconvnorm" runs the GDN conv1d + SiLU and the q/k L2 norms as three kernels, as before
+# session 18's gdn-convnorm (PREFILL_FUSE_CONVNORM=0);
 # "auto/nofuse/noact16/nograph/noqkrope" is the path as it was before issue 11 (but the chunk).
 VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
                "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0"),
-               "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0")}
+               "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0"),
+               "noconvnorm": ("PREFILL_FUSE_CONVNORM", "0")}
 
 
 def split_leg(leg: str) -> tuple[str, dict]:

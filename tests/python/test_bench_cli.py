@@ -88,12 +88,16 @@ def test_leg_variants_name_their_switches():
     assert split_leg("auto/noqkrope") == ("auto", {"PREFILL_FUSE_QKROPE": "0"})
     assert split_leg("auto/noattngraph") == ("auto", {"PREFILL_GRAPH_ATTN": "0"})
     assert split_leg("auto/norowregs") == ("auto", {"PREFILL_ROW_REGS": "0"})
+    assert split_leg("auto/noconvnorm") == ("auto", {"PREFILL_FUSE_CONVNORM": "0"})
+    assert split_leg("auto/norowregs/noconvnorm") == ("auto", {
+        "PREFILL_ROW_REGS": "0", "PREFILL_FUSE_CONVNORM": "0"})
     assert split_leg("f16/nofuse/noact16/nograph/noqkrope") == ("f16", {
         "PREFILL_FUSE": "0", "PREFILL_F16_ACT": "0", "PREFILL_GRAPH": "0", "PREFILL_FUSE_QKROPE": "0"})
     with pytest.raises(ValueError, match="'noqk'.*nograph, noqkrope, noattngraph"):
         split_leg("auto/noqk")
     assert _args("model", "--gemm", "auto", "auto/noqkrope").gemm == ["auto", "auto/noqkrope"]
     assert _args("model", "--gemm", "auto", "auto/noattngraph").gemm == ["auto", "auto/noattngraph"]
+    assert _args("model", "--gemm", "auto", "auto/noconvnorm").gemm == ["auto", "auto/noconvnorm"]
 
 
 @pytest.mark.parametrize("argv, words", [
