@@ -88,6 +88,124 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_kernel(const __grid_
     }
 }
 
+// ------------------------------------------------------------------------------ conv1d + SiLU + q/k L2 norm
+
+constexpr int kConvNormWarps = 4;   // warps per block: 4 channel groups side by side
+constexpr int kConvNormRows = 16;   // rows per warp, held in registers; >= kGdnMaxConvKernel - 1,
+                                    // so only the first chunk of a group reads the old window
+static_assert(kConvNormRows >= kGdnMaxConvKernel - 1, "the window must lie inside the first chunk");
+
+struct ConvNormArgs {
+    const float *m;
+    int64_t ldm;
+    float *window;
+    const float *weight;
+    float *u;
+    int64_t ldu;
+    int64_t rows;
+    int64_t conv_dim;
+    int32_t n_k_heads;  // groups [0, n_k_heads) are q heads, [n_k_heads, 2 n_k_heads) k heads
+    float eps;
+    float q_scale;
+};
+
+// conv1d_silu_kernel, then l2norm_kernel on the q and k heads, in one pass. Warp = (group of
+// G = 32 PER channels, kConvNormRows rows); a group of the q | k part is one head (dk = G), and
+// lane l owns its channels l + 32 j, j < PER: the elements l2norm_kernel's lane l sums
+// (warp_sum_squares: fmaf in j order from 0, then warp_sum), so each head's sum, factor and
+// products are that kernel's expressions on the conv's values: the same bits. Each channel's
+// conv is conv1d_silu_kernel's (the same taps, the same fmaf order; which thread computes a
+// channel or how rows are chunked changes no operation). Every input of the warp (the KC-1
+// rows before the chunk, the chunk's rows, the weights) is loaded before the first use.
+template <int KC, int PER>
+__global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_kernel(const __grid_constant__ ConvNormArgs a) {
+    constexpr int R = kConvNormRows;
+    constexpr int G = PER * kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+    const int64_t grp = (int64_t)blockIdx.y * kConvNormWarps + threadIdx.x / kWarpSize;
+    if (grp * G >= a.conv_dim) return;  // whole warps leave: the shuffles below stay full-warp
+    const int64_t r0 = (int64_t)blockIdx.x * R;
+    int64_t ch[PER];
+    bool ok[PER];  // channel inside conv_dim (false only in a partial last group of v)
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        ch[j] = grp * G + lane + kWarpSize * j;
+        ok[j] = ch[j] < a.conv_dim;
+    }
+    float w[PER][KC], prev[PER][KC - 1], x[R][PER];  // prev[j][i] = X[r0 + i], X = concat(window, m)
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+#pragma unroll
+        for (int i = 0; i < KC; ++i) w[j][i] = ok[j] ? a.weight[ch[j] * KC + i] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < KC - 1; ++i) {
+            const int64_t xr = r0 + i;  // X row; < KC-1 only for r0 == 0 (R >= KC-1)
+            prev[j][i] = !ok[j] ? 0.0f
+                         : xr < KC - 1 ? a.window[xr * a.conv_dim + ch[j]]
+                                       : a.m[(xr - (KC - 1)) * a.ldm + ch[j]];
+        }
+#pragma unroll
+        for (int k = 0; k < R; ++k)
+            x[k][j] = ok[j] && r0 + k < a.rows ? a.m[(r0 + k) * a.ldm + ch[j]] : 0.0f;
+    }
+    // Warp-uniform: which part of qkv this group is.
+    const bool norm = grp < 2 * (int64_t)a.n_k_heads;
+    const float scale = grp < a.n_k_heads ? a.q_scale : 1.0f;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        if (r0 + k >= a.rows) break;  // warp-uniform
+        float y[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < KC - 1; ++i) {  // oldest tap first: X[r0 + k + i]
+                const float xi = k + i < KC - 1 ? prev[j][k + i] : x[k + i - (KC - 1)][j];
+                acc = fmaf(xi, w[j][i], acc);
+            }
+            acc = fmaf(x[k][j], w[j][KC - 1], acc);  // tap KC-1: token r0 + k
+            y[j] = silu_(acc);
+        }
+        if (norm) {  // l2norm_kernel: warp_sum_squares, then the factor and the products
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER; ++j) s = fmaf(y[j], y[j], s);
+            s = warp_sum(s);
+            const float f = (1.0f / sqrtf(s + a.eps)) * scale;  // HF: x * rsqrt(sum x^2 + eps)
+#pragma unroll
+            for (int j = 0; j < PER; ++j) y[j] = y[j] * f;
+        }
+        float *ur = a.u + (r0 + k) * a.ldu;
+#pragma unroll
+        for (int j = 0; j < PER; ++j)
+            if (ok[j]) ur[ch[j]] = y[j];
+    }
+    if (blockIdx.x == 0) {
+        // The new window, as conv1d_silu_kernel makes it: the old one (prev, r0 = 0) with the
+        // last min(rows, KC-1) inputs appended. Only this warp read the old window of its
+        // channels (in registers now), so writing it races with nobody.
+        const int64_t t_first = a.rows > KC - 1 ? a.rows - (KC - 1) : 0;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (!ok[j]) continue;
+            float old[KC - 1];
+#pragma unroll
+            for (int i = 0; i < KC - 1; ++i) old[i] = prev[j][i];
+#pragma unroll
+            for (int s = 0; s < KC - 1; ++s) {
+                const int64_t t = t_first + s;
+                if (t < a.rows) {
+#pragma unroll
+                    for (int i = 0; i < KC - 2; ++i) old[i] = old[i + 1];
+                    old[KC - 2] = a.m[t * a.ldm + ch[j]];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < KC - 1; ++i) a.window[(int64_t)i * a.conv_dim + ch[j]] = old[i];
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------ L2 norm
 
 struct L2Args {
@@ -485,6 +603,51 @@ pf_status gdn_l2norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
     const int64_t warps = rows * n_heads;
     l2norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("l2norm_kernel");
+    return PF_STATUS_OK;
+}
+
+bool gdn_conv1d_l2norm_supported(int32_t dk, int32_t kc) {
+    return dk == 4 * kWarpSize && kc >= 2 && kc <= kGdnMaxConvKernel;
+}
+
+pf_status gdn_conv1d_l2norm_rows(const float *m, int64_t ldm, float *window, const float *weight,
+                                 float *u, int64_t ldu, int64_t rows, int64_t conv_dim, int32_t kc,
+                                 int32_t n_k_heads, int32_t dk, float eps, float q_scale,
+                                 cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0, "gdn_conv1d_l2norm_rows: rows=%lld < 0", (long long)rows);
+    PF_CHECK_ARG(gdn_conv1d_l2norm_supported(dk, kc),
+                 "gdn_conv1d_l2norm_rows: dk=%d (must be %d), kc=%d (must be in [2, %d])", dk,
+                 4 * kWarpSize, kc, kGdnMaxConvKernel);
+    PF_CHECK_ARG(n_k_heads >= 1 && conv_dim >= 2 * (int64_t)n_k_heads * dk,
+                 "gdn_conv1d_l2norm_rows: conv_dim=%lld < 2 * n_k_heads=%d * dk=%d",
+                 (long long)conv_dim, n_k_heads, dk);
+    PF_CHECK_ARG(ldm >= conv_dim && ldu >= conv_dim,
+                 "gdn_conv1d_l2norm_rows: ldm=%lld / ldu=%lld < conv_dim=%lld", (long long)ldm,
+                 (long long)ldu, (long long)conv_dim);
+    PF_CHECK_ARG(eps >= 0.0f && std::isfinite(eps) && std::isfinite(q_scale),
+                 "gdn_conv1d_l2norm_rows: eps=%g must be finite, >= 0; q_scale=%g finite",
+                 (double)eps, (double)q_scale);
+    const int64_t gx = (rows + kConvNormRows - 1) / kConvNormRows;
+    const int64_t gy = (conv_dim + kConvNormWarps * dk - 1) / (kConvNormWarps * dk);
+    PF_CHECK_ARG(gx <= kMaxGridX && gy <= kMaxGridY,
+                 "gdn_conv1d_l2norm_rows: rows=%lld / conv_dim=%lld too large", (long long)rows,
+                 (long long)conv_dim);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(m && window && weight && u, "gdn_conv1d_l2norm_rows: null pointer");
+    const ConvNormArgs a{m, ldm, window, weight, u, ldu, rows, conv_dim, n_k_heads, eps, q_scale};
+    const dim3 grid((unsigned)gx, (unsigned)gy, 1);
+    constexpr int kThreads = kConvNormWarps * kWarpSize;
+    switch (kc) {
+        case 2: conv1d_silu_l2norm_kernel<2, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 3: conv1d_silu_l2norm_kernel<3, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 4: conv1d_silu_l2norm_kernel<4, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 5: conv1d_silu_l2norm_kernel<5, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 6: conv1d_silu_l2norm_kernel<6, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 7: conv1d_silu_l2norm_kernel<7, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 8: conv1d_silu_l2norm_kernel<8, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        default: return fail(PF_STATUS_INTERNAL, "gdn_conv1d_l2norm_rows: kc=%d not dispatched", kc);
+    }
+    PF_LAUNCH_CHECK("conv1d_silu_l2norm_kernel<%d, 4>", kc);
     return PF_STATUS_OK;
 }
 

@@ -54,6 +54,19 @@ pf_status gdn_l2norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
                           int64_t head_stride, int32_t head_dim, float eps, float scale,
                           cudaStream_t stream);
 
+// G3 + G5 in one pass (the session's path; env PREFILL_FUSE_CONVNORM=0 runs the three
+// launches instead): gdn_conv1d_rows(m, ldm, window, weight, u, ldu, rows, conv_dim, kc), then
+// gdn_l2norm_rows on the n_k_heads q heads at column 0 of u (scale q_scale) and on the
+// n_k_heads k heads at column n_k_heads*dk (scale 1), each head normalised before it is
+// stored; the value part is stored as the conv leaves it. Bitwise those launches' u and window:
+// one warp per head with lane l owning elements l + 32 j, the l2norm's lanes and order.
+// dk = 128 (gdn_conv1d_l2norm_supported), conv_dim >= 2 * n_k_heads * dk; the rest as the two.
+bool gdn_conv1d_l2norm_supported(int32_t dk, int32_t kc);
+pf_status gdn_conv1d_l2norm_rows(const float *m, int64_t ldm, float *window, const float *weight,
+                                 float *u, int64_t ldu, int64_t rows, int64_t conv_dim, int32_t kc,
+                                 int32_t n_k_heads, int32_t dk, float eps, float q_scale,
+                                 cudaStream_t stream);
+
 // G2: gates. For r < rows, j < n_v_heads:
 //  beta[r, j] = sigmoid(b[r, j]) = 1 / (1 + exp(-b));
 //  g[r, j]    = ssm_a[j] * softplus(alpha[r, j] + dt_bias[j]), softplus(x) = x for x > 20,

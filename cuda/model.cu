@@ -157,6 +157,7 @@ bool fuse_env_enabled() { return env_switch_on("PREFILL_FUSE"); }
 bool act16_env_enabled() { return env_switch_on("PREFILL_F16_ACT"); }
 bool graph_env_enabled() { return env_switch_on("PREFILL_GRAPH"); }
 bool qkrope_env_enabled() { return env_switch_on("PREFILL_FUSE_QKROPE"); }
+bool convnorm_env_enabled() { return env_switch_on("PREFILL_FUSE_CONVNORM"); }
 bool graph_attn_env_enabled() { return env_switch_on("PREFILL_GRAPH_ATTN"); }
 
 void model_info(const pf_model *m, pf_model_info *o) {

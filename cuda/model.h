@@ -55,6 +55,10 @@ bool graph_env_enabled();
 // (qk_rope.cuh): env PREFILL_FUSE_QKROPE = 0 | off | no turns it off (read at session creation;
 // the logits are bitwise the same either way).
 bool qkrope_env_enabled();
+// Whether sessions run the GDN layer's conv1d + SiLU and its q/k L2 norms as one kernel
+// (gdn_conv1d_l2norm_rows): env PREFILL_FUSE_CONVNORM = 0 | off | no turns it off (read at
+// session creation; the logits are bitwise the same either way).
+bool convnorm_env_enabled();
 // Whether a session's chunk graph holds the flash attention launches (the position read on the
 // device) and the embedding, so that a chunk is one graph: env PREFILL_GRAPH_ATTN = 0 | off | no
 // restores the segments with attention launched between them (read at session creation, for

@@ -301,9 +301,16 @@ pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T)
     const int32_t Hk = int32_t(hp.ssm_hk), dk = int32_t(hp.ssm_dk), dv = int32_t(hp.ssm_dv);
     // G2 gates, G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
     PF_TRY(gdn_gates_rows(bl, W, al, W, L.ssm_a, L.dt_bias, beta, Hv, g, Hv, T, int32_t(Hv), st));
-    PF_TRY(gdn_conv1d_rows(m, W, s->conv[size_t(il)], L.conv_w, u, cd, T, cd, int32_t(hp.conv_kernel), st));
-    PF_TRY(gdn_l2norm_rows(u, cd, T, Hk, dk, dk, kL2NormEps, float(1.0 / std::sqrt(double(dk))), st));
-    PF_TRY(gdn_l2norm_rows(u + kd, cd, T, Hk, dk, dk, kL2NormEps, 1.0f, st));
+    const int32_t kc = int32_t(hp.conv_kernel);
+    const float q_scale = float(1.0 / std::sqrt(double(dk)));
+    if (s->fuse_convnorm && gdn_conv1d_l2norm_supported(dk, kc)) {  // the three below in one pass, bitwise
+        PF_TRY(gdn_conv1d_l2norm_rows(m, W, s->conv[size_t(il)], L.conv_w, u, cd, T, cd, kc, Hk, dk, kL2NormEps,
+                                      q_scale, st));
+    } else {
+        PF_TRY(gdn_conv1d_rows(m, W, s->conv[size_t(il)], L.conv_w, u, cd, T, cd, kc, st));
+        PF_TRY(gdn_l2norm_rows(u, cd, T, Hk, dk, dk, kL2NormEps, q_scale, st));
+        PF_TRY(gdn_l2norm_rows(u + kd, cd, T, Hk, dk, dk, kL2NormEps, 1.0f, st));
+    }
     // G6-G7 delta rule (tiled pairing), G8 gated RMSNorm in place on o
     // The chunked (tensor-core) delta rule on the fast legs from kGdnChunkMinRows rows on; the
     // sequential scan on the exact f32 leg, for decode and for short chunks.
@@ -580,6 +587,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->graph_env = o.cuda_graphs == 1 && graph_env_enabled();
     s->fuse_qkrope = qkrope_env_enabled() && qk_norm_rope_kv_supported(int32_t(hp.head_dim), int32_t(hp.rope_dim));
     s->graph_attn = graph_attn_env_enabled();
+    s->fuse_convnorm = convnorm_env_enabled();
     const size_t kv_bytes = size_t(s->max_tokens) * size_t(hp.kv_dim()) * kv_elem(s->kv_dtype);
     if (o.chunk_tokens) {
         s->chunk = std::min(o.chunk_tokens, s->max_tokens);

@@ -33,6 +33,9 @@ struct pf_session {
     // The attention layer's q/k norms, RoPE and cache write as one kernel (qk_rope.cuh; env
     // PREFILL_FUSE_QKROPE=0 turns it off at creation, for A/B runs: bitwise the same logits)
     bool fuse_qkrope = true;
+    // The GDN conv1d + SiLU and the q/k L2 norms as one kernel (gdn_conv1d_l2norm_rows; env
+    // PREFILL_FUSE_CONVNORM=0 turns it off at creation, for A/B runs: bitwise the same logits)
+    bool fuse_convnorm = true;
     // chunk scratch, fp32 [chunk][width]: x the residual stream, h the normed input of the
     // projections, a the side-by-side outputs of a projection group, b the GDN conv output, o the
     // mixer output

@@ -48,12 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
                    help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16, "
-                        "LEG/nograph, LEG/noqkrope, LEG/noattngraph, LEG/norowregs, LEG/nolt "
-                        "(combinable: LEG/nofuse/noact16/nograph) run "
+                        "LEG/nograph, LEG/noqkrope, LEG/noattngraph, LEG/norowregs, LEG/nolt, "
+                        "LEG/noconvnorm (combinable: LEG/nofuse/noact16/nograph) run "
                         "LEG with the fused projections, the producers' fp16 inputs, the CUDA "
                         "graphs, the fused q/k norm+RoPE+cache write, attention inside the "
-                        "chunk's graph, the register-resident row kernels or the timed per-shape "
-                        "cuBLASLt GEMM choice off (before/after in one run) "
+                        "chunk's graph, the register-resident row kernels, the timed per-shape "
+                        "cuBLASLt GEMM choice or the GDN conv1d fused with the q/k L2 norms off "
+                        "(before/after in one run) "
                         "(default: FILE auto, suites f16,f32)")
     p.add_argument("--chunk", type=int, default=2048,
                    help="session chunk: rows per internal step (0 = the session's default)")

@@ -171,11 +171,13 @@ def _say(rec, row: dict) -> None:
 # "LEG/nolt" runs every f16-leg GEMM through cublasGemmEx instead of the per-shape algorithm
 # timed at session creation (PREFILL_GEMM_LT=0; the choices stay made for the process, so
 # "auto" and "auto/nolt" can run in either order);
+# "LEG/noconvnorm" runs the GDN conv1d + SiLU and the q/k L2 norms as three kernels, as before
+# session 18's gdn-convnorm (PREFILL_FUSE_CONVNORM=0);
 # "auto/nofuse/noact16/nograph/noqkrope" is the path as it was before issue 11 (but the chunk).
 VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
                "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0"),
                "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0"),
-               "nolt": ("PREFILL_GEMM_LT", "0")}
+               "nolt": ("PREFILL_GEMM_LT", "0"), "noconvnorm": ("PREFILL_FUSE_CONVNORM", "0")}
 
 
 def split_leg(leg: str) -> tuple[str, dict]:

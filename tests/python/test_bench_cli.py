@@ -90,6 +90,9 @@ def test_leg_variants_name_their_switches():
     assert split_leg("auto/norowregs") == ("auto", {"PREFILL_ROW_REGS": "0"})
     assert split_leg("auto/nolt") == ("auto", {"PREFILL_GEMM_LT": "0"})
     assert split_leg("f16/nolt/nograph") == ("f16", {"PREFILL_GEMM_LT": "0", "PREFILL_GRAPH": "0"})
+    assert split_leg("auto/noconvnorm") == ("auto", {"PREFILL_FUSE_CONVNORM": "0"})
+    assert split_leg("auto/norowregs/noconvnorm") == ("auto", {
+        "PREFILL_ROW_REGS": "0", "PREFILL_FUSE_CONVNORM": "0"})
     assert split_leg("f16/nofuse/noact16/nograph/noqkrope") == ("f16", {
         "PREFILL_FUSE": "0", "PREFILL_F16_ACT": "0", "PREFILL_GRAPH": "0", "PREFILL_FUSE_QKROPE": "0"})
     with pytest.raises(ValueError, match="'noqk'.*nograph, noqkrope, noattngraph"):
@@ -97,6 +100,7 @@ def test_leg_variants_name_their_switches():
     assert _args("model", "--gemm", "auto", "auto/noqkrope").gemm == ["auto", "auto/noqkrope"]
     assert _args("model", "--gemm", "auto", "auto/noattngraph").gemm == ["auto", "auto/noattngraph"]
     assert _args("model", "--gemm", "auto", "auto/nolt").gemm == ["auto", "auto/nolt"]
+    assert _args("model", "--gemm", "auto", "auto/noconvnorm").gemm == ["auto", "auto/noconvnorm"]
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -191,6 +191,20 @@ def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng, monkeypa
                                          f"(max |diff| {np.abs(on - off).max():.3e})")
 
 
+def _model_4b(preset: str, layers: int) -> str:
+    """A q8_0 synthetic file of a 4B preset's widths with `layers` layers and a vocabulary of
+    1024 (written once into the test directory)."""
+    import os
+
+    from _engine_models import test_dir
+    from pyprefill.formats.synth import write_synthetic
+    path = os.path.join(test_dir(), f"{preset}-l{layers}-v1024-q8_0.gguf")
+    if not os.path.exists(path):
+        write_synthetic(preset, "q8_0", path + ".tmp", seed=7, progress=False, n_layer=layers, n_vocab=1024)
+        os.replace(path + ".tmp", path)
+    return path
+
+
 @pytest.mark.parametrize("preset,layers", [("qwen3-4b", 1), ("qwen35-4b", 4)])
 def test_row_kernel_forms_are_bitwise_at_4b_widths(preset, layers, rng, monkeypatch):
     """The row kernels' register form at the benchmark models' widths (hidden 2560, n_ff 9728 /
@@ -200,14 +214,7 @@ def test_row_kernel_forms_are_bitwise_at_4b_widths(preset, layers, rng, monkeypa
     shapes with 1 / 4 layers and a small vocabulary give bitwise the logits of the staged
     forms (PREFILL_ROW_REGS=0) and of the cast route (PREFILL_F16_ACT=0), chunks of 64 and
     the whole prompt."""
-    import os
-
-    from _engine_models import test_dir
-    from pyprefill.formats.synth import write_synthetic
-    path = os.path.join(test_dir(), f"{preset}-l{layers}-v1024-q8_0.gguf")
-    if not os.path.exists(path):
-        write_synthetic(preset, "q8_0", path + ".tmp", seed=7, progress=False, n_layer=layers, n_vocab=1024)
-        os.replace(path + ".tmp", path)
+    path = _model_4b(preset, layers)
     for T, chunk in ((150, 64), (300, 0)):
         tokens = random_tokens(rng, T, 1024)
         outs = {}
@@ -340,4 +347,42 @@ def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, form, rng, monkeyp
             for i, (a, b) in enumerate(zip(on, off)):
                 assert np.isfinite(a).all(), f"{preset} kv={kv} chunk={chunk} call {i}: non-finite output"
                 assert np.array_equal(a, b), (f"{preset} kv={kv} chunk={chunk} call {i}: fused q/k RoPE differs "
+                                              f"(max |diff| {np.abs(a - b).max():.3e})")
+
+
+def _convnorm_run(m, on: bool, prompts, monkeypatch, **kw):
+    monkeypatch.setenv("PREFILL_FUSE_CONVNORM", "1" if on else "0")   # read at session creation
+    outs = []
+    with m.session(max_tokens=1024, **kw) as s:
+        for p in prompts:                       # the later calls start at positions > 0
+            outs.append(s.prefill(p, "all"))
+        outs.append(s.generate(4).astype(np.float32))   # decode steps: one row each
+    return outs
+
+
+@pytest.mark.parametrize("legs", ["default", "f32"])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("model", ["qwen35-tiny", "qwen35-4b-l4"])
+def test_fused_conv_norm_is_bitwise_unfused(model, graphs, legs, rng, monkeypatch):
+    """The GDN layer's conv1d + SiLU and q/k L2 norms as one kernel (gdn_conv1d_l2norm_rows,
+    the default) give bitwise the logits and greedy tokens of the three separate kernels
+    (PREFILL_FUSE_CONVNORM=0): the tiny preset (2 key heads, 4 value heads: 8 channel groups)
+    and the 4B widths (16 + 16 key heads, 32 value heads, 4 layers, vocabulary 1024); chunks of
+    1 and 7 rows (fewer rows than the conv window: the window shifts), 64 and the whole prompt,
+    the conv window carried across chunks and calls (positions > 0), decode steps; graphs on
+    (the same lengths twice: replayed) and off; the default legs and the exact f32 leg (which
+    takes the fused kernel too: the conv and the norms are fp32 on every leg)."""
+    from pyprefill.model import Model
+    path = synth_model("qwen35-tiny", "q4_k_m") if model == "qwen35-tiny" else _model_4b("qwen35-4b", 4)
+    prompts = [random_tokens(rng, n, _vocab(path)) for n in (150, 77, 150)]
+    exact = dict(gemm="f32", kv="f32", attention="cublas") if legs == "f32" else {}
+    with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
+        for chunk in (1, 7, 64, 0):             # 0: the auto chunk, the whole of each call
+            kw = dict(chunk=chunk, graphs=graphs, **exact)
+            on = _convnorm_run(m, True, prompts, monkeypatch, **kw)
+            off = _convnorm_run(m, False, prompts, monkeypatch, **kw)
+            assert len(on) == len(off) == len(prompts) + 1
+            for i, (a, b) in enumerate(zip(on, off)):
+                assert np.isfinite(a).all(), f"{model} {legs} chunk={chunk} call {i}: non-finite output"
+                assert np.array_equal(a, b), (f"{model} {legs} chunk={chunk} call {i}: fused conv + L2 norm differs "
                                               f"(max |diff| {np.abs(a - b).max():.3e})")
