@@ -25,7 +25,8 @@ constexpr int kConvThreads = 128;     // channels per block (coalesced row segme
 constexpr int64_t kConvMinChunk = 16; // rows per thread; >= kGdnMaxConvKernel - 1, so only the
                                       // first chunk of a channel ever reads the old window
 
-struct ConvArgs {
+// What both conv kernels read and write: input rows m, the KC-1-row window, taps, output rows u.
+struct ConvIO {
     const float *m;
     int64_t ldm;
     float *window;
@@ -34,8 +35,30 @@ struct ConvArgs {
     int64_t ldu;
     int64_t rows;
     int64_t conv_dim;
+};
+
+struct ConvArgs : ConvIO {
     int64_t chunk;  // rows per thread
 };
+
+// The new window of channel ch: its old one (old, in registers) with the last min(rows, KC-1)
+// inputs appended. The caller is the only reader of that channel's old window, so writing it
+// now races with nobody.
+template <int KC>
+__device__ __forceinline__ void conv_store_window(const ConvIO &a, int64_t ch, float (&old)[KC - 1]) {
+    const int64_t t_first = a.rows > KC - 1 ? a.rows - (KC - 1) : 0;
+#pragma unroll
+    for (int s = 0; s < KC - 1; ++s) {
+        const int64_t t = t_first + s;
+        if (t < a.rows) {
+#pragma unroll
+            for (int i = 0; i < KC - 2; ++i) old[i] = old[i + 1];
+            old[KC - 2] = a.m[t * a.ldm + ch];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < KC - 1; ++i) a.window[(int64_t)i * a.conv_dim + ch] = old[i];
+}
 
 // Thread (channel ch, chunk blockIdx.y) computes rows [r0, r0 + chunk) of channel ch, holding
 // the KC-1 previous inputs X[t .. t+KC-2] in registers (X = concat(window, m)).
@@ -69,23 +92,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_kernel(const __grid_
         for (int i = 0; i < KC - 2; ++i) prev[i] = prev[i + 1];
         prev[KC - 2] = cur;
     }
-    if (blockIdx.y == 0) {
-        // New window = last KC-1 rows of X: start from the old one and append the last
-        // min(rows, KC-1) inputs. This thread is the only reader of the old window of `ch`
-        // (its values are in registers), so writing it now races with nobody.
-        const int64_t t_first = a.rows > KC - 1 ? a.rows - (KC - 1) : 0;
-#pragma unroll
-        for (int s = 0; s < KC - 1; ++s) {
-            const int64_t t = t_first + s;
-            if (t < a.rows) {
-#pragma unroll
-                for (int i = 0; i < KC - 2; ++i) old[i] = old[i + 1];
-                old[KC - 2] = a.m[t * a.ldm + ch];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < KC - 1; ++i) a.window[(int64_t)i * a.conv_dim + ch] = old[i];
-    }
+    if (blockIdx.y == 0) conv_store_window<KC>(a, ch, old);  // this thread read the old window
 }
 
 // ------------------------------------------------------------------------------ conv1d + SiLU + q/k L2 norm
@@ -95,15 +102,7 @@ constexpr int kConvNormRows = 16;   // rows per warp, held in registers; >= kGdn
                                     // so only the first chunk of a group reads the old window
 static_assert(kConvNormRows >= kGdnMaxConvKernel - 1, "the window must lie inside the first chunk");
 
-struct ConvNormArgs {
-    const float *m;
-    int64_t ldm;
-    float *window;
-    const float *weight;
-    float *u;
-    int64_t ldu;
-    int64_t rows;
-    int64_t conv_dim;
+struct ConvNormArgs : ConvIO {
     int32_t n_k_heads;  // groups [0, n_k_heads) are q heads, [n_k_heads, 2 n_k_heads) k heads
     float eps;
     float q_scale;
@@ -181,28 +180,11 @@ __global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_
             if (ok[j]) ur[ch[j]] = y[j];
     }
     if (blockIdx.x == 0) {
-        // The new window, as conv1d_silu_kernel makes it: the old one (prev, r0 = 0) with the
-        // last min(rows, KC-1) inputs appended. Only this warp read the old window of its
-        // channels (in registers now), so writing it races with nobody.
-        const int64_t t_first = a.rows > KC - 1 ? a.rows - (KC - 1) : 0;
+        // The new windows, as conv1d_silu_kernel makes them: prev holds the old ones (r0 = 0),
+        // and only this warp read its channels' old windows.
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            if (!ok[j]) continue;
-            float old[KC - 1];
-#pragma unroll
-            for (int i = 0; i < KC - 1; ++i) old[i] = prev[j][i];
-#pragma unroll
-            for (int s = 0; s < KC - 1; ++s) {
-                const int64_t t = t_first + s;
-                if (t < a.rows) {
-#pragma unroll
-                    for (int i = 0; i < KC - 2; ++i) old[i] = old[i + 1];
-                    old[KC - 2] = a.m[t * a.ldm + ch[j]];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < KC - 1; ++i) a.window[(int64_t)i * a.conv_dim + ch[j]] = old[i];
-        }
+        for (int j = 0; j < PER; ++j)
+            if (ok[j]) conv_store_window<KC>(a, ch[j], prev[j]);
     }
 }
 
@@ -564,7 +546,7 @@ pf_status gdn_conv1d_rows(const float *m, int64_t ldm, float *window, const floa
     // Rows per thread: at least kConvMinChunk, more when gridDim.y would exceed its limit.
     int64_t chunk = (rows + kMaxGridY - 1) / kMaxGridY;
     if (chunk < kConvMinChunk) chunk = kConvMinChunk;
-    const ConvArgs a{m, ldm, window, weight, u, ldu, rows, conv_dim, chunk};
+    const ConvArgs a{{m, ldm, window, weight, u, ldu, rows, conv_dim}, chunk};
     const int64_t gx = (conv_dim + kConvThreads - 1) / kConvThreads;
     PF_CHECK_ARG(gx <= kMaxGridX, "gdn_conv1d_rows: conv_dim=%lld too large", (long long)conv_dim);
     const dim3 grid((unsigned)gx, (unsigned)((rows + chunk - 1) / chunk), 1);
@@ -634,7 +616,7 @@ pf_status gdn_conv1d_l2norm_rows(const float *m, int64_t ldm, float *window, con
                  (long long)conv_dim);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(m && window && weight && u, "gdn_conv1d_l2norm_rows: null pointer");
-    const ConvNormArgs a{m, ldm, window, weight, u, ldu, rows, conv_dim, n_k_heads, eps, q_scale};
+    const ConvNormArgs a{{m, ldm, window, weight, u, ldu, rows, conv_dim}, n_k_heads, eps, q_scale};
     const dim3 grid((unsigned)gx, (unsigned)gy, 1);
     constexpr int kThreads = kConvNormWarps * kWarpSize;
     switch (kc) {

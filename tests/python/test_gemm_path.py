@@ -312,8 +312,10 @@ def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
             assert np.array_equal(a, b), f"step {i}: graphs differ from eager ({off}; max |diff| {np.abs(a - b).max():.3e})"
 
 
-def _qkrope_run(m, on: bool, prompts, monkeypatch, **kw):
-    monkeypatch.setenv("PREFILL_FUSE_QKROPE", "1" if on else "0")   # read at session creation
+def _switch_run(m, switch: str, on: bool, prompts, monkeypatch, **kw):
+    """Logits of every call and 4 greedy tokens of one session with env `switch` (read at
+    session creation) at 1 or 0."""
+    monkeypatch.setenv(switch, "1" if on else "0")
     outs = []
     with m.session(max_tokens=1024, **kw) as s:
         for p in prompts:                       # the later calls start at positions > 0
@@ -342,22 +344,12 @@ def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, form, rng, monkeyp
     with Model.load(path, progress=False) as m:
         for chunk in (1, 7, 64, 0):             # 0: the auto chunk, the whole of each call
             kw = dict(chunk=chunk, kv=kv, graphs=graphs)
-            on = _qkrope_run(m, True, prompts, monkeypatch, **kw)
-            off = _qkrope_run(m, False, prompts, monkeypatch, **kw)
+            on = _switch_run(m, "PREFILL_FUSE_QKROPE", True, prompts, monkeypatch, **kw)
+            off = _switch_run(m, "PREFILL_FUSE_QKROPE", False, prompts, monkeypatch, **kw)
             for i, (a, b) in enumerate(zip(on, off)):
                 assert np.isfinite(a).all(), f"{preset} kv={kv} chunk={chunk} call {i}: non-finite output"
                 assert np.array_equal(a, b), (f"{preset} kv={kv} chunk={chunk} call {i}: fused q/k RoPE differs "
                                               f"(max |diff| {np.abs(a - b).max():.3e})")
-
-
-def _convnorm_run(m, on: bool, prompts, monkeypatch, **kw):
-    monkeypatch.setenv("PREFILL_FUSE_CONVNORM", "1" if on else "0")   # read at session creation
-    outs = []
-    with m.session(max_tokens=1024, **kw) as s:
-        for p in prompts:                       # the later calls start at positions > 0
-            outs.append(s.prefill(p, "all"))
-        outs.append(s.generate(4).astype(np.float32))   # decode steps: one row each
-    return outs
 
 
 @pytest.mark.parametrize("legs", ["default", "f32"])
@@ -379,8 +371,8 @@ def test_fused_conv_norm_is_bitwise_unfused(model, graphs, legs, rng, monkeypatc
     with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
         for chunk in (1, 7, 64, 0):             # 0: the auto chunk, the whole of each call
             kw = dict(chunk=chunk, graphs=graphs, **exact)
-            on = _convnorm_run(m, True, prompts, monkeypatch, **kw)
-            off = _convnorm_run(m, False, prompts, monkeypatch, **kw)
+            on = _switch_run(m, "PREFILL_FUSE_CONVNORM", True, prompts, monkeypatch, **kw)
+            off = _switch_run(m, "PREFILL_FUSE_CONVNORM", False, prompts, monkeypatch, **kw)
             assert len(on) == len(off) == len(prompts) + 1
             for i, (a, b) in enumerate(zip(on, off)):
                 assert np.isfinite(a).all(), f"{model} {legs} chunk={chunk} call {i}: non-finite output"
