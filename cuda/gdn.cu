@@ -525,6 +525,14 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
         state[(int64_t)(e / COLS) * a.dv + e % COLS] = sS[e / COLS][e % COLS];
 }
 
+// The conv kernels' instance for kc in [2, kGdnMaxConvKernel]: f(std::integral_constant<int,
+// kc>); false for any other kc (the smallest fit of the exact sizes is kc itself).
+template <class F>
+bool with_conv_kc(int32_t kc, F &&f) {
+    static_assert(kGdnMaxConvKernel == 8, "the instance list below ends at kGdnMaxConvKernel");
+    return kc >= 2 && with_smallest_fit<2, 3, 4, 5, 6, 7, 8>(kc, f);
+}
+
 bool scan_dim_ok(int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
 }  // namespace
@@ -550,16 +558,8 @@ pf_status gdn_conv1d_rows(const float *m, int64_t ldm, float *window, const floa
     const int64_t gx = (conv_dim + kConvThreads - 1) / kConvThreads;
     PF_CHECK_ARG(gx <= kMaxGridX, "gdn_conv1d_rows: conv_dim=%lld too large", (long long)conv_dim);
     const dim3 grid((unsigned)gx, (unsigned)((rows + chunk - 1) / chunk), 1);
-    switch (kc) {
-        case 2: conv1d_silu_kernel<2><<<grid, kConvThreads, 0, stream>>>(a); break;
-        case 3: conv1d_silu_kernel<3><<<grid, kConvThreads, 0, stream>>>(a); break;
-        case 4: conv1d_silu_kernel<4><<<grid, kConvThreads, 0, stream>>>(a); break;
-        case 5: conv1d_silu_kernel<5><<<grid, kConvThreads, 0, stream>>>(a); break;
-        case 6: conv1d_silu_kernel<6><<<grid, kConvThreads, 0, stream>>>(a); break;
-        case 7: conv1d_silu_kernel<7><<<grid, kConvThreads, 0, stream>>>(a); break;
-        case 8: conv1d_silu_kernel<8><<<grid, kConvThreads, 0, stream>>>(a); break;
-        default: return fail(PF_STATUS_INTERNAL, "gdn_conv1d_rows: kc=%d not dispatched", kc);
-    }
+    if (!with_conv_kc(kc, [&](auto KC) { conv1d_silu_kernel<KC><<<grid, kConvThreads, 0, stream>>>(a); }))
+        return fail(PF_STATUS_INTERNAL, "gdn_conv1d_rows: kc=%d not dispatched", kc);
     PF_LAUNCH_CHECK("conv1d_silu_kernel<%d>", kc);
     return PF_STATUS_OK;
 }
@@ -619,16 +619,8 @@ pf_status gdn_conv1d_l2norm_rows(const float *m, int64_t ldm, float *window, con
     const ConvNormArgs a{{m, ldm, window, weight, u, ldu, rows, conv_dim}, n_k_heads, eps, q_scale};
     const dim3 grid((unsigned)gx, (unsigned)gy, 1);
     constexpr int kThreads = kConvNormWarps * kWarpSize;
-    switch (kc) {
-        case 2: conv1d_silu_l2norm_kernel<2, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 3: conv1d_silu_l2norm_kernel<3, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 4: conv1d_silu_l2norm_kernel<4, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 5: conv1d_silu_l2norm_kernel<5, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 6: conv1d_silu_l2norm_kernel<6, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 7: conv1d_silu_l2norm_kernel<7, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 8: conv1d_silu_l2norm_kernel<8, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        default: return fail(PF_STATUS_INTERNAL, "gdn_conv1d_l2norm_rows: kc=%d not dispatched", kc);
-    }
+    if (!with_conv_kc(kc, [&](auto KC) { conv1d_silu_l2norm_kernel<KC, 4><<<grid, kThreads, 0, stream>>>(a); }))
+        return fail(PF_STATUS_INTERNAL, "gdn_conv1d_l2norm_rows: kc=%d not dispatched", kc);
     PF_LAUNCH_CHECK("conv1d_silu_l2norm_kernel<%d, 4>", kc);
     return PF_STATUS_OK;
 }

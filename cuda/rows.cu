@@ -298,7 +298,6 @@ __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_reg_kernel(const __
     f16_write_regs(a.out, r, n4, gv, red);
 }
 
-
 struct GateF16Args {
     const float *o;
     int64_t ldo;
