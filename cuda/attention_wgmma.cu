@@ -67,6 +67,7 @@ struct wgmma_attn_args {
     int64_t ldo;
     int32_t G, n_kv_heads;
     int32_t q_vec4;    // q, ldq and the head stride are whole 16-byte units: vector loads of q
+    int32_t o_vec2;    // o and ldo are whole 8-byte units: the epilogue stores float2
     int32_t pingpong;  // the consumer warpgroups take turns issuing wgmma (PREFILL_ATTN_PINGPONG)
     int64_t rows, pos0;
     const int64_t *pos0_dev;  // when set, pos0 is read here when the kernel runs (CUDA graphs)
@@ -450,7 +451,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     fence_regs(p);
     mbar_arrive(empty_v(st));
 
-    // Normalise and store the rows of this chunk (fp32; scalar stores: ldo may be odd).
+    // Normalise and store the rows of this chunk (fp32): a thread's two columns 2tig, 2tig+1
+    // of each n8 tile as one float2 where o and ldo allow it (a.o_vec2), else two scalars.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l = sm.row_sum[r];
@@ -461,10 +463,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if (m >= packed) continue;
         const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
         float *orow = a.o + t * a.ldo + h * D;
+        if (a.o_vec2) {
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            orow[dt * 8 + 2 * tig] = acc[4 * dt + 2 * r] * inv;
-            orow[dt * 8 + 2 * tig + 1] = acc[4 * dt + 2 * r + 1] * inv;
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<float2 *>(orow + dt * 8 + 2 * tig) =
+                    make_float2(acc[4 * dt + 2 * r] * inv, acc[4 * dt + 2 * r + 1] * inv);
+        } else {
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                orow[dt * 8 + 2 * tig] = acc[4 * dt + 2 * r] * inv;
+                orow[dt * 8 + 2 * tig + 1] = acc[4 * dt + 2 * r + 1] * inv;
+            }
         }
     }
 #endif  // PF_WGMMA_DEVICE
@@ -529,6 +538,7 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.G = a.n_heads / a.n_kv_heads;
     f.n_kv_heads = a.n_kv_heads;
     f.q_vec4 = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && a.ldq % 4 == 0 && a.q_head_stride % 4 == 0;
+    f.o_vec2 = (reinterpret_cast<uintptr_t>(a.o) & 7) == 0 && a.ldo % 2 == 0;
     f.pingpong = pingpong_env();
     f.rows = a.rows;
     f.pos0 = a.pos0;
