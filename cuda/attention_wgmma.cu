@@ -83,7 +83,8 @@ constexpr size_t wgmma_smem_bytes() {
            kSwizzleAtom;
 }
 // sm_90's opt-in limit of shared memory per block (227 KiB; launch_wgmma asserts every
-// instance under it). The instances: <128, 128> 160 KiB + 1104 B, <256, 64> 192 KiB + 1104 B,
+// instance under it). The instances: <128, 96> 128 KiB, <128, 176> 208 KiB (+ 1104 B each),
+// <128, 128> 160 KiB + 1104 B, <256, 64> 192 KiB + 1104 B,
 // <256, 80> 224 KiB + 1104 B = 230480 B (1968 B to spare: the largest this pipeline fits).
 constexpr size_t kSm90SmemOptin = 232448;
 static_assert(wgmma_smem_bytes<256, 80>() == 230480, "the <256, 80> layout as documented");
@@ -517,6 +518,20 @@ int bn256_env() {
     return v;
 }
 
+// The D = 128 kernel's key tiles: 128 (FA3's causal hd128 tiles), or for A/B runs
+// PREFILL_ATTN_BN128=96 (smaller tiles: less masked work on the diagonal, more softmax rounds)
+// or 176 (FA3's non-causal hd128 tiles: fewer rounds; Q + two stages take 208 KiB). Read once
+// per process.
+int bn128_env() {
+    static const int v = [] {
+        const char *e = std::getenv("PREFILL_ATTN_BN128");
+        if (e && std::strcmp(e, "96") == 0) return 96;
+        if (e && std::strcmp(e, "176") == 0) return 176;
+        return 128;
+    }();
+    return v;
+}
+
 template <int D, int BN>
 pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
@@ -594,10 +609,15 @@ int32_t attention_kernel_env() {
 }
 
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
-    // Key tiles: 128 at D = 128, 80 (or 64: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
+    // Key tiles: 128 (or 96, 176: PREFILL_ATTN_BN128) at D = 128, 80 (or 64: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
     // 2 stages of K and V, 160, 192 or 224 KiB; registers: O, two S and two P at 240 per
     // consumer thread, no spills).
-    if (a.head_dim == 128) return launch_wgmma<128, 128>(a, st);
+    if (a.head_dim == 128) {
+        const int bn = bn128_env();
+        return bn == 96    ? launch_wgmma<128, 96>(a, st)
+               : bn == 176 ? launch_wgmma<128, 176>(a, st)
+                           : launch_wgmma<128, 128>(a, st);
+    }
     if (a.head_dim == 256)
         return bn256_env() == 64 ? launch_wgmma<256, 64>(a, st) : launch_wgmma<256, 80>(a, st);
     return fail(PF_STATUS_UNSUPPORTED, "attention: the wgmma kernel needs head_dim 128 or 256 (got %d)",

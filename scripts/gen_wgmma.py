@@ -12,7 +12,7 @@ from pathlib import Path
 # N of each form (wgmma m64nNk16 with fp16 inputs allows any multiple of 8 up to 256). wgmma_ss
 # computes S = Q K^T (N = the key tile: 64, 80 or 128); wgmma_rs computes O += P V (N = the head
 # dimension: 128 or 256) and the 64 kept from the first kernels.
-SS_N = (64, 80, 128, 256)
+SS_N = (64, 80, 96, 128, 176, 256)
 RS_N = (64, 128, 256)
 
 HEADER = """\
