@@ -24,7 +24,9 @@
 //    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
 //    products (FA3's ping-pong), so one's softmax overlaps the other's products.
 //    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
-//  - Key tiles: BN = 128 at D = 128; at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device
+//  - Key tiles: BN = 176 at D = 128 (device run 36, H32/Hkv8, against 128: 0.9536 vs 0.9958 ms
+//    at T = 8192, 1.653 vs 1.769 at 2048 rows on 30720 cached, 0.0905 vs 0.0894 at T = 2048;
+//    PREFILL_ATTN_BN128=128 or 96 for A/B runs); at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device
 //    run 24: 0.938 vs 0.984 ms for 64 at T = 8192), or 64 with PREFILL_ATTN_BN256=64. Nothing
 //    needs BN to be a power of two: BN is a multiple of 16 (whole k-steps of P V, whole n8 tiles
 //    of S) and of 8 (each swizzle block of 64 columns x BN rows is whole 1024-byte atoms, so
@@ -518,16 +520,17 @@ int bn256_env() {
     return v;
 }
 
-// The D = 128 kernel's key tiles: 128 (FA3's causal hd128 tiles), or for A/B runs
-// PREFILL_ATTN_BN128=96 (smaller tiles: less masked work on the diagonal, more softmax rounds)
-// or 176 (FA3's non-causal hd128 tiles: fewer rounds; Q + two stages take 208 KiB). Read once
-// per process.
+// The D = 128 kernel's key tiles: 176 (FA3's non-causal hd128 tiles: fewer softmax rounds per
+// key; Q + two stages take 208 KiB), measured faster than 128 wherever a block sees many keys
+// (see the file comment); for A/B runs PREFILL_ATTN_BN128=128 (FA3's causal hd128 tiles) or 96
+// (less masked work on the diagonal). One size for every call: the graphs' launch (position on
+// the device) and the host-position launch stay bitwise the same. Read once per process.
 int bn128_env() {
     static const int v = [] {
         const char *e = std::getenv("PREFILL_ATTN_BN128");
         if (e && std::strcmp(e, "96") == 0) return 96;
-        if (e && std::strcmp(e, "176") == 0) return 176;
-        return 128;
+        if (e && std::strcmp(e, "128") == 0) return 128;
+        return 176;
     }();
     return v;
 }
@@ -609,14 +612,14 @@ int32_t attention_kernel_env() {
 }
 
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
-    // Key tiles: 128 (or 96, 176: PREFILL_ATTN_BN128) at D = 128, 80 (or 64: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
+    // Key tiles: 176 (or 128, 96: PREFILL_ATTN_BN128) at D = 128, 80 (or 64: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
     // 2 stages of K and V, 160, 192 or 224 KiB; registers: O, two S and two P at 240 per
     // consumer thread, no spills).
     if (a.head_dim == 128) {
         const int bn = bn128_env();
         return bn == 96    ? launch_wgmma<128, 96>(a, st)
-               : bn == 176 ? launch_wgmma<128, 176>(a, st)
-                           : launch_wgmma<128, 128>(a, st);
+               : bn == 128 ? launch_wgmma<128, 128>(a, st)
+                           : launch_wgmma<128, 176>(a, st);
     }
     if (a.head_dim == 256)
         return bn256_env() == 64 ? launch_wgmma<256, 64>(a, st) : launch_wgmma<256, 80>(a, st);

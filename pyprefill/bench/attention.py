@@ -7,7 +7,7 @@ path (up to 8192 keys: past that its passes only measure the scores traffic). At
 "ours flash wgmma bn64": the Hopper kernel with key tiles of 64 (PREFILL_ATTN_BN256=64, which the
 library reads once per process, so that row is timed in a child process on inputs of the same
 shape; run the bench without the variable set, so that "ours flash wgmma" is the default 80);
-at D = 128 likewise "bn96" and "bn176" (PREFILL_ATTN_BN128; the default is 128).
+at D = 128 likewise "bn96" and "bn128" (PREFILL_ATTN_BN128; the default is 176).
 Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s count the causal FLOPs once:
 4 x H x D x (query, key) pairs under the mask. The issue-10 table:
     pyprefill bench kernels --families attention --lengths 2048,8192,32768 --out DIR"""
@@ -30,7 +30,7 @@ VARIANTS = (("flash wgmma", "flash", "wgmma"), ("flash mma", "flash", "mma"),
 # once per process: each runs in a child process (`python -m pyprefill.bench.attention SPEC`).
 CHILD_VARIANTS = (("flash wgmma bn64", "flash", "wgmma", {"PREFILL_ATTN_BN256": "64"}, (256,)),
                   ("flash wgmma bn96", "flash", "wgmma", {"PREFILL_ATTN_BN128": "96"}, (128,)),
-                  ("flash wgmma bn176", "flash", "wgmma", {"PREFILL_ATTN_BN128": "176"}, (128,)))
+                  ("flash wgmma bn128", "flash", "wgmma", {"PREFILL_ATTN_BN128": "128"}, (128,)))
 CUBLAS_MAX_KEYS = 8192
 DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
 

@@ -357,7 +357,7 @@ def test_shapes_come_from_the_presets():
 
 def test_attention_bn64_row_is_timed_in_a_child():
     """Key tiles of 64 (PREFILL_ATTN_BN256=64, read once per process; the default is 80) are a
-    D = 256 row of their own, and 96 / 176 at D = 128 (PREFILL_ATTN_BN128; default 128), each
+    D = 256 row of their own, and 96 / 128 at D = 128 (PREFILL_ATTN_BN128; default 176), each
     timed by a child process; a child that fails is one skipped line, not an abort."""
     pytest.importorskip("pyprefill.kernels.attention", reason="libprefill not loadable")
     from pyprefill.bench import attention
@@ -365,7 +365,7 @@ def test_attention_bn64_row_is_timed_in_a_child():
     assert [(v[0], v[1], v[2], v[3], v[4]) for v in attention.CHILD_VARIANTS] == [
         ("flash wgmma bn64", "flash", "wgmma", {"PREFILL_ATTN_BN256": "64"}, (256,)),
         ("flash wgmma bn96", "flash", "wgmma", {"PREFILL_ATTN_BN128": "96"}, (128,)),
-        ("flash wgmma bn176", "flash", "wgmma", {"PREFILL_ATTN_BN128": "176"}, (128,))]
+        ("flash wgmma bn128", "flash", "wgmma", {"PREFILL_ATTN_BN128": "128"}, (128,))]
     rec = Recorder()
     b = Bench(rec, None, None, reps=1)
     assert rec.guard("bn64", attention.time_in_child, b, {"PREFILL_ATTN_BN256": "64"},

@@ -302,15 +302,16 @@ def test_flash_bn64_in_child(ctx, rng, tmp_path):
 
 # The D = 128 flash tests of this file on the wgmma kernel (the qwen3-4B shape: rows 1 .. 2048
 # at pos0 0 and > 0, partial last key tiles, the position on the device bitwise the host's,
-# large scores, 8192 rows), in a child process with other key tiles (PREFILL_ATTN_BN128).
+# large scores, 8192 rows), in a child process with other key tiles than the default 176
+# (PREFILL_ATTN_BN128); this process runs them with 176.
 BN128_CHILD_TESTS = "test_flash and wgmma and qwen3-4B and not in_child"
 
 
 @gpu
-@pytest.mark.parametrize("bn", ["96", "176"])
+@pytest.mark.parametrize("bn", ["96", "128"])
 def test_flash_bn128_variants_in_child(ctx, rng, tmp_path, bn):
-    """PREFILL_ATTN_BN128=96 / 176 (read once per process): (1) a child's output on one input is
-    within the bound of the float64 oracle and differs from this process's 128-key tiles (the
+    """PREFILL_ATTN_BN128=96 / 128 (read once per process): (1) a child's output on one input is
+    within the bound of the float64 oracle and differs from this process's 176-key tiles (the
     switch reaches the kernel); (2) the D = 128 wgmma flash tests pass in a child with it."""
     if os.environ.get("PREFILL_ATTN_BN128"):
         pytest.skip("this process already runs with PREFILL_ATTN_BN128 set")
@@ -318,7 +319,7 @@ def test_flash_bn128_variants_in_child(ctx, rng, tmp_path, bn):
     q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=1, rows=rows, pos0=pos0,
                                kv_dtype="f16")
     kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
-    out128 = flash_np(ctx, "wgmma", q, k, v, **kw)
+    out176 = flash_np(ctx, "wgmma", q, k, v, **kw)
     np.savez(tmp_path / "in.npz", q=q, k=k, v=v)
     code = ("import sys, numpy as np\n"
             "from pyprefill.core import Context\n"
@@ -334,7 +335,7 @@ def test_flash_bn128_variants_in_child(ctx, rng, tmp_path, bn):
     out = np.load(tmp_path / "out.npy")
     assert_flash_close(f"flash/wgmma BN={bn} (child)", q, k, v, out, H=H, Hkv=Hkv, D=D, pos0=pos0,
                        qhs=qhs)
-    assert not np.array_equal(out, out128), f"the BN={bn} child gave bitwise the BN=128 output"
+    assert not np.array_equal(out, out176), f"the BN={bn} child gave bitwise the BN=176 output"
     r = _run_child(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
                     "-k", BN128_CHILD_TESTS], {"PREFILL_ATTN_BN128": bn}, timeout=1800)
     tail = (r.stdout + r.stderr)[-3000:]
