@@ -26,11 +26,11 @@
 //    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
 //  - Key tiles: BN = 176 at D = 128 (device run 36, H32/Hkv8, against 128: 0.9536 vs 0.9958 ms
 //    at T = 8192, 1.653 vs 1.769 at 2048 rows on 30720 cached, 0.0905 vs 0.0894 at T = 2048;
-//    PREFILL_ATTN_BN128=128 or 96 for A/B runs); at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device
-//    run 24: 0.938 vs 0.984 ms for 64 at T = 8192), or 64 with PREFILL_ATTN_BN256=64. Nothing
-//    needs BN to be a power of two: BN is a multiple of 16 (whole k-steps of P V, whole n8 tiles
-//    of S) and of 8 (each swizzle block of 64 columns x BN rows is whole 1024-byte atoms, so
-//    every block and stage starts 1024-aligned).
+//    PREFILL_ATTN_BN128=128 or 96 for A/B runs); at D = 256 BN = 80 (FA3's 128 x 80 tiles at
+//    hd256; device run 24: 0.938 vs 0.984 ms for 64 at T = 8192), or 64 with
+//    PREFILL_ATTN_BN256=64. Nothing needs BN to be a power of two: BN is a multiple of 16 (whole
+//    k-steps of P V, whole n8 tiles of S) and of 8 (each swizzle block of 64 columns x BN rows
+//    is whole 1024-byte atoms, so every block and stage starts 1024-aligned).
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
 //    launched heaviest first.
 //  - The Q tile (fp32 in global memory) is converted to fp16 by the consumers and stored into the
@@ -612,9 +612,9 @@ int32_t attention_kernel_env() {
 }
 
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
-    // Key tiles: 176 (or 128, 96: PREFILL_ATTN_BN128) at D = 128, 80 (or 64: PREFILL_ATTN_BN256) at D = 256 (shared memory: Q +
-    // 2 stages of K and V, 160, 192 or 224 KiB; registers: O, two S and two P at 240 per
-    // consumer thread, no spills).
+    // Key tiles: 176 (or 128, 96: PREFILL_ATTN_BN128) at D = 128, 80 (or 64:
+    // PREFILL_ATTN_BN256) at D = 256 (shared memory: Q + 2 stages of K and V, 208, 160, 128,
+    // 224 or 192 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
     if (a.head_dim == 128) {
         const int bn = bn128_env();
         return bn == 96    ? launch_wgmma<128, 96>(a, st)
