@@ -263,19 +263,17 @@ BN64_CHILD_TESTS = ("(test_flash and wgmma and not qwen3-4B and not in_child) or
                     "test_flash_kernels_agree")
 
 
-@gpu
-def test_flash_bn64_in_child(ctx, rng, tmp_path):
-    """PREFILL_ATTN_BN256=64 (read once per process): (1) a child process's output on one input
-    is within the bound of the float64 oracle and differs from this process's (key tiles of 80:
-    the tiles' online-softmax steps round differently), so the switch reaches the kernel; (2) the
-    D = 256 flash tests pass in a child process with it."""
-    if BN256 == 64:
-        pytest.skip("this process already runs with PREFILL_ATTN_BN256=64")
-    H, Hkv, D, rows, pos0 = 16, 4, 256, 777, 300
-    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
+def _tile_switch_in_child(ctx, rng, tmp_path, *, H, Hkv, D, qmult, var, value, default,
+                          child_tests):
+    """A key-tile switch `var`=`value` (read once per process) against this process's `default`
+    tiles: (1) a child process's output on one input is within the bound of the float64 oracle
+    and differs from this process's (other tiles round the online softmax differently), so the
+    switch reaches the kernel; (2) the flash tests `child_tests` pass in a child with it."""
+    rows, pos0 = 777, 300
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
                                kv_dtype="f16")
     kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
-    out80 = flash_np(ctx, "wgmma", q, k, v, **kw)
+    here = flash_np(ctx, "wgmma", q, k, v, **kw)
     np.savez(tmp_path / "in.npz", q=q, k=k, v=v)
     code = ("import sys, numpy as np\n"
             "from pyprefill.core import Context\n"
@@ -286,18 +284,29 @@ def test_flash_bn64_in_child(ctx, rng, tmp_path):
             f"                       **{kw!r})\n"
             "np.save(sys.argv[2], o)\n")
     r = _run_child(["-c", code, str(tmp_path / "in.npz"), str(tmp_path / "out.npy")],
-                   {"PREFILL_ATTN_BN256": "64"}, timeout=300)
+                   {var: value}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    out64 = np.load(tmp_path / "out.npy")
-    assert_flash_close("flash/wgmma BN=64 (child)", q, k, v, out64, H=H, Hkv=Hkv, D=D, pos0=pos0,
-                       qhs=qhs)
-    assert not np.array_equal(out64, out80), "the BN=64 child gave bitwise the BN=80 output"
+    out = np.load(tmp_path / "out.npy")
+    assert_flash_close(f"flash/wgmma {var}={value} (child)", q, k, v, out, H=H, Hkv=Hkv, D=D,
+                       pos0=pos0, qhs=qhs)
+    assert not np.array_equal(out, here), f"the {var}={value} child gave bitwise the BN={default} output"
     r = _run_child(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
-                    "-k", BN64_CHILD_TESTS], {"PREFILL_ATTN_BN256": "64"}, timeout=1800)
+                    "-k", child_tests], {var: value}, timeout=1800)
     tail = (r.stdout + r.stderr)[-3000:]
-    assert r.returncode == 0, f"D = 256 flash tests with PREFILL_ATTN_BN256=64:\n{tail}"
+    assert r.returncode == 0, f"D = {D} flash tests with {var}={value}:\n{tail}"
     last = r.stdout.strip().splitlines()[-1]
     assert " passed" in last and "skipped" not in last, tail
+
+
+@gpu
+def test_flash_bn64_in_child(ctx, rng, tmp_path):
+    """PREFILL_ATTN_BN256=64 against this process's 80-key tiles (_tile_switch_in_child), with
+    the D = 256 flash tests in the child."""
+    if BN256 == 64:
+        pytest.skip("this process already runs with PREFILL_ATTN_BN256=64")
+    _tile_switch_in_child(ctx, rng, tmp_path, H=16, Hkv=4, D=256, qmult=2,
+                          var="PREFILL_ATTN_BN256", value="64", default=80,
+                          child_tests=BN64_CHILD_TESTS)
 
 
 # The D = 128 flash tests of this file on the wgmma kernel (the qwen3-4B shape: rows 1 .. 2048
@@ -310,38 +319,13 @@ BN128_CHILD_TESTS = "test_flash and wgmma and qwen3-4B and not in_child"
 @gpu
 @pytest.mark.parametrize("bn", ["96", "128"])
 def test_flash_bn128_variants_in_child(ctx, rng, tmp_path, bn):
-    """PREFILL_ATTN_BN128=96 / 128 (read once per process): (1) a child's output on one input is
-    within the bound of the float64 oracle and differs from this process's 176-key tiles (the
-    switch reaches the kernel); (2) the D = 128 wgmma flash tests pass in a child with it."""
+    """PREFILL_ATTN_BN128=96 / 128 against this process's 176-key tiles
+    (_tile_switch_in_child), with the D = 128 wgmma flash tests in the child."""
     if os.environ.get("PREFILL_ATTN_BN128"):
         pytest.skip("this process already runs with PREFILL_ATTN_BN128 set")
-    H, Hkv, D, rows, pos0 = 32, 8, 128, 777, 300
-    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=1, rows=rows, pos0=pos0,
-                               kv_dtype="f16")
-    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
-    out176 = flash_np(ctx, "wgmma", q, k, v, **kw)
-    np.savez(tmp_path / "in.npz", q=q, k=k, v=v)
-    code = ("import sys, numpy as np\n"
-            "from pyprefill.core import Context\n"
-            "from pyprefill.kernels import attention as A\n"
-            "d = np.load(sys.argv[1])\n"
-            "with Context(0) as c:\n"
-            "    o = A.attention_np(c, d['q'], d['k'], d['v'], path='flash', kernel='wgmma',\n"
-            f"                       **{kw!r})\n"
-            "np.save(sys.argv[2], o)\n")
-    r = _run_child(["-c", code, str(tmp_path / "in.npz"), str(tmp_path / "out.npy")],
-                   {"PREFILL_ATTN_BN128": bn}, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = np.load(tmp_path / "out.npy")
-    assert_flash_close(f"flash/wgmma BN={bn} (child)", q, k, v, out, H=H, Hkv=Hkv, D=D, pos0=pos0,
-                       qhs=qhs)
-    assert not np.array_equal(out, out176), f"the BN={bn} child gave bitwise the BN=176 output"
-    r = _run_child(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
-                    "-k", BN128_CHILD_TESTS], {"PREFILL_ATTN_BN128": bn}, timeout=1800)
-    tail = (r.stdout + r.stderr)[-3000:]
-    assert r.returncode == 0, f"D = 128 flash tests with PREFILL_ATTN_BN128={bn}:\n{tail}"
-    last = r.stdout.strip().splitlines()[-1]
-    assert " passed" in last and "skipped" not in last, tail
+    _tile_switch_in_child(ctx, rng, tmp_path, H=32, Hkv=8, D=128, qmult=1,
+                          var="PREFILL_ATTN_BN128", value=bn, default=176,
+                          child_tests=BN128_CHILD_TESTS)
 
 
 @gpu
