@@ -39,6 +39,10 @@ pf_status device_smem_optin(int *out) {
     return cached_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, out);
 }
 
+pf_status device_cc_major(int *out) {
+    return cached_device_attribute(cudaDevAttrComputeCapabilityMajor, out);
+}
+
 pf_status set_max_dynamic_smem(const void *kernel, int bytes, const char *name) {
     int dev = 0;
     PF_CUDA_TRY(cudaGetDevice(&dev));

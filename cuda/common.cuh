@@ -144,6 +144,8 @@ pf_status device_sm_count(int *out);
 // Shared memory one block may opt in to on the current device
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80).
 pf_status device_smem_optin(int *out);
+// Compute capability major of the current device (cudaDevAttrComputeCapabilityMajor).
+pf_status device_cc_major(int *out);
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (above 48 KiB a
 // kernel must opt in). The attribute persists on the device, so it is set once per (device,

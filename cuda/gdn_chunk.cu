@@ -132,6 +132,22 @@ __device__ __forceinline__ int lcol_b(int lane) { return 8 * ((lane >> 3) & 1); 
 
 // --------------------------------------------------------------------------- small helpers
 
+// Programmatic dependent launch (sm_90+; no-ops below): the prep kernel lets the state kernel
+// of its pass be scheduled as soon as every prep CTA has started, and the state kernel's
+// producer waits for the whole prep grid (its writes visible) before its first copy of the
+// workspace. The state kernel's launch and prologue (shared memory, the state into registers)
+// then overlap the prep's last wave instead of following it.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Publishes a warp's max |x| into *slot (all lanes call).
 __device__ __forceinline__ void publish_max(unsigned *slot, float local) {
     const float m = warp_max(local);
@@ -308,6 +324,7 @@ constexpr int kPrepThreads = 128;
 template <bool VEC>
 __global__ void __launch_bounds__(kPrepThreads)
     gdn_chunk_prep_kernel(const __grid_constant__ PrepArgs a) {
+    pdl_launch_dependents();  // the state kernel may start its prologue (it waits for this grid)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     PrepSmem &s = *reinterpret_cast<PrepSmem *>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -592,6 +609,7 @@ template <bool VEC, int NH>
 __global__ void __launch_bounds__(kPrepV2Threads, 5)
     gdn_chunk_prep_v2_kernel(const __grid_constant__ PrepArgs a) {
     static_assert(NH >= 1 && NH <= kPrepV2Warps, "one warp per head's gates");
+    pdl_launch_dependents();  // the state kernel may start its prologue (it waits for this grid)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     PrepV2Smem<NH> &s = *reinterpret_cast<PrepV2Smem<NH> *>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1278,6 +1296,10 @@ __device__ __forceinline__ void produce_state_operands(const StateArgs &a, Stage
                                                        int col0) {
     const int lane = threadIdx.x & 31;
     const float *vg = a.v + (int64_t)j * kDK + col0;
+    // The workspace is the prep grid's output: wait for that grid when this kernel was launched
+    // as its programmatic dependent (returns at once otherwise). The compute warps read only the
+    // state (not the prep's) before their first chunk, which reaches them through this warp.
+    pdl_wait();
 #pragma unroll
     for (int c = 0; c < NS - 1; ++c) {
         if (c < a.nc) stage_chunk<BV, VEC, 32>(st[c], a, vg, j, jk, c, lane);
@@ -1589,6 +1611,14 @@ bool gdn_prep_v1_from_env() {
     return e != nullptr && std::strcmp(e, "v1") == 0;
 }
 
+// The warp-owned state kernel as the prep kernel's programmatic dependent (compute capability
+// 9.0 and up; see pdl_wait): on unless env PREFILL_GDN_PDL=0 (read per call, for side-by-side
+// timing; the same kernels and bits either way).
+bool gdn_pdl_from_env() {
+    const char *e = std::getenv("PREFILL_GDN_PDL");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+}
+
 template <int BV, bool VEC, bool VEC_O>
 pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_kernel<BV, VEC, VEC_O>, int(sizeof(StateSmem<BV>)),
@@ -1600,12 +1630,31 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
 }
 
 template <int NW, int NS, bool VEC>
-pf_status launch_state_t_ns(const StateArgs &a, cudaStream_t stream) {
+pf_status launch_state_t_ns(const StateArgs &a, bool pdl, cudaStream_t stream) {
     using Smem = StateTSmem<NW, NS>;
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(Smem)),
                                 "gdn_chunk_state_t_kernel"));
-    gdn_chunk_state_t_kernel<NW, NS, VEC>
-        <<<a.n_v_heads * (kDK / (16 * NW)), 32 * (NW + 1), sizeof(Smem), stream>>>(a);
+    const unsigned grid = unsigned(a.n_v_heads * (kDK / (16 * NW))), block = 32 * (NW + 1);
+    if (pdl) {
+        // A programmatic dependent of the prep kernel just before it on the stream (see
+        // pdl_wait); in a stream capture this becomes the graph's programmatic edge.
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(block);
+        cfg.dynamicSmemBytes = sizeof(Smem);
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, gdn_chunk_state_t_kernel<NW, NS, VEC>, a);
+        if (e != cudaSuccess)
+            return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_t_kernel<%d, %d, %d> (PDL)",
+                               NW, NS, int(VEC));
+    } else {
+        gdn_chunk_state_t_kernel<NW, NS, VEC><<<grid, block, sizeof(Smem), stream>>>(a);
+    }
     PF_LAUNCH_CHECK("gdn_chunk_state_t_kernel<%d, %d, %d>", NW, NS, int(VEC));
     return PF_STATUS_OK;
 }
@@ -1613,28 +1662,28 @@ pf_status launch_state_t_ns(const StateArgs &a, cudaStream_t stream) {
 // Three stages of operands where the device's opt-in shared memory per block holds them (sm_90:
 // 227 KB), else two (sm_80: 163 KB).
 template <int NW, bool VEC>
-pf_status launch_state_t(const StateArgs &a, cudaStream_t stream) {
+pf_status launch_state_t(const StateArgs &a, bool pdl, cudaStream_t stream) {
     int optin = 0;
     PF_TRY(device_smem_optin(&optin));
-    if (sizeof(StateTSmem<NW, 3>) <= size_t(optin)) return launch_state_t_ns<NW, 3, VEC>(a, stream);
-    return launch_state_t_ns<NW, 2, VEC>(a, stream);
+    if (sizeof(StateTSmem<NW, 3>) <= size_t(optin)) return launch_state_t_ns<NW, 3, VEC>(a, pdl, stream);
+    return launch_state_t_ns<NW, 2, VEC>(a, pdl, stream);
 }
 
 // The warp-owned state kernel with NW warps (16 value columns each) per CTA: the fewest warps
 // per CTA whose CTAs still fit one wave (Hv = 32 on 132 SMs: 2 warps, 128 CTAs; Hv = 48: 4
 // warps, 96 CTAs). Every warp runs its own chain; the CTA shares the chunk's operands.
 template <bool VEC>
-pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, cudaStream_t stream) {
+pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool pdl, cudaStream_t stream) {
     const int64_t slices = (int64_t)a.n_v_heads * (kDK / 16);
-    if (slices <= sm_count) return launch_state_t<1, VEC>(a, stream);
-    if (slices <= 2LL * sm_count) return launch_state_t<2, VEC>(a, stream);
-    if (slices <= 4LL * sm_count) return launch_state_t<4, VEC>(a, stream);
+    if (slices <= sm_count) return launch_state_t<1, VEC>(a, pdl, stream);
+    if (slices <= 2LL * sm_count) return launch_state_t<2, VEC>(a, pdl, stream);
+    if (slices <= 4LL * sm_count) return launch_state_t<4, VEC>(a, pdl, stream);
     // 8 warps where their two stages fit (sm_90); else 4 warps in more than one wave (sm_80's
     // 163 KB cannot hold two 8-warp stages).
     int optin = 0;
     PF_TRY(device_smem_optin(&optin));
-    if (sizeof(StateTSmem<8, 2>) <= size_t(optin)) return launch_state_t<8, VEC>(a, stream);
-    return launch_state_t<4, VEC>(a, stream);
+    if (sizeof(StateTSmem<8, 2>) <= size_t(optin)) return launch_state_t<8, VEC>(a, pdl, stream);
+    return launch_state_t<4, VEC>(a, pdl, stream);
 }
 
 // Which state kernel: env PREFILL_GDN_STATE=v2 selects the CTA-wide kernel (four barriers per
@@ -1709,6 +1758,9 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
     const bool v2 = gdn_state_v2_from_env();
     const bool prep_v1 = gdn_prep_v1_from_env();
+    int cc_major = 0;
+    PF_TRY(device_cc_major(&cc_major));
+    const bool pdl = cc_major >= 9 && gdn_pdl_from_env();
     for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
         const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
         const int32_t nc = int32_t((n + kC - 1) / kC);
@@ -1722,8 +1774,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
             PF_TRY(vec_qk ? launch_prep_v2<true>(pa, stream) : launch_prep_v2<false>(pa, stream));
         const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
         if (!v2)
-            PF_TRY(vec_v ? launch_state_t_fit<true>(sa, sm_count, stream)
-                         : launch_state_t_fit<false>(sa, sm_count, stream));
+            PF_TRY(vec_v ? launch_state_t_fit<true>(sa, sm_count, pdl, stream)
+                         : launch_state_t_fit<false>(sa, sm_count, pdl, stream));
         else
             PF_TRY(narrow ? launch_state_bv<32>(sa, vec_v, vec_o, stream)
                           : launch_state_bv<64>(sa, vec_v, vec_o, stream));

@@ -495,6 +495,26 @@ def test_chunked_state_carried_across_calls(ctx, rng, state_kernel):
 
 
 @gpu
+@pytest.mark.parametrize("hk, hv, sizes", [(2, 4, [1, 2, 63, 64, 65, 582]), (16, 32, [333, 65]),
+                                           (16, 48, [200, 64])])
+def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes):
+    """The state kernel launched as the prep kernel's programmatic dependent (the default on
+    compute capability 9.0+) against plain stream order (PREFILL_GDN_PDL=0): the same kernels
+    on the same workspace, so the same bits, carried across calls (each call's prep overwrites
+    the workspace the previous call's state kernel read), and within the float64 bound."""
+    inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
+    out = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv("PREFILL_GDN_PDL", pdl)
+        out[pdl] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
+    monkeypatch.delenv("PREFILL_GDN_PDL", raising=False)
+    ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
+    assert_scan("chunked (PDL)", ref, out["1"], CHUNK_TOL)
+    for a, b, what in zip(out["1"], out["0"], ("o", "state")):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{what} differs with PDL off"
+
+
+@gpu
 @pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
 def test_chunked_hard_cases(ctx, rng, case, state_kernel):
     """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
