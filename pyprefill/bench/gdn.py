@@ -15,8 +15,9 @@ from ..kernels import gdn as K
 SHAPES = ("qwen35-4b", "qwen35-27b")
 # (path, row label, environment): the chunked path with its default kernels (the warp-owned
 # state kernel; prep v2), with v2 (the CTA-wide state kernel the warp-owned one replaced),
-# with v1-prep (the first prep kernel), and with nopdl (the state kernel in plain stream order after the
-# prep, not as its programmatic dependent), side by side. The library reads these variables per call.
+# with v1-prep (the first prep kernel), and with nopdl (the state kernel in plain stream order
+# after the prep, not as its programmatic dependent), side by side. The library reads these
+# variables per call.
 SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked v2-state", {"PREFILL_GDN_STATE": "v2"}),
                  ("chunked", "chunked v1-prep", {"PREFILL_GDN_PREP": "v1"}),

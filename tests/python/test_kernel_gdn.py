@@ -500,8 +500,9 @@ def test_chunked_state_carried_across_calls(ctx, rng, state_kernel):
 def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes):
     """The state kernel launched as the prep kernel's programmatic dependent (the default on
     compute capability 9.0+) against plain stream order (PREFILL_GDN_PDL=0): the same kernels
-    on the same workspace, so the same bits, carried across calls (each call's prep overwrites
-    the workspace the previous call's state kernel read), and within the float64 bound."""
+    on the same inputs, so the same bits, with the state carried across calls (a prep after a
+    state kernel, a state kernel after a prep, each pair once per call), and within the float64
+    bound."""
     inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
     out = {}
     for pdl in ("1", "0"):
