@@ -1,8 +1,11 @@
 // common.cu — the host side of common.cuh: per-device set-up and the launch-failure message.
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "common.cuh"
@@ -37,6 +40,14 @@ pf_status device_sm_count(int *out) {
 
 pf_status device_smem_optin(int *out) {
     return cached_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, out);
+}
+
+bool env_switch_on(const char *name) {
+    const char *v = std::getenv(name);
+    if (!v) return true;
+    std::string s(v);
+    for (char &c : s) c = char(std::tolower((unsigned char)c));
+    return !(s == "0" || s == "off" || s == "no" || s == "false");
 }
 
 pf_status device_cc_major(int *out) {

@@ -147,6 +147,10 @@ pf_status device_smem_optin(int *out);
 // Compute capability major of the current device (cudaDevAttrComputeCapabilityMajor).
 pf_status device_cc_major(int *out);
 
+// An on/off process switch read from the environment: on when unset or anything but
+// 0/off/no/false (case-insensitive).
+bool env_switch_on(const char *name);
+
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (above 48 KiB a
 // kernel must opt in). The attribute persists on the device, so it is set once per (device,
 // kernel); later calls return at once. `name` names the kernel in an error.

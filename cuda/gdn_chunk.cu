@@ -1611,14 +1611,6 @@ bool gdn_prep_v1_from_env() {
     return e != nullptr && std::strcmp(e, "v1") == 0;
 }
 
-// The warp-owned state kernel as the prep kernel's programmatic dependent (compute capability
-// 9.0 and up; see pdl_wait): on unless env PREFILL_GDN_PDL=0 (read per call, for side-by-side
-// timing; the same kernels and bits either way).
-bool gdn_pdl_from_env() {
-    const char *e = std::getenv("PREFILL_GDN_PDL");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-}
-
 template <int BV, bool VEC, bool VEC_O>
 pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_kernel<BV, VEC, VEC_O>, int(sizeof(StateSmem<BV>)),
@@ -1760,7 +1752,10 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     const bool prep_v1 = gdn_prep_v1_from_env();
     int cc_major = 0;
     PF_TRY(device_cc_major(&cc_major));
-    const bool pdl = cc_major >= 9 && gdn_pdl_from_env();
+    // The warp-owned state kernel as the prep kernel's programmatic dependent (compute
+    // capability 9.0 and up; see pdl_wait) unless PREFILL_GDN_PDL=0 (read per call, for
+    // side-by-side timing; the same kernels and bits either way).
+    const bool pdl = cc_major >= 9 && env_switch_on("PREFILL_GDN_PDL");
     for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
         const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
         const int32_t nc = int32_t((n + kC - 1) / kC);

@@ -1,13 +1,13 @@
 // model.cu — GGUF -> pf_model: the host-only plan (model_plan.cpp: metadata, the expected
 // tensor table checked name by name, shape by shape and type by type), then the upload.
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <unordered_set>
 
+#include "common.cuh"
 #include "cuda_check.cuh"
 #include "gguf.h"
 #include "model.h"
@@ -142,16 +142,6 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
         if (listed.insert(w).second) groups.push_back({w});
     return groups;
 }
-
-namespace {
-bool env_switch_on(const char *name) {  // unset or anything but 0/off/no/false = on
-    const char *v = std::getenv(name);
-    if (!v) return true;
-    std::string s(v);
-    for (char &c : s) c = char(std::tolower((unsigned char)c));
-    return !(s == "0" || s == "off" || s == "no" || s == "false");
-}
-}  // namespace
 
 bool fuse_env_enabled() { return env_switch_on("PREFILL_FUSE"); }
 bool act16_env_enabled() { return env_switch_on("PREFILL_F16_ACT"); }
