@@ -182,17 +182,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, boo
 }
 
 // S = Q K^T for one warpgroup, issued (not waited): D/16 k-steps; step kk reads columns 16kk..
-// of swizzle block kk/4, 32*(kk%4) bytes into its rows.
+// of swizzle block kk/4, 32*(kk%4) bytes into its rows. dq, dk: the descriptors of the
+// warpgroup's Q rows and of the K stage (K-major, 128-byte swizzle); each step's descriptors
+// are theirs moved by a compile-time offset (desc_add), not rebuilt.
 template <int D, int BN>
-__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_wg, uint32_t sK) {
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint64_t dq, uint64_t dk) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t koff = uint32_t(kk & 3) * 32;
-        const uint64_t da = smem_desc(q_wg + uint32_t(kk >> 2) * kWgBM * kSwizzleRow + koff, 16,
-                                      kSwizzleAtom);
-        const uint64_t db = smem_desc(sK + uint32_t(kk >> 2) * BN * kSwizzleRow + koff, 16,
-                                      kSwizzleAtom);
+        const uint64_t da = desc_add(dq, uint32_t(kk >> 2) * kWgBM * kSwizzleRow + koff);
+        const uint64_t db = desc_add(dk, uint32_t(kk >> 2) * BN * kSwizzleRow + koff);
         wgmma::wgmma_ss<BN>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
@@ -200,17 +200,15 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_wg, uint
 
 // O += P V for one warpgroup, issued (not waited): B = the V tile MN-major (N = D columns in
 // D/64 blocks LBO = BN*128 bytes apart, K = keys in 8-row groups SBO = 1024 apart); k-step kk
-// starts 16 rows = 2 atoms further.
+// starts 16 rows = 2 atoms further. dv: the V stage's descriptor (smem_desc(sV, BN * 128,
+// 1024)).
 template <int D, int BN>
 __device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const uint32_t (&p)[BN / 16][4],
-                                         uint32_t sV) {
+                                         uint64_t dv) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint64_t db = smem_desc(sV + uint32_t(kk) * 2 * kSwizzleAtom,
-                                      uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
-        wgmma::wgmma_rs<D>(acc, p[kk], db, 1);
-    }
+    for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::wgmma_rs<D>(acc, p[kk], desc_add(dv, uint32_t(kk) * 2 * kSwizzleAtom), 1);
     wgmma_commit();
 }
 
@@ -367,6 +365,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     float s[BN / 2];
     uint32_t p[BN / 16][4];
     const uint32_t q_wg = sQ + uint32_t(wg) * 64 * kSwizzleRow;  // this warpgroup's 64 rows
+    // Descriptors of this warpgroup's Q rows and of stage 0 of K and V; the other stages and
+    // k-steps are these moved by an offset (desc_add).
+    const uint64_t dq = smem_desc(q_wg, 16, kSwizzleAtom);
+    const uint64_t dk0 = smem_desc(sK0, 16, kSwizzleAtom);
+    const uint64_t dv0 = smem_desc(sV0, uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
     const auto crosses_diag = [&](int it) { return int64_t(it) * BN + BN - 1 > diag; };
 
     // Tile 0's scores and probabilities before the loop; in iteration it, S of tile it+1 is in
@@ -387,7 +390,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
     mbar_wait(full_k(0), 0);
     turn_wait(0);
-    issue_qk<D, BN>(s, q_wg, sK0);
+    issue_qk<D, BN>(s, dq, dk0);
     turn_pass();
     wgmma_wait<0>();
     fence_regs(s);
@@ -401,9 +404,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         mbar_wait(full_k(nst), ((it + 1) / kStages) & 1);
         mbar_wait(full_v(st), use & 1);
         turn_wait(it + 1);
-        issue_qk<D, BN>(s, q_wg, sK0 + nst * kTileBytes);
+        issue_qk<D, BN>(s, dq, desc_add(dk0, nst * kTileBytes));
         fence_regs(acc);
-        issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
+        issue_pv<D, BN>(acc, p, desc_add(dv0, st * kTileBytes));
         turn_pass();
         wgmma_wait<1>();  // S of tile it+1 is done; P_it V_it may still run
         fence_regs(s);
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     turn_wait(n_tiles);
     fence_regs(acc);
-    issue_pv<D, BN>(acc, p, sV0 + st * kTileBytes);
+    issue_pv<D, BN>(acc, p, desc_add(dv0, st * kTileBytes));
     turn_pass();
     wgmma_wait<0>();
     fence_regs(acc);

@@ -48,6 +48,16 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo, 
            (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the same layout `bytes` further on (a multiple of 16): the start address
+// field (bits 0-13, address >> 4) moves and nothing else. Exactly smem_desc(addr + bytes, ...)
+// while addr + bytes stays below 2^18 (every shared-memory address: 228 KiB per SM), since the
+// field then never carries into bit 14; one 32-bit add on the low word instead of rebuilding
+// the descriptor (CUTLASS's descriptor iterators do the same).
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t bytes) {
+    const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
+    return (uint64_t(hi) << 32) | lo;
+}
+
 // ---- mbarrier (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier")
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
