@@ -55,6 +55,8 @@
 #include "common.cuh"
 #include "cuda_check.cuh"
 #include "gdn.cuh"
+#include "hopper.cuh"
+#include "wgmma.cuh"
 
 namespace pf {
 namespace {
@@ -1565,6 +1567,349 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
             state[(int64_t)(8 * nt + 2 * tig + (e & 1)) * kDK + g8 + 8 * (e >> 1)] = S[nt][e];
 }
 
+// ---------------------------------------------------- state kernel, warpgroup form (sm_90a only)
+// The chunk step of the warp-owned kernel (same algebra, S^T with the value columns as rows) on
+// Hopper's warpgroup MMA, the form FlashInfer's and FlashQLA's GDN kernels take on this card. A
+// consumer warpgroup owns 64 value columns of a head (2 CTAs per head: Hv = 32 gives 64 CTAs,
+// 48 gives 96) and keeps S^T (64 x 128) as one m64n128 fp32 accumulator; every product of the
+// step is a wgmma with its A operand in registers (the fp32 accumulator of the product before
+// it, packed to fp16 as FlashAttention-3 reuses P) and its B operand in shared memory:
+//   X^T = S^T K^T, S^T Q^T     m64n64k16 x 8  (B: K, Q stored [i][x], K-major)
+//   V'^T = R^T Tm^T            m64n64k16 x 4  (B: Tm stored [i][j], K-major)
+//   O^T += V'^T P^T            m64n64k16 x 4  (B: P stored [i][j], K-major)
+//   S^T += V''^T K             m64n128k16 x 4 (B: K stored [j][x], MN-major: the same bytes)
+// 20 wgmma per chunk and warpgroup where the warp-owned kernel issues ~232 mma.sync per warp;
+// the update accumulates into the master state itself. One producer warp stages the chunks
+// three deep: K, Q, Tm and P by TMA into the 128-byte-swizzled layout the descriptors read
+// (hopper.cuh; one thread, completion on a per-stage mbarrier that the consumers wait on), V's
+// 64 columns and the gates by cp.async, read by the consumers' plain loads behind the one CTA
+// barrier per chunk (as the warp-owned kernel).
+// Precision as the other state kernels (fp16 operands, fp32 accumulation, power-of-two scales),
+// with the scales per value column (per accumulator row: a reduction over the 4 lanes of a quad,
+// no barrier) instead of per warp. The master state is kept as S_true = S_acc * u (u a power of
+// two per row): before the update S_acc is multiplied by u e^gamma_last sigma_V, so that the
+// update, whose A operand is V'' * sigma_V, accumulates into it in the same units; u becomes
+// 1 / sigma_V. sigma_V comes from a bound known at the chunk's start (v_bound below).
+constexpr int kWgStateThreads = 160;  // one consumer warpgroup + one producer warp
+constexpr int kWgStateStages = 3;
+constexpr int kWgLdV = 64 + 4;        // fp32 V rows: reads (row 2 tig + w, col g8) conflict-free
+constexpr uint32_t kWgTmaBytes = 2 * kC * kDK * 2 + 2 * kC * kC * 2;  // K, Q, Tm, P (fp16)
+
+struct StateWgSmem {
+    struct alignas(1024) Stage {
+        __half kh[kC * kDK];  // swizzled: column blocks x 0..63, 64..127 of 8 KB (hopper.cuh)
+        __half qh[kC * kDK];
+        __half tm[kC * kC];   // one swizzled block
+        __half ph[kC * kC];
+        float vst[kC][kWgLdV];
+        float gam[kC];
+        float beta[kC];
+        float meta[4];
+    };
+    Stage st[kWgStateStages];
+    uint64_t full[kWgStateStages];  // TMA completion per stage
+};
+constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte alignment slack
+
+// V's 64 columns of one chunk (VEC: 16-byte rows, else 4-byte copies; rows past the pass read as
+// zeros), the gates and meta into a stage of the warpgroup kernel (one warp, lane t).
+template <bool VEC>
+__device__ __forceinline__ void stage_v_wg(StateWgSmem::Stage &d, const StateArgs &a,
+                                           const float *vg, int j, int c, int t) {
+    const size_t hc = (size_t)j * a.nc + c;
+    const int64_t t0 = (int64_t)c * kC;
+    if (VEC) {
+#pragma unroll 8
+        for (int e = t; e < kC * 64 / 4; e += 32) {
+            const int i = e >> 4, d4 = (e & 15) * 4;
+            const bool ok = t0 + i < a.rows;
+            cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = t; e < kC * 64; e += 32) {
+            const int i = e >> 6, d1 = e & 63;
+            const bool ok = t0 + i < a.rows;
+            cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+        }
+    }
+    for (int e = t; e < 2 * kC / 4 + 1; e += 32) {
+        if (e < kC / 4) cp_async16(&d.gam[4 * e], a.w.gam + hc * kC + 4 * e, true);
+        else if (e < kC / 2) cp_async16(&d.beta[4 * (e - kC / 4)], a.w.bet + hc * kC + 4 * (e - kC / 4), true);
+        else cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
+    }
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PF_GDN_WGMMA_DEVICE 1
+#endif
+
+// Max over the 4 lanes of a quad (the lanes that hold one accumulator row).
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// 1 / x for a power of two x = 2^(E - 127), E in [1, 254] (pow2_scale's range), exactly.
+__device__ __forceinline__ float pow2_inv(float x) {
+    const unsigned e = __float_as_uint(x) >> 23;
+    return e < 254u ? __uint_as_float((254u - e) << 23) : __uint_as_float(1u << 22);  // 2^-127
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(kWgStateThreads, 1)
+    gdn_chunk_state_wg_kernel(const __grid_constant__ StateArgs a,
+                              const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_t,
+                              const __grid_constant__ CUtensorMap tm_p) {
+#ifdef PF_GDN_WGMMA_DEVICE
+    using namespace hopper;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    StateWgSmem &s = *reinterpret_cast<StateWgSmem *>(base);
+    constexpr int NS = kWgStateStages;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;
+    const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < NS; ++b) mbar_init(smem_addr(&s.full[b]), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 4) {  // the producer
+        const float *vg = a.v + (int64_t)j * kDK + col0;
+        pdl_wait();  // the workspace is the prep grid's output (see produce_state_operands)
+        const auto issue = [&](int c) {
+            StateWgSmem::Stage &d = s.st[c % NS];
+            if (lane == 0) {
+                const uint32_t bar = smem_addr(&s.full[c % NS]);
+                const int kr = (jk * a.nc + c) * kC, tr = (j * a.nc + c) * kC;
+                const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh);
+                mbar_arrive_expect_tx(bar, kWgTmaBytes);
+                tma_load_2d(kh, &tm_k, 0, kr, bar);
+                tma_load_2d(kh + kC * kSwizzleRow, &tm_k, kSwizzleCols, kr, bar);
+                tma_load_2d(qh, &tm_q, 0, kr, bar);
+                tma_load_2d(qh + kC * kSwizzleRow, &tm_q, kSwizzleCols, kr, bar);
+                tma_load_2d(smem_addr(d.tm), &tm_t, 0, tr, bar);
+                tma_load_2d(smem_addr(d.ph), &tm_p, 0, tr, bar);
+            }
+            stage_v_wg<VEC>(d, a, vg, j, c, lane);
+        };
+#pragma unroll
+        for (int c = 0; c < NS - 1; ++c) {
+            if (c < a.nc) issue(c);
+            cp_async_commit();  // empty groups keep the count: group c is chunk c
+        }
+        for (int c = 0; c < a.nc; ++c) {
+            cp_async_wait<NS - 2>();  // chunk c's V and gates (the TMA part: its mbarrier)
+            __syncthreads();
+            if (c + NS - 1 < a.nc) issue(c + NS - 1);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // This thread's two accumulator rows (value columns): vr0 + 8 h of the CTA's 64, vr0 =
+    // 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
+    // 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
+    const int vr0 = 16 * warp + g8;
+    float *og = a.o + (int64_t)j * kDK + col0 + vr0;
+    float *state = a.state + (int64_t)j * kDK * kDK + col0 + vr0;
+
+    float S[64];  // S^T[v][x] / u[h]: x = 8 (e >> 2) + 2 tig + (e & 1)
+#pragma unroll
+    for (int e = 0; e < 64; ++e)
+        S[e] = state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)];
+    float u[2] = {1.0f, 1.0f};
+
+    for (int c = 0; c < a.nc; ++c) {
+        StateWgSmem::Stage &d = s.st[c % NS];
+        __syncthreads();  // chunk c's V and gates landed; chunk c - 1's buffer is free
+        mbar_wait(smem_addr(&s.full[c % NS]), uint32_t(c / NS) & 1u);  // its K, Q, Tm, P
+        const uint32_t kaddr = smem_addr(d.kh);
+        const uint64_t dK = smem_desc(kaddr, 16, kSwizzleAtom);                // K-major
+        const uint64_t dKt = smem_desc(kaddr, kC * kSwizzleRow, kSwizzleAtom);  // MN-major
+        const uint64_t dQ = smem_desc(smem_addr(d.qh), 16, kSwizzleAtom);
+        const uint64_t dT = smem_desc(smem_addr(d.tm), 16, kSwizzleAtom);
+        const uint64_t dP = smem_desc(smem_addr(d.ph), 16, kSwizzleAtom);
+
+        // S^T to fp16 A fragments, each row scaled to max |x| in [2^14, 2^15) (four partial
+        // maxima per row: short dependent chains).
+        float m4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int e = 0; e < 64; ++e) {
+            float &m = m4[(e >> 1) & 1][(e & 1) | ((e >> 1) & 2)];
+            m = fmaxf(m, fabsf(S[e]));
+        }
+        float ms[2], z[2], f[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            ms[h] = quad_max(fmaxf(fmaxf(m4[h][0], m4[h][1]), fmaxf(m4[h][2], m4[h][3])));
+            z[h] = pow2_scale(__float_as_uint(ms[h]));
+            f[h] = u[h] * pow2_inv(z[h]);  // X_true = X_acc * f (exact: powers of two)
+        }
+        uint32_t sa[8][4];
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb) {
+            sa[kb][0] = pack_half2(S[8 * kb + 0] * z[0], S[8 * kb + 1] * z[0]);
+            sa[kb][1] = pack_half2(S[8 * kb + 2] * z[1], S[8 * kb + 3] * z[1]);
+            sa[kb][2] = pack_half2(S[8 * kb + 4] * z[0], S[8 * kb + 5] * z[0]);
+            sa[kb][3] = pack_half2(S[8 * kb + 6] * z[1], S[8 * kb + 7] * z[1]);
+        }
+
+        // X^T = S^T K^T and S^T Q^T (two groups: X first).
+        float xa[32], oa[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb)
+            wgmma::wgmma_rsk<64>(xa, sa[kb], desc_add(dK, uint32_t(kb >> 2) * kC * kSwizzleRow + 32u * (kb & 3)), kb > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb)
+            wgmma::wgmma_rsk<64>(oa, sa[kb], desc_add(dQ, uint32_t(kb >> 2) * kC * kSwizzleRow + 32u * (kb & 3)), kb > 0);
+        wgmma_commit();
+
+        // While they run (everything read from shared memory is loaded here: the waits below
+        // are memory clobbers that no load moves across): for this thread's chunk rows
+        // i = 8 nt + 2 tig + w, e^gamma, beta e^gamma, beta V and e^(gamma_last - gamma); the
+        // bounds and scales of its two value columns.
+        const float gl = d.gam[kC - 1], el = __expf(gl);
+        float eg[8][2], be[8][2], dd[8][2], bv[32];
+        float vm[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float2 gg = *reinterpret_cast<const float2 *>(&d.gam[8 * nt + 2 * tig]);
+            const float2 bb = *reinterpret_cast<const float2 *>(&d.beta[8 * nt + 2 * tig]);
+            eg[nt][0] = __expf(gg.x);
+            eg[nt][1] = __expf(gg.y);
+            dd[nt][0] = __expf(gl - gg.x);  // exponent <= 0
+            dd[nt][1] = __expf(gl - gg.y);
+            be[nt][0] = bb.x * eg[nt][0];
+            be[nt][1] = bb.y * eg[nt][1];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // element e = 4 nt + q: w = q & 1, h = q >> 1
+                const float vx = d.vst[8 * nt + 2 * tig + (q & 1)][vr0 + 8 * (q >> 1)];
+                vm[q >> 1] = fmaxf(vm[q >> 1], fabsf(vx));
+                bv[4 * nt + q] = (q & 1 ? bb.y : bb.x) * vx;
+            }
+        }
+        const float sig_t = d.meta[0], rs_t = d.meta[1];
+        float sig_r[2], sig_v[2], k_v[2], smul[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), max |V'| <= max_i sum_j |Tm_ij| max|R|
+            const float r_bound = quad_max(vm[h]) + kSqrtDk * (ms[h] * u[h]);
+            sig_r[h] = pow2_scale_f(r_bound);
+            sig_v[h] = pow2_scale_f(rs_t * r_bound);
+            k_v[h] = sig_v[h] * pow2_inv(sig_t) * pow2_inv(sig_r[h]);  // exact: powers of two
+            smul[h] = u[h] * el * sig_v[h];
+        }
+
+        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
+        wgmma_wait<1>();
+        fence_regs(xa);
+        uint32_t ra[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float r[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int e = 8 * kb + q, h = (e >> 1) & 1;
+                r[q] = fmaf(-be[e >> 2][e & 1], xa[e] * f[h], bv[e]) * sig_r[h];
+            }
+            ra[kb][0] = pack_half2(r[0], r[1]);
+            ra[kb][1] = pack_half2(r[2], r[3]);
+            ra[kb][2] = pack_half2(r[4], r[5]);
+            ra[kb][3] = pack_half2(r[6], r[7]);
+        }
+
+        // V'^T = R^T Tm^T.
+        float va[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(va, ra[kb], desc_add(dT, 32u * kb), kb > 0);
+        wgmma_commit();
+        // The master state into the update's units while V' runs (not while X did: ptxas then
+        // injects a wait before these registers' use).
+#pragma unroll
+        for (int e = 0; e < 64; ++e) S[e] *= smul[(e >> 1) & 1];
+        wgmma_wait<0>();
+        fence_regs(va);
+        fence_regs(oa);
+        fence_regs(sa);
+        fence_regs(ra);
+
+        // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (the update).
+        uint32_t pa[4][4], ua[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float x[8], y[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int e = 8 * kb + q;
+                x[q] = va[e] * k_v[(e >> 1) & 1];
+                y[q] = x[q] * dd[e >> 2][e & 1];
+            }
+            pa[kb][0] = pack_half2(x[0], x[1]);
+            pa[kb][1] = pack_half2(x[2], x[3]);
+            pa[kb][2] = pack_half2(x[4], x[5]);
+            pa[kb][3] = pack_half2(x[6], x[7]);
+            ua[kb][0] = pack_half2(y[0], y[1]);
+            ua[kb][1] = pack_half2(y[2], y[3]);
+            ua[kb][2] = pack_half2(y[4], y[5]);
+            ua[kb][3] = pack_half2(y[6], y[7]);
+        }
+
+        // S^T += (e^(gamma_last - gamma) V' sigma_V)^T K, then O^T += (V' sigma_V)^T P^T with
+        // O^T first in the units of V' sigma_V: e^gamma (S^T Q^T) f sigma_V.
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+            wgmma::wgmma_rs<128>(S, ua[kb], desc_add(dKt, uint32_t(kb) * 2 * kSwizzleAtom), 1);
+        wgmma_commit();
+        const float fo[2] = {f[0] * sig_v[0], f[1] * sig_v[1]};
+#pragma unroll
+        for (int e = 0; e < 32; ++e) oa[e] *= eg[e >> 2][e & 1] * fo[(e >> 1) & 1];
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, pa[kb], desc_add(dP, 32u * kb), 1);
+        wgmma_commit();
+        u[0] = pow2_inv(sig_v[0]);
+        u[1] = pow2_inv(sig_v[1]);
+        wgmma_wait<0>();
+        fence_regs(S);
+        fence_regs(oa);
+        fence_regs(ua);
+        fence_regs(pa);
+
+        // The outputs: this thread's 2 value columns x 16 rows of the chunk.
+        const int64_t t0 = (int64_t)c * kC;
+        const int lim = a.rows - t0 < kC ? int(a.rows - t0) : kC;
+        float *orow = og + (t0 + 2 * tig) * a.ldo;  // row 2 tig of the chunk
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
+#pragma unroll
+            for (int w = 0; w < 2; ++w)
+                if (8 * nt + 2 * tig + w < lim) {
+                    float *p = orow + (w ? a.ldo : 0);
+                    p[0] = oa[4 * nt + w] * u[0];
+                    p[8] = oa[4 * nt + 2 + w] * u[1];
+                }
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e)
+        state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)] = S[e] * u[(e >> 1) & 1];
+#else
+    __trap();  // sm_90a only: the host never launches it elsewhere (gdn_state_wg_available)
+#endif
+}
+
 template <bool VEC>
 pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_kernel<VEC>, int(sizeof(PrepSmem)), "gdn_chunk_prep_kernel"));
@@ -1621,34 +1966,86 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
     return PF_STATUS_OK;
 }
 
+// A state kernel with `args` on `stream`, as the programmatic dependent of the prep kernel just
+// before it when `pdl` (see pdl_wait; in a stream capture this becomes the graph's programmatic
+// edge), else in plain stream order. The launch's own error (PDL) is returned; the caller's
+// PF_LAUNCH_CHECK reads the rest.
+template <class... Params, class... Args>
+cudaError_t launch_state_kernel(void (*kernel)(Params...), unsigned grid, unsigned block, size_t smem,
+                                bool pdl, cudaStream_t stream, const Args &...args) {
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(args...);
+        return cudaSuccess;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <int NW, int NS, bool VEC>
 pf_status launch_state_t_ns(const StateArgs &a, bool pdl, cudaStream_t stream) {
     using Smem = StateTSmem<NW, NS>;
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(Smem)),
                                 "gdn_chunk_state_t_kernel"));
     const unsigned grid = unsigned(a.n_v_heads * (kDK / (16 * NW))), block = 32 * (NW + 1);
-    if (pdl) {
-        // A programmatic dependent of the prep kernel just before it on the stream (see
-        // pdl_wait); in a stream capture this becomes the graph's programmatic edge.
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(block);
-        cfg.dynamicSmemBytes = sizeof(Smem);
-        cfg.stream = stream;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        const cudaError_t e = cudaLaunchKernelEx(&cfg, gdn_chunk_state_t_kernel<NW, NS, VEC>, a);
-        if (e != cudaSuccess)
-            return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_t_kernel<%d, %d, %d> (PDL)",
-                               NW, NS, int(VEC));
-    } else {
-        gdn_chunk_state_t_kernel<NW, NS, VEC><<<grid, block, sizeof(Smem), stream>>>(a);
-    }
+    const cudaError_t e = launch_state_kernel(gdn_chunk_state_t_kernel<NW, NS, VEC>, grid, block,
+                                              sizeof(Smem), pdl, stream, a);
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_t_kernel<%d, %d, %d> (PDL)", NW,
+                           NS, int(VEC));
     PF_LAUNCH_CHECK("gdn_chunk_state_t_kernel<%d, %d, %d>", NW, NS, int(VEC));
     return PF_STATUS_OK;
+}
+
+// The warpgroup state kernel: two CTAs (64 value columns each) per value head; the TMA maps of
+// this pass's K, Q ([Hk nc 64][128] fp16) and Tm, P ([Hv nc 64][64]) in the workspace, boxes of
+// one chunk's 64 rows x 64 columns.
+template <bool VEC>
+pf_status launch_state_wg(const StateArgs &a, bool pdl, cudaStream_t stream) {
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_wg_kernel<VEC>, int(kWgStateSmem),
+                                "gdn_chunk_state_wg_kernel"));
+    CUtensorMap maps[4];
+    const int64_t krows = (int64_t)a.n_k_heads * a.nc * kC, trows = (int64_t)a.n_v_heads * a.nc * kC;
+    const struct { CUtensorMap *m; const void *base; int64_t cols, rows; } spec[4] = {
+        {&maps[0], a.w.kh, kDK, krows}, {&maps[1], a.w.qh, kDK, krows},
+        {&maps[2], a.w.tm, kC, trows}, {&maps[3], a.w.p, kC, trows}};
+    for (const auto &m : spec) {
+        const CUresult r = hopper::encode_fp16_sw128(m.m, m.base, m.cols, m.rows, kC);
+        if (r != CUDA_SUCCESS)
+            return fail(PF_STATUS_CUDA_ERROR,
+                        "gdn_chunk_scan_rows: TMA map of the workspace (%lld x %lld fp16): CUresult %d",
+                        (long long)m.rows, (long long)m.cols, int(r));
+    }
+    const cudaError_t e = launch_state_kernel(gdn_chunk_state_wg_kernel<VEC>, unsigned(a.n_v_heads * 2),
+                                              kWgStateThreads, kWgStateSmem, pdl, stream, a,
+                                              maps[0], maps[1], maps[2], maps[3]);
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_wg_kernel<%d> (PDL)", int(VEC));
+    PF_LAUNCH_CHECK("gdn_chunk_state_wg_kernel<%d>", int(VEC));
+    return PF_STATUS_OK;
+}
+
+// The warpgroup kernel exists in an sm_90a build and runs on compute capability 9.0 only (the
+// "a" features are not forward compatible). Current device.
+bool gdn_state_wg_available() {
+#ifdef PF_HAVE_SM90A
+    int dev = 0, major = 0, minor = 0;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+    (void)cudaGetLastError();
+    return ok && major == 9 && minor == 0 && hopper::tensor_map_encoder() != nullptr;
+#else
+    return false;
+#endif
 }
 
 // Three stages of operands where the device's opt-in shared memory per block holds them (sm_90:
@@ -1678,12 +2075,18 @@ pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool pdl, cud
     return launch_state_t<4, VEC>(a, pdl, stream);
 }
 
-// Which state kernel: env PREFILL_GDN_STATE=v2 selects the CTA-wide kernel (four barriers per
-// chunk) for side-by-side measurement; anything else (default) the warp-owned one. Read per call
+// Which state kernel: env PREFILL_GDN_STATE = wg (the warpgroup kernel; an error where it is not
+// available), warp (the warp-owned one), v2 (the CTA-wide one, four barriers per chunk), for
+// side-by-side measurement; anything else (default): auto, the warp-owned kernel. Read per call
 // (a getenv per GDN layer and pass), so that tests and benches can switch it in one process.
-bool gdn_state_v2_from_env() {
+enum class StateKernel { kAuto, kWarp, kV2, kWg };
+StateKernel gdn_state_kernel_from_env() {
     const char *e = std::getenv("PREFILL_GDN_STATE");
-    return e != nullptr && std::strcmp(e, "v2") == 0;
+    if (e == nullptr) return StateKernel::kAuto;
+    if (std::strcmp(e, "v2") == 0) return StateKernel::kV2;
+    if (std::strcmp(e, "warp") == 0) return StateKernel::kWarp;
+    if (std::strcmp(e, "wg") == 0) return StateKernel::kWg;
+    return StateKernel::kAuto;
 }
 
 // The state kernel's instance for (BV, V and O alignment).
@@ -1748,7 +2151,12 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // else 64 (Hv = 48: 96 CTAs), fewer CTAs with twice the state each.
     if (sm_count <= 0) PF_TRY(device_sm_count(&sm_count));
     const bool narrow = (int64_t)n_v_heads * (dv / 32) <= sm_count;
-    const bool v2 = gdn_state_v2_from_env();
+    StateKernel sk = gdn_state_kernel_from_env();
+    if (sk == StateKernel::kWg && !gdn_state_wg_available())
+        return fail(PF_STATUS_UNSUPPORTED,
+                    "gdn_chunk_scan_rows: PREFILL_GDN_STATE=wg needs an sm_90a build on a compute "
+                    "capability 9.0 device");
+    if (sk == StateKernel::kAuto) sk = StateKernel::kWarp;
     const bool prep_v1 = gdn_prep_v1_from_env();
     int cc_major = 0;
     PF_TRY(device_cc_major(&cc_major));
@@ -1768,7 +2176,9 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
         else
             PF_TRY(vec_qk ? launch_prep_v2<true>(pa, stream) : launch_prep_v2<false>(pa, stream));
         const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
-        if (!v2)
+        if (sk == StateKernel::kWg)
+            PF_TRY(vec_v ? launch_state_wg<true>(sa, pdl, stream) : launch_state_wg<false>(sa, pdl, stream));
+        else if (sk == StateKernel::kWarp)
             PF_TRY(vec_v ? launch_state_t_fit<true>(sa, sm_count, pdl, stream)
                          : launch_state_t_fit<false>(sa, sm_count, pdl, stream));
         else

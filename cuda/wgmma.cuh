@@ -6,6 +6,7 @@
 //   wgmma_rs<N>(d, a, desc_b, accumulate):      A from registers (4 x b32 per thread, the
 //                                               mma.m16n8k16 A layout per warp), B from smem
 //                                               in the MN-major (transposed) form.
+//   wgmma_rsk<N>(d, a, desc_b, accumulate):     A from registers as wgmma_rs, B from smem K-major.
 // accumulate = 0 overwrites d (the scale-d predicate false), 1 adds to it.
 // d[i] of a thread (warp w of the warpgroup, lane = 4 * gid + tig) holds row 16w + gid + 8 * ((i / 2) % 2),
 // column 8 * (i / 4) + 2 * tig + i % 2 (PTX ISA, "wgmma .m64nNk16 register fragment layout for D").
@@ -42,6 +43,21 @@ __device__ __forceinline__ void wgmma_rs_64(float (&d)[32], const uint32_t (&a)[
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// m64n64k16, A from registers, B from shared memory K-major (imm-trans-b = 0).
+__device__ __forceinline__ void wgmma_rsk_64(float (&d)[32], const uint32_t (&a)[4],
+                                             uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
@@ -172,6 +188,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     if constexpr (N == 64) wgmma_rs_64(d, a, desc_b, accumulate);
     else if constexpr (N == 128) wgmma_rs_128(d, a, desc_b, accumulate);
     else wgmma_rs_256(d, a, desc_b, accumulate);
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_rsk(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                          int accumulate) {
+    static_assert(N == 64, "generated shapes: 64");
+    wgmma_rsk_64(d, a, desc_b, accumulate);
 }
 
 }  // namespace wgmma

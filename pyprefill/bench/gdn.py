@@ -13,12 +13,15 @@ from ..formats.synth import preset_desc
 from ..kernels import gdn as K
 
 SHAPES = ("qwen35-4b", "qwen35-27b")
-# (path, row label, environment): the chunked path with its default kernels (the warp-owned
-# state kernel; prep v2), with v2 (the CTA-wide state kernel the warp-owned one replaced),
+# (path, row label, environment): the chunked path with its default kernels (prep v2 and the
+# state kernel `auto` picks), with each state kernel by name (warp: warp-owned; wg: warpgroup
+# MMA, sm_90a; v2: the CTA-wide one the warp-owned one replaced),
 # with v1-prep (the first prep kernel), and with nopdl (the state kernel in plain stream order
 # after the prep, not as its programmatic dependent), side by side. The library reads these
 # variables per call.
 SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
+                 ("chunked", "chunked warp-state", {"PREFILL_GDN_STATE": "warp"}),
+                 ("chunked", "chunked wg-state", {"PREFILL_GDN_STATE": "wg"}),
                  ("chunked", "chunked v2-state", {"PREFILL_GDN_STATE": "v2"}),
                  ("chunked", "chunked v1-prep", {"PREFILL_GDN_PREP": "v1"}),
                  ("chunked", "chunked nopdl", {"PREFILL_GDN_PDL": "0"}))
