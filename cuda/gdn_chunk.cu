@@ -1592,8 +1592,9 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
 // 1 / sigma_V. sigma_V comes from a bound known at the chunk's start (v_bound below).
 constexpr int kWgStateThreads = 160;  // one consumer warpgroup + one producer warp
 constexpr int kWgStateStages = 3;
-constexpr int kWgLdV = 64 + 4;        // fp32 V rows: reads (row 2 tig + w, col g8) conflict-free
 constexpr uint32_t kWgTmaBytes = 2 * kC * kDK * 2 + 2 * kC * kC * 2;  // K, Q, Tm, P (fp16)
+constexpr uint32_t kWgVBytes = kC * 64 * 4;                           // V's 64 columns (fp32)
+constexpr uint32_t kWgGateBytes = 2 * kC * 4 + 16;                    // gamma, beta, meta
 
 struct StateWgSmem {
     struct alignas(1024) Stage {
@@ -1601,43 +1602,34 @@ struct StateWgSmem {
         __half qh[kC * kDK];
         __half tm[kC * kC];   // one swizzled block
         __half ph[kC * kC];
-        float vst[kC][kWgLdV];
+        float vst[kC * 64];   // two [64][32] fp32 blocks, 128-byte swizzle (wg_v_offset)
         float gam[kC];
         float beta[kC];
         float meta[4];
     };
     Stage st[kWgStateStages];
-    uint64_t full[kWgStateStages];  // TMA completion per stage
+    uint64_t full[kWgStateStages];   // the stage's copies landed (TMA / bulk transactions)
+    uint64_t empty[kWgStateStages];  // the 4 consumer warps are done with the stage
 };
 constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte alignment slack
 
-// V's 64 columns of one chunk (VEC: 16-byte rows, else 4-byte copies; rows past the pass read as
-// zeros), the gates and meta into a stage of the warpgroup kernel (one warp, lane t).
-template <bool VEC>
-__device__ __forceinline__ void stage_v_wg(StateWgSmem::Stage &d, const StateArgs &a,
-                                           const float *vg, int j, int c, int t) {
-    const size_t hc = (size_t)j * a.nc + c;
-    const int64_t t0 = (int64_t)c * kC;
-    if (VEC) {
-#pragma unroll 8
-        for (int e = t; e < kC * 64 / 4; e += 32) {
-            const int i = e >> 4, d4 = (e & 15) * 4;
-            const bool ok = t0 + i < a.rows;
-            cp_async16(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
-        }
-    } else {
-#pragma unroll 4
-        for (int e = t; e < kC * 64; e += 32) {
-            const int i = e >> 6, d1 = e & 63;
-            const bool ok = t0 + i < a.rows;
-            cp_async4(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
-        }
-    }
-    for (int e = t; e < 2 * kC / 4 + 1; e += 32) {
-        if (e < kC / 4) cp_async16(&d.gam[4 * e], a.w.gam + hc * kC + 4 * e, true);
-        else if (e < kC / 2) cp_async16(&d.beta[4 * (e - kC / 4)], a.w.bet + hc * kC + 4 * (e - kC / 4), true);
-        else cp_async16(&d.meta[0], a.w.meta + hc * 4, true);
-    }
+// Float offset of V element (row i, column col < 64) in a stage: block col / 32 of [64][32]
+// floats (128-byte rows), 16-byte chunk (col % 32) / 4 XOR i % 8 (the TMA's 128-byte swizzle),
+// which makes the consumers' reads (rows 2 tig + w, columns g8 + const) conflict-free.
+__device__ __forceinline__ int wg_v_offset(int i, int col) {
+    return (col >> 5) * (kC * 32) + i * 32 + ((((col & 31) >> 2) ^ (i & 7)) << 2) + (col & 3);
+}
+
+// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
+// shared memory, completing on mbarrier bar (PTX cp.async.bulk).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// cp.async of this thread so far, completing as one (non-counted) arrival on mbarrier bar.
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1656,13 +1648,51 @@ __device__ __forceinline__ float pow2_inv(float x) {
     return e < 254u ? __uint_as_float((254u - e) << 23) : __uint_as_float(1u << 22);  // 2^-127
 }
 
+// S^T (fp32, 64 per thread) to fp16 A fragments with each row scaled to max |x| in [2^14, 2^15)
+// (four partial maxima per row: short dependent chains); ms: the rows' max |S_acc|, f: u / z
+// (X_true = X_acc f, exact: powers of two).
+__device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float (&u)[2],
+                                              uint32_t (&sa)[8][4], float (&ms)[2], float (&f)[2]) {
+    float m4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+        float &m = m4[(e >> 1) & 1][(e & 1) | ((e >> 1) & 2)];
+        m = fmaxf(m, fabsf(S[e]));
+    }
+    float z[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        ms[h] = quad_max(fmaxf(fmaxf(m4[h][0], m4[h][1]), fmaxf(m4[h][2], m4[h][3])));
+        z[h] = pow2_scale(__float_as_uint(ms[h]));
+        f[h] = u[h] * pow2_inv(z[h]);
+    }
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+        sa[kb][0] = pack_half2(S[8 * kb + 0] * z[0], S[8 * kb + 1] * z[0]);
+        sa[kb][1] = pack_half2(S[8 * kb + 2] * z[1], S[8 * kb + 3] * z[1]);
+        sa[kb][2] = pack_half2(S[8 * kb + 4] * z[0], S[8 * kb + 5] * z[0]);
+        sa[kb][3] = pack_half2(S[8 * kb + 6] * z[1], S[8 * kb + 7] * z[1]);
+    }
+}
+
+// Pipeline (FlashAttention-3's producer/consumer form): per stage a `full` mbarrier that the
+// producer arms with the chunk's byte count and the copies complete, and an `empty` one that the
+// 4 consumer warps arrive on when done with it, so that the producer runs up to 3 chunks ahead
+// with no CTA barrier. The producer's lane 0 issues everything: K, Q, Tm, P and V by TMA (V's
+// 64 columns as two 32-float boxes, 128-byte swizzle), the gates and meta by bulk copies; when V's
+// rows are not 16-byte aligned (VEC false) the warp's lanes copy V by 4-byte cp.async into the
+// same swizzled places, each lane's copies completing as an arrival on `full` (its count then
+// 1 + 32).
+// The chunk step: X and S^T Q^T (which runs while R is computed), V', the update and P V'
+// (the next chunk's conversion of S runs while P V' does).
 template <bool VEC>
 __global__ void __launch_bounds__(kWgStateThreads, 1)
     gdn_chunk_state_wg_kernel(const __grid_constant__ StateArgs a,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_t,
-                              const __grid_constant__ CUtensorMap tm_p) {
+                              const __grid_constant__ CUtensorMap tm_p,
+                              const __grid_constant__ CUtensorMap tm_v) {
 #ifdef PF_GDN_WGMMA_DEVICE
     using namespace hopper;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1676,42 +1706,54 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < NS; ++b) mbar_init(smem_addr(&s.full[b]), 1);
+        for (int b = 0; b < NS; ++b) {
+            mbar_init(smem_addr(&s.full[b]), VEC ? 1 : 33);
+            mbar_init(smem_addr(&s.empty[b]), 4);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    __syncthreads();  // the only CTA barrier
 
     if (warp == 4) {  // the producer
-        const float *vg = a.v + (int64_t)j * kDK + col0;
-        pdl_wait();  // the workspace is the prep grid's output (see produce_state_operands)
-        const auto issue = [&](int c) {
-            StateWgSmem::Stage &d = s.st[c % NS];
-            if (lane == 0) {
-                const uint32_t bar = smem_addr(&s.full[c % NS]);
-                const int kr = (jk * a.nc + c) * kC, tr = (j * a.nc + c) * kC;
-                const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh);
-                mbar_arrive_expect_tx(bar, kWgTmaBytes);
-                tma_load_2d(kh, &tm_k, 0, kr, bar);
-                tma_load_2d(kh + kC * kSwizzleRow, &tm_k, kSwizzleCols, kr, bar);
-                tma_load_2d(qh, &tm_q, 0, kr, bar);
-                tma_load_2d(qh + kC * kSwizzleRow, &tm_q, kSwizzleCols, kr, bar);
-                tma_load_2d(smem_addr(d.tm), &tm_t, 0, tr, bar);
-                tma_load_2d(smem_addr(d.ph), &tm_p, 0, tr, bar);
-            }
-            stage_v_wg<VEC>(d, a, vg, j, c, lane);
-        };
-#pragma unroll
-        for (int c = 0; c < NS - 1; ++c) {
-            if (c < a.nc) issue(c);
-            cp_async_commit();  // empty groups keep the count: group c is chunk c
-        }
+        if (VEC && lane != 0) return;
+        pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
         for (int c = 0; c < a.nc; ++c) {
-            cp_async_wait<NS - 2>();  // chunk c's V and gates (the TMA part: its mbarrier)
-            __syncthreads();
-            if (c + NS - 1 < a.nc) issue(c + NS - 1);
-            cp_async_commit();
+            const int b = c % NS;
+            StateWgSmem::Stage &d = s.st[b];
+            const uint32_t full = smem_addr(&s.full[b]);
+            if (c >= NS) mbar_wait(smem_addr(&s.empty[b]), uint32_t(c / NS - 1) & 1u);
+            if (lane == 0) {
+                const int kr = (jk * a.nc + c) * kC, tr = (j * a.nc + c) * kC;
+                const size_t hc = (size_t)j * a.nc + c;
+                const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh), vs = smem_addr(d.vst);
+                mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (VEC ? kWgVBytes : 0));
+                tma_load_2d(kh, &tm_k, 0, kr, full);
+                tma_load_2d(kh + kC * kSwizzleRow, &tm_k, kSwizzleCols, kr, full);
+                tma_load_2d(qh, &tm_q, 0, kr, full);
+                tma_load_2d(qh + kC * kSwizzleRow, &tm_q, kSwizzleCols, kr, full);
+                tma_load_2d(smem_addr(d.tm), &tm_t, 0, tr, full);
+                tma_load_2d(smem_addr(d.ph), &tm_p, 0, tr, full);
+                if (VEC) {
+                    tma_load_2d(vs, &tm_v, j * kDK + col0, c * kC, full);
+                    tma_load_2d(vs + kC * 32 * 4, &tm_v, j * kDK + col0 + 32, c * kC, full);
+                }
+                bulk_load(smem_addr(d.gam), a.w.gam + hc * kC, kC * 4, full);
+                bulk_load(smem_addr(d.beta), a.w.bet + hc * kC, kC * 4, full);
+                bulk_load(smem_addr(d.meta), a.w.meta + hc * 4, 16, full);
+            }
+            if (!VEC) {
+                const float *vg = a.v + (int64_t)j * kDK + col0;
+                const int64_t t0 = (int64_t)c * kC;
+#pragma unroll 4
+                for (int e = lane; e < kC * 64; e += 32) {
+                    const int i = e >> 6, d1 = e & 63;
+                    const bool ok = t0 + i < a.rows;
+                    cp_async4(&d.vst[wg_v_offset(i, d1)], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+                }
+                cp_async_arrive_noinc(full);
+            }
         }
-        cp_async_wait<0>();
+        if (!VEC) cp_async_wait_all();
         return;
     }
 
@@ -1727,11 +1769,14 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     for (int e = 0; e < 64; ++e)
         S[e] = state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)];
     float u[2] = {1.0f, 1.0f};
+    uint32_t sa[8][4];  // the A fragments of the state entering the chunk
+    float ms[2], f[2];
+    wg_state_to_a(S, u, sa, ms, f);
 
     for (int c = 0; c < a.nc; ++c) {
-        StateWgSmem::Stage &d = s.st[c % NS];
-        __syncthreads();  // chunk c's V and gates landed; chunk c - 1's buffer is free
-        mbar_wait(smem_addr(&s.full[c % NS]), uint32_t(c / NS) & 1u);  // its K, Q, Tm, P
+        const int b = c % NS;
+        const StateWgSmem::Stage &d = s.st[b];
+        mbar_wait(smem_addr(&s.full[b]), uint32_t(c / NS) & 1u);
         const uint32_t kaddr = smem_addr(d.kh);
         const uint64_t dK = smem_desc(kaddr, 16, kSwizzleAtom);                // K-major
         const uint64_t dKt = smem_desc(kaddr, kC * kSwizzleRow, kSwizzleAtom);  // MN-major
@@ -1739,31 +1784,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
         const uint64_t dT = smem_desc(smem_addr(d.tm), 16, kSwizzleAtom);
         const uint64_t dP = smem_desc(smem_addr(d.ph), 16, kSwizzleAtom);
 
-        // S^T to fp16 A fragments, each row scaled to max |x| in [2^14, 2^15) (four partial
-        // maxima per row: short dependent chains).
-        float m4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-        for (int e = 0; e < 64; ++e) {
-            float &m = m4[(e >> 1) & 1][(e & 1) | ((e >> 1) & 2)];
-            m = fmaxf(m, fabsf(S[e]));
-        }
-        float ms[2], z[2], f[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            ms[h] = quad_max(fmaxf(fmaxf(m4[h][0], m4[h][1]), fmaxf(m4[h][2], m4[h][3])));
-            z[h] = pow2_scale(__float_as_uint(ms[h]));
-            f[h] = u[h] * pow2_inv(z[h]);  // X_true = X_acc * f (exact: powers of two)
-        }
-        uint32_t sa[8][4];
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-            sa[kb][0] = pack_half2(S[8 * kb + 0] * z[0], S[8 * kb + 1] * z[0]);
-            sa[kb][1] = pack_half2(S[8 * kb + 2] * z[1], S[8 * kb + 3] * z[1]);
-            sa[kb][2] = pack_half2(S[8 * kb + 4] * z[0], S[8 * kb + 5] * z[0]);
-            sa[kb][3] = pack_half2(S[8 * kb + 6] * z[1], S[8 * kb + 7] * z[1]);
-        }
-
-        // X^T = S^T K^T and S^T Q^T (two groups: X first).
+        // X^T = S^T K^T, then S^T Q^T (the outputs' part: it runs while R is computed).
         float xa[32], oa[32];
         wgmma_fence();
 #pragma unroll
@@ -1775,8 +1796,8 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             wgmma::wgmma_rsk<64>(oa, sa[kb], desc_add(dQ, uint32_t(kb >> 2) * kC * kSwizzleRow + 32u * (kb & 3)), kb > 0);
         wgmma_commit();
 
-        // While they run (everything read from shared memory is loaded here: the waits below
-        // are memory clobbers that no load moves across): for this thread's chunk rows
+        // While it runs (everything read from shared memory is loaded here: the waits below are
+        // memory clobbers that no load moves across): for this thread's chunk rows
         // i = 8 nt + 2 tig + w, e^gamma, beta e^gamma, beta V and e^(gamma_last - gamma); the
         // bounds and scales of its two value columns.
         const float gl = d.gam[kC - 1], el = __expf(gl);
@@ -1794,7 +1815,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             be[nt][1] = bb.y * eg[nt][1];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {  // element e = 4 nt + q: w = q & 1, h = q >> 1
-                const float vx = d.vst[8 * nt + 2 * tig + (q & 1)][vr0 + 8 * (q >> 1)];
+                const float vx = d.vst[wg_v_offset(8 * nt + 2 * tig + (q & 1), vr0 + 8 * (q >> 1))];
                 vm[q >> 1] = fmaxf(vm[q >> 1], fabsf(vx));
                 bv[4 * nt + q] = (q & 1 ? bb.y : bb.x) * vx;
             }
@@ -1810,6 +1831,15 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             k_v[h] = sig_v[h] * pow2_inv(sig_t) * pow2_inv(sig_r[h]);  // exact: powers of two
             smul[h] = u[h] * el * sig_v[h];
         }
+        // Pinned here, before the wait: the compiler would otherwise sink this arithmetic (no
+        // memory access) below it, onto the chain.
+        fence_regs(eg);
+        fence_regs(be);
+        fence_regs(dd);
+        fence_regs(bv);
+        fence_regs(sig_r);
+        fence_regs(k_v);
+        fence_regs(smul);
 
         // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
         wgmma_wait<1>();
@@ -1829,21 +1859,19 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             ra[kb][3] = pack_half2(r[6], r[7]);
         }
 
-        // V'^T = R^T Tm^T.
+        // V'^T = R^T Tm^T; the master state into the update's units meanwhile.
         float va[32];
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(va, ra[kb], desc_add(dT, 32u * kb), kb > 0);
         wgmma_commit();
-        // The master state into the update's units while V' runs (not while X did: ptxas then
-        // injects a wait before these registers' use).
 #pragma unroll
         for (int e = 0; e < 64; ++e) S[e] *= smul[(e >> 1) & 1];
         wgmma_wait<0>();
         fence_regs(va);
+        fence_regs(ra);
         fence_regs(oa);
         fence_regs(sa);
-        fence_regs(ra);
 
         // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (the update).
         uint32_t pa[4][4], ua[4][4];
@@ -1866,27 +1894,34 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             ua[kb][3] = pack_half2(y[6], y[7]);
         }
 
-        // S^T += (e^(gamma_last - gamma) V' sigma_V)^T K, then O^T += (V' sigma_V)^T P^T with
-        // O^T first in the units of V' sigma_V: e^gamma (S^T Q^T) f sigma_V.
+        // O^T in the units of V' sigma_V: e^gamma (S^T Q^T) f sigma_V (then + (V' sigma_V)^T P^T).
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            const int h = (e >> 1) & 1;
+            oa[e] *= eg[e >> 2][e & 1] * (f[h] * sig_v[h]);
+        }
+        // S^T += (e^(gamma_last - gamma) V' sigma_V)^T K, then O^T += (V' sigma_V)^T P^T.
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb)
             wgmma::wgmma_rs<128>(S, ua[kb], desc_add(dKt, uint32_t(kb) * 2 * kSwizzleAtom), 1);
         wgmma_commit();
-        const float fo[2] = {f[0] * sig_v[0], f[1] * sig_v[1]};
-#pragma unroll
-        for (int e = 0; e < 32; ++e) oa[e] *= eg[e >> 2][e & 1] * fo[(e >> 1) & 1];
-        wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, pa[kb], desc_add(dP, 32u * kb), 1);
         wgmma_commit();
         u[0] = pow2_inv(sig_v[0]);
         u[1] = pow2_inv(sig_v[1]);
-        wgmma_wait<0>();
+
+        // The next chunk's A fragments once the update is done (P V' may still run).
+        wgmma_wait<1>();
         fence_regs(S);
-        fence_regs(oa);
         fence_regs(ua);
+        wg_state_to_a(S, u, sa, ms, f);
+        wgmma_wait<0>();
+        fence_regs(oa);
         fence_regs(pa);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&s.empty[b]));  // this warp is done with stage b
 
         // The outputs: this thread's 2 value columns x 16 rows of the chunk.
         const int64_t t0 = (int64_t)c * kC;
@@ -2012,7 +2047,7 @@ template <bool VEC>
 pf_status launch_state_wg(const StateArgs &a, bool pdl, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_wg_kernel<VEC>, int(kWgStateSmem),
                                 "gdn_chunk_state_wg_kernel"));
-    CUtensorMap maps[4];
+    CUtensorMap maps[5];
     const int64_t krows = (int64_t)a.n_k_heads * a.nc * kC, trows = (int64_t)a.n_v_heads * a.nc * kC;
     const struct { CUtensorMap *m; const void *base; int64_t cols, rows; } spec[4] = {
         {&maps[0], a.w.kh, kDK, krows}, {&maps[1], a.w.qh, kDK, krows},
@@ -2024,9 +2059,24 @@ pf_status launch_state_wg(const StateArgs &a, bool pdl, cudaStream_t stream) {
                         "gdn_chunk_scan_rows: TMA map of the workspace (%lld x %lld fp16): CUresult %d",
                         (long long)m.rows, (long long)m.cols, int(r));
     }
+    if (VEC) {  // V (fp32, [rows][ldv]) in boxes of 64 rows x 32 columns, 128-byte swizzle
+        const hopper::encode_tiled_fn enc = hopper::tensor_map_encoder();
+        const cuuint64_t dims[2] = {cuuint64_t(a.n_v_heads) * kDK, cuuint64_t(a.rows)};
+        const cuuint64_t strides[1] = {cuuint64_t(a.ldv) * 4};
+        const cuuint32_t box[2] = {32, cuuint32_t(kC)}, es[2] = {1, 1};
+        const CUresult r = enc(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float *>(a.v),
+                               dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS)
+            return fail(PF_STATUS_CUDA_ERROR, "gdn_chunk_scan_rows: TMA map of v (%lld rows, ld %lld): CUresult %d",
+                        (long long)a.rows, (long long)a.ldv, int(r));
+    } else {
+        maps[4] = maps[0];  // unused: V by cp.async
+    }
     const cudaError_t e = launch_state_kernel(gdn_chunk_state_wg_kernel<VEC>, unsigned(a.n_v_heads * 2),
                                               kWgStateThreads, kWgStateSmem, pdl, stream, a,
-                                              maps[0], maps[1], maps[2], maps[3]);
+                                              maps[0], maps[1], maps[2], maps[3], maps[4]);
     if (e != cudaSuccess)
         return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_wg_kernel<%d> (PDL)", int(VEC));
     PF_LAUNCH_CHECK("gdn_chunk_state_wg_kernel<%d>", int(VEC));
