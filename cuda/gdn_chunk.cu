@@ -1831,13 +1831,20 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             k_v[h] = sig_v[h] * pow2_inv(sig_t) * pow2_inv(sig_r[h]);  // exact: powers of two
             smul[h] = u[h] * el * sig_v[h];
         }
+        // R = (beta V) sigma_R - (beta e^gamma f sigma_R) X_acc: one FFMA per element below.
+        float rx[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            const int h = (e >> 1) & 1;
+            rx[e] = -be[e >> 2][e & 1] * (f[h] * sig_r[h]);
+            bv[e] *= sig_r[h];
+        }
         // Pinned here, before the wait: the compiler would otherwise sink this arithmetic (no
         // memory access) below it, onto the chain.
         fence_regs(eg);
-        fence_regs(be);
+        fence_regs(rx);
         fence_regs(dd);
         fence_regs(bv);
-        fence_regs(sig_r);
         fence_regs(k_v);
         fence_regs(smul);
 
@@ -1849,10 +1856,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
         for (int kb = 0; kb < 4; ++kb) {
             float r[8];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) {
-                const int e = 8 * kb + q, h = (e >> 1) & 1;
-                r[q] = fmaf(-be[e >> 2][e & 1], xa[e] * f[h], bv[e]) * sig_r[h];
-            }
+            for (int q = 0; q < 8; ++q) r[q] = fmaf(rx[8 * kb + q], xa[8 * kb + q], bv[8 * kb + q]);
             ra[kb][0] = pack_half2(r[0], r[1]);
             ra[kb][1] = pack_half2(r[2], r[3]);
             ra[kb][2] = pack_half2(r[4], r[5]);
@@ -2127,7 +2131,7 @@ pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool pdl, cud
 
 // Which state kernel: env PREFILL_GDN_STATE = wg (the warpgroup kernel; an error where it is not
 // available), warp (the warp-owned one), v2 (the CTA-wide one, four barriers per chunk), for
-// side-by-side measurement; anything else (default): auto, the warp-owned kernel. Read per call
+// side-by-side measurement; anything else (default): auto (below). Read per call
 // (a getenv per GDN layer and pass), so that tests and benches can switch it in one process.
 enum class StateKernel { kAuto, kWarp, kV2, kWg };
 StateKernel gdn_state_kernel_from_env() {
@@ -2206,7 +2210,11 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
         return fail(PF_STATUS_UNSUPPORTED,
                     "gdn_chunk_scan_rows: PREFILL_GDN_STATE=wg needs an sm_90a build on a compute "
                     "capability 9.0 device");
-    if (sk == StateKernel::kAuto) sk = StateKernel::kWarp;
+    // auto: the warpgroup kernel where it runs (sm_90a build, compute capability 9.0) and V's
+    // rows are 16-byte aligned (its TMA map), else the warp-owned one. Device run 51 (H200, same
+    // process): 0.3556 vs 0.4039 ms at 16/32 heads, T = 8192; 0.3993 vs 0.5274 at 16/48; 0.0934
+    // vs 0.1064 and 0.1116 vs 0.1438 at T = 2048 (NOTES.md, session 22).
+    if (sk == StateKernel::kAuto) sk = vec_v && gdn_state_wg_available() ? StateKernel::kWg : StateKernel::kWarp;
     const bool prep_v1 = gdn_prep_v1_from_env();
     int cc_major = 0;
     PF_TRY(device_cc_major(&cc_major));

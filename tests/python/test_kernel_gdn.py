@@ -501,8 +501,9 @@ def test_chunked_state_carried_across_calls(ctx, rng, state_kernel):
 @gpu
 @pytest.mark.parametrize("hk, hv, sizes", [(2, 4, [1, 2, 63, 64, 65, 582]), (16, 32, [333, 65]),
                                            (16, 48, [200, 64])])
-def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes):
-    """The state kernel launched as the prep kernel's programmatic dependent (the default on
+def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes, state_kernel):
+    """The state kernel (each by name; v2 is never a programmatic dependent, so it checks the
+    switch leaves it alone) launched as the prep kernel's programmatic dependent (the default on
     compute capability 9.0+) against plain stream order (PREFILL_GDN_PDL=0): the same kernels
     on the same inputs, so the same bits, with the state carried across calls (a prep after a
     state kernel, a state kernel after a prep, each pair once per call), and within the float64
