@@ -25,7 +25,12 @@
 //        memory) and v1 (value heads in turn, ~19 barriers, 111 KB), kept for A/B runs behind
 //        PREFILL_GDN_PREP=v1.
 //  state (sequential over chunks; the delta rule is independent across value columns, so a
-//        head's 128 columns split across warps and CTAs). Default: the warp-owned kernel
+//        head's 128 columns split across warps and CTAs). Default on sm_90a (compute capability
+//        9.0, v's rows 16-byte aligned): the warpgroup kernel (gdn_chunk_state_wg_kernel, last
+//        below): one warpgroup keeps 64 columns of S^T as a wgmma accumulator, every product a
+//        register-A wgmma, operands by TMA (device run 51: 0.356 vs 0.404 ms per layer at 16/32
+//        heads, T = 8192; 0.399 vs 0.527 at 16/48). Elsewhere, and with PREFILL_GDN_STATE=warp:
+//        the warp-owned kernel
 //        (gdn_chunk_state_t_kernel below): one warp keeps 16 columns of the state transposed in
 //        its mma accumulators and runs the whole chunk step on its own registers, a producer
 //        warp stages the chunk's operands three deep, one barrier per chunk (32 heads: 128 CTAs
@@ -44,7 +49,8 @@
 // Tested at 2e-3 relative against float64 (tests/python/test_kernel_gdn.py); the first build of
 // this form (one kernel, same operand precision and scales) measured 3e-4 to 7e-4 (NOTES.md).
 //
-// Written for sm_80+ (mma.sync, ldmatrix, cp.async): it runs unchanged on Hopper.
+// Written for sm_80+ (mma.sync, ldmatrix, cp.async): it runs unchanged on Hopper; the warpgroup
+// state kernel is sm_90a only (wgmma, TMA, mbarriers) and compiles to a trap elsewhere.
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -1592,9 +1598,6 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
 // 1 / sigma_V. sigma_V comes from a bound known at the chunk's start (v_bound below).
 constexpr int kWgStateThreads = 160;  // one consumer warpgroup + one producer warp
 constexpr int kWgStateStages = 3;
-constexpr uint32_t kWgTmaBytes = 2 * kC * kDK * 2 + 2 * kC * kC * 2;  // K, Q, Tm, P (fp16)
-constexpr uint32_t kWgVBytes = kC * 64 * 4;                           // V's 64 columns (fp32)
-constexpr uint32_t kWgGateBytes = 2 * kC * 4 + 16;                    // gamma, beta, meta
 
 struct StateWgSmem {
     struct alignas(1024) Stage {
@@ -1612,6 +1615,15 @@ struct StateWgSmem {
     uint64_t empty[kWgStateStages];  // the 4 consumer warps are done with the stage
 };
 constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte alignment slack
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PF_GDN_WGMMA_DEVICE 1
+#endif
+
+#ifdef PF_GDN_WGMMA_DEVICE  // the warpgroup kernel's device helpers (sm_90a only)
+constexpr uint32_t kWgTmaBytes = 2 * kC * kDK * 2 + 2 * kC * kC * 2;  // K, Q, Tm, P (fp16)
+constexpr uint32_t kWgVBytes = kC * 64 * 4;                           // V's 64 columns (fp32)
+constexpr uint32_t kWgGateBytes = 2 * kC * 4 + 16;                    // gamma, beta, meta
 
 // Float offset of V element (row i, column col < 64) in a stage: block col / 32 of [64][32]
 // floats (128-byte rows), 16-byte chunk (col % 32) / 4 XOR i % 8 (the TMA's 128-byte swizzle),
@@ -1631,10 +1643,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define PF_GDN_WGMMA_DEVICE 1
-#endif
 
 // Max over the 4 lanes of a quad (the lanes that hold one accumulator row).
 __device__ __forceinline__ float quad_max(float v) {
@@ -1674,6 +1682,8 @@ __device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float 
         sa[kb][3] = pack_half2(S[8 * kb + 6] * z[1], S[8 * kb + 7] * z[1]);
     }
 }
+
+#endif  // PF_GDN_WGMMA_DEVICE
 
 // Pipeline (FlashAttention-3's producer/consumer form): per stage a `full` mbarrier that the
 // producer arms with the chunk's byte count and the copies complete, and an `empty` one that the
