@@ -71,41 +71,23 @@ __device__ __forceinline__ void wgmma_ss_{n}(float (&d)[{nd}], uint64_t desc_a, 
 """
 
 
-def rs(n):
+def rs(n, kmajor=False):
+    """A from registers; B MN-major (wgmma_rs_N, imm-trans-b = 1) or K-major (wgmma_rsk_N, 0)."""
     nd = n // 2
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+    name, form, trans = (f"rsk_{n}", "K-major", 0) if kmajor else (f"rs_{n}", "MN-major", 1)
+    pad = " " * (44 + kmajor)  # continuation under the first parameter for N = 64
     return f"""
-// m64n{n}k16, A from registers, B from shared memory MN-major (imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_rs_{n}(float (&d)[{nd}], const uint32_t (&a)[4],
-                                            uint64_t desc_b, int accumulate) {{
+// m64n{n}k16, A from registers, B from shared memory {form} (imm-trans-b = {trans}).
+__device__ __forceinline__ void wgmma_{name}(float (&d)[{nd}], const uint32_t (&a)[4],
+{pad}uint64_t desc_b, int accumulate) {{
     asm volatile(
         "{{\\n"
         ".reg .pred p;\\n"
         "setp.ne.b32 p, %{nd + 5}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
         "{{{regs(0, nd)}}}, "
-        "{{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1, 1;\\n"
-        "}}\\n"
-        : {outs}
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}}
-"""
-
-
-def rsk(n):
-    nd = n // 2
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
-    return f"""
-// m64n{n}k16, A from registers, B from shared memory K-major (imm-trans-b = 0).
-__device__ __forceinline__ void wgmma_rsk_{n}(float (&d)[{nd}], const uint32_t (&a)[4],
-                                             uint64_t desc_b, int accumulate) {{
-    asm volatile(
-        "{{\\n"
-        ".reg .pred p;\\n"
-        "setp.ne.b32 p, %{nd + 5}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
-        "{{{regs(0, nd)}}}, "
-        "{{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1, 0;\\n"
+        "{{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1, {trans};\\n"
         "}}\\n"
         : {outs}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
@@ -141,7 +123,7 @@ def main():
         if n in RS_N:
             parts.append(rs(n))
         if n in RSK_N:
-            parts.append(rsk(n))
+            parts.append(rs(n, kmajor=True))
     parts.append("\n// N-generic entry points for the kernels' templates.")
     parts.append(dispatch("ss", SS_N, "float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,\n"
                           "                                         int accumulate",
