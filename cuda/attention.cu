@@ -580,7 +580,7 @@ int32_t attention_resolved_path(const attention_args &a) {
 
 int32_t attention_resolved_kernel(const attention_args &a, int device) {
     if (a.kernel == PF_ATTN_KERNEL_MMA || a.kernel == PF_ATTN_KERNEL_WGMMA) return a.kernel;
-    const bool have = attention_wgmma_available(device);
+    const bool have = sm90a_kernels_available(device);
     const int32_t env = attention_kernel_env();
     if (env == PF_ATTN_KERNEL_MMA) return PF_ATTN_KERNEL_MMA;
     return have ? PF_ATTN_KERNEL_WGMMA : PF_ATTN_KERNEL_MMA;  // env wgmma or unset
@@ -631,7 +631,7 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
                      "attention: pos0_dev with kv_capacity=%lld rows, pos0=%lld + rows=%lld",
                      (long long)a.kv_capacity, (long long)a.pos0, (long long)a.rows);
         if (attention_resolved_kernel(a, ctx->device) == PF_ATTN_KERNEL_WGMMA) {
-            if (!attention_wgmma_available(ctx->device))
+            if (!sm90a_kernels_available(ctx->device))
                 return fail(PF_STATUS_UNSUPPORTED,
                             "attention: kernel=PF_ATTN_KERNEL_WGMMA needs a compute capability 9.0 "
                             "device and a library built with sm_90a (CMAKE_CUDA_ARCHITECTURES 90a)");

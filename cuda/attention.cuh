@@ -124,9 +124,6 @@ int64_t attention_rows_per_pass(const attention_args &a);
 // pos0 + rows (0 for the flash path). Use it to size attention_args::workspace.
 size_t attention_workspace_bytes(const attention_args &a, int64_t rows_per_pass);
 
-// The Hopper flash kernel (attention_wgmma.cu): true when the library holds sm_90a code and
-// `device` has compute capability 9.0 (cached per device).
-bool attention_wgmma_available(int device);
 // PREFILL_ATTN_KERNEL read once per process: PF_ATTN_KERNEL_MMA for "mma", _WGMMA for "wgmma",
 // else PF_ATTN_KERNEL_AUTO.
 int32_t attention_kernel_env();
@@ -135,7 +132,7 @@ int32_t attention_kernel_env();
 // is not available resolves to WGMMA, and attention() reports it UNSUPPORTED.
 int32_t attention_resolved_kernel(const attention_args &a, int device);
 // Runs the wgmma kernel (D 128 or 256, fp16 cache, 16-byte aligned caches; the caller checked
-// attention_flash_supported and attention_wgmma_available) on `stream`.
+// attention_flash_supported and sm90a_kernels_available) on `stream`.
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t stream);
 
 // *dst = v in stream order (a kernel argument: no host staging, no wait), for callers that keep

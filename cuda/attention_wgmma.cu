@@ -39,7 +39,6 @@
 // Shared-memory layouts, descriptors, TMA and mbarrier helpers: hopper.cuh.
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -577,31 +576,6 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
 }
 
 }  // namespace
-
-bool attention_wgmma_available(int device) {
-#ifdef PF_HAVE_SM90A
-    // The sm_90a SASS runs on compute capability 9.0 only (the "a" features are not forward
-    // compatible), and the TMA maps need the driver's encoder. Cached per device: the query is
-    // cheap, but this runs on every call.
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-    if (device < 0 || device >= kMaxDevices) return false;
-    int v = cache[device].load(std::memory_order_relaxed);
-    if (v == 0) {
-        int major = 0, minor = 0;
-        const bool ok =
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
-        (void)cudaGetLastError();
-        v = ok && major == 9 && minor == 0 && tensor_map_encoder() != nullptr ? 2 : 1;
-        cache[device].store(v, std::memory_order_relaxed);
-    }
-    return v == 2;
-#else
-    (void)device;
-    return false;
-#endif
-}
 
 int32_t attention_kernel_env() {
     // Read once per process: set it before the first attention call.

@@ -1,4 +1,5 @@
 // common.cu — the host side of common.cuh: per-device set-up and the launch-failure message.
+#include <atomic>
 #include <cctype>
 #include <cstdarg>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "common.cuh"
+#include "hopper.cuh"
 
 namespace pf {
 namespace {
@@ -52,6 +54,31 @@ bool env_switch_on(const char *name) {
 
 pf_status device_cc_major(int *out) {
     return cached_device_attribute(cudaDevAttrComputeCapabilityMajor, out);
+}
+
+bool sm90a_kernels_available(int device) {
+#ifdef PF_HAVE_SM90A
+    // The sm_90a SASS runs on compute capability 9.0 only (the "a" features are not forward
+    // compatible), and the TMA maps need the driver's encoder. Cached per device: the query is
+    // cheap, but this runs on every call.
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+    if (device < 0 || device >= kMaxDevices) return false;
+    int v = cache[device].load(std::memory_order_relaxed);
+    if (v == 0) {
+        int major = 0, minor = 0;
+        const bool ok =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
+        (void)cudaGetLastError();
+        v = ok && major == 9 && minor == 0 && hopper::tensor_map_encoder() != nullptr ? 2 : 1;
+        cache[device].store(v, std::memory_order_relaxed);
+    }
+    return v == 2;
+#else
+    (void)device;
+    return false;
+#endif
 }
 
 pf_status set_max_dynamic_smem(const void *kernel, int bytes, const char *name) {

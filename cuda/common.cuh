@@ -147,6 +147,11 @@ pf_status device_smem_optin(int *out);
 // Compute capability major of the current device (cudaDevAttrComputeCapabilityMajor).
 pf_status device_cc_major(int *out);
 
+// The library's sm_90a kernels (wgmma attention, the warpgroup GDN state kernel) can run on
+// `device`: an sm_90a build (PF_HAVE_SM90A), compute capability 9.0 exactly and the driver's TMA
+// map encoder. Cached per device.
+bool sm90a_kernels_available(int device);
+
 // An on/off process switch read from the environment: on when unset or anything but
 // 0/off/no/false (case-insensitive).
 bool env_switch_on(const char *name);

@@ -2075,14 +2075,9 @@ pf_status launch_state_wg(const StateArgs &a, bool pdl, cudaStream_t stream) {
                         (long long)m.rows, (long long)m.cols, int(r));
     }
     if (VEC) {  // V (fp32, [rows][ldv]) in boxes of 64 rows x 32 columns, 128-byte swizzle
-        const hopper::encode_tiled_fn enc = hopper::tensor_map_encoder();
-        const cuuint64_t dims[2] = {cuuint64_t(a.n_v_heads) * kDK, cuuint64_t(a.rows)};
-        const cuuint64_t strides[1] = {cuuint64_t(a.ldv) * 4};
-        const cuuint32_t box[2] = {32, cuuint32_t(kC)}, es[2] = {1, 1};
-        const CUresult r = enc(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float *>(a.v),
-                               dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        const CUresult r = hopper::encode_2d_sw128(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.v,
+                                                   (int64_t)a.n_v_heads * kDK, a.rows, a.ldv * 4,
+                                                   32, kC);
         if (r != CUDA_SUCCESS)
             return fail(PF_STATUS_CUDA_ERROR, "gdn_chunk_scan_rows: TMA map of v (%lld rows, ld %lld): CUresult %d",
                         (long long)a.rows, (long long)a.ldv, int(r));
@@ -2098,19 +2093,14 @@ pf_status launch_state_wg(const StateArgs &a, bool pdl, cudaStream_t stream) {
     return PF_STATUS_OK;
 }
 
-// The warpgroup kernel exists in an sm_90a build and runs on compute capability 9.0 only (the
-// "a" features are not forward compatible). Current device.
+// The warpgroup kernel can run on the current device (sm90a_kernels_available, cached per device).
 bool gdn_state_wg_available() {
-#ifdef PF_HAVE_SM90A
-    int dev = 0, major = 0, minor = 0;
-    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-    (void)cudaGetLastError();
-    return ok && major == 9 && minor == 0 && hopper::tensor_map_encoder() != nullptr;
-#else
-    return false;
-#endif
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return sm90a_kernels_available(dev);
 }
 
 // Three stages of operands where the device's opt-in shared memory per block holds them (sm_90:

@@ -171,20 +171,30 @@ inline encode_tiled_fn tensor_map_encoder() {
     return fn;
 }
 
-// The 2-D TMA map of a row-major fp16 matrix [rows][cols] (row stride cols, a multiple of 8;
-// 16-byte aligned base): boxes of box_rows rows x 64 columns that land in the 128-byte swizzle
-// above; rows past `rows` read as zeros. CUDA_ERROR_NOT_FOUND when there is no encoder.
-inline CUresult encode_fp16_sw128(CUtensorMap *map, const void *base, int64_t cols, int64_t rows,
-                                  int box_rows) {
+// The 2-D TMA map of a row-major matrix [rows][cols] of `dtype` (elem_bytes each; rows row_bytes
+// apart, a multiple of 16; 16-byte aligned base): boxes of box_rows rows x box_cols columns
+// (box_cols * elem_bytes = 128) that land in the 128-byte swizzle above; rows past `rows` read
+// as zeros. CUDA_ERROR_NOT_FOUND when there is no encoder.
+inline CUresult encode_2d_sw128(CUtensorMap *map, CUtensorMapDataType dtype, const void *base,
+                                int64_t cols, int64_t rows, int64_t row_bytes, int box_cols,
+                                int box_rows) {
     const encode_tiled_fn enc = tensor_map_encoder();
     if (!enc) return CUDA_ERROR_NOT_FOUND;
     const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-    const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};  // bytes from one row to the next
-    const cuuint32_t box[2] = {cuuint32_t(kSwizzleCols), cuuint32_t(box_rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};  // bytes from one row to the next
+    const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
     const cuuint32_t elem_strides[2] = {1, 1};
-    return enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(base), dims, strides,
-               box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+    return enc(map, dtype, 2, const_cast<void *>(base), dims, strides, box, elem_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// A dense row-major fp16 matrix [rows][cols] (cols a multiple of 8) in boxes of box_rows rows x
+// 64 columns.
+inline CUresult encode_fp16_sw128(CUtensorMap *map, const void *base, int64_t cols, int64_t rows,
+                                  int box_rows) {
+    return encode_2d_sw128(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, cols, rows, cols * 2,
+                           kSwizzleCols, box_rows);
 }
 
 }  // namespace hopper
