@@ -886,6 +886,11 @@ __global__ void __launch_bounds__(kPrepV2Threads, 5)
     if (tid < NH)
         *reinterpret_cast<float4 *>(a.w.meta + head_hc(tid) * 4) =
             make_float4(pow2_scale(s.max_t[tid]), __uint_as_float(s.max_rs[tid]), 0.0f, 0.0f);
+    // Chained sub-passes (gdn_chunk_scan_rows): this grid may run beside the state kernel of the
+    // sub-pass before it (launched as its programmatic dependent); one CTA waits for that grid
+    // before exiting, so that this grid's completion, which the next state kernel waits for,
+    // implies it. Launched in plain stream order there is nothing to wait for.
+    if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) pdl_wait();
 }
 
 // ----------------------------------------------------------------------------- state kernel
@@ -899,6 +904,7 @@ struct StateArgs {
     int64_t rows;  // rows of this pass
     int32_t n_k_heads, n_v_heads, nc;
     Workspace w;
+    int32_t chain;  // chained sub-passes: the state is read only after the prep grid completed
 };
 
 // One chunk's operands into a state kernel's stage buffer `d`: K, Q (fp16 rows of key head jk),
@@ -1728,6 +1734,9 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     if (warp == 4) {  // the producer
         if (VEC && lane != 0) return;
         pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
+        // The next sub-pass's prep may start beside this grid (chained sub-passes): its
+        // workspace half was last read by the state grid before the prep just waited for.
+        pdl_launch_dependents();
         for (int c = 0; c < a.nc; ++c) {
             const int b = c % NS;
             StateWgSmem::Stage &d = s.st[b];
@@ -1775,6 +1784,9 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     float *og = a.o + (int64_t)j * kDK + col0 + vr0;
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vr0;
 
+    // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
+    // the prep grid's completion implies its completion (the prep's last wait).
+    if (a.chain) pdl_wait();
     float S[64];  // S^T[v][x] / u[h]: x = 8 (e >> 2) + 2 tig + (e & 1)
 #pragma unroll
     for (int e = 0; e < 64; ++e)
@@ -1970,6 +1982,30 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
 #endif
 }
 
+// A state kernel (or, chained, a prep kernel) with `args` on `stream`, as the programmatic
+// dependent of the kernel just before it when `pdl` (see pdl_wait; in a stream capture this becomes the graph's programmatic
+// edge), else in plain stream order. The launch's own error (PDL) is returned; the caller's
+// PF_LAUNCH_CHECK reads the rest.
+template <class... Params, class... Args>
+cudaError_t launch_state_kernel(void (*kernel)(Params...), dim3 grid, unsigned block, size_t smem,
+                                bool pdl, cudaStream_t stream, const Args &...args) {
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(args...);
+        return cudaSuccess;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <bool VEC>
 pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
     PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_kernel<VEC>, int(sizeof(PrepSmem)), "gdn_chunk_prep_kernel"));
@@ -1983,7 +2019,7 @@ pf_status launch_prep(const PrepArgs &a, cudaStream_t stream) {
 // 20 warps per SM (v1: 2 CTAs, 8 warps); that needs the largest shared-memory carveout, asked
 // for once per instance (a hint: on failure the driver's choice stands; current device only).
 template <bool VEC, int NH>
-pf_status launch_prep_v2_nh(const PrepArgs &a, cudaStream_t stream) {
+pf_status launch_prep_v2_nh(const PrepArgs &a, bool pdl, cudaStream_t stream) {
     const int bytes = int(sizeof(PrepV2Smem<NH>));
     PF_TRY(set_max_dynamic_smem(gdn_chunk_prep_v2_kernel<VEC, NH>, bytes, "gdn_chunk_prep_v2_kernel"));
     static const bool carveout = [] {
@@ -1995,16 +2031,20 @@ pf_status launch_prep_v2_nh(const PrepArgs &a, cudaStream_t stream) {
     }();
     (void)carveout;
     const dim3 grid((a.n_v_heads / a.n_k_heads) / NH, a.nc, a.n_k_heads);
-    gdn_chunk_prep_v2_kernel<VEC, NH><<<grid, kPrepV2Threads, bytes, stream>>>(a);
+    const cudaError_t e = launch_state_kernel(gdn_chunk_prep_v2_kernel<VEC, NH>, grid, kPrepV2Threads,
+                                              size_t(bytes), pdl, stream, a);
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_prep_v2_kernel<%d, %d> (PDL)", int(VEC), NH);
     PF_LAUNCH_CHECK("gdn_chunk_prep_v2_kernel<%d, %d>", int(VEC), NH);
     return PF_STATUS_OK;
 }
 
+// pdl: as the programmatic dependent of the state kernel before it (chained sub-passes).
 template <bool VEC>
-pf_status launch_prep_v2(const PrepArgs &a, cudaStream_t stream) {
+pf_status launch_prep_v2(const PrepArgs &a, bool pdl, cudaStream_t stream) {
     PF_CHECK_ARG(a.n_k_heads <= 65535, "gdn_chunk_scan_rows: n_k_heads=%d > 65535 (grid z)", a.n_k_heads);
-    if ((a.n_v_heads / a.n_k_heads) % 2 == 0) return launch_prep_v2_nh<VEC, 2>(a, stream);
-    return launch_prep_v2_nh<VEC, 1>(a, stream);
+    if ((a.n_v_heads / a.n_k_heads) % 2 == 0) return launch_prep_v2_nh<VEC, 2>(a, pdl, stream);
+    return launch_prep_v2_nh<VEC, 1>(a, pdl, stream);
 }
 
 // Which prep kernel: env PREFILL_GDN_PREP=v1 selects the first one (one CTA per chunk and key
@@ -2026,37 +2066,13 @@ pf_status launch_state(const StateArgs &a, cudaStream_t stream) {
     return PF_STATUS_OK;
 }
 
-// A state kernel with `args` on `stream`, as the programmatic dependent of the prep kernel just
-// before it when `pdl` (see pdl_wait; in a stream capture this becomes the graph's programmatic
-// edge), else in plain stream order. The launch's own error (PDL) is returned; the caller's
-// PF_LAUNCH_CHECK reads the rest.
-template <class... Params, class... Args>
-cudaError_t launch_state_kernel(void (*kernel)(Params...), unsigned grid, unsigned block, size_t smem,
-                                bool pdl, cudaStream_t stream, const Args &...args) {
-    if (!pdl) {
-        kernel<<<grid, block, smem, stream>>>(args...);
-        return cudaSuccess;
-    }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 template <int NW, int NS, bool VEC>
 pf_status launch_state_t_ns(const StateArgs &a, bool pdl, cudaStream_t stream) {
     using Smem = StateTSmem<NW, NS>;
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(Smem)),
                                 "gdn_chunk_state_t_kernel"));
     const unsigned grid = unsigned(a.n_v_heads * (kDK / (16 * NW))), block = 32 * (NW + 1);
-    const cudaError_t e = launch_state_kernel(gdn_chunk_state_t_kernel<NW, NS, VEC>, grid, block,
+    const cudaError_t e = launch_state_kernel(gdn_chunk_state_t_kernel<NW, NS, VEC>, dim3(grid), block,
                                               sizeof(Smem), pdl, stream, a);
     if (e != cudaSuccess)
         return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_t_kernel<%d, %d, %d> (PDL)", NW,
@@ -2094,7 +2110,7 @@ pf_status launch_state_wg(const StateArgs &a, bool pdl, cudaStream_t stream) {
     } else {
         maps[4] = maps[0];  // unused: V by cp.async
     }
-    const cudaError_t e = launch_state_kernel(gdn_chunk_state_wg_kernel<VEC>, unsigned(a.n_v_heads * 2),
+    const cudaError_t e = launch_state_kernel(gdn_chunk_state_wg_kernel<VEC>, dim3(unsigned(a.n_v_heads * 2)),
                                               kWgStateThreads, kWgStateSmem, pdl, stream, a,
                                               maps[0], maps[1], maps[2], maps[3], maps[4]);
     if (e != cudaSuccess)
@@ -2152,6 +2168,17 @@ StateKernel gdn_state_kernel_from_env() {
     if (std::strcmp(e, "warp") == 0) return StateKernel::kWarp;
     if (std::strcmp(e, "wg") == 0) return StateKernel::kWg;
     return StateKernel::kAuto;
+}
+
+// Rows per chained sub-pass from env PREFILL_GDN_SUBPASS (a multiple of the 64-row chunk, at
+// most kGdnPassRows; anything else, or unset: 0 = one pass of up to kGdnPassRows rows).
+int64_t gdn_subpass_rows_from_env() {
+    const char *e = std::getenv("PREFILL_GDN_SUBPASS");
+    if (e == nullptr || *e == '\0') return 0;
+    char *end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (*end != '\0' || v < kC || v % kC != 0 || v > kGdnPassRows) return 0;
+    return int64_t(v);
 }
 
 // The state kernel's instance for (BV, V and O alignment).
@@ -2233,18 +2260,37 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // capability 9.0 and up; see pdl_wait) unless PREFILL_GDN_PDL=0 (read per call, for
     // side-by-side timing; the same kernels and bits either way).
     const bool pdl = cc_major >= 9 && env_switch_on("PREFILL_GDN_PDL");
-    for (int64_t r0 = 0; r0 < rows; r0 += kGdnPassRows) {
-        const int64_t n = rows - r0 < kGdnPassRows ? rows - r0 : kGdnPassRows;
+    // Chained sub-passes (experimental, off by default: PREFILL_GDN_SUBPASS=rows, read per call,
+    // for side-by-side timing). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
+    // on 132 SMs), so the prep of sub-pass p + 1 runs there, beside the state kernel of sub-pass
+    // p, into the other half of the workspace; every launch stays in this stream, chained by
+    // programmatic dependence: state(p) lets prep(p + 1) start once it has waited for prep(p),
+    // whose completion implies state(p - 1)'s (the prep's last CTA waits for it), so that a
+    // workspace half is rewritten only after the state grid that read it has completed, and
+    // state(p) reads the state only after state(p - 1) has written it. Needs the warpgroup state
+    // kernel, prep v2, PDL and a workspace of two sub-passes (else one pass as before); the
+    // sub-pass boundaries are chunk boundaries, so the bits are those of one pass.
+    const int64_t sub = gdn_subpass_rows_from_env();
+    const size_t half = sub > 0 ? gdn_chunk_workspace_bytes(sub, n_k_heads, n_v_heads) : 0;
+    const bool chain = sub > 0 && rows > sub && sk == StateKernel::kWg && !prep_v1 && pdl &&
+                       workspace_bytes >= 2 * half;
+    const int64_t step = chain ? sub : kGdnPassRows;
+    int64_t pass = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += step, ++pass) {
+        const int64_t n = rows - r0 < step ? rows - r0 : step;
         const int32_t nc = int32_t((n + kC - 1) / kC);
         Workspace w{};
-        workspace_layout(nc, n_k_heads, n_v_heads, workspace, &w);
+        workspace_layout(nc, n_k_heads, n_v_heads,
+                         static_cast<char *>(workspace) + (chain ? size_t(pass & 1) * half : 0), &w);
         const PrepArgs pa{q + r0 * ldq, ldq, k + r0 * ldk, ldk, beta + r0 * ld_beta, ld_beta,
                           g + r0 * ld_g, ld_g, n, n_k_heads, n_v_heads, nc, w};
+        const bool prep_pdl = chain && pass > 0;
         if (prep_v1)
             PF_TRY(vec_qk ? launch_prep<true>(pa, stream) : launch_prep<false>(pa, stream));
         else
-            PF_TRY(vec_qk ? launch_prep_v2<true>(pa, stream) : launch_prep_v2<false>(pa, stream));
-        const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w};
+            PF_TRY(vec_qk ? launch_prep_v2<true>(pa, prep_pdl, stream) : launch_prep_v2<false>(pa, prep_pdl, stream));
+        const StateArgs sa{v + r0 * ldv, ldv, state, o + r0 * ldo, ldo, n, n_k_heads, n_v_heads, nc, w,
+                           chain ? 1 : 0};
         if (sk == StateKernel::kWg)
             PF_TRY(vec_v ? launch_state_wg<true>(sa, pdl, stream) : launch_state_wg<false>(sa, pdl, stream));
         else if (sk == StateKernel::kWarp)

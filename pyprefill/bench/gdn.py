@@ -16,15 +16,19 @@ SHAPES = ("qwen35-4b", "qwen35-27b")
 # (path, row label, environment): the chunked path with its default kernels (prep v2 and the
 # state kernel `auto` picks), with each state kernel by name (warp: warp-owned; wg: warpgroup
 # MMA, sm_90a; v2: the CTA-wide one the warp-owned one replaced),
-# with v1-prep (the first prep kernel), and with nopdl (the state kernel in plain stream order
-# after the prep, not as its programmatic dependent), side by side. The library reads these
+# with v1-prep (the first prep kernel), with nopdl (the state kernel in plain stream order
+# after the prep, not as its programmatic dependent), and with subpass1024 / subpass2048
+# (experimental chained sub-passes: the prep of the next sub-pass beside the warpgroup state
+# kernel of this one; one pass where T is not above it), side by side. The library reads these
 # variables per call.
 SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked warp-state", {"PREFILL_GDN_STATE": "warp"}),
                  ("chunked", "chunked wg-state", {"PREFILL_GDN_STATE": "wg"}),
                  ("chunked", "chunked v2-state", {"PREFILL_GDN_STATE": "v2"}),
                  ("chunked", "chunked v1-prep", {"PREFILL_GDN_PREP": "v1"}),
-                 ("chunked", "chunked nopdl", {"PREFILL_GDN_PDL": "0"}))
+                 ("chunked", "chunked nopdl", {"PREFILL_GDN_PDL": "0"}),
+                 ("chunked", "chunked subpass1024", {"PREFILL_GDN_SUBPASS": "1024"}),
+                 ("chunked", "chunked subpass2048", {"PREFILL_GDN_SUBPASS": "2048"}))
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------

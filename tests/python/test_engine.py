@@ -327,3 +327,30 @@ def test_default_legs_match_f32_leg_at_small_model_shapes(preset, chunks, rng):
         assert whole <= 2e-2, f"{preset} chunk={chunk}: rel error {whole:.2e} (worst {worst:.2e} at row {row})"
         floor = 0.97 if preset.startswith("qwen35") else 0.99
         assert agree >= floor, f"{preset} chunk={chunk}: argmax equal on {agree:.1%} of positions"
+
+
+@pytest.mark.parametrize("sub", ["256", "1024"])
+def test_gdn_subpasses_bitwise_one_pass_in_the_model(sub, rng, monkeypatch):
+    """The chained GDN sub-passes (PREFILL_GDN_SUBPASS, experimental: the prep of the next
+    sub-pass beside the warpgroup state kernel, launches chained by programmatic dependence)
+    inside the session's chunk graphs and with every kernel launched: the logits of 1500 tokens
+    in one session chunk and in chunks of 700 (the state carried) bit for bit those of one pass.
+    A session's workspace holds two sub-passes of these sizes (700 rows: 11 chunks >= 2 x 4),
+    so the chained form runs wherever the warpgroup kernel does; elsewhere both sides are one
+    pass."""
+    path = _synth("qwen35-tiny", "q8_0")
+    m = _model(path, "default")
+    tokens = rng.integers(0, m.n_vocab, size=1500).astype(np.int32)
+    outs = {}
+    for mode in ("", sub):
+        monkeypatch.setenv("PREFILL_GDN_SUBPASS", mode)
+        for chunk in (2048, 700):
+            for graphs in (True, False):
+                with m.session(max_tokens=2048, chunk=chunk, graphs=graphs) as s:
+                    outs[mode, chunk, graphs] = [s.prefill(tokens, "all"), s.prefill(tokens[:300], "all")]
+    for (mode, chunk, graphs), got in outs.items():
+        want = outs["", chunk, graphs]
+        for a, b in zip(got, want):
+            assert np.isfinite(a).all(), f"sub={mode} chunk={chunk} graphs={graphs}: non-finite logits"
+            assert np.array_equal(a, b), (f"sub={mode} chunk={chunk} graphs={graphs}: differs from one "
+                                          f"pass (max |diff| {np.abs(a - b).max():.3e})")

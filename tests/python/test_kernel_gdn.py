@@ -521,6 +521,43 @@ def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes, 
 
 
 @gpu
+@pytest.mark.parametrize("hk, hv, sizes, sub", [(2, 4, [777], 128), (1, 3, [640], 64),
+                                                (16, 32, [2048], 512), (16, 48, [1100], 256),
+                                                (2, 4, [300, 65, 520], 128)])
+def test_chunked_subpasses_bitwise_one_pass(ctx, rng, monkeypatch, hk, hv, sizes, sub):
+    """Chained sub-passes (PREFILL_GDN_SUBPASS: the prep of sub-pass p + 1 beside the warpgroup
+    state kernel of sub-pass p, two workspace halves, every launch chained by programmatic
+    dependence) against one pass: the same chunks through the same kernels, so the same bits,
+    with the state carried across calls, and within the float64 bound. The preconditions of the
+    chained form hold here (the warpgroup kernel, rows > sub, a workspace of two sub-passes), so
+    a race between the overlapped grids shows as differing bits."""
+    monkeypatch.setenv("PREFILL_GDN_STATE", "wg")
+    probe = scan_inputs(np.random.default_rng(0), 1, 1, 1, 128, 128)
+    try:
+        G.gdn_scan_np(ctx, *probe, path="chunked")
+    except errors.UnsupportedError as exc:
+        pytest.skip(f"the chained sub-passes need the warpgroup state kernel: {exc}")
+    assert any(n > sub for n in sizes)
+    for n in sizes:
+        if n > sub:
+            whole = G.gdn_scan_plan(n, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
+            half = G.gdn_scan_plan(sub, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
+            assert whole >= 2 * half, f"{n} rows: a workspace of {whole} bytes < 2 x {half}"
+    inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
+    out = {}
+    for mode in (str(sub), ""):
+        monkeypatch.setenv("PREFILL_GDN_SUBPASS", mode)
+        out[mode] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
+        out[mode + "/aligned"] = G.gdn_scan_np(ctx, *inputs, path="chunked") if len(sizes) == 1 else out[mode]
+    ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
+    assert_scan("chunked (sub-passes)", ref, out[str(sub)], CHUNK_TOL)
+    for key in ("", "/aligned"):
+        for a, b, what in zip(out[str(sub) + key], out[key], ("o", "state")):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+                f"{what} differs between sub-passes of {sub} rows and one pass ({key or 'strided'})"
+
+
+@gpu
 @pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
 def test_chunked_hard_cases(ctx, rng, case, state_kernel):
     """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40
