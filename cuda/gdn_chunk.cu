@@ -1983,9 +1983,9 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
 }
 
 // A state kernel (or, chained, a prep kernel) with `args` on `stream`, as the programmatic
-// dependent of the kernel just before it when `pdl` (see pdl_wait; in a stream capture this becomes the graph's programmatic
-// edge), else in plain stream order. The launch's own error (PDL) is returned; the caller's
-// PF_LAUNCH_CHECK reads the rest.
+// dependent of the kernel just before it when `pdl` (see pdl_wait; in a stream capture this
+// becomes the graph's programmatic edge), else in plain stream order. The launch's own error
+// (PDL) is returned; the caller's PF_LAUNCH_CHECK reads the rest.
 template <class... Params, class... Args>
 cudaError_t launch_state_kernel(void (*kernel)(Params...), dim3 grid, unsigned block, size_t smem,
                                 bool pdl, cudaStream_t stream, const Args &...args) {
