@@ -335,9 +335,10 @@ def test_gdn_subpasses_bitwise_one_pass_in_the_model(sub, rng, monkeypatch):
     sub-pass beside the warpgroup state kernel, launches chained by programmatic dependence)
     inside the session's chunk graphs and with every kernel launched: the logits of 1500 tokens
     in one session chunk and in chunks of 700 (the state carried) bit for bit those of one pass.
-    A session's workspace holds two sub-passes of these sizes (700 rows: 11 chunks >= 2 x 4),
-    so the chained form runs wherever the warpgroup kernel does; elsewhere both sides are one
-    pass."""
+    The chained form needs a call of more rows than a sub-pass and a session workspace of two
+    sub-passes: with the warpgroup kernel it runs for sub-passes of 256 in every call here (the
+    700-row workspace: 11 chunks >= 2 x 4) and for 1024 in the 1500-row call of the 2048-row
+    session; the other calls compare one pass with one pass (elsewhere: all of them)."""
     path = _synth("qwen35-tiny", "q8_0")
     m = _model(path, "default")
     tokens = rng.integers(0, m.n_vocab, size=1500).astype(np.int32)
