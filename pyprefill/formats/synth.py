@@ -3,7 +3,8 @@
 `write_synthetic("qwen35-27b", "q4_k_m", "/tmp/m.gguf")` streams a ~16 GB file in minutes:
 tensors are written chunk by chunk (never the whole model in RAM), matrices as random valid
 GGML blocks (quant.random_blocks), 1-D tensors with plausible values (norms ~ 1, ssm_a < 0).
-Tiny presets (`qwen3-tiny`, `qwen35-tiny`) and the n_layer / n_vocab overrides give small models
+Tiny presets (`qwen3-tiny`, `qwen35-tiny` and its `-hv1` / `-hv3` head-ratio twins) and the
+n_layer / n_vocab overrides give small models
 for tests. The file loads with load_model_desc, gguf-py and llama.cpp's loader.
 """
 from __future__ import annotations
@@ -68,9 +69,12 @@ PRESETS: dict[str, Preset] = {
     "qwen35-9b": _qwen35(4096, 32, 16, 4, 16, 32, 12288, False),
     "qwen35-27b": _qwen35(5120, 64, 24, 4, 16, 48, 17408, False),
     # small models for tests: every dim a multiple of 256 so all K-quants apply; H*D != d;
-    # qwen35-tiny has Hv = 2*Hk (exercises the tiled head pairing) and is untied.
+    # qwen35-tiny has Hv = 2*Hk (exercises the tiled head pairing) and is untied; its -hv1 and
+    # -hv3 twins have Hv = Hk and Hv = 3*Hk (the other head ratios of the whole-model tests).
     "qwen3-tiny": _qwen3(256, 4, 4, 2, 512, True, V=1024),
     "qwen35-tiny": _qwen35(256, 4, 2, 1, 2, 4, 512, False, V=1024),
+    "qwen35-tiny-hv1": _qwen35(256, 4, 2, 1, 2, 2, 512, False, V=1024),
+    "qwen35-tiny-hv3": _qwen35(256, 4, 2, 1, 2, 6, 512, False, V=1024),
 }
 
 MIXES = ("q4_k_m", "q8_0", "f16", "bf16", "f32", "q4_0", "ud")
