@@ -130,9 +130,13 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
 // sequence into calls (chunk boundaries restart at every call). Runs in passes of at most
 // kGdnPassRows rows, each a prep kernel (all chunks in parallel) and a state kernel (chunks in
 // sequence); `workspace` (device, >= gdn_chunk_workspace_bytes(rows, ...) bytes, 256-byte
-// aligned) holds the prep results of one pass. sm_count sizes the grid (0 = the device's). Asynchronous
-// on `stream`; allocates nothing.
+// aligned) holds the prep results of one pass. With the warpgroup state kernel, a call of more
+// than kGdnSubpassRows rows whose workspace holds two sub-passes of kGdnSubpassRows runs chained
+// sub-passes instead (the prep of sub-pass p + 1 beside the state kernel of sub-pass p, in the
+// other workspace half; same bits). sm_count sizes the grid (0 = the device's). Asynchronous on
+// `stream`; allocates nothing.
 constexpr int64_t kGdnPassRows = 8192;
+constexpr int64_t kGdnSubpassRows = 2048;
 bool gdn_chunk_supported(int32_t dk, int32_t dv);
 size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_heads);
 pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk,

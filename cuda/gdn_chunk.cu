@@ -2170,14 +2170,15 @@ StateKernel gdn_state_kernel_from_env() {
     return StateKernel::kAuto;
 }
 
-// Rows per chained sub-pass from env PREFILL_GDN_SUBPASS (a multiple of the 64-row chunk, at
-// most kGdnPassRows; anything else, or unset: 0 = one pass of up to kGdnPassRows rows).
+// Rows per chained sub-pass: kGdnSubpassRows unless env PREFILL_GDN_SUBPASS says otherwise (read
+// per call, for side-by-side timing): a multiple of the 64-row chunk up to kGdnPassRows, or 0 for
+// one pass of up to kGdnPassRows rows; anything else leaves the default.
 int64_t gdn_subpass_rows_from_env() {
     const char *e = std::getenv("PREFILL_GDN_SUBPASS");
-    if (e == nullptr || *e == '\0') return 0;
+    if (e == nullptr || *e == '\0') return kGdnSubpassRows;
     char *end = nullptr;
     const long long v = std::strtoll(e, &end, 10);
-    if (*end != '\0' || v < kC || v % kC != 0 || v > kGdnPassRows) return 0;
+    if (*end != '\0' || v < 0 || v % kC != 0 || v > kGdnPassRows) return kGdnSubpassRows;
     return int64_t(v);
 }
 
@@ -2260,8 +2261,11 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // capability 9.0 and up; see pdl_wait) unless PREFILL_GDN_PDL=0 (read per call, for
     // side-by-side timing; the same kernels and bits either way).
     const bool pdl = cc_major >= 9 && env_switch_on("PREFILL_GDN_PDL");
-    // Chained sub-passes (experimental, off by default: PREFILL_GDN_SUBPASS=rows, read per call,
-    // for side-by-side timing). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
+    // Chained sub-passes of kGdnSubpassRows (PREFILL_GDN_SUBPASS=rows overrides, 0 = off; read per
+    // call, for side-by-side timing). Device run s24-1 (H200, same process, ms, one pass -> 2048-row
+    // sub-passes): 16/32 heads T 8192 0.3563 -> 0.3135, T 32768 1.4256 -> 1.1618; 16/48 T 8192
+    // 0.4052 -> 0.4047, T 32768 1.6186 -> 1.5687 (1024-row sub-passes: 16/48 7-8% slower, 16/32
+    // 2048 rows 0.0938 -> 0.0923; 512: slower everywhere). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
     // on 132 SMs), so the prep of sub-pass p + 1 runs there, beside the state kernel of sub-pass
     // p, into the other half of the workspace; every launch stays in this stream, chained by
     // programmatic dependence: state(p) lets prep(p + 1) start once it has waited for prep(p),

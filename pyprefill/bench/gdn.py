@@ -17,9 +17,9 @@ SHAPES = ("qwen35-4b", "qwen35-27b")
 # state kernel `auto` picks), with each state kernel by name (warp: warp-owned; wg: warpgroup
 # MMA, sm_90a; v2: the CTA-wide one the warp-owned one replaced),
 # with v1-prep (the first prep kernel), with nopdl (the state kernel in plain stream order
-# after the prep, not as its programmatic dependent), and with subpass1024 / subpass2048
-# (experimental chained sub-passes: the prep of the next sub-pass beside the warpgroup state
-# kernel of this one; timed only where a call has more rows than a sub-pass), side by side.
+# after the prep, not as its programmatic dependent), with onepass (no chained sub-passes: the
+# default runs the prep of the next 2048-row sub-pass beside the warpgroup state kernel of this
+# one; timed only where a call has more rows than that) and subpass1024, side by side.
 # The library reads these variables per call.
 SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked warp-state", {"PREFILL_GDN_STATE": "warp"}),
@@ -27,8 +27,9 @@ SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked v2-state", {"PREFILL_GDN_STATE": "v2"}),
                  ("chunked", "chunked v1-prep", {"PREFILL_GDN_PREP": "v1"}),
                  ("chunked", "chunked nopdl", {"PREFILL_GDN_PDL": "0"}),
-                 ("chunked", "chunked subpass1024", {"PREFILL_GDN_SUBPASS": "1024"}),
-                 ("chunked", "chunked subpass2048", {"PREFILL_GDN_SUBPASS": "2048"}))
+                 ("chunked", "chunked onepass", {"PREFILL_GDN_SUBPASS": "0"}),
+                 ("chunked", "chunked subpass1024", {"PREFILL_GDN_SUBPASS": "1024"}))
+DEFAULT_SUBPASS = 2048    # kGdnSubpassRows (cuda/gdn.cuh)
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
@@ -166,8 +167,10 @@ def scan(b, T: int, d, parts: int = 1) -> None:
                   dv, path)
 
     for path, label, env in SCAN_VARIANTS:
-        if "PREFILL_GDN_SUBPASS" in env and int(env["PREFILL_GDN_SUBPASS"]) >= step:
-            continue    # calls of at most one sub-pass run as one pass: the "chunked" row again
+        if "PREFILL_GDN_SUBPASS" in env:
+            sub = int(env["PREFILL_GDN_SUBPASS"])
+            if not 0 < sub < step and DEFAULT_SUBPASS >= step:
+                continue    # neither this nor the default chains calls of `step` rows: "chunked" again
         def run(path=path, label=label, env=env):
             old = {name: os.environ.get(name) for name in env}
             os.environ.update(env)                            # read by the library per call

@@ -357,28 +357,30 @@ def test_default_legs_match_f32_leg_at_head_ratios(preset, rng):
         assert agree >= 0.99, f"{preset} chunk={chunk}: argmax equal on {agree:.1%} of positions"
 
 
-@pytest.mark.parametrize("sub", ["256", "1024"])
+@pytest.mark.parametrize("sub", ["256", "1024", "default"])
 def test_gdn_subpasses_bitwise_one_pass_in_the_model(sub, rng, monkeypatch):
-    """The chained GDN sub-passes (PREFILL_GDN_SUBPASS, experimental: the prep of the next
-    sub-pass beside the warpgroup state kernel, launches chained by programmatic dependence)
-    inside the session's chunk graphs and with every kernel launched: the logits of 1500 tokens
-    in one session chunk and in chunks of 700 (the state carried) bit for bit those of one pass.
-    The chained form needs a call of more rows than a sub-pass and a session workspace of two
-    sub-passes: with the warpgroup kernel it runs for sub-passes of 256 in every call here (the
-    700-row workspace: 11 chunks >= 2 x 4) and for 1024 in the 1500-row call of the 2048-row
-    session; the other calls compare one pass with one pass (elsewhere: all of them)."""
+    """The chained GDN sub-passes (the prep of the next sub-pass beside the warpgroup state
+    kernel, launches chained by programmatic dependence; PREFILL_GDN_SUBPASS=256 / 1024, or the
+    default 2048) inside the session's chunk graphs and with every kernel launched: the logits of
+    a prompt in one session chunk and in chunks of 700 (the state carried) bit for bit those of
+    one pass (PREFILL_GDN_SUBPASS=0). The chained form needs a call of more rows than a sub-pass
+    and a session workspace of two sub-passes: with the warpgroup kernel it runs for sub-passes
+    of 256 in every call here (the 700-row workspace: 11 chunks >= 2 x 4), for 1024 in the
+    1500-row call of the 2048-row session and for the default in the 4500-row call of the
+    4800-row session; the other calls compare one pass with one pass (elsewhere: all of them)."""
     path = _synth("qwen35-tiny", "q8_0")
     m = _model(path, "default")
-    tokens = rng.integers(0, m.n_vocab, size=1500).astype(np.int32)
+    n = 4500 if sub == "default" else 1500
+    tokens = rng.integers(0, m.n_vocab, size=n).astype(np.int32)
     outs = {}
-    for mode in ("", sub):
+    for mode in ("0", "" if sub == "default" else sub):
         monkeypatch.setenv("PREFILL_GDN_SUBPASS", mode)
-        for chunk in (2048, 700):
+        for chunk in (n if sub == "default" else 2048, 700):
             for graphs in (True, False):
-                with m.session(max_tokens=2048, chunk=chunk, graphs=graphs) as s:
+                with m.session(max_tokens=max(n + 300, 2048), chunk=chunk, graphs=graphs) as s:
                     outs[mode, chunk, graphs] = [s.prefill(tokens, "all"), s.prefill(tokens[:300], "all")]
     for (mode, chunk, graphs), got in outs.items():
-        want = outs["", chunk, graphs]
+        want = outs["0", chunk, graphs]
         for a, b in zip(got, want):
             assert np.isfinite(a).all(), f"sub={mode} chunk={chunk} graphs={graphs}: non-finite logits"
             assert np.array_equal(a, b), (f"sub={mode} chunk={chunk} graphs={graphs}: differs from one "

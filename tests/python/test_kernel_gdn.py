@@ -529,35 +529,39 @@ def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes, 
 @gpu
 @pytest.mark.parametrize("hk, hv, sizes, sub", [(2, 4, [777], 128), (1, 3, [640], 64),
                                                 (16, 32, [2048], 512), (16, 48, [1100], 256),
-                                                (2, 4, [300, 65, 520], 128)])
+                                                (2, 4, [300, 65, 520], 128),
+                                                (16, 32, [4160], None), (2, 6, [5000, 1000], None)])
 def test_chunked_subpasses_bitwise_one_pass(ctx, rng, monkeypatch, hk, hv, sizes, sub):
-    """Chained sub-passes (PREFILL_GDN_SUBPASS: the prep of sub-pass p + 1 beside the warpgroup
-    state kernel of sub-pass p, two workspace halves, every launch chained by programmatic
-    dependence) against one pass: the same chunks through the same kernels, so the same bits,
+    """Chained sub-passes (the default's 2048 rows where sub is None, else PREFILL_GDN_SUBPASS:
+    the prep of sub-pass p + 1 beside the warpgroup state kernel of sub-pass p, two workspace
+    halves, every launch chained by programmatic dependence) against one pass
+    (PREFILL_GDN_SUBPASS=0): the same chunks through the same kernels, so the same bits,
     with the state carried across calls, and within the float64 bound. The preconditions of the
     chained form hold here (the warpgroup kernel, rows > sub, a workspace of two sub-passes), so
     a race between the overlapped grids shows as differing bits."""
     monkeypatch.setenv("PREFILL_GDN_STATE", "wg")
     _skip_without_wg(ctx, "the chained sub-passes need the warpgroup state kernel")
-    assert any(n > sub for n in sizes)
+    mode = "" if sub is None else str(sub)     # "": unset, the library's default
+    rows = 2048 if sub is None else sub
+    assert any(n > rows for n in sizes)
     for n in sizes:
-        if n > sub:
+        if n > rows:
             whole = G.gdn_scan_plan(n, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
-            half = G.gdn_scan_plan(sub, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
+            half = G.gdn_scan_plan(rows, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
             assert whole >= 2 * half, f"{n} rows: a workspace of {whole} bytes < 2 x {half}"
     inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
     strided, aligned = {}, {}   # v inside the conv-output matrix (4-byte rows) / contiguous v
-    for mode in (str(sub), ""):
-        monkeypatch.setenv("PREFILL_GDN_SUBPASS", mode)
-        strided[mode] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
+    for m in (mode, "0"):
+        monkeypatch.setenv("PREFILL_GDN_SUBPASS", m)
+        strided[m] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
         if len(sizes) == 1:
-            aligned[mode] = G.gdn_scan_np(ctx, *inputs, path="chunked")
+            aligned[m] = G.gdn_scan_np(ctx, *inputs, path="chunked")
     ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
-    assert_scan("chunked (sub-passes)", ref, strided[str(sub)], CHUNK_TOL)
+    assert_scan("chunked (sub-passes)", ref, strided[mode], CHUNK_TOL)
     for form, out in (("strided v", strided), ("aligned v", aligned)):
-        for a, b, what in zip(out.get(str(sub), ()), out.get("", ()), ("o", "state")):
+        for a, b, what in zip(out.get(mode, ()), out.get("0", ()), ("o", "state")):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
-                f"{what} differs between sub-passes of {sub} rows and one pass ({form})"
+                f"{what} differs between sub-passes of {rows} rows and one pass ({form})"
 
 
 @gpu
