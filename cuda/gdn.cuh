@@ -133,7 +133,8 @@ pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk
 // aligned) holds the prep results of one pass. With the warpgroup state kernel, a call of more
 // than kGdnSubpassRows rows whose workspace holds two sub-passes of kGdnSubpassRows runs chained
 // sub-passes instead (the prep of sub-pass p + 1 beside the state kernel of sub-pass p, in the
-// other workspace half; same bits). sm_count sizes the grid (0 = the device's). Asynchronous on
+// other workspace half; same bits; a call of two sub-passes only where the state grid leaves
+// half the SMs idle). sm_count sizes the grid (0 = the device's). Asynchronous on
 // `stream`; allocates nothing.
 constexpr int64_t kGdnPassRows = 8192;
 constexpr int64_t kGdnSubpassRows = 2048;

@@ -2276,7 +2276,11 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // sub-pass boundaries are chunk boundaries, so the bits are those of one pass.
     const int64_t sub = gdn_subpass_rows_from_env();
     const size_t half = sub > 0 ? gdn_chunk_workspace_bytes(sub, n_k_heads, n_v_heads) : 0;
-    const bool chain = sub > 0 && rows > sub && sk == StateKernel::kWg && !prep_v1 && pdl &&
+    // Where the state grid (2 CTAs per value head) leaves fewer than half the SMs to the prep, one
+    // overlapped prep does not pay for the split: two sub-passes run as one pass there (s24-2,
+    // 16/48 heads, T 4096: 0.2124 chained vs 0.2076 ms; from 4 sub-passes on it pays or is even).
+    const bool room = 4 * (int64_t)n_v_heads <= sm_count || rows > 2 * sub;
+    const bool chain = sub > 0 && rows > sub && room && sk == StateKernel::kWg && !prep_v1 && pdl &&
                        workspace_bytes >= 2 * half;
     const int64_t step = chain ? sub : kGdnPassRows;
     int64_t pass = 0;
