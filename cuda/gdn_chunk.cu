@@ -2265,7 +2265,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // call, for side-by-side timing). Device run s24-1 (H200, same process, ms, one pass -> 2048-row
     // sub-passes): 16/32 heads T 8192 0.3563 -> 0.3135, T 32768 1.4256 -> 1.1618; 16/48 T 8192
     // 0.4052 -> 0.4047, T 32768 1.6186 -> 1.5687 (1024-row sub-passes: 16/48 7-8% slower, 16/32
-    // 2048 rows 0.0938 -> 0.0923; 512: slower everywhere). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
+    // 2048 rows 0.0938 -> 0.0923; 512: slower everywhere; 3072 / 4096, s24-2: slower than 2048 at
+    // 16/32, within 1% at 16/48). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
     // on 132 SMs), so the prep of sub-pass p + 1 runs there, beside the state kernel of sub-pass
     // p, into the other half of the workspace; every launch stays in this stream, chained by
     // programmatic dependence: state(p) lets prep(p + 1) start once it has waited for prep(p),
@@ -2278,7 +2279,8 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     const size_t half = sub > 0 ? gdn_chunk_workspace_bytes(sub, n_k_heads, n_v_heads) : 0;
     // Where the state grid (2 CTAs per value head) leaves fewer than half the SMs to the prep, one
     // overlapped prep does not pay for the split: two sub-passes run as one pass there (s24-2,
-    // 16/48 heads, T 4096: 0.2124 chained vs 0.2076 ms; from 4 sub-passes on it pays or is even).
+    // 16/48 heads, T 4096: 0.2124 chained vs 0.2076 ms; 4 sub-passes: even, 16: 4% faster; 3 not
+    // measured).
     const bool room = 4 * (int64_t)n_v_heads <= sm_count || rows > 2 * sub;
     const bool chain = sub > 0 && rows > sub && room && sk == StateKernel::kWg && !prep_v1 && pdl &&
                        workspace_bytes >= 2 * half;
