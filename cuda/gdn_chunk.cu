@@ -2264,9 +2264,10 @@ pf_status gdn_chunk_scan_rows(const float *q, int64_t ldq, const float *k, int64
     // Chained sub-passes of kGdnSubpassRows (PREFILL_GDN_SUBPASS=rows overrides, 0 = off; read per
     // call, for side-by-side timing). Device run s24-1 (H200, same process, ms, one pass -> 2048-row
     // sub-passes): 16/32 heads T 8192 0.3563 -> 0.3135, T 32768 1.4256 -> 1.1618; 16/48 T 8192
-    // 0.4052 -> 0.4047, T 32768 1.6186 -> 1.5687 (1024-row sub-passes: 16/48 7-8% slower, 16/32
-    // 2048 rows 0.0938 -> 0.0923; 512: slower everywhere; 3072 / 4096, s24-2: slower than 2048 at
-    // 16/32, within 1% at 16/48). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
+    // 0.4052 -> 0.4047, T 32768 1.6186 -> 1.5687 (1024-row sub-passes: slower than 2048 at 16/32
+    // T 8192 / 32768 and 6-10% slower than the default at 16/48; at 16/32 T 2048, where the
+    // default is one pass, 0.0938 -> 0.0923; 512: slower everywhere; 3072 / 4096, s24-2: slower
+    // than 2048 at 16/32, within 1% at 16/48). The warpgroup state kernel leaves SMs idle (16/32 heads: 64 CTAs
     // on 132 SMs), so the prep of sub-pass p + 1 runs there, beside the state kernel of sub-pass
     // p, into the other half of the workspace; every launch stays in this stream, chained by
     // programmatic dependence: state(p) lets prep(p + 1) start once it has waited for prep(p),

@@ -542,7 +542,7 @@ def test_chunked_subpasses_bitwise_one_pass(ctx, rng, monkeypatch, hk, hv, sizes
     monkeypatch.setenv("PREFILL_GDN_STATE", "wg")
     _skip_without_wg(ctx, "the chained sub-passes need the warpgroup state kernel")
     mode = "" if sub is None else str(sub)     # "": unset, the library's default
-    rows = 2048 if sub is None else sub
+    rows = 2048 if sub is None else sub        # kGdnSubpassRows (cuda/gdn.cuh)
     assert any(n > rows for n in sizes)
     for n in sizes:
         if n > rows:
