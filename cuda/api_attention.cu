@@ -10,6 +10,7 @@
 
 #include "api_views.h"
 #include "attention.cuh"
+#include "rows.cuh"
 #include "context.h"
 #include "cuda_check.cuh"
 
@@ -44,15 +45,6 @@ pf_status check_cache(const pf_context *ctx, const pf_buffer *b, int64_t kv_dim,
     return PF_STATUS_OK;
 }
 
-// PREFILL_ATTN_POS_DEVICE=1 (read per call; a test hook): pf_attention's flash path runs as a
-// session runs it inside a CUDA graph, with pos0 in device memory and the caches' capacity in
-// the wgmma kernel's maps (bitwise the same output; the tests fill the rows past pos0 + rows
-// with NaN to check that the kernels keep them out).
-bool pos_device_hook() {
-    const char *e = std::getenv("PREFILL_ATTN_POS_DEVICE");
-    return e && std::strcmp(e, "1") == 0;
-}
-
 // Resolved, validated options: everything pf_attention checks before it looks at buffers.
 struct resolved_options {
     pf::attention_args args;  // pointers left null
@@ -79,6 +71,8 @@ pf_status resolve_options(const pf_attention_options *o, const char *fn, resolve
                      o->kernel == PF_ATTN_KERNEL_WGMMA,
                  "%s: kernel=%d (PF_ATTN_KERNEL_AUTO 0, PF_ATTN_KERNEL_MMA 1, PF_ATTN_KERNEL_WGMMA 2)",
                  fn, (int)o->kernel);
+    PF_CHECK_ARG(o->position_on_device == 0 || o->position_on_device == 1,
+                 "%s: position_on_device=%d must be 0 or 1", fn, (int)o->position_on_device);
     PF_CHECK_ARG(o->rows >= 0, "%s: rows=%lld must be >= 0", fn, (long long)o->rows);
     PF_CHECK_ARG(o->pos0 >= 0, "%s: pos0=%lld must be >= 0", fn, (long long)o->pos0);
     PF_CHECK_ARG(o->rows <= INT32_MAX && o->pos0 <= INT32_MAX - o->rows,
@@ -207,8 +201,8 @@ extern "C" PF_API pf_status pf_kv_write(pf_context *ctx, const pf_kv_write_args 
         if (rows == 0) return PF_STATUS_OK;
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::kv_write(vk.ptr(), vk.ld, vv.ptr(), vv.ld, rows, kv_dim, a.k_cache->ptr,
-                            a.v_cache->ptr, a.kv_dtype, pos0, ctx->stream);
+        return pf::kv_write(vk.cmat(), vv.cmat(), rows, kv_dim, pf::KvCache{a.k_cache->ptr, a.v_cache->ptr, a.kv_dtype},
+                            pos0, ctx->stream);
     });
 }
 
@@ -240,7 +234,9 @@ extern "C" PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_opt
         a.o = static_cast<float *>(out->ptr);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        if (pos_device_hook() && pf::attention_resolved_path(a) == PF_ATTN_FLASH) {
+        // The flash kernel: the options', else the context's tuning, else wgmma where it runs.
+        if (a.kernel == PF_ATTN_KERNEL_AUTO) a.kernel = ctx->tuning.attn_kernel;
+        if (opts->position_on_device == 1 && pf::attention_resolved_path(a) == PF_ATTN_FLASH) {
             // Test hook: the session's form of the flash launch (position read on the device,
             // TMA maps over the caches' whole capacity), staged in the context's attention
             // scratch, which the flash path does not otherwise use.

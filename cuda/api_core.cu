@@ -6,6 +6,7 @@
 
 #include "attention.cuh"
 #include "context.h"
+#include "plan.h"
 #include "prewarm.cuh"
 #include "cuda_check.cuh"
 
@@ -130,6 +131,25 @@ extern "C" PF_API void pf_context_destroy(pf_context *ctx) {
     (void)cudaStreamSynchronize(ctx->stream);
     context_teardown(ctx);
     delete ctx;
+}
+
+extern "C" PF_API pf_status pf_context_set_tuning(pf_context *ctx, const pf_tuning *tuning) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(ctx != nullptr, "pf_context_set_tuning: ctx is NULL");
+        const pf_tuning t = tuning ? *tuning : pf_tuning{};
+        PF_TRY(pf::tuning_check(t, "pf_context_set_tuning"));
+        ctx->tuning = t;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_context_get_tuning(const pf_context *ctx, pf_tuning *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(ctx != nullptr, "pf_context_get_tuning: ctx is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_context_get_tuning: out is NULL");
+        *out = ctx->tuning;
+        return PF_STATUS_OK;
+    });
 }
 
 extern "C" PF_API pf_status pf_context_synchronize(pf_context *ctx) {

@@ -39,8 +39,7 @@ extern "C" PF_API pf_status pf_gdn_conv1d(pf_context *ctx, const pf_view *m, con
         PF_CHECK_ARG(!pf::views_overlap(vwin, vw), "%s: window overlaps weight", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_conv1d_rows(vm.ptr(), vm.ld, vwin.ptr(), vw.ptr(), vu.ptr(), vu.ld, rows,
-                                   conv_dim, kc, ctx->stream);
+        return pf::gdn_conv1d_rows(vm.cmat(), vwin.ptr(), vw.ptr(), vu.mat(), rows, conv_dim, kc, ctx->stream);
     });
 }
 
@@ -58,8 +57,7 @@ extern "C" PF_API pf_status pf_gdn_l2norm(pf_context *ctx, const pf_view *x, int
         PF_TRY(pf::check_views(fn, ctx, {vx}));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_l2norm_rows(vx.ptr(), vx.ld, rows, n_heads, head_stride, head_dim, eps,
-                                   scale, ctx->stream);
+        return pf::gdn_l2norm_rows(vx.mat(), rows, n_heads, head_stride, head_dim, eps, scale, ctx->stream);
     });
 }
 
@@ -88,9 +86,16 @@ extern "C" PF_API pf_status pf_gdn_gates(pf_context *ctx, const pf_gdn_gates_arg
         PF_CHECK_ARG(!pf::views_overlap(vbeta, vg), "%s: beta overlaps g", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_gates_rows(vb.ptr(), vb.ld, va.ptr(), va.ld, vssm.ptr(), vdt.ptr(),
-                                  vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, a.rows, a.n_v_heads,
-                                  ctx->stream);
+        pf::GdnGatesArgs g;
+        g.b = vb.cmat();
+        g.alpha = va.cmat();
+        g.ssm_a = vssm.ptr();
+        g.dt_bias = vdt.ptr();
+        g.beta = vbeta.mat();
+        g.g = vg.mat();
+        g.rows = a.rows;
+        g.n_v_heads = a.n_v_heads;
+        return pf::gdn_gates_rows(g, ctx->stream);
     });
 }
 
@@ -121,8 +126,15 @@ extern "C" PF_API pf_status pf_gdn_gated_rms_norm(pf_context *ctx,
         PF_CHECK_ARG(!pf::views_overlap(vy, vw), "%s: y overlaps w", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::gdn_gated_rms_norm_rows(vo.ptr(), vo.ld, vz.ptr(), vz.ld, vw.ptr(), vy.ptr(),
-                                           vy.ld, a.rows, a.n_v_heads, a.dv, a.eps, ctx->stream);
+        pf::GdnGatedNormArgs n;
+        n.o = vo.cmat();
+        n.z = vz.cmat();
+        n.w = vw.ptr();
+        n.rows = a.rows;
+        n.n_v_heads = a.n_v_heads;
+        n.dv = a.dv;
+        n.eps = a.eps;
+        return pf::gdn_gated_rms_norm_rows(n, vy.mat(), ctx->stream);
     });
 }
 
@@ -133,8 +145,9 @@ extern "C" PF_API pf_status pf_gdn_scan_args_init(pf_gdn_scan_args *args, size_t
 
 namespace {
 
-// The scalar checks of pf_gdn_scan and pf_gdn_scan_plan, and the path a call runs.
-pf_status scan_plan(const char *fn, const pf_gdn_scan_args &a, int32_t *path, size_t *ws) {
+// The scalar checks of pf_gdn_scan and pf_gdn_scan_plan, and the path a call runs (AUTO: `tuned`,
+// the context's tuning.gdn_scan, first; gdn_scan_choose).
+pf_status scan_plan(const char *fn, const pf_gdn_scan_args &a, int32_t tuned, int32_t *path, size_t *ws) {
     PF_CHECK_ARG(a.rows >= 0, "%s: rows=%lld < 0", fn, (long long)a.rows);
     PF_CHECK_ARG(a.n_k_heads >= 1 && a.n_k_heads <= 65536 && a.n_v_heads >= 1 &&
                      a.n_v_heads <= 65536 && a.n_v_heads % a.n_k_heads == 0,
@@ -154,12 +167,7 @@ pf_status scan_plan(const char *fn, const pf_gdn_scan_args &a, int32_t *path, si
                         "%s: path=PF_GDN_SCAN_CHUNKED is built for dk = dv = 128, got dk=%d, "
                         "dv=%d; use PF_GDN_SCAN_AUTO or PF_GDN_SCAN_SEQUENTIAL",
                         fn, a.dk, a.dv);
-    int32_t run = a.path;
-    if (run == PF_GDN_SCAN_AUTO) {
-        const int32_t env = pf::gdn_scan_env_default();  // 0 auto, 1 sequential, 2 chunked
-        const bool chunk = chunk_ok && (env == 2 || (env == 0 && a.rows >= pf::kGdnChunkMinRows));
-        run = chunk ? PF_GDN_SCAN_CHUNKED : PF_GDN_SCAN_SEQUENTIAL;
-    }
+    const int32_t run = pf::gdn_scan_choose(a.path, tuned, false, a.rows, a.dk, a.dv);
     *path = run;
     *ws = run == PF_GDN_SCAN_CHUNKED
               ? pf::gdn_chunk_workspace_bytes(a.rows, a.n_k_heads, a.n_v_heads)
@@ -176,7 +184,7 @@ extern "C" PF_API pf_status pf_gdn_scan_plan(const pf_gdn_scan_args *args, int32
         PF_TRY(pf::args_check(fn, args, "pf_gdn_scan_args_init"));
         int32_t path = 0;
         size_t ws = 0;
-        PF_TRY(scan_plan(fn, *args, &path, &ws));
+        PF_TRY(scan_plan(fn, *args, PF_GDN_SCAN_AUTO, &path, &ws));
         if (out_path) *out_path = path;
         if (out_workspace_bytes) *out_workspace_bytes = ws;
         return PF_STATUS_OK;
@@ -190,7 +198,8 @@ extern "C" PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args 
         const pf_gdn_scan_args &a = *args;
         int32_t run = PF_GDN_SCAN_SEQUENTIAL;
         size_t ws_bytes = 0;
-        PF_TRY(scan_plan(fn, a, &run, &ws_bytes));
+        // ctx is checked in its turn below (after the scalars and the views)
+        PF_TRY(scan_plan(fn, a, ctx ? ctx->tuning.gdn_scan : PF_GDN_SCAN_AUTO, &run, &ws_bytes));
         const int64_t kw = (int64_t)a.n_k_heads * a.dk, vw = (int64_t)a.n_v_heads * a.dv,
                       h = a.n_v_heads;
         const pf::RowsView vq = pf::matrix_view(a.q, "q", a.rows, kw, kw),
@@ -220,11 +229,20 @@ extern "C" PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args 
         }
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        if (run == PF_GDN_SCAN_SEQUENTIAL || a.rows == 0)
-            return pf::gdn_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld,
-                                     vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(),
-                                     vo.ld, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv,
-                                     ctx->stream);
+        pf::GdnScanArgs sa;
+        sa.q = vq.cmat();
+        sa.k = vk.cmat();
+        sa.v = vv.cmat();
+        sa.beta = vbeta.cmat();
+        sa.g = vg.cmat();
+        sa.state = vs.ptr();
+        sa.o = vo.mat();
+        sa.rows = a.rows;
+        sa.n_k_heads = a.n_k_heads;
+        sa.n_v_heads = a.n_v_heads;
+        sa.dk = a.dk;
+        sa.dv = a.dv;
+        if (run == PF_GDN_SCAN_SEQUENTIAL || a.rows == 0) return pf::gdn_scan_rows(sa, ctx->stream);
         void *ws = nullptr;
         if (own_ws) {
             ws = static_cast<char *>(a.workspace.buf->ptr) + a.workspace.off;
@@ -232,9 +250,6 @@ extern "C" PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args 
             PF_TRY(pf::scratch_reserve(ctx, ctx->scratch_gdn, ws_bytes, "GDN chunk workspace"));
             ws = ctx->scratch_gdn.ptr;
         }
-        return pf::gdn_chunk_scan_rows(vq.ptr(), vq.ld, vk.ptr(), vk.ld, vv.ptr(), vv.ld,
-                                       vbeta.ptr(), vbeta.ld, vg.ptr(), vg.ld, vs.ptr(), vo.ptr(),
-                                       vo.ld, a.rows, a.n_k_heads, a.n_v_heads, a.dk, a.dv, ws,
-                                       ws_bytes, 0, ctx->stream);
+        return pf::gdn_chunk_scan_rows(sa, ws, ws_bytes, pf::gdn_chunk_plan(ctx->tuning), ctx->stream);
     });
 }

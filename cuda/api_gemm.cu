@@ -120,8 +120,8 @@ extern "C" PF_API pf_status pf_embed(pf_context *ctx, const pf_weight *table, co
         // Pageable source: returns once the ids are staged, so the caller may reuse them.
         PF_CUDA_TRY(cudaMemcpyAsync(dids, ids, size_t(rows) * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, ctx->stream));
-        return pf::embed_rows(table->data, table->qtype, table->n, table->k, dids, rows, vo.ptr(),
-                              vo.ld, ctx->stream);
+        return pf::embed_rows(pf::QMatrix{table->data, table->qtype, table->n, table->k}, dids, rows,
+                              pf::MatF{vo.ptr(), vo.ld}, ctx->stream);
     });
 }
 
@@ -149,7 +149,8 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_v
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
         // The view offsets are applied here: pf::project takes pointers to row 0, column 0.
-        return pf::project(ctx, w, vx.ptr(), rows, vx.ld, vy.ptr(), vy.ld, accumulate == 1, leg);
+        return pf::project(pf::proj_env(ctx), w, pf::CMatF{vx.ptr(), vx.ld}, pf::MatF{vy.ptr(), vy.ld}, rows,
+                           accumulate == 1, leg);
     });
 }
 
@@ -193,8 +194,9 @@ extern "C" PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const
                             (long long)w->n, (long long)w->k);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::project_f16_rows(ctx, w, vx.ptr<const __half>(), inv ? vi.ptr<const float>() : nullptr,
-                                    rows, vy.ptr(), vy.ld, accumulate == 1);
+        return pf::project_f16_rows(pf::proj_env(ctx), w, vx.ptr<const __half>(),
+                                    inv ? vi.ptr<const float>() : nullptr, rows, pf::MatF{vy.ptr(), vy.ld},
+                                    accumulate == 1);
     });
 }
 
@@ -261,7 +263,7 @@ extern "C" PF_API pf_status pf_prewarm_f16(pf_context *ctx, pf_weight *const *we
                          int(i));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::prewarm_f16(ctx, weights, count, headroom_bytes, report);
+        return pf::prewarm_f16(ctx, weights, count, headroom_bytes, pf::prewarm_plan(ctx->tuning), report);
     });
 }
 
@@ -293,8 +295,8 @@ extern "C" PF_API pf_status pf_qgemm(pf_context *ctx, const pf_weight *w, const 
         PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::qgemm(w->data, w->qtype, w->n, w->k, vx.ptr(), rows, vx.ld, vy.ptr(), vy.ld,
-                         accumulate == 1, ctx->stream);
+        return pf::qgemm(pf::QMatrix{w->data, w->qtype, w->n, w->k}, pf::CMatF{vx.ptr(), vx.ld},
+                         pf::MatF{vy.ptr(), vy.ld}, rows, accumulate == 1, ctx->stream);
     });
 }
 
@@ -313,8 +315,8 @@ extern "C" PF_API pf_status pf_qgemm_swiglu(pf_context *ctx, const pf_weight *w,
         PF_TRY(check_rows_io(fn, ctx, w, vx, vo));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::qgemm_swiglu(w->data, w->qtype, n, w->k, vx.ptr(), rows, vx.ld, vo.ptr(), vo.ld,
-                                ctx->stream);
+        return pf::qgemm_swiglu(pf::QMatrix{w->data, w->qtype, n, w->k}, pf::CMatF{vx.ptr(), vx.ld},
+                                pf::MatF{vo.ptr(), vo.ld}, rows, ctx->stream);
     });
 }
 
@@ -331,7 +333,7 @@ extern "C" PF_API pf_status pf_qgemv(pf_context *ctx, const pf_weight *w, const 
         PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::qgemv(w->data, w->qtype, w->n, w->k, vx.ptr(), vy.ptr(), accumulate == 1,
+        return pf::qgemv(pf::QMatrix{w->data, w->qtype, w->n, w->k}, vx.ptr(), vy.ptr(), accumulate == 1,
                          ctx->stream);
     });
 }

@@ -7,6 +7,7 @@
 #include "cuda_check.cuh"
 #include "gemm.cuh"
 #include "model.h"
+#include "plan.h"
 #include "session.h"
 
 namespace {
@@ -22,8 +23,9 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     pf_prewarm_report rep;
     std::memset(&rep, 0, sizeof rep);
     rep.struct_size = sizeof rep;
-    PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, fuse_env_enabled()),
-                              headroom ? headroom : kDefaultPrewarmHeadroom, &rep));
+    const pf_tuning t = tuning_over(m->tuning, m->ctx->tuning);
+    PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, switch_on(t.fuse_groups, true)),
+                              headroom ? headroom : kDefaultPrewarmHeadroom, prewarm_plan(t), &rep));
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     m->prewarm_report = rep;
     *armed = rep.armed;
@@ -54,6 +56,7 @@ extern "C" PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const
         }
         PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_model_load: gemm_leg=%d is not a pf_gemm_leg",
                      o.gemm_leg);
+        PF_TRY(pf::tuning_check(o.tuning, "pf_model_load"));
         PF_CHECK_ARG(ctx != nullptr, "pf_model_load: ctx is NULL");
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
@@ -155,6 +158,7 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
                      "pf_session_create: attn_path=%d is not a pf_attn_path", o.attn_path);
         PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "pf_session_create: cuda_graphs=%d must be 0 or 1",
                      o.cuda_graphs);
+        PF_TRY(pf::tuning_check(o.tuning, "pf_session_create"));
         PF_CHECK_ARG(model != nullptr, "pf_session_create: model is NULL");
         if (model->hp.context_length > 0)
             PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,
@@ -184,12 +188,12 @@ extern "C" PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_
         PF_CHECK_ARG(s != nullptr, "pf_session_generate: session is NULL");
         PF_CHECK_ARG(n > 0, "pf_session_generate: n=%d must be > 0", n);
         PF_CHECK_ARG(out_tokens != nullptr, "pf_session_generate: out_tokens is NULL");
-        PF_CHECK_ARG(s->last_token >= 0, "pf_session_generate: no prior prefill (nothing to continue from)");
-        PF_CHECK_ARG(s->pos + n <= s->max_tokens,
+        PF_CHECK_ARG(s->seq.last_token >= 0, "pf_session_generate: no prior prefill (nothing to continue from)");
+        PF_CHECK_ARG(s->seq.pos + n <= s->seq.max_tokens,
                      "pf_session_generate: %d tokens at position %lld exceed the session's capacity of %d", n,
-                     (long long)s->pos, s->max_tokens);
+                     (long long)s->seq.pos, s->seq.max_tokens);
         for (int32_t i = 0; i < n; i++) {
-            const int32_t feed = s->last_token;
+            const int32_t feed = s->seq.last_token;
             PF_TRY(pf::session_prefill(s, &feed, 1, PF_LOGITS_NONE, nullptr, 0, &out_tokens[i]));
         }
         return PF_STATUS_OK;
@@ -200,7 +204,7 @@ extern "C" PF_API pf_status pf_session_position(const pf_session *s, int32_t *ou
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(s != nullptr, "pf_session_position: session is NULL");
         PF_CHECK_ARG(out != nullptr, "pf_session_position: out is NULL");
-        *out = int32_t(s->pos);
+        *out = int32_t(s->seq.pos);
         return PF_STATUS_OK;
     });
 }

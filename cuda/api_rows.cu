@@ -31,8 +31,7 @@ extern "C" PF_API pf_status pf_rms_norm(pf_context *ctx, const pf_view *x, const
         PF_CHECK_ARG(!pf::views_overlap(vw, vy), "%s: y overlaps w", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::rms_norm_rows(vx.ptr(), vx.ld, vw.ptr(), vy.ptr(), vy.ld, rows, cols, eps,
-                                 ctx->stream);
+        return pf::rms_norm_rows(vx.cmat(), vw.ptr(), vy.mat(), rows, cols, eps, ctx->stream);
     });
 }
 
@@ -51,8 +50,8 @@ extern "C" PF_API pf_status pf_head_rms_norm(pf_context *ctx, const pf_view *x, 
         PF_CHECK_ARG(!pf::views_overlap(vx, vw), "%s: x overlaps w", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::head_rms_norm_rows(vx.ptr(), vx.ld, rows, n_heads, head_stride, head_dim,
-                                      vw.ptr(), eps, ctx->stream);
+        return pf::head_rms_norm_rows(vx.mat(), rows, pf::HeadLayout{n_heads, head_stride, head_dim}, vw.ptr(),
+                                      eps, ctx->stream);
     });
 }
 
@@ -79,8 +78,8 @@ extern "C" PF_API pf_status pf_rope_neox(pf_context *ctx, const pf_rope_neox_arg
         PF_TRY(pf::check_views(fn, ctx, {vx}));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::rope_neox_rows(vx.ptr(), vx.ld, a.rows, a.n_heads, head_stride, a.head_dim,
-                                  a.rot_dim, a.pos0, a.base, ctx->stream);
+        return pf::rope_neox_rows(vx.mat(), a.rows, pf::HeadLayout{a.n_heads, head_stride, a.head_dim}, a.rot_dim,
+                                  a.pos0, a.base, ctx->stream);
     });
 }
 
@@ -100,8 +99,7 @@ extern "C" PF_API pf_status pf_swiglu(pf_context *ctx, const pf_view *g, const p
                      "%s: out overlaps u (only out == u, same offset and ld, is allowed)", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::swiglu_rows(vg.ptr(), vg.ld, vu.ptr(), vu.ld, vo.ptr(), vo.ld, rows, cols,
-                               ctx->stream);
+        return pf::swiglu_rows(vg.cmat(), vu.cmat(), vo.mat(), rows, cols, ctx->stream);
     });
 }
 
@@ -117,7 +115,7 @@ extern "C" PF_API pf_status pf_add(pf_context *ctx, const pf_view *y, const pf_v
         PF_CHECK_ARG(!pf::views_overlap(vy, vx), "%s: y overlaps x", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::add_rows(vy.ptr(), vy.ld, vx.ptr(), vx.ld, rows, cols, ctx->stream);
+        return pf::add_rows(vy.mat(), vx.cmat(), rows, cols, ctx->stream);
     });
 }
 
@@ -137,7 +135,7 @@ extern "C" PF_API pf_status pf_sigmoid_gate(pf_context *ctx, const pf_view *o,
         PF_CHECK_ARG(!pf::views_overlap(vo, vg), "%s: o overlaps gate", fn);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::sigmoid_gate_rows(vo.ptr(), vo.ld, vg.ptr(), vg.ld, gate_head_stride, rows,
-                                     n_heads, head_dim, ctx->stream);
+        return pf::sigmoid_gate_rows(vo.mat(), vg.cmat(), pf::HeadLayout{n_heads, gate_head_stride, head_dim}, rows,
+                                     ctx->stream);
     });
 }

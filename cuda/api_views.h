@@ -19,6 +19,7 @@
 #include <initializer_list>
 
 #include "context.h"
+#include "mat.h"
 
 namespace pf {
 
@@ -41,6 +42,9 @@ struct RowsView {
         char *p = static_cast<char *>(buf->ptr) + size_t(off) * elem;
         return static_cast<T *>(static_cast<void *>(p));
     }
+    // The operand in the internal convention (mat.h).
+    MatF mat() const { return MatF{ptr(), ld}; }
+    CMatF cmat() const { return CMatF{ptr(), ld}; }
 };
 
 // A [rows][ld] matrix operand from the caller's view: ld 0 means natural_ld (the op's natural

@@ -1,4 +1,4 @@
-// attention.cu — KV-cache writes, causal grouped attention (cuBLAS and flash paths), argmax.
+// attention.cu — KV-cache writes, causal grouped attention (cuBLAS and flash paths).
 // Shapes and layouts are documented at the declarations in attention.cuh.
 #include <cuda_fp16.h>
 
@@ -8,6 +8,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "mma.cuh"
 #include "qk_math.cuh"
 
 namespace pf {
@@ -153,23 +154,6 @@ __device__ __forceinline__ uint32_t ld_smem_u32(const __half *p) {
     return *reinterpret_cast<const uint32_t *>(p);  // two consecutive fp16, 4-byte aligned
 }
 
-__device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
-    return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
-}
-
-__device__ __forceinline__ uint32_t pack_float2(float lo, float hi) {
-    return pack_half2(__float2half_rn(lo), __float2half_rn(hi));
-}
-
-// d += a * b for one 16x8x16 tile (fp16 inputs, fp32 accumulators), warp-wide.
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 template <int D, int BC>
 constexpr size_t flash_smem_bytes() {
     return size_t(kFlashBM + 2 * BC) * (D + 8) * sizeof(__half);
@@ -257,7 +241,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
             for (int nt = 0; nt < BC / 8; ++nt) {
                 const __half *kr = sK + (nt * 8 + gid) * LDS + kk * 16 + 2 * tig;
                 const uint32_t bf[2] = {ld_smem_u32(kr), ld_smem_u32(kr + 8)};
-                mma_16816(s[nt], af, bf);
+                mma_m16n8k16(s[nt], af, bf[0], bf[1]);
             }
         }
 
@@ -276,8 +260,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         float alpha[2], base[2];
         for (int i = 0; i < 2; ++i) {
             // The 4 lanes of a quad (same gid) hold the row's columns: reduce over lane bits 0-1.
-            tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(kFullMask, tile_max[i], 1));
-            tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(kFullMask, tile_max[i], 2));
+            tile_max[i] = quad_max(tile_max[i]);
             const float new_max = fmaxf(row_max[i], tile_max[i]);
             // A row with no visible key so far keeps max -inf; use 0 as the base so that
             // exp2(-inf - base) = 0 instead of NaN. (Key 0 is visible to every row, so this only
@@ -309,24 +292,22 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         // V[j0 + kk*16 + k][dt*8 + n]: the two k of a register are two V rows, loaded one by one.
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
-            const uint32_t pf[4] = {pack_float2(s[2 * kk][0], s[2 * kk][1]),
-                                    pack_float2(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_float2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_float2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const uint32_t pf[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
+                                    pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                                    pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt) {
                 const __half *vp = sV + (kk * 16 + 2 * tig) * LDS + dt * 8 + gid;
-                const uint32_t bf[2] = {pack_half2(vp[0], vp[LDS]), pack_half2(vp[8 * LDS], vp[9 * LDS])};
-                mma_16816(acc[dt], pf, bf);
+                const uint32_t bf[2] = {pack_halves(vp[0], vp[LDS]), pack_halves(vp[8 * LDS], vp[9 * LDS])};
+                mma_m16n8k16(acc[dt], pf, bf[0], bf[1]);
             }
         }
     }
 
     // Normalise and store the rows of this chunk (fp32; scalar stores: ldo may be odd).
     for (int i = 0; i < 2; ++i) {
-        float l = row_sum[i];
-        l += __shfl_xor_sync(kFullMask, l, 1);
-        l += __shfl_xor_sync(kFullMask, l, 2);
+        const float l = quad_sum(row_sum[i]);
         const float inv = 1.f / l;  // l >= 1 (the max term); NaN inputs stay NaN
         const int64_t m = m0 + warp * 16 + gid + 8 * i;
         if (m >= packed) continue;
@@ -339,49 +320,6 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         }
     }
 }
-
-// ---------------------------------------------------------------------------------- argmax
-
-struct argmax_args {
-    const float *x;
-    int64_t n, ld;
-    int32_t *out;
-};
-
-constexpr int kArgmaxThreads = 512;
-
-// (v1, i1) ranks before (v2, i2): NaN above all numbers, then larger value, then lower index.
-__device__ __forceinline__ bool ranks_before(float v1, int32_t i1, float v2, int32_t i2) {
-    const bool n1 = isnan(v1), n2 = isnan(v2);
-    if (n1 || n2) return n1 && (!n2 || i1 < i2);
-    return v1 > v2 || (v1 == v2 && i1 < i2);
-}
-
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __grid_constant__ argmax_args a) {
-    __shared__ float sv[kArgmaxThreads / 32];
-    __shared__ int32_t si[kArgmaxThreads / 32];
-    const float *x = a.x + int64_t(blockIdx.x) * a.ld;
-    float best = -INFINITY;
-    int32_t bi = INT32_MAX;  // sentinel: any element, even -inf, wins by the lower index
-    for (int64_t i = threadIdx.x; i < a.n; i += kArgmaxThreads) {
-        const float v = x[i];
-        if (ranks_before(v, int32_t(i), best, bi)) best = v, bi = int32_t(i);
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(kFullMask, best, o);
-        const int32_t oi = __shfl_xor_sync(kFullMask, bi, o);
-        if (ranks_before(ov, oi, best, bi)) best = ov, bi = oi;
-    }
-    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kArgmaxThreads / 32; ++w)
-            if (ranks_before(sv[w], si[w], best, bi)) best = sv[w], bi = si[w];
-        a.out[blockIdx.x] = bi;
-    }
-}
-
-__global__ void store_i64_kernel(int64_t *p, int64_t v) { *p = v; }
 
 // ------------------------------------------------------------------ per-context scratch
 
@@ -531,9 +469,12 @@ pf_status launch_flash(const attention_args &a, cudaStream_t st) {
 
 // ------------------------------------------------------------------------- entry points
 
-pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
-                   int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype, int64_t pos0,
+pf_status kv_write(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCache &cache, int64_t pos0,
                    cudaStream_t stream) {
+    const float *k = km.ptr, *v = vm.ptr;
+    const int64_t ldk = km.ld, ldv = vm.ld;
+    void *k_cache = cache.k, *v_cache = cache.v;
+    const int32_t kv_dtype = cache.dtype;
     PF_CHECK_ARG(rows >= 0 && kv_dim > 0 && pos0 >= 0 && ldk >= kv_dim && ldv >= kv_dim,
                  "kv_write: rows=%lld kv_dim=%lld pos0=%lld ldk=%lld ldv=%lld", (long long)rows,
                  (long long)kv_dim, (long long)pos0, (long long)ldk, (long long)ldv);
@@ -547,9 +488,12 @@ pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int
     return kv_write_launch(a, kv_dtype, stream);
 }
 
-pf_status kv_write_at(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
-                      int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype,
+pf_status kv_write_at(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCache &cache,
                       const int64_t *pos0_dev, cudaStream_t stream) {
+    const float *k = km.ptr, *v = vm.ptr;
+    const int64_t ldk = km.ld, ldv = vm.ld;
+    void *k_cache = cache.k, *v_cache = cache.v;
+    const int32_t kv_dtype = cache.dtype;
     PF_CHECK_ARG(rows >= 0 && kv_dim > 0 && ldk >= kv_dim && ldv >= kv_dim && pos0_dev != nullptr,
                  "kv_write_at: rows=%lld kv_dim=%lld ldk=%lld ldv=%lld pos0_dev=%p", (long long)rows,
                  (long long)kv_dim, (long long)ldk, (long long)ldv, (const void *)pos0_dev);
@@ -580,10 +524,7 @@ int32_t attention_resolved_path(const attention_args &a) {
 
 int32_t attention_resolved_kernel(const attention_args &a, int device) {
     if (a.kernel == PF_ATTN_KERNEL_MMA || a.kernel == PF_ATTN_KERNEL_WGMMA) return a.kernel;
-    const bool have = sm90a_kernels_available(device);
-    const int32_t env = attention_kernel_env();
-    if (env == PF_ATTN_KERNEL_MMA) return PF_ATTN_KERNEL_MMA;
-    return have ? PF_ATTN_KERNEL_WGMMA : PF_ATTN_KERNEL_MMA;  // env wgmma or unset
+    return sm90a_kernels_available(device) ? PF_ATTN_KERNEL_WGMMA : PF_ATTN_KERNEL_MMA;
 }
 
 int64_t attention_rows_per_pass(const attention_args &a) {
@@ -644,23 +585,5 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
 }
 
 void attention_release(pf_context *ctx) { scratch_release(ctx, ctx->scratch_attn); }
-
-pf_status store_i64(int64_t *dst, int64_t v, cudaStream_t stream) {
-    PF_CHECK_ARG(dst != nullptr, "store_i64: dst is NULL");
-    store_i64_kernel<<<1, 1, 0, stream>>>(dst, v);
-    PF_LAUNCH_CHECK("store_i64_kernel");
-    return PF_STATUS_OK;
-}
-
-pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32_t *out_ids,
-                      cudaStream_t stream) {
-    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && n >= 1 && n <= INT32_MAX && ld >= n,
-                 "argmax_rows: rows=%lld n=%lld ld=%lld", (long long)rows, (long long)n,
-                 (long long)ld);
-    if (rows == 0) return PF_STATUS_OK;
-    argmax_rows_kernel<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(argmax_args{x, n, ld, out_ids});
-    PF_LAUNCH_CHECK("argmax_rows_kernel");
-    return PF_STATUS_OK;
-}
 
 }  // namespace pf

@@ -1,4 +1,4 @@
-// attention.cuh — attention over a resident KV cache, and the LM-head helpers (internal entries).
+// attention.cuh — attention over a resident KV cache (internal entries).
 //
 // KV cache layout (DESIGN.md "Numbers and layouts"): per attention layer, K and V are two
 // separate row-major arrays `[max_len][kv_dim]`, kv_dim = Hkv * D, row p = position p, KV head g
@@ -19,22 +19,27 @@
 #include <cstdint>
 
 #include "context.h"
+#include "mat.h"
 
 namespace pf {
 
+// One attention layer's KV cache: K and V arrays [capacity][kv_dim] of `dtype` (PF_KV_F16 or
+// PF_KV_F32), row p = position p.
+struct KvCache {
+    void *k = nullptr, *v = nullptr;
+    int32_t dtype = PF_KV_F16;
+};
+
 // Converts rows of fp32 k and v into the cache: for r in [0, rows), c in [0, kv_dim):
-//   k_cache[(pos0 + r) * kv_dim + c] = cvt(k[r * ldk + c]), same for v.
-// k, v: device fp32, row strides ldk, ldv >= kv_dim (elements). k_cache, v_cache: device arrays of
-// the cache dtype (`kv_dtype` = PF_KV_F16 or PF_KV_F32) holding at least pos0 + rows rows.
-// fp16 conversion rounds to nearest even and saturates at +-65504 (finite values never become
-// inf, which would turn into NaN in the softmax; NaN stays NaN). rows == 0 is a no-op.
-pf_status kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
-                   int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype, int64_t pos0,
+//   cache.k[(pos0 + r) * kv_dim + c] = cvt(k.row(r)[c]), same for v.
+// k, v: device fp32, ld >= kv_dim; the cache holds at least pos0 + rows rows. fp16 conversion
+// rounds to nearest even and saturates at +-65504 (finite values never become inf, which would
+// turn into NaN in the softmax; NaN stays NaN). rows == 0 is a no-op.
+pf_status kv_write(CMatF k, CMatF v, int64_t rows, int64_t kv_dim, const KvCache &cache, int64_t pos0,
                    cudaStream_t stream);
 // kv_write with pos0 read from device memory when the kernel runs (a launch that a CUDA graph can
 // replay at any position); the caller keeps pos0 + rows within the caches.
-pf_status kv_write_at(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t rows,
-                      int64_t kv_dim, void *k_cache, void *v_cache, int32_t kv_dtype,
+pf_status kv_write_at(CMatF k, CMatF v, int64_t rows, int64_t kv_dim, const KvCache &cache,
                       const int64_t *pos0_dev, cudaStream_t stream);
 
 // Arguments of `attention`. Shapes use H = n_heads, Hkv = n_kv_heads, D = head_dim.
@@ -58,7 +63,7 @@ struct attention_args {
     int64_t pos0 = 0;  // position of query row 0; keys 0..pos0+t are visible to row t
     float scale = 0;   // softmax scale, normally 1/sqrt(D)
     int32_t path = PF_ATTN_AUTO;
-    // Flash path only: pf_attn_kernel (AUTO: PREFILL_ATTN_KERNEL, else wgmma where available).
+    // Flash path only: pf_attn_kernel (AUTO: wgmma where available).
     int32_t kernel = PF_ATTN_KERNEL_AUTO;
     // cuBLAS path only. The query rows run in passes of at most rows_per_pass rows; 0 = derive it
     // from scores_budget_bytes (0 = kAttnDefaultBudget) so that the workspace stays within it.
@@ -124,29 +129,15 @@ int64_t attention_rows_per_pass(const attention_args &a);
 // pos0 + rows (0 for the flash path). Use it to size attention_args::workspace.
 size_t attention_workspace_bytes(const attention_args &a, int64_t rows_per_pass);
 
-// PREFILL_ATTN_KERNEL read once per process: PF_ATTN_KERNEL_MMA for "mma", _WGMMA for "wgmma",
-// else PF_ATTN_KERNEL_AUTO.
-int32_t attention_kernel_env();
 // The flash kernel `a` runs on `device`: PF_ATTN_KERNEL_MMA or PF_ATTN_KERNEL_WGMMA (an explicit
-// a.kernel first, then the environment, then wgmma where available). An explicit WGMMA where it
+// a.kernel first, then wgmma where available). An explicit WGMMA where it
 // is not available resolves to WGMMA, and attention() reports it UNSUPPORTED.
 int32_t attention_resolved_kernel(const attention_args &a, int device);
 // Runs the wgmma kernel (D 128 or 256, fp16 cache, 16-byte aligned caches; the caller checked
 // attention_flash_supported and sm90a_kernels_available) on `stream`.
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t stream);
 
-// *dst = v in stream order (a kernel argument: no host staging, no wait), for callers that keep
-// attention's position on the device (attention_args::pos0_dev).
-pf_status store_i64(int64_t *dst, int64_t v, cudaStream_t stream);
-
 // Frees this family's per-context scratch (call from context teardown; harmless when none).
 void attention_release(pf_context *ctx);
-
-// Greedy decoding helper: out_ids[r] = argmax_{i < n} x[r * ld + i] for r in [0, rows).
-// x: device fp32 [rows][ld], ld >= n, 1 <= n <= INT32_MAX; out_ids: device int32 [rows].
-// Ties go to the lowest index. NaN ranks above every number (as numpy.argmax): a row with NaN
-// returns its first NaN's index. A row of all -inf returns 0. rows == 0 is a no-op.
-pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32_t *out_ids,
-                      cudaStream_t stream);
 
 }  // namespace pf

@@ -22,13 +22,14 @@
 //    the next wgmma), O += P V (wgmma, A from registers, B = V from shared memory MN-major).
 //    S of tile i+1 is issued before O += P_i V_i and its softmax runs while that product is in
 //    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
-//    products (FA3's ping-pong), so one's softmax overlaps the other's products.
-//    PREFILL_ATTN_PINGPONG=0 turns the turn-taking off.
+//    products (FA3's ping-pong), so one's softmax overlaps the other's products (measured faster
+//    than without in every A/B run; the switch that turned it off was deleted, NOTES.md archive).
 //  - Key tiles: BN = 176 at D = 128 (device run 36, H32/Hkv8, against 128: 0.9536 vs 0.9958 ms
 //    at T = 8192, 1.653 vs 1.769 at 2048 rows on 30720 cached, 0.0905 vs 0.0894 at T = 2048;
-//    PREFILL_ATTN_BN128=128 or 96 for A/B runs); at D = 256 BN = 80 (FA3's 128 x 80 tiles at
-//    hd256; device run 24: 0.938 vs 0.984 ms for 64 at T = 8192), or 64 with
-//    PREFILL_ATTN_BN256=64. Nothing needs BN to be a power of two: BN is a multiple of 16 (whole
+//    96 slower too); at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device run 24: 0.938 vs
+//    0.984 ms for 64 at T = 8192). The other instances were deleted once NOTES.md's archive kept
+//    their numbers; one size per head dim keeps a graph's launch (position on the device) bitwise
+//    the host-position launch. Nothing needs BN to be a power of two: BN is a multiple of 16 (whole
 //    k-steps of P V, whole n8 tiles of S) and of 8 (each swizzle block of 64 columns x BN rows
 //    is whole 1024-byte atoms, so every block and stage starts 1024-aligned).
 //  - Tiles past the block's last visible key are never loaded (causal tile skip); blocks are
@@ -45,6 +46,7 @@
 #include "attention.cuh"
 #include "common.cuh"
 #include "hopper.cuh"
+#include "mma.cuh"
 #include "wgmma.cuh"
 
 namespace pf {
@@ -69,7 +71,6 @@ struct wgmma_attn_args {
     int32_t G, n_kv_heads;
     int32_t q_vec4;    // q, ldq and the head stride are whole 16-byte units: vector loads of q
     int32_t o_vec2;    // o and ldo are whole 8-byte units: the epilogue stores float2
-    int32_t pingpong;  // the consumer warpgroups take turns issuing wgmma (PREFILL_ATTN_PINGPONG)
     int64_t rows, pos0;
     const int64_t *pos0_dev;  // when set, pos0 is read here when the kernel runs (CUDA graphs)
     int64_t map_rows;         // rows the K/V tensor maps span (pos0 + rows, or the capacity)
@@ -105,13 +106,6 @@ constexpr int kConsumerBarrier = 1;  // named barrier id of the 256 consumer thr
 __device__ __forceinline__ __half wg_to_half_sat(float x) {
     if (fabsf(x) > 65504.f) x = copysignf(65504.f, x);
     return __float2half_rn(x);
-}
-
-// Two fp32 -> fp16x2 (lo in bits 0-15), rounding to nearest even: one cvt.rn.f16x2.f32, the
-// same rounding as two cvt.rn.f16.f32, so the bits are those of converting each separately.
-__device__ __forceinline__ uint32_t wg_pack_float2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);  // .x = lo (low half), .y = hi
-    return *reinterpret_cast<const uint32_t *>(&h);
 }
 
 __device__ __forceinline__ void consumer_sync() {
@@ -151,8 +145,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, boo
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         // The 4 lanes of a quad (same gid) hold the row's columns: reduce over lane bits 0-1.
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
+        tile_max[r] = quad_max(tile_max[r]);
         const float new_max = fmaxf(st.row_max[r], tile_max[r] * scale_log2);
         // A row with no visible key so far keeps max -inf: base 0 makes exp2(-inf) = 0, not NaN
         // (key 0 is visible to every row, so after the first tile the max is finite).
@@ -173,10 +166,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], int64_t j0, boo
     // i.e. s[8kk .. 8kk+7] (a0: row gid, keys 2tig..; a1: row gid+8; a2, a3: keys +8).
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-        p[kk][0] = wg_pack_float2(s[8 * kk + 0], s[8 * kk + 1]);
-        p[kk][1] = wg_pack_float2(s[8 * kk + 2], s[8 * kk + 3]);
-        p[kk][2] = wg_pack_float2(s[8 * kk + 4], s[8 * kk + 5]);
-        p[kk][3] = wg_pack_float2(s[8 * kk + 6], s[8 * kk + 7]);
+        p[kk][0] = pack_half2(s[8 * kk + 0], s[8 * kk + 1]);
+        p[kk][1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
+        p[kk][2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
+        p[kk][3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
     }
 }
 
@@ -378,14 +371,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // warpgroup 0 and batch k+1 of warpgroup 0 after batch k of warpgroup 1, so that one
     // warpgroup's softmax runs while the other's products occupy the tensor cores. Batches:
     // 0 = S_0, it+1 = S_{it+1} and P_it V_it, n_tiles = the last P V.
-    const bool pingpong = a.pingpong != 0;
-    const auto turn_wait = [&](int k) {
-        if (pingpong) mbar_wait(sched(wg), uint32_t(k) & 1);
-    };
-    const auto turn_pass = [&]() {
-        if (pingpong) mbar_arrive(sched(wg ^ 1));
-    };
-    if (pingpong && wg == 1) mbar_arrive(sched(0));  // warpgroup 0 goes first
+    const auto turn_wait = [&](int k) { mbar_wait(sched(wg), uint32_t(k) & 1); };
+    const auto turn_pass = [&]() { mbar_arrive(sched(wg ^ 1)); };
+    if (wg == 1) mbar_arrive(sched(0));  // warpgroup 0 goes first
 
     mbar_wait(full_k(0), 0);
     turn_wait(0);
@@ -460,9 +448,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // of each n8 tile as one float2 where o and ldo allow it (a.o_vec2), else two scalars.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = sm.row_sum[r];
-        l += __shfl_xor_sync(kFullMask, l, 1);
-        l += __shfl_xor_sync(kFullMask, l, 2);
+        const float l = quad_sum(sm.row_sum[r]);
         const float inv = 1.f / l;  // l >= 1 (the max term); NaN inputs stay NaN
         const int64_t m = m0 + wg * 64 + warp * 16 + gid + 8 * r;
         if (m >= packed) continue;
@@ -501,42 +487,6 @@ pf_status make_cache_map(CUtensorMap *map, const void *cache, int64_t kv_dim, in
     return PF_STATUS_OK;
 }
 
-// PREFILL_ATTN_PINGPONG=0 turns the consumer warpgroups' turn-taking off (A/B measurements, or
-// to rule it out); anything else or unset keeps it. Read once per process.
-int32_t pingpong_env() {
-    static const int32_t v = [] {
-        const char *e = std::getenv("PREFILL_ATTN_PINGPONG");
-        return int32_t(!(e && std::strcmp(e, "0") == 0));
-    }();
-    return v;
-}
-
-// The D = 256 kernel's key tiles: 80 (FA3's hd256 tiles; 224 KiB of shared memory), measured
-// faster than 64 in device run 24 (H16/Hkv4, 0.938 vs 0.984 ms at T = 8192, 0.0955 vs 0.0975 at
-// 2048, same run); PREFILL_ATTN_BN256=64 keeps 64 for A/B runs. Read once per process.
-int bn256_env() {
-    static const int v = [] {
-        const char *e = std::getenv("PREFILL_ATTN_BN256");
-        return e && std::strcmp(e, "64") == 0 ? 64 : 80;
-    }();
-    return v;
-}
-
-// The D = 128 kernel's key tiles: 176 (FA3's non-causal hd128 tiles: fewer softmax rounds per
-// key; Q + two stages take 208 KiB), measured faster than 128 wherever a block sees many keys
-// (see the file comment); for A/B runs PREFILL_ATTN_BN128=128 (FA3's causal hd128 tiles) or 96
-// (less masked work on the diagonal). One size for every call: the graphs' launch (position on
-// the device) and the host-position launch stay bitwise the same. Read once per process.
-int bn128_env() {
-    static const int v = [] {
-        const char *e = std::getenv("PREFILL_ATTN_BN128");
-        if (e && std::strcmp(e, "96") == 0) return 96;
-        if (e && std::strcmp(e, "128") == 0) return 128;
-        return 176;
-    }();
-    return v;
-}
-
 template <int D, int BN>
 pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
@@ -559,7 +509,6 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     f.n_kv_heads = a.n_kv_heads;
     f.q_vec4 = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && a.ldq % 4 == 0 && a.q_head_stride % 4 == 0;
     f.o_vec2 = (reinterpret_cast<uintptr_t>(a.o) & 7) == 0 && a.ldo % 2 == 0;
-    f.pingpong = pingpong_env();
     f.rows = a.rows;
     f.pos0 = a.pos0;
     f.pos0_dev = a.pos0_dev;
@@ -577,29 +526,11 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
 
 }  // namespace
 
-int32_t attention_kernel_env() {
-    // Read once per process: set it before the first attention call.
-    static const int32_t v = [] {
-        const char *e = std::getenv("PREFILL_ATTN_KERNEL");
-        if (e && std::strcmp(e, "mma") == 0) return int32_t(PF_ATTN_KERNEL_MMA);
-        if (e && std::strcmp(e, "wgmma") == 0) return int32_t(PF_ATTN_KERNEL_WGMMA);
-        return int32_t(PF_ATTN_KERNEL_AUTO);
-    }();
-    return v;
-}
-
 pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
-    // Key tiles: 176 (or 128, 96: PREFILL_ATTN_BN128) at D = 128, 80 (or 64:
-    // PREFILL_ATTN_BN256) at D = 256 (shared memory: Q + 2 stages of K and V, 208, 160, 128,
-    // 224 or 192 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
-    if (a.head_dim == 128) {
-        const int bn = bn128_env();
-        return bn == 96    ? launch_wgmma<128, 96>(a, st)
-               : bn == 128 ? launch_wgmma<128, 128>(a, st)
-                           : launch_wgmma<128, 176>(a, st);
-    }
-    if (a.head_dim == 256)
-        return bn256_env() == 64 ? launch_wgmma<256, 64>(a, st) : launch_wgmma<256, 80>(a, st);
+    // Key tiles: 176 at D = 128, 80 at D = 256 (shared memory: Q + 2 stages of K and V, 208 and
+    // 224 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
+    if (a.head_dim == 128) return launch_wgmma<128, 176>(a, st);
+    if (a.head_dim == 256) return launch_wgmma<256, 80>(a, st);
     return fail(PF_STATUS_UNSUPPORTED, "attention: the wgmma kernel needs head_dim 128 or 256 (got %d)",
                 a.head_dim);
 }

@@ -44,14 +44,6 @@ pf_status device_smem_optin(int *out) {
     return cached_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, out);
 }
 
-bool env_switch_on(const char *name) {
-    const char *v = std::getenv(name);
-    if (!v) return true;
-    std::string s(v);
-    for (char &c : s) c = char(std::tolower((unsigned char)c));
-    return !(s == "0" || s == "off" || s == "no" || s == "false");
-}
-
 pf_status device_cc_major(int *out) {
     return cached_device_attribute(cudaDevAttrComputeCapabilityMajor, out);
 }

@@ -152,10 +152,6 @@ pf_status device_cc_major(int *out);
 // map encoder. Cached per device.
 bool sm90a_kernels_available(int device);
 
-// An on/off process switch read from the environment: on when unset or anything but
-// 0/off/no/false (case-insensitive).
-bool env_switch_on(const char *name);
-
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (above 48 KiB a
 // kernel must opt in). The attribute persists on the device, so it is set once per (device,
 // kernel); later calls return at once. `name` names the kernel in an error.

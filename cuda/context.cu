@@ -79,6 +79,9 @@ void f16_release(pf_weight *w) {
 
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what) {
     if (s.bytes >= bytes) return PF_STATUS_OK;
+    if (s.fixed)
+        return fail(PF_STATUS_INTERNAL, "%s: %zu bytes needed, the executor's workspace holds %zu (a "
+                    "sizing bug: report it)", what, bytes, s.bytes);
     scratch_release(ctx, s);
     void *p = nullptr;
     PF_TRY(device_alloc(ctx, bytes, &p, what));

@@ -10,11 +10,11 @@
 #include <cstdint>
 
 #include "error.h"
+#include "prefill.h"
 #include "qtype.h"  // qtype_block, matrix_bytes
 
 namespace pf {
 
-class GemmPlan;  // gemm_lt.cuh
 
 // The device allocation behind fp16 caches: one per prewarm (every weight it caches, fused
 // groups back to back) or per lone pf_weight_cache_f16. Each cached weight holds a reference;
@@ -26,9 +26,12 @@ struct F16Arena {
 };
 
 // A device allocation that grows on demand (never shrinks); used for per-context scratch.
+// A fixed Scratch (a slice of an executor's workspace) never grows: scratch_reserve fails on it
+// with INTERNAL when it is short (the workspace was sized for every call at creation).
 struct Scratch {
     void *ptr = nullptr;
     size_t bytes = 0;
+    bool fixed = false;
 };
 
 // Makes `ctx->device` current for the scope (contexts of several devices in one thread).
@@ -57,14 +60,15 @@ struct pf_context {
     void *workspace = nullptr;  // cuBLAS workspace, shared by the three handles (one stream)
     size_t workspace_bytes = 0;
     size_t allocated = 0;       // device bytes held by this context (buffers, weights, scratch)
-    pf::Scratch scratch_f32;    // f32 leg: dequantized weight
-    pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight
-    pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16
+    pf::Scratch scratch_f32;    // f32 leg: dequantized weight (kernel-level calls)
+    pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight (kernel-level calls)
+    pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16 (kernel-level calls)
     pf::Scratch scratch_gdn;    // chunked delta rule (kernel-level calls without a workspace)
     pf::Scratch scratch_attn;   // cuBLAS attention path (kernel-level calls without a workspace)
-    // The running session's f16-leg GEMM plan (gemm_lt.cuh), set for the duration of its prefill;
-    // nullptr otherwise: kernel-level calls run cublasGemmEx.
-    const pf::GemmPlan *gemm_plan = nullptr;
+    // The scratches above serve the kernel-level calls only: sessions and batches run in their
+    // executors' workspaces (executor.h). The tuning of the kernel-level calls, and the base of
+    // the models and sessions made on this context (pf_context_set_tuning).
+    pf_tuning tuning{};
 };
 
 struct pf_buffer {

@@ -127,9 +127,11 @@ pf_status dequantize(const void *blocks, int32_t qtype, int64_t n, int64_t k, vo
     return launch(qtype, a, out_f16, stream, "dequantize");
 }
 
-pf_status embed_rows(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
-                     const int32_t *ids, int64_t rows, float *out, int64_t ldo,
-                     cudaStream_t stream) {
+pf_status embed_rows(const QMatrix &table, const int32_t *ids, int64_t rows, MatF om, cudaStream_t stream) {
+    const void *blocks = table.blocks;
+    const int32_t qtype = table.qtype;
+    const int64_t n_vocab = table.n, k = table.k, ldo = om.ld;
+    float *out = om.ptr;
     int64_t rb = 0;
     PF_TRY(row_bytes_of(qtype, k, &rb, "embed_rows"));
     PF_CHECK_ARG(ldo >= k, "embed_rows: ldo=%lld < k=%lld", (long long)ldo, (long long)k);
@@ -138,9 +140,12 @@ pf_status embed_rows(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t
     return launch(qtype, a, false, stream, "embed_rows");
 }
 
-pf_status embed_rows_at(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
-                        const int32_t *ids, const int64_t *ids_off_dev, int64_t rows, float *out,
-                        int64_t ldo, cudaStream_t stream) {
+pf_status embed_rows_at(const QMatrix &table, const int32_t *ids, const int64_t *ids_off_dev, int64_t rows,
+                        MatF om, cudaStream_t stream) {
+    const void *blocks = table.blocks;
+    const int32_t qtype = table.qtype;
+    const int64_t n_vocab = table.n, k = table.k, ldo = om.ld;
+    float *out = om.ptr;
     int64_t rb = 0;
     PF_TRY(row_bytes_of(qtype, k, &rb, "embed_rows_at"));
     PF_CHECK_ARG(ldo >= k, "embed_rows_at: ldo=%lld < k=%lld", (long long)ldo, (long long)k);

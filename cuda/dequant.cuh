@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "mat.h"
 #include "prefill.h"
 
 namespace pf {
@@ -19,19 +20,16 @@ namespace pf {
 pf_status dequantize(const void *blocks, int32_t qtype, int64_t n, int64_t k, void *out,
                      bool out_f16, cudaStream_t stream);
 
-// Embedding gather: out[r * ldo + j] = W[ids[r]][j] (fp32), for r < rows, j < k, where W is an
-// [n_vocab][k] matrix of GGUF blocks (e.g. token_embd). `ids` is a DEVICE array of `rows`
-// int32 token ids, already validated against n_vocab by the caller (an id outside
-// [0, n_vocab) is clamped to keep memory safe, never read out of bounds). ldo >= k;
-// columns [k, ldo) of `out` are not touched. rows == 0 is a no-op.
-pf_status embed_rows(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
-                     const int32_t *ids, int64_t rows, float *out, int64_t ldo,
-                     cudaStream_t stream);
+// Embedding gather: out.row(r)[j] = W[ids[r]][j] (fp32), for r < rows, j < k, where W = table, an
+// [n_vocab][k] matrix of GGUF blocks (e.g. token_embd). `ids` is a DEVICE array of `rows` int32
+// token ids, already validated against n_vocab by the caller (an id outside [0, n_vocab) is
+// clamped to keep memory safe, never read out of bounds). out.ld >= k; columns [k, ld) of `out`
+// are not touched. rows == 0 is a no-op.
+pf_status embed_rows(const QMatrix &table, const int32_t *ids, int64_t rows, MatF out, cudaStream_t stream);
 // embed_rows with the ids at ids + *ids_off_dev, the offset read from device memory when the
 // kernel runs (a launch that a CUDA graph can replay for any chunk of a call); the caller keeps
 // the rows within ids.
-pf_status embed_rows_at(const void *blocks, int32_t qtype, int64_t n_vocab, int64_t k,
-                        const int32_t *ids, const int64_t *ids_off_dev, int64_t rows, float *out,
-                        int64_t ldo, cudaStream_t stream);
+pf_status embed_rows_at(const QMatrix &table, const int32_t *ids, const int64_t *ids_off_dev, int64_t rows,
+                        MatF out, cudaStream_t stream);
 
 }  // namespace pf

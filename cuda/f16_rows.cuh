@@ -20,10 +20,9 @@
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "common.cuh"
+#include "plan.h"  // RowForm
 
 namespace pf {
 
@@ -52,18 +51,19 @@ struct F16Out {
     float *acc = nullptr;   // optional: the fp32 output the projection accumulates into, [rows][ld_acc]
     int64_t ld_acc = 0;
     int64_t n_acc = 0;      // columns of acc to pre-scale
+    RowForm form;           // how the producer holds the row (the plan's; every form the same bits)
 };
 
 // Producers stage the row's fp32 values in dynamic shared memory when it fits in the default
 // 48 KB (f16_stage_bytes): each value is then computed once and read back from shared memory for
 // the write, instead of being recomputed from global memory (which doubled the producer's DRAM
 // reads once the rows in flight outgrew L2, and made the act16 route slower than the cast:
-// NOTES.md, 2026-11-30 run 12). Wider rows (the 27B shape's n_ff) recompute, and so does every
-// row under env PREFILL_F16_STAGE=0 (read per launch; the tests run both ways: the same bits).
+// NOTES.md, archive 2026-11-30 run 12). Wider rows (the 27B shape's n_ff) recompute, and so does
+// every row of the form PF_ROW_FORM_RECOMPUTE (form.stage false; the tests run every form: the
+// same bits).
 constexpr size_t kF16StageMaxBytes = 48 * 1024;
-inline size_t f16_stage_bytes(int64_t cols, size_t other_bytes = 0) {
-    const char *env = std::getenv("PREFILL_F16_STAGE");
-    if (env && std::strcmp(env, "0") == 0) return 0;
+inline size_t f16_stage_bytes(int64_t cols, RowForm form, size_t other_bytes = 0) {
+    if (!form.stage) return 0;
     const size_t b = size_t(cols) * sizeof(float);
     return b + other_bytes <= kF16StageMaxBytes ? b : 0;
 }
@@ -120,16 +120,12 @@ __device__ __forceinline__ void f16_write_row(const F16Out &out, int64_t r, int6
     f16_finish_row(out, r, scale, inv);
 }
 
-// The register-resident form of the producers (rows.cu's *_reg kernels): each thread loads
-// every element of the row it owns before using any, so that NPER loads per thread are in
+// The register-resident form of the producers (rows.cu's *_reg kernels, form.regs): each thread
+// loads every element of the row it owns before using any, so that NPER loads per thread are in
 // flight instead of one (device run 23: the staged producers ran at 2.3-3.5x their bandwidth
-// time at 512 rows, latency-bound on one dependent load per loop trip). Env
-// PREFILL_ROW_REGS=0 (read per launch, like PREFILL_F16_STAGE) turns them off: the staged or
-// recomputing producers run instead; the tests run every form and compare the bits.
-inline bool row_regs_enabled() {
-    const char *env = std::getenv("PREFILL_ROW_REGS");
-    return !(env && std::strcmp(env, "0") == 0);
-}
+// time at 512 rows, latency-bound on one dependent load per loop trip). The other forms
+// (PF_ROW_FORM_STAGED / _RECOMPUTE) run the staged or recomputing producers instead; the tests
+// run every form and compare the bits.
 
 // A register-resident producer's element: one float (scalar ownership) or a float4 of four
 // consecutive columns; its max |x| and its fp16 store at unit u of the row (float4: one

@@ -539,9 +539,11 @@ bool scan_dim_ok(int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128; 
 
 // ------------------------------------------------------------------------------ entries
 
-pf_status gdn_conv1d_rows(const float *m, int64_t ldm, float *window, const float *weight,
-                          float *u, int64_t ldu, int64_t rows, int64_t conv_dim, int32_t kc,
-                          cudaStream_t stream) {
+pf_status gdn_conv1d_rows(CMatF mm, float *window, const float *weight, MatF uu, int64_t rows,
+                          int64_t conv_dim, int32_t kc, cudaStream_t stream) {
+    const float *m = mm.ptr;
+    float *u = uu.ptr;
+    const int64_t ldm = mm.ld, ldu = uu.ld;
     PF_CHECK_ARG(rows >= 0, "gdn_conv1d_rows: rows=%lld < 0", (long long)rows);
     PF_CHECK_ARG(conv_dim >= 1, "gdn_conv1d_rows: conv_dim=%lld must be >= 1", (long long)conv_dim);
     PF_CHECK_ARG(kc >= 2 && kc <= kGdnMaxConvKernel, "gdn_conv1d_rows: kc=%d must be in [2, %d]",
@@ -564,9 +566,10 @@ pf_status gdn_conv1d_rows(const float *m, int64_t ldm, float *window, const floa
     return PF_STATUS_OK;
 }
 
-pf_status gdn_l2norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
-                          int64_t head_stride, int32_t head_dim, float eps, float scale,
-                          cudaStream_t stream) {
+pf_status gdn_l2norm_rows(MatF xx, int64_t rows, int32_t n_heads, int64_t head_stride,
+                          int32_t head_dim, float eps, float scale, cudaStream_t stream) {
+    float *x = xx.ptr;
+    const int64_t ld = xx.ld;
     PF_CHECK_ARG(rows >= 0, "gdn_l2norm_rows: rows=%lld < 0", (long long)rows);
     PF_CHECK_ARG(n_heads >= 1 && head_dim >= 1, "gdn_l2norm_rows: n_heads=%d head_dim=%d must be >= 1",
                  n_heads, head_dim);
@@ -592,10 +595,12 @@ bool gdn_conv1d_l2norm_supported(int32_t dk, int32_t kc) {
     return dk == 4 * kWarpSize && kc >= 2 && kc <= kGdnMaxConvKernel;
 }
 
-pf_status gdn_conv1d_l2norm_rows(const float *m, int64_t ldm, float *window, const float *weight,
-                                 float *u, int64_t ldu, int64_t rows, int64_t conv_dim, int32_t kc,
-                                 int32_t n_k_heads, int32_t dk, float eps, float q_scale,
-                                 cudaStream_t stream) {
+pf_status gdn_conv1d_l2norm_rows(const GdnConvNormArgs &args, cudaStream_t stream) {
+    const float *m = args.m.ptr, *weight = args.weight;
+    float *u = args.u.ptr, *window = args.window;
+    const int64_t ldm = args.m.ld, ldu = args.u.ld, rows = args.rows, conv_dim = args.conv_dim;
+    const int32_t kc = args.kc, n_k_heads = args.n_k_heads, dk = args.dk;
+    const float eps = args.eps, q_scale = args.q_scale;
     PF_CHECK_ARG(rows >= 0, "gdn_conv1d_l2norm_rows: rows=%lld < 0", (long long)rows);
     PF_CHECK_ARG(gdn_conv1d_l2norm_supported(dk, kc),
                  "gdn_conv1d_l2norm_rows: dk=%d (must be %d), kc=%d (must be in [2, %d])", dk,
@@ -625,10 +630,12 @@ pf_status gdn_conv1d_l2norm_rows(const float *m, int64_t ldm, float *window, con
     return PF_STATUS_OK;
 }
 
-pf_status gdn_gates_rows(const float *b, int64_t ldb, const float *alpha, int64_t ld_alpha,
-                         const float *ssm_a, const float *dt_bias, float *beta, int64_t ld_beta,
-                         float *g, int64_t ld_g, int64_t rows, int32_t n_v_heads,
-                         cudaStream_t stream) {
+pf_status gdn_gates_rows(const GdnGatesArgs &args, cudaStream_t stream) {
+    const float *b = args.b.ptr, *alpha = args.alpha.ptr, *ssm_a = args.ssm_a, *dt_bias = args.dt_bias;
+    float *beta = args.beta.ptr, *g = args.g.ptr;
+    const int64_t ldb = args.b.ld, ld_alpha = args.alpha.ld, ld_beta = args.beta.ld, ld_g = args.g.ld;
+    const int64_t rows = args.rows;
+    const int32_t n_v_heads = args.n_v_heads;
     PF_CHECK_ARG(rows >= 0, "gdn_gates_rows: rows=%lld < 0", (long long)rows);
     PF_CHECK_ARG(n_v_heads >= 1, "gdn_gates_rows: n_v_heads=%d must be >= 1", n_v_heads);
     PF_CHECK_ARG(ldb >= n_v_heads && ld_alpha >= n_v_heads && ld_beta >= n_v_heads &&
@@ -650,9 +657,12 @@ pf_status gdn_gates_rows(const float *b, int64_t ldb, const float *alpha, int64_
     return PF_STATUS_OK;
 }
 
-pf_status gdn_gated_rms_norm_rows(const float *o, int64_t ldo, const float *z, int64_t ldz,
-                                  const float *w, float *y, int64_t ldy, int64_t rows,
-                                  int32_t n_v_heads, int32_t dv, float eps, cudaStream_t stream) {
+pf_status gdn_gated_rms_norm_rows(const GdnGatedNormArgs &args, MatF yy, cudaStream_t stream) {
+    const float *o = args.o.ptr, *z = args.z.ptr, *w = args.w;
+    float *y = yy.ptr;
+    const int64_t ldo = args.o.ld, ldz = args.z.ld, ldy = yy.ld, rows = args.rows;
+    const int32_t n_v_heads = args.n_v_heads, dv = args.dv;
+    const float eps = args.eps;
     PF_CHECK_ARG(rows >= 0, "gdn_gated_rms_norm_rows: rows=%lld < 0", (long long)rows);
     PF_CHECK_ARG(n_v_heads >= 1 && dv >= 1,
                  "gdn_gated_rms_norm_rows: n_v_heads=%d dv=%d must be >= 1", n_v_heads, dv);
@@ -673,9 +683,11 @@ pf_status gdn_gated_rms_norm_rows(const float *o, int64_t ldo, const float *z, i
     return PF_STATUS_OK;
 }
 
-pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *z, int64_t ldz,
-                                      const float *w, const F16Out &out, int64_t rows,
-                                      int32_t n_v_heads, int32_t dv, float eps, cudaStream_t stream) {
+pf_status gdn_gated_rms_norm_rows_f16(const GdnGatedNormArgs &args, const F16Out &out, cudaStream_t stream) {
+    const float *o = args.o.ptr, *z = args.z.ptr, *w = args.w;
+    const int64_t ldo = args.o.ld, ldz = args.z.ld, rows = args.rows;
+    const int32_t n_v_heads = args.n_v_heads, dv = args.dv;
+    const float eps = args.eps;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "gdn_gated_rms_norm_rows_f16: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(n_v_heads >= 1 && dv >= 1 && n_v_heads <= kMaxGatedF16Heads,
@@ -689,7 +701,7 @@ pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && z && w && out.x16 && out.inv, "gdn_gated_rms_norm_rows_f16: null pointer");
     // The register form (dv = 128: every qwen35), heads per warp from 1 to 6.
-    if (row_regs_enabled() && dv == 4 * kWarpSize &&
+    if (out.form.regs && dv == 4 * kWarpSize &&
         with_smallest_fit<1, 2, 4, 6>(ceil_div(n_v_heads, kF16RowThreads / kWarpSize), [&](auto hw) {
             const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, 0};
             gated_rms_norm_f16_reg_kernel<4, decltype(hw)::value><<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
@@ -697,18 +709,19 @@ pf_status gdn_gated_rms_norm_rows_f16(const float *o, int64_t ldo, const float *
         PF_LAUNCH_CHECK("gated_rms_norm_f16_reg_kernel");
         return PF_STATUS_OK;
     }
-    const size_t heads = size_t(n_v_heads) * sizeof(float), stage = f16_stage_bytes(width, heads);
+    const size_t heads = size_t(n_v_heads) * sizeof(float), stage = f16_stage_bytes(width, out.form, heads);
     const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, stage ? 1 : 0};
     gated_rms_norm_f16_kernel<<<(unsigned)rows, kF16RowThreads, heads + stage, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_f16_kernel");
     return PF_STATUS_OK;
 }
 
-pf_status gdn_scan_rows(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
-                        int64_t ldv, const float *beta, int64_t ld_beta, const float *g,
-                        int64_t ld_g, float *state, float *o, int64_t ldo, int64_t rows,
-                        int32_t n_k_heads, int32_t n_v_heads, int32_t dk, int32_t dv,
-                        cudaStream_t stream) {
+pf_status gdn_scan_rows(const GdnScanArgs &args, cudaStream_t stream) {
+    const float *q = args.q.ptr, *k = args.k.ptr, *v = args.v.ptr, *beta = args.beta.ptr, *g = args.g.ptr;
+    float *state = args.state, *o = args.o.ptr;
+    const int64_t ldq = args.q.ld, ldk = args.k.ld, ldv = args.v.ld, ld_beta = args.beta.ld, ld_g = args.g.ld,
+                  ldo = args.o.ld, rows = args.rows;
+    const int32_t n_k_heads = args.n_k_heads, n_v_heads = args.n_v_heads, dk = args.dk, dv = args.dv;
     PF_CHECK_ARG(rows >= 0, "gdn_scan_rows: rows=%lld < 0", (long long)rows);
     PF_CHECK_ARG(n_k_heads >= 1 && n_v_heads >= 1 && n_v_heads % n_k_heads == 0,
                  "gdn_scan_rows: n_v_heads=%d must be a positive multiple of n_k_heads=%d",

@@ -30,33 +30,6 @@
 namespace pf {
 namespace {
 
-// ------------------------------------------------------------------ the process default leg
-
-std::once_flag g_env_once;
-std::atomic<int32_t> g_env_leg{PF_GEMM_AUTO};
-std::atomic<int32_t> g_override_leg{PF_GEMM_DEFAULT};  // PF_GEMM_DEFAULT = no override
-
-void read_env_leg() {
-    const char *v = std::getenv("PREFILL_GEMM");
-    int32_t leg = PF_GEMM_AUTO;
-    if (v && *v) {
-        char s[16] = {0};
-        size_t i = 0;
-        for (; v[i] && i + 1 < sizeof s; ++i) s[i] = char(std::tolower((unsigned char)v[i]));
-        const bool too_long = v[i] != '\0';
-        if (!too_long && std::strcmp(s, "f16") == 0) leg = PF_GEMM_F16;
-        else if (!too_long && std::strcmp(s, "f32") == 0) leg = PF_GEMM_F32;
-        else if (!too_long && std::strcmp(s, "auto") == 0) leg = PF_GEMM_AUTO;
-        else if (!too_long && std::strcmp(s, "int8") == 0)
-            std::fprintf(stderr, "libprefill: warning: PREFILL_GEMM=int8: the int8 leg is not built "
-                                 "in this library; using auto\n");
-        else  // the one line the process ever prints about it (call_once)
-            std::fprintf(stderr, "libprefill: warning: PREFILL_GEMM=\"%.64s\" is not one of "
-                                 "f16|f32|auto; using auto\n", v);
-    }
-    g_env_leg.store(leg);
-}
-
 // ------------------------------------------------------------------ sizes and slabs
 
 constexpr size_t kSlabBytes = size_t(512) << 20;  // bound on a dequantized weight slab (scratch)
@@ -168,13 +141,16 @@ pf_status launch_unscale(const float *inv, float *y, int64_t ldy, int64_t rows, 
 
 // ------------------------------------------------------------------ the legs
 
-pf_status project_f32(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+QMatrix blocks_of(const pf_weight *w) { return QMatrix{w->data, w->qtype, w->n, w->k}; }
+
+pf_status project_f32(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
+    pf_context *ctx = env.ctx;
     const int n = int(w->n), k = int(w->k);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_f32, CUBLAS_POINTER_MODE_HOST));
     if (rows == 1 && w->qtype != PF_QTYPE_F32)  // one token: read the blocks once, fp32 math
-        return qgemv(w->data, w->qtype, w->n, w->k, x, y, accumulate, ctx->stream);
+        return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
     if (w->qtype == PF_QTYPE_F32) {  // in place
         PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, n, int(rows), k, &alpha,
                                   static_cast<const float *>(w->data), k, x, int(ldx), &beta, y,
@@ -182,9 +158,9 @@ pf_status project_f32(pf_context *ctx, pf_weight *w, const float *x, int64_t row
         return PF_STATUS_OK;
     }
     const int64_t slab = slab_rows(w->n, w->k, sizeof(float));
-    PF_TRY(scratch_reserve(ctx, ctx->scratch_f32, size_t(slab) * size_t(k) * sizeof(float),
+    PF_TRY(scratch_reserve(ctx, *env.w32, size_t(slab) * size_t(k) * sizeof(float),
                            "project (f32 leg): weight scratch"));
-    float *ws = static_cast<float *>(ctx->scratch_f32.ptr);
+    float *ws = static_cast<float *>(env.w32->ptr);
     const int64_t rb = row_bytes(w);
     for (int64_t n0 = 0; n0 < w->n; n0 += slab) {
         const int64_t nc = std::min(slab, w->n - n0);
@@ -197,25 +173,26 @@ pf_status project_f32(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     return PF_STATUS_OK;
 }
 
-pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+pf_status project_f16(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
+    pf_context *ctx = env.ctx;
     const int64_t n = w->n, k = w->k;
     const __half *whole = w->f16 ? w->f16
                           : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
                                                      : nullptr;
     // One token and no fp16 copy: a streaming dequant would read and write the whole weight;
     // the GEMV reads the blocks once (fp32 math: more exact than the leg promises, no overflow).
-    if (rows == 1 && !whole) return qgemv(w->data, w->qtype, n, k, x, y, accumulate, ctx->stream);
+    if (rows == 1 && !whole) return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
     // Activations: [rows][k] fp16, then the per-row inverse scales, in one scratch.
     const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
-    PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_x, xh_bytes + size_t(rows) * sizeof(float),
+    PF_TRY(scratch_reserve(ctx, *env.x16, xh_bytes + size_t(rows) * sizeof(float),
                            "project (f16 leg): activation scratch"));
     const int64_t slab = slab_rows(n, k, sizeof(__half));
     if (!whole)  // reserved before any kernel runs: an OOM here leaves Y untouched
-        PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w, size_t(slab) * size_t(k) * sizeof(__half),
+        PF_TRY(scratch_reserve(ctx, *env.w16, size_t(slab) * size_t(k) * sizeof(__half),
                                "project (f16 streaming leg): weight scratch"));
-    __half *xh = static_cast<__half *>(ctx->scratch_f16_x.ptr);
-    float *inv = reinterpret_cast<float *>(static_cast<char *>(ctx->scratch_f16_x.ptr) + xh_bytes);
+    __half *xh = static_cast<__half *>(env.x16->ptr);
+    float *inv = reinterpret_cast<float *>(static_cast<char *>(env.x16->ptr) + xh_bytes);
     const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
     const cast_args ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
     const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0;
@@ -227,15 +204,15 @@ pf_status project_f16(pf_context *ctx, pf_weight *w, const float *x, int64_t row
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     const float beta = accumulate ? 1.0f : 0.0f;
     if (whole) {
-        PF_TRY(gemm_f16(ctx, whole, n, k, xh, rows, y, ldy, beta));
+        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, n, k, xh, rows, MatF{y, ldy}, beta}));
     } else {  // streaming: fp16 slabs dequantized per call
-        __half *ws = static_cast<__half *>(ctx->scratch_f16_w.ptr);
+        __half *ws = static_cast<__half *>(env.w16->ptr);
         const int64_t rb = row_bytes(w);
         for (int64_t n0 = 0; n0 < n; n0 += slab) {
             const int64_t nc = std::min(slab, n - n0);
             PF_TRY(dequantize(static_cast<const uint8_t *>(w->data) + n0 * rb, w->qtype, nc, k, ws,
                               true, ctx->stream));
-            PF_TRY(gemm_f16(ctx, ws, nc, k, xh, rows, y + n0, ldy, beta));
+            PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, xh, rows, MatF{y + n0, ldy}, beta}));
         }
     }
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
@@ -246,21 +223,6 @@ size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * size
 }  // namespace
 
 // ------------------------------------------------------------------ entry points
-
-int32_t gemm_default_leg() {
-    std::call_once(g_env_once, read_env_leg);
-    const int32_t o = g_override_leg.load();
-    return o != PF_GEMM_DEFAULT ? o : g_env_leg.load();
-}
-
-pf_status set_gemm_default_leg(int32_t leg) {
-    PF_CHECK_ARG(leg == PF_GEMM_DEFAULT || leg == PF_GEMM_AUTO || leg == PF_GEMM_F32 ||
-                     leg == PF_GEMM_F16,
-                 "set default leg: leg=%d must be PF_GEMM_DEFAULT, _AUTO, _F32 or _F16", int(leg));
-    std::call_once(g_env_once, read_env_leg);
-    g_override_leg.store(leg);
-    return PF_STATUS_OK;
-}
 
 pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
     if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
@@ -276,8 +238,11 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
     }
 }
 
-pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
-                  float *y, int64_t ldy, bool accumulate, int32_t leg) {
+pf_status project(const ProjEnv &env, pf_weight *w, CMatF xm, MatF ym, int64_t rows, bool accumulate,
+                  int32_t leg) {
+    const float *x = xm.ptr;
+    float *y = ym.ptr;
+    const int64_t ldx = xm.ld, ldy = ym.ld;
     int32_t run = PF_GEMM_F32;
     PF_TRY(resolve_gemm_leg(w, leg, &run));
     PF_CHECK_ARG(rows >= 0 && ldx >= w->k && ldy >= w->n,
@@ -288,8 +253,8 @@ pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, i
                  "project: rows=%lld n=%lld k=%lld ldx=%lld ldy=%lld must each fit in int32 (cuBLAS)",
                  (long long)rows, (long long)w->n, (long long)w->k, (long long)ldx, (long long)ldy);
     if (rows == 0) return PF_STATUS_OK;
-    return run == PF_GEMM_F16 ? project_f16(ctx, w, x, rows, ldx, y, ldy, accumulate)
-                              : project_f32(ctx, w, x, rows, ldx, y, ldy, accumulate);
+    return run == PF_GEMM_F16 ? project_f16(env, w, x, rows, ldx, y, ldy, accumulate)
+                              : project_f32(env, w, x, rows, ldx, y, ldy, accumulate);
 }
 
 namespace {
@@ -308,29 +273,8 @@ struct F16Unit {
 // for) and each next one twice the last: at ~0.13 ms per GB to allocate against ~0.4 ms per GB
 // written to dequantize, an allocation ends while the piece before it is still being written,
 // and a model is a handful of pieces (5 for 7.7 GB). A piece holds whole units, in order (a
-// fused group stays one contiguous block), so it may outgrow its target.
-constexpr size_t kFirstPieceBytes = size_t(256) << 20;
-
-// PREFILL_PREWARM_PIECE=BYTES (read at each prewarm): the first piece's target; 0 = the whole
-// cache in one allocation (v1, for A/B runs). Unset, empty or not a number: kFirstPieceBytes.
-size_t first_piece_bytes() {
-    const char *v = std::getenv("PREFILL_PREWARM_PIECE");
-    if (!v || !*v) return kFirstPieceBytes;
-    char *end = nullptr;
-    const unsigned long long b = std::strtoull(v, &end, 10);
-    return *end == '\0' ? size_t(b) : kFirstPieceBytes;
-}
-
-// PREFILL_PREWARM_FAIL_PIECE=N (read at each prewarm; a test hook): the allocation of piece N
-// (0-based) of every cache_units call reports OUT_OF_MEMORY, to exercise the rollback of the
-// pieces already launched. -1 (unset) = none.
-int fail_piece_for_tests() {
-    const char *v = std::getenv("PREFILL_PREWARM_FAIL_PIECE");
-    if (!v || !*v) return -1;
-    char *end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return *end == '\0' && n >= 0 && n <= INT_MAX ? int(n) : -1;
-}
+// fused group stays one contiguous block), so it may outgrow its target. The first piece's target
+// is the plan's (PrewarmPlan: 256 MiB by default).
 
 struct F16Piece {
     size_t first = 0, end = 0;  // units [first, end)
@@ -366,10 +310,10 @@ std::vector<F16Piece> plan_pieces(const std::vector<F16Unit> &units, size_t firs
 // Nothing is waited for on success; on failure every piece's launches are drained, every arena
 // freed, and nothing is cached.
 pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t bytes,
-                      cudaEvent_t start, cudaEvent_t stop) {
+                      const PrewarmPlan &plan, cudaEvent_t start, cudaEvent_t stop) {
     if (units.empty()) return PF_STATUS_OK;
-    const std::vector<F16Piece> pieces = plan_pieces(units, first_piece_bytes());
-    const int fail_piece = fail_piece_for_tests();
+    const std::vector<F16Piece> pieces = plan_pieces(units, plan.first_piece_bytes);
+    const int fail_piece = plan.fail_piece;
     size_t most_parts = 0, planned = 0;
     for (const F16Piece &p : pieces) {
         most_parts = std::max(most_parts, p.parts);
@@ -405,7 +349,7 @@ pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t
         const pf_status as =
             int(p) == fail_piece
                 ? fail(PF_STATUS_OUT_OF_MEMORY,
-                       "%s: allocation refused (PREFILL_PREWARM_FAIL_PIECE=%d)", what, fail_piece)
+                       "%s: allocation refused (tuning.prewarm_fail_piece=%d)", what, fail_piece + 1)
                 : f16_arena_create(ctx, pieces[p].bytes, &arena, what);
         if (as != PF_STATUS_OK) return rollback(as);
         arenas.push_back(arena);
@@ -494,29 +438,28 @@ bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weig
     return true;
 }
 
-pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int32_t leg) {
+ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t leg) {
+    ProjScratchBytes b;
     int32_t run = PF_GEMM_F32;
-    // A leg this file does not serve reserves nothing here (the call itself reports or serves it).
-    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return PF_STATUS_OK;
+    // A leg this file does not serve needs nothing here (the call itself reports or serves it).
+    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return b;
     const int64_t k = w->k;
     if (run == PF_GEMM_F16) {
-        const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
-        PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_x, xh_bytes + size_t(rows) * sizeof(float),
-                               "project (f16 leg): activation scratch"));
-        if (!w->f16 && w->qtype != PF_QTYPE_F16 && rows > 1)
-            PF_TRY(scratch_reserve(ctx, ctx->scratch_f16_w,
-                                   size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half),
-                                   "project (f16 streaming leg): weight scratch"));
-    } else if (run == PF_GEMM_F32 && w->qtype != PF_QTYPE_F32 && rows > 1) {
-        PF_TRY(scratch_reserve(ctx, ctx->scratch_f32,
-                               size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float),
-                               "project (f32 leg): weight scratch"));
+        const bool whole = w->f16 || w->qtype == PF_QTYPE_F16;
+        if (rows == 1 && !whole) return b;  // the GEMV
+        b.x16 = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256) + size_t(rows) * sizeof(float);
+        if (!whole) b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
+    } else if (w->qtype != PF_QTYPE_F32 && rows > 1) {
+        b.w32 = size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float);
     }
-    return PF_STATUS_OK;
+    return b;
 }
 
-pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
-                           int64_t rows, float *y, int64_t ldy, bool accumulate) {
+pf_status project_f16_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, MatF ym, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    float *y = ym.ptr;
+    const int64_t ldy = ym.ld;
     const __half *whole = w->f16 ? w->f16
                           : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
                                                      : nullptr;
@@ -528,14 +471,15 @@ pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, con
                  (long long)w->n, (long long)w->k, (long long)ldy);
     if (rows == 0) return PF_STATUS_OK;
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
-    PF_TRY(gemm_f16(ctx, whole, w->n, w->k, x16, rows, y, ldy, accumulate ? 1.0f : 0.0f));
+    PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, w->n, w->k, x16, rows, MatF{y, ldy}, accumulate ? 1.0f : 0.0f}));
     if (!inv) return PF_STATUS_OK;  // every row unscaled (pf_project_f16x with inv NULL)
     return launch_unscale(inv, y, ldy, rows, w->n, ctx->stream);
 }
 
 pf_status weight_cache_f16(pf_weight *w) {
     if (w->f16) return PF_STATUS_OK;
-    return cache_units(w->ctx, {F16Unit{{w}, f16_bytes(w)}}, f16_bytes(w), nullptr, nullptr);
+    return cache_units(w->ctx, {F16Unit{{w}, f16_bytes(w)}}, f16_bytes(w), prewarm_plan(w->ctx->tuning), nullptr,
+                       nullptr);
 }
 
 pf_status weight_drop_f16(pf_weight *w) {
@@ -547,15 +491,15 @@ pf_status weight_drop_f16(pf_weight *w) {
 }
 
 pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
-                      size_t headroom_bytes, pf_prewarm_report *report) {
+                      size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report) {
     std::vector<std::vector<pf_weight *>> groups;
     groups.reserve(size_t(count));
     for (int32_t i = 0; i < count; ++i) groups.push_back({weights[i]});
-    return prewarm_f16_groups(ctx, groups, headroom_bytes, report);
+    return prewarm_f16_groups(ctx, groups, headroom_bytes, plan, report);
 }
 
 pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
-                             size_t headroom_bytes, pf_prewarm_report *report) {
+                             size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report) {
     const auto t0 = std::chrono::steady_clock::now();
     pf_prewarm_report rep;
     std::memset(&rep, 0, sizeof rep);
@@ -617,7 +561,7 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
     for (const F16Unit &u : units)
         for (const pf_weight *w : u.parts) read += w->bytes;
     EventPair events;
-    const pf_status s = cache_units(ctx, units, need, events.ev[0], events.ev[1]);
+    const pf_status s = cache_units(ctx, units, need, plan, events.ev[0], events.ev[1]);
     if (s == PF_STATUS_OUT_OF_MEMORY) {  // fragmentation or a concurrent allocation: not armed
         std::snprintf(rep.reason, sizeof rep.reason, "allocation failed for %zu weights: %s",
                       set.size() - size_t(rep.weights_cached), pf_last_error());

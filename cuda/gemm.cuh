@@ -7,43 +7,60 @@
 #include <vector>
 
 #include "context.h"
+#include "mat.h"
+#include "plan.h"  // gemm_default_leg, PrewarmPlan
 #include "prefill.h"
 
 namespace pf {
 
-// The process default leg, resolved: PF_GEMM_AUTO, PF_GEMM_F32 or PF_GEMM_F16. Read once from
-// env PREFILL_GEMM = f16 | f32 | auto (unset or empty = auto; any other value prints one
-// warning line on stderr and means auto), unless overridden by set_gemm_default_leg.
-int32_t gemm_default_leg();
-// Overrides the process default (PF_GEMM_AUTO / F32 / F16); PF_GEMM_DEFAULT restores the env
-// value. INVALID_ARGUMENT for other values.
-pf_status set_gemm_default_leg(int32_t leg);
+class GemmPlan;  // gemm_lt.cuh
+
 // The leg a call with `leg` on weight `w` runs: PF_GEMM_F32 or PF_GEMM_F16 (AUTO = F16 when
 // w has an fp16 cache, else F32). UNSUPPORTED for PF_GEMM_INT8, INVALID_ARGUMENT for unknown.
 pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
 
+// Where a projection runs: the context (its stream and cuBLAS handles), the scratch it may use
+// and, on the f16 leg, the per-shape GEMM choices. Kernel-level calls (api_gemm.cu) run with the
+// context's grow-on-demand scratch and no plan (cublasGemmEx); a chunk executor with fixed slices
+// of its workspace (sized at creation: a call that would need more is an INTERNAL error, never an
+// allocation) and its plan.
+struct ProjEnv {
+    pf_context *ctx = nullptr;
+    const GemmPlan *plan = nullptr;  // gemm_lt.cuh; nullptr: cublasGemmEx
+    Scratch *w32 = nullptr;          // f32 leg: dequantized weight slabs (nullptr: ctx->scratch_f32)
+    Scratch *w16 = nullptr;          // f16 streaming leg: fp16 weight slabs (ctx->scratch_f16_w)
+    Scratch *x16 = nullptr;          // f16 leg: activations rounded to fp16 + row scales (ctx->scratch_f16_x)
+};
+// The kernel-level environment of ctx.
+inline ProjEnv proj_env(pf_context *ctx) {
+    ProjEnv e;
+    e.ctx = ctx;
+    e.w32 = &ctx->scratch_f32;
+    e.w16 = &ctx->scratch_f16_w;
+    e.x16 = &ctx->scratch_f16_x;
+    return e;
+}
+
 // Projection through weight w ([n][k] GGUF blocks, n = w->n, k = w->k):
 //   Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i]   for r < rows, j < n
-// X: device fp32, row-major, row stride ldx >= k. Y: device fp32, row stride ldy >= n;
-// columns [n, ldy) are never touched. X and Y must not overlap. rows == 0 is a no-op.
+// X: device fp32, row-major, x.ld >= k. Y: device fp32, y.ld >= n; columns [n, y.ld) are never
+// touched. X and Y must not overlap. rows == 0 is a no-op.
 // Legs (`leg` a pf_gemm_leg; PF_GEMM_DEFAULT = the process default):
-//  - F32: W dequantized to fp32 into ctx->scratch_f32 in slabs of rows (an F32 weight is used
-//    in place), cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32).
+//  - F32: W dequantized to fp32 into env.w32 in slabs of rows (an F32 weight is used in place),
+//    cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32).
 //  - F16: W from its fp16 cache (w->f16), or an F16 weight in place, or dequantized per call
-//    to fp16 slabs in ctx->scratch_f16_w ("streaming"); X rounded to fp16 into
-//    ctx->scratch_f16_x; fp16 x fp16 -> fp32 with fp32 compute (gemm_lt.cuh gemm_f16:
-//    cublasGemmEx on ctx->blas_tc, or during a session's prefill the cuBLASLt algorithm the
-//    process chose for the shape).
+//    to fp16 slabs in env.w16 ("streaming"); X rounded to fp16 into env.x16; fp16 x fp16 ->
+//    fp32 with fp32 compute (gemm_lt.cuh gemm_f16: cublasGemmEx, or the cuBLASLt algorithm
+//    env.plan has for the shape).
 //    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
 //    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
 //    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.
 //  - rows == 1 without an fp16 copy of W (F32 leg on a non-F32 weight, F16 leg streaming): the
 //    fused GEMV (qgemm.cuh) reads the blocks once with fp32 math instead of dequantizing the
 //    whole weight for one token.
-// Sizes (rows, n, k, ldx, ldy) must fit in int32 (cuBLAS). Asynchronous on ctx->stream; the
-// scratches may grow (allocation) on the first call with a larger shape.
-pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
-                  float *y, int64_t ldy, bool accumulate, int32_t leg);
+// Sizes (rows, n, k, x.ld, y.ld) must fit in int32 (cuBLAS). Asynchronous on ctx->stream.
+pf_status project(const ProjEnv &env, pf_weight *w, CMatF x, MatF y, int64_t rows, bool accumulate,
+                  int32_t leg);
 
 // The f16 leg on activations already in its form (f16_rows.cuh: x16 [rows][k] fp16 with row
 // stride k, per-row inverse scales inv [rows], the accumulate target pre-scaled by the
@@ -51,8 +68,15 @@ pf_status project(pf_context *ctx, pf_weight *w, const float *x, int64_t rows, i
 // project(.., PF_GEMM_F16) returns for the producer's fp32 twin output. w must have an fp16 copy
 // (its cache, or an F16 weight): INVALID_ARGUMENT otherwise. inv NULL: every row unscaled (no
 // unscale pass; pf_project_f16x).
-pf_status project_f16_rows(pf_context *ctx, pf_weight *w, const __half *x16, const float *inv,
-                           int64_t rows, float *y, int64_t ldy, bool accumulate);
+pf_status project_f16_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, MatF y, bool accumulate);
+
+// The scratch bytes project(., w, ., ., rows, ., leg) needs in each of ProjEnv's three (for an
+// executor's workspace: the largest over its weights). A leg project() refuses needs none.
+struct ProjScratchBytes {
+    size_t w32 = 0, w16 = 0, x16 = 0;
+};
+ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t leg);
 
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
@@ -69,10 +93,11 @@ pf_status weight_drop_f16(pf_weight *w);
 // A few allocations ("pieces", gemm.cu plan_pieces: whole fused groups each, the first small,
 // each next twice the last) hold every cache the call makes, each freed with the last of its
 // caches; each piece is filled by the batched dequantization of prewarm.cu as soon as it is
-// allocated, while the next is allocated. report->device_ms times the launches on the device.
+// allocated, while the next is allocated (plan: the first piece's bytes, a piece made to fail
+// for tests). report->device_ms times the launches on the device.
 // Synchronizes ctx->stream. `report` may be NULL.
 pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
-                      size_t headroom_bytes, pf_prewarm_report *report);
+                      size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report);
 
 // prewarm_f16 over groups of weights that share an input (a model's Q|K|V, its GDN
 // in-projections, FFN gate|up): a group of >= 2 weights with the same k, none cached yet and
@@ -81,7 +106,7 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
 // separate caches. Other members are cached alone. Same contract otherwise
 // (all or nothing, the report counts weights). prewarm_f16 is this with groups of one.
 pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
-                             size_t headroom_bytes, pf_prewarm_report *report);
+                             size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report);
 
 // When every weight of `parts` (in order) runs the f16 leg under `leg` and their caches are
 // consecutive slices of one fused block (prewarm_f16_groups), fills *view with a weight of
@@ -89,10 +114,5 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
 // parts' outputs side by side ([rows][n_0 | n_1 | ...]). The view owns nothing (a value on the
 // caller's stack; never destroyed). False otherwise: the caller runs the parts one by one.
 bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view);
-
-// Reserves the context scratch that project(ctx, w, ., rows, ..., leg) would grow (the f32
-// slab, the f16 streaming slab, the fp16 activations), so that a later call with at most `rows`
-// rows allocates nothing. OUT_OF_MEMORY leaves the context usable.
-pf_status project_reserve(pf_context *ctx, const pf_weight *w, int64_t rows, int32_t leg);
 
 }  // namespace pf

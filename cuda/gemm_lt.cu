@@ -17,6 +17,7 @@
 
 #include "cuda_check.cuh"
 #include "gemm_lt.cuh"
+#include "plan.h"
 
 namespace pf {
 namespace {
@@ -30,13 +31,15 @@ constexpr unsigned char kXFillByte = 0x3C;  // x for the timing: every fp16 0x3C
 
 // ------------------------------------------------------------------ the process-wide choices
 
+// `forced`: a choice made under PF_GEMM_LT_FORCE (a test mode) is kept apart, so that it never
+// becomes the choice of a normal session of the process.
 struct ShapeKey {
     int device;
     int64_t n, rows, k, ldy;
-    bool accumulate;
+    bool accumulate, forced;
     bool operator<(const ShapeKey &o) const {
-        return std::tie(device, n, rows, k, ldy, accumulate) <
-               std::tie(o.device, o.n, o.rows, o.k, o.ldy, o.accumulate);
+        return std::tie(device, n, rows, k, ldy, accumulate, forced) <
+               std::tie(o.device, o.n, o.rows, o.k, o.ldy, o.accumulate, o.forced);
     }
 };
 
@@ -52,10 +55,7 @@ struct Choice {
 std::mutex g_choices_mu;
 std::map<ShapeKey, Choice> g_choices;
 
-bool log_enabled() {
-    const char *v = std::getenv("PREFILL_GEMM_LT_LOG");
-    return v && std::strcmp(v, "1") == 0;
-}
+bool log_on() { return log_enabled(kLogGemm); }  // PREFILL_LOG=gemm
 
 bool aligned(const void *p) { return reinterpret_cast<uintptr_t>(p) % kLtAlignBytes == 0; }
 
@@ -176,7 +176,7 @@ pf_status time_shape(pf_context *ctx, const GemmTuneJob &j, const __half *x, flo
     const pf_status hs = heuristic(ctx, d, &cands);
     if (hs != PF_STATUS_OK || cands.empty()) {
         d.destroy();
-        if (hs == PF_STATUS_OK && log_enabled())
+        if (hs == PF_STATUS_OK && log_on())
             std::fprintf(stderr,
                          "libprefill: gemm choice: device %d n=%lld rows=%lld k=%lld ldy=%lld beta=%d: "
                          "no Lt algorithm -> GemmEx\n",
@@ -248,7 +248,7 @@ pf_status time_shape(pf_context *ctx, const GemmTuneJob &j, const __half *x, flo
             out->algo = cands[best - 1].algo;
             out->workspace_bytes = cands[best - 1].workspaceSize;
         }
-        if (log_enabled()) {
+        if (log_on()) {
             char what[96] = "none";
             if (best != 0) describe(cands[best - 1].algo, what, sizeof what);
             std::fprintf(stderr,
@@ -286,13 +286,6 @@ const LtGemm *GemmPlan::find(int64_t n, int64_t rows, int64_t k, int64_t ldy, bo
     return nullptr;
 }
 
-GemmLtMode gemm_lt_env_mode() {
-    const char *v = std::getenv("PREFILL_GEMM_LT");
-    if (v && std::strcmp(v, "0") == 0) return kGemmLtOff;
-    if (v && std::strcmp(v, "force") == 0) return kGemmLtForce;
-    return kGemmLtOn;
-}
-
 pf_status gemm_plan_build(pf_context *ctx, const std::vector<GemmTuneJob> &jobs, __half *x,
                           size_t x_elems, float *y, size_t y_elems, GemmLtMode mode, GemmPlan *plan) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -303,7 +296,7 @@ pf_status gemm_plan_build(pf_context *ctx, const std::vector<GemmTuneJob> &jobs,
     plan->lt_.reserve(plan->lt_.size() + jobs.size());  // push_back below never reallocates
     for (const GemmTuneJob &j : jobs) {
         const GemmShape &s = j.shape;
-        const ShapeKey key{ctx->device, s.n, s.rows, s.k, s.ldy, s.accumulate};
+        const ShapeKey key{ctx->device, s.n, s.rows, s.k, s.ldy, s.accumulate, mode == kGemmLtForce};
         if (s.rows < 1 || !done.insert(key).second) continue;
         // Buffers the algorithms could not run on as timed: not chosen here (GemmEx in this session).
         if (!j.w || !aligned(j.w) || !aligned(x) || !aligned(y) || size_t(s.rows) * size_t(s.k) > x_elems ||
@@ -338,17 +331,16 @@ pf_status gemm_plan_build(pf_context *ctx, const std::vector<GemmTuneJob> &jobs,
     return PF_STATUS_OK;
 }
 
-pf_status gemm_f16(pf_context *ctx, const __half *wh, int64_t n, int64_t k, const __half *xh,
-                   int64_t rows, float *y, int64_t ldy, float beta) {
-    if (ctx->gemm_plan) {
-        const LtGemm *g = ctx->gemm_plan->find(n, rows, k, ldy, beta != 0.0f);
-        if (g && aligned(wh) && aligned(xh) && aligned(y) && g->workspace_bytes <= ctx->workspace_bytes) {
+pf_status gemm_f16(pf_context *ctx, const GemmPlan *plan, const F16Gemm &m) {
+    if (plan) {
+        const LtGemm *g = plan->find(m.n, m.rows, m.k, m.y.ld, m.beta != 0.0f);
+        if (g && aligned(m.w) && aligned(m.x) && aligned(m.y.ptr) && g->workspace_bytes <= ctx->workspace_bytes) {
             const Descs d{g->op, g->a, g->b, g->c};
-            PF_CUBLAS_TRY(lt_run(ctx, d, g->algo, g->workspace_bytes, wh, xh, y, beta));
+            PF_CUBLAS_TRY(lt_run(ctx, d, g->algo, g->workspace_bytes, m.w, m.x, m.y.ptr, m.beta));
             return PF_STATUS_OK;
         }
     }
-    PF_CUBLAS_TRY(gemmex_run(ctx, wh, n, k, xh, rows, y, ldy, beta));
+    PF_CUBLAS_TRY(gemmex_run(ctx, m.w, m.n, m.k, m.x, m.rows, m.y.ptr, m.y.ld, m.beta));
     return PF_STATUS_OK;
 }
 

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "context.h"
+#include "mat.h"
+#include "plan.h"  // GemmLtMode
 
 namespace pf {
 
@@ -40,9 +42,9 @@ struct LtGemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
 };
 
-// A session's GEMM plan: the shapes that run a cuBLASLt algorithm; every other call runs
-// GemmEx. Owned by the session; made current on its context for the duration of a prefill
-// (pf_context::gemm_plan), so kernel-level calls (pf_project) always run GemmEx.
+// A chunk executor's GEMM plan: the shapes that run a cuBLASLt algorithm; every other call runs
+// GemmEx. Owned by the executor and passed to each projection it runs (ProjEnv::plan);
+// kernel-level calls (pf_project) pass none and always run GemmEx.
 class GemmPlan {
   public:
     GemmPlan() = default;
@@ -62,13 +64,10 @@ struct GemmTuneJob {
     const __half *w = nullptr;
 };
 
-// Env PREFILL_GEMM_LT (read at each session creation): "0" = GemmEx everywhere (no timing, an
-// empty plan: the behaviour before the choice existed); "force" = a test hook: a shape timed by
-// this session takes the fastest Lt algorithm whatever GemmEx's time (so that the Lt path runs
-// on shapes where it does not win; a choice made so stays for the process); unset or anything
-// else = on.
-enum GemmLtMode { kGemmLtOff = 0, kGemmLtOn = 1, kGemmLtForce = 2 };
-GemmLtMode gemm_lt_env_mode();
+// The mode (plan.h GemmLtMode, from tuning.gemm_lt and PREFILL_GEMM_LT): off = GemmEx everywhere
+// (no timing, an empty plan); force = a test mode: a shape timed under it takes the fastest Lt
+// algorithm whatever GemmEx's time (so that the Lt path runs on shapes where it does not win;
+// such choices are kept apart from the normal ones); on = the timed choice.
 
 // Fills *plan for `jobs` (duplicates count once): each shape's process choice, timed now when the
 // process has none for it yet (GemmEx and cuBLASLt's top <= 8 heuristic algorithms, a few warm-up
@@ -76,16 +75,26 @@ GemmLtMode gemm_lt_env_mode();
 // when its median beats GemmEx's by > 3%). x: fp16 scratch of x_elems >= rows * k, y: fp32
 // scratch of y_elems >= rows * ldy; both are overwritten (never the session's state). Synchronizes
 // ctx->stream. Not while ctx->stream is capturing (nothing is timed then: the plan stays empty for
-// the shapes not chosen yet). Env PREFILL_GEMM_LT_LOG=1 prints each choice made to stderr (one
-// line per shape timed; nothing for a shape the process had chosen for already). `mode`:
-// kGemmLtOn or kGemmLtForce.
+// the shapes not chosen yet). PREFILL_LOG=gemm prints each choice made to stderr (one line per
+// shape timed; nothing for a shape the process had chosen for already). `mode`: kGemmLtOn or
+// kGemmLtForce.
 pf_status gemm_plan_build(pf_context *ctx, const std::vector<GemmTuneJob> &jobs, __half *x,
                           size_t x_elems, float *y, size_t y_elems, GemmLtMode mode, GemmPlan *plan);
 
-// The f16 leg's GEMM on ctx->stream: the algorithm of ctx->gemm_plan for this shape when it has
-// one and the pointers are 256-byte aligned (what the Lt algorithms were chosen for), else
-// cublasGemmEx on ctx->blas_tc (pointer mode host). Sizes fit in int32 (checked by the callers).
-pf_status gemm_f16(pf_context *ctx, const __half *wh, int64_t n, int64_t k, const __half *xh,
-                   int64_t rows, float *y, int64_t ldy, float beta);
+// One f16-leg GEMM: y[rows][ld] = beta * y + x[rows][k] . w[n][k]^T (fp16 w and x, fp32 y).
+struct F16Gemm {
+    const __half *w = nullptr;
+    int64_t n = 0, k = 0;
+    const __half *x = nullptr;  // [rows][k]
+    int64_t rows = 0;
+    MatF y;
+    float beta = 0.0f;
+};
+
+// The f16 leg's GEMM on ctx->stream: the algorithm `plan` (may be nullptr) has for this shape
+// when it has one and the pointers are 256-byte aligned (what the Lt algorithms were chosen for),
+// else cublasGemmEx on ctx->blas_tc (pointer mode host). Sizes fit in int32 (checked by the
+// callers).
+pf_status gemm_f16(pf_context *ctx, const GemmPlan *plan, const F16Gemm &g);
 
 }  // namespace pf

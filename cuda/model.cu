@@ -50,6 +50,7 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
     m->gemm_leg = o.gemm_leg;
     m->progress = o.progress;
     m->progress_user = o.progress_user;
+    m->tuning = o.tuning;
     m->layers = plan.layers;
     m->n_attn_layers = plan.n_attn_layers;
     const bool tied = plan.tied;
@@ -142,13 +143,6 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
         if (listed.insert(w).second) groups.push_back({w});
     return groups;
 }
-
-bool fuse_env_enabled() { return env_switch_on("PREFILL_FUSE"); }
-bool act16_env_enabled() { return env_switch_on("PREFILL_F16_ACT"); }
-bool graph_env_enabled() { return env_switch_on("PREFILL_GRAPH"); }
-bool qkrope_env_enabled() { return env_switch_on("PREFILL_FUSE_QKROPE"); }
-bool convnorm_env_enabled() { return env_switch_on("PREFILL_FUSE_CONVNORM"); }
-bool graph_attn_env_enabled() { return env_switch_on("PREFILL_GRAPH_ATTN"); }
 
 void model_info(const pf_model *m, pf_model_info *o) {
     hparam_info(m->hp, m->n_attn_layers, m->output == m->tok_embd, o);

@@ -30,6 +30,7 @@ struct pf_model {
     pf_prewarm_report prewarm_report{};  // the last prewarm's (struct_size 0: none yet)
     pf_progress_fn progress = nullptr;  // from the load options: reports the prewarm too
     void *progress_user = nullptr;
+    pf_tuning tuning{};                 // the load options' (over the context's for the prewarm)
 };
 
 namespace pf {
@@ -41,28 +42,5 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed);
 // column order the session reads their fused output — Q|K|V, GDN qkv|z|beta|alpha, FFN
 // gate|up — when `fuse`, then every other matrix alone (each weight once).
 std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool fuse);
-// Whether prewarms fuse: env PREFILL_FUSE = 0 | off | no turns it off (read at each prewarm, so a
-// benchmark can load the same file both ways in one process); anything else or unset = on.
-bool fuse_env_enabled();
-// Whether sessions take the f16 leg's input form straight from the producing kernels (the act16
-// route, session.h): env PREFILL_F16_ACT = 0 | off | no turns it off (read at session creation,
-// for A/B runs: the logits are bitwise the same either way); anything else or unset = on.
-bool act16_env_enabled();
-// Whether sessions replay chunks as CUDA graphs: env PREFILL_GRAPH = 0 | off | no turns it off
-// (read at session creation; the logits are bitwise the same either way).
-bool graph_env_enabled();
-// Whether sessions run the attention layer's q/k norms, RoPE and KV-cache write as one kernel
-// (qk_rope.cuh): env PREFILL_FUSE_QKROPE = 0 | off | no turns it off (read at session creation;
-// the logits are bitwise the same either way).
-bool qkrope_env_enabled();
-// Whether sessions run the GDN layer's conv1d + SiLU and its q/k L2 norms as one kernel
-// (gdn_conv1d_l2norm_rows): env PREFILL_FUSE_CONVNORM = 0 | off | no turns it off (read at
-// session creation; the logits are bitwise the same either way).
-bool convnorm_env_enabled();
-// Whether a session's chunk graph holds the flash attention launches (the position read on the
-// device) and the embedding, so that a chunk is one graph: env PREFILL_GRAPH_ATTN = 0 | off | no
-// restores the segments with attention launched between them (read at session creation, for
-// A/B runs; the logits are bitwise the same either way).
-bool graph_attn_env_enabled();
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

@@ -32,6 +32,7 @@
 
 #include "common.cuh"
 #include "dequant.cuh"
+#include "mma.cuh"
 #include "prewarm.cuh"
 #include "qtype.h"
 #include "quant.cuh"
@@ -231,10 +232,6 @@ __device__ __forceinline__ void decode8_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s,
 
 // ------------------------------------------------------------------ stores
 
-__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-    return uint32_t(__half_as_ushort(__float2half_rn(a))) |
-           (uint32_t(__half_as_ushort(__float2half_rn(b))) << 16);  // RNE, as numpy
-}
 // 8 fp16 in one 16-byte store; streaming (.cs): the caches are not read again soon.
 __device__ __forceinline__ void store8(__half *out, const float *v) {
     __stcs(reinterpret_cast<uint4 *>(out),
@@ -243,21 +240,6 @@ __device__ __forceinline__ void store8(__half *out, const float *v) {
 }
 
 // ------------------------------------------------------------------ staging (cp.async)
-
-__device__ __forceinline__ void cp_async16(uint8_t *dst_smem, const uint8_t *src) {
-    // .cg: through L2 only (the blocks are read once; L1 would only be evicted by them).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                     uint32_t(__cvta_generic_to_shared(dst_smem))),
-                 "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most one of this thread's committed groups (the newest) is still in flight.
-__device__ __forceinline__ void cp_async_wait_all_but_newest() {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
 
 // Elements per block and bytes per block of a block type; false for the element types.
 __device__ __forceinline__ bool block_geometry(int32_t qtype, int &elems, int &bytes) {

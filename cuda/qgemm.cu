@@ -172,9 +172,13 @@ pf_status check_shape(int32_t qtype, int64_t n, int64_t k, int64_t rows, bool ti
 }
 
 template <bool kSwiglu>
-pf_status launch_gemm(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x,
-                      int64_t rows, int64_t ldx, float *y, int64_t ldy, bool accumulate,
+pf_status launch_gemm(const QMatrix &wm, CMatF xm, MatF ym, int64_t rows, bool accumulate,
                       cudaStream_t stream, const char *what) {
+    const void *w = wm.blocks;
+    const int32_t qtype = wm.qtype;
+    const int64_t n = wm.n, k = wm.k, ldx = xm.ld, ldy = ym.ld;
+    const float *x = xm.ptr;
+    float *y = ym.ptr;
     int64_t rb = 0;
     PF_TRY(check_shape(qtype, n, k, rows, true, &rb, what));
     if (rows == 0) return PF_STATUS_OK;
@@ -196,8 +200,10 @@ bool qgemm_supports(int32_t qtype) {
     return qtype_block(qtype, &be, &bb);  // every type quant.cuh decodes
 }
 
-pf_status qgemv(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, float *y,
-                bool accumulate, cudaStream_t stream) {
+pf_status qgemv(const QMatrix &wm, const float *x, float *y, bool accumulate, cudaStream_t stream) {
+    const void *w = wm.blocks;
+    const int32_t qtype = wm.qtype;
+    const int64_t n = wm.n, k = wm.k;
     int64_t rb = 0;
     PF_TRY(check_shape(qtype, n, k, 1, false, &rb, "qgemv"));
     const qgemv_args a{static_cast<const uint8_t *>(w), rb, n, k, x, y, accumulate ? 1 : 0};
@@ -214,15 +220,13 @@ pf_status qgemv(const void *w, int32_t qtype, int64_t n, int64_t k, const float 
     return PF_STATUS_OK;
 }
 
-pf_status qgemm(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x, int64_t rows,
-                int64_t ldx, float *y, int64_t ldy, bool accumulate, cudaStream_t stream) {
-    if (rows == 1) return qgemv(w, qtype, n, k, x, y, accumulate, stream);  // one token: GEMV
-    return launch_gemm<false>(w, qtype, n, k, x, rows, ldx, y, ldy, accumulate, stream, "qgemm");
+pf_status qgemm(const QMatrix &w, CMatF x, MatF y, int64_t rows, bool accumulate, cudaStream_t stream) {
+    if (rows == 1) return qgemv(w, x.ptr, y.ptr, accumulate, stream);  // one token: GEMV
+    return launch_gemm<false>(w, x, y, rows, accumulate, stream, "qgemm");
 }
 
-pf_status qgemm_swiglu(const void *w, int32_t qtype, int64_t n, int64_t k, const float *x,
-                       int64_t rows, int64_t ldx, float *out, int64_t ldo, cudaStream_t stream) {
-    return launch_gemm<true>(w, qtype, n, k, x, rows, ldx, out, ldo, false, stream, "qgemm_swiglu");
+pf_status qgemm_swiglu(const QMatrix &w, CMatF x, MatF out, int64_t rows, cudaStream_t stream) {
+    return launch_gemm<true>(w, x, out, rows, false, stream, "qgemm_swiglu");
 }
 
 }  // namespace pf

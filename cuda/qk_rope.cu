@@ -208,8 +208,8 @@ pf_status qk_norm_rope_kv_at(const QkRopeKvArgs &a, cudaStream_t stream) {
     const QkArgs k{a.q, a.ldq, a.q_head_stride, a.k, a.ldk, a.v, a.ldv, a.n_heads, a.n_kv_heads,
                    a.head_dim, a.rot_dim / 2, (double)a.rope_base, (double)a.rot_dim, a.q_norm, a.k_norm,
                    a.eps, a.pos0_dev, a.k_cache, a.v_cache, kvd};
-    // The register form for the two models' head shapes (env PREFILL_ROW_REGS=0: the staged one).
-    if (row_regs_enabled() && (a.kv_dtype == PF_KV_F16 ? launch_qk_reg<__half>(k, a.rows, stream)
+    // The register form for the two models' head shapes (a.regs false: the staged one).
+    if (a.regs && (a.kv_dtype == PF_KV_F16 ? launch_qk_reg<__half>(k, a.rows, stream)
                                                         : launch_qk_reg<float>(k, a.rows, stream))) {
         PF_LAUNCH_CHECK("qk_norm_rope_kv_reg_kernel<%s>", a.kv_dtype == PF_KV_F16 ? "__half" : "float");
         return PF_STATUS_OK;

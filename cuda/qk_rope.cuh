@@ -32,6 +32,7 @@ struct QkRopeKvArgs {
     // are written (the caller keeps them within the caches).
     void *k_cache = nullptr, *v_cache = nullptr;
     int32_t kv_dtype = 0;          // PF_KV_F16 or PF_KV_F32
+    bool regs = true;              // the register form where the head shape has one (RowForm.regs)
 };
 
 // Whether qk_norm_rope_kv_at serves heads of head_dim values with rot_dim rotated ones (its

@@ -1,6 +1,7 @@
 // rows.cu — row kernels: RMSNorm, per-head RMSNorm, partial NEOX RoPE, SwiGLU, residual add,
 // sigmoid output gate. Three layers per op: __global__ kernel (one args struct) -> launcher ->
 // entry (declared in rows.cuh). All fp32; reductions in a fixed order (deterministic).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -337,12 +338,68 @@ dim3 elementwise_grid(int64_t rows, int64_t cols) {
     return dim3((unsigned)rows, (unsigned)yb, 1);
 }
 
+// ---------------------------------------------------------------------------------- argmax
+
+struct argmax_args {
+    const float *x;
+    int64_t n, ld;
+    int32_t *out;
+};
+
+constexpr int kArgmaxThreads = 512;
+
+// (v1, i1) ranks before (v2, i2): NaN above all numbers, then larger value, then lower index.
+__device__ __forceinline__ bool ranks_before(float v1, int32_t i1, float v2, int32_t i2) {
+    const bool n1 = isnan(v1), n2 = isnan(v2);
+    if (n1 || n2) return n1 && (!n2 || i1 < i2);
+    return v1 > v2 || (v1 == v2 && i1 < i2);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __grid_constant__ argmax_args a) {
+    __shared__ float sv[kArgmaxThreads / 32];
+    __shared__ int32_t si[kArgmaxThreads / 32];
+    const float *x = a.x + int64_t(blockIdx.x) * a.ld;
+    float best = -INFINITY;
+    int32_t bi = INT32_MAX;  // sentinel: any element, even -inf, wins by the lower index
+    for (int64_t i = threadIdx.x; i < a.n; i += kArgmaxThreads) {
+        const float v = x[i];
+        if (ranks_before(v, int32_t(i), best, bi)) best = v, bi = int32_t(i);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(kFullMask, best, o);
+        const int32_t oi = __shfl_xor_sync(kFullMask, bi, o);
+        if (ranks_before(ov, oi, best, bi)) best = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kArgmaxThreads / 32; ++w)
+            if (ranks_before(sv[w], si[w], best, bi)) best = sv[w], bi = si[w];
+        a.out[blockIdx.x] = bi;
+    }
+}
+
+// ---------------------------------------------------------------------------- device values
+
+constexpr int kStoreValues = 32;  // int64 values per store launch (kernel parameters)
+struct StoreArgs {
+    int64_t *dst;
+    int32_t n;
+    int64_t v[kStoreValues];
+};
+__global__ void store_i64_kernel(const __grid_constant__ StoreArgs a) {
+    if (int(threadIdx.x) < a.n) a.dst[threadIdx.x] = a.v[threadIdx.x];
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ entries
 
-pf_status rms_norm_rows(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy,
-                        int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+pf_status rms_norm_rows(CMatF xm, const float *w, MatF ym, int64_t rows, int64_t cols, float eps,
+                        cudaStream_t stream) {
+    const float *x = xm.ptr;
+    float *y = ym.ptr;
+    const int64_t ldx = xm.ld, ldy = ym.ld;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "rms_norm_rows: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(cols >= 1, "rms_norm_rows: cols=%lld must be >= 1", (long long)cols);
@@ -378,9 +435,11 @@ pf_status check_heads(const char *fn, int64_t ld, int64_t rows, int32_t n_heads,
 }
 }  // namespace
 
-pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads,
-                             int64_t head_stride, int32_t head_dim, const float *w, float eps,
+pf_status head_rms_norm_rows(MatF xm, int64_t rows, HeadLayout heads, const float *w, float eps,
                              cudaStream_t stream) {
+    float *x = xm.ptr;
+    const int64_t ld = xm.ld, head_stride = heads.stride;
+    const int32_t n_heads = heads.n, head_dim = heads.dim;
     PF_TRY(check_heads("head_rms_norm_rows", ld, rows, n_heads, head_stride, head_dim));
     PF_CHECK_ARG(eps >= 0.0f && std::isfinite(eps),
                  "head_rms_norm_rows: eps=%g must be finite, >= 0", (double)eps);
@@ -395,9 +454,11 @@ pf_status head_rms_norm_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads
 }
 
 namespace {
-pf_status rope_launch(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
-                      int32_t head_dim, int32_t rot_dim, int64_t pos0, const int64_t *pos0_dev,
-                      float base, cudaStream_t stream) {
+pf_status rope_launch(MatF xm, int64_t rows, HeadLayout heads, int32_t rot_dim, int64_t pos0,
+                      const int64_t *pos0_dev, float base, cudaStream_t stream) {
+    float *x = xm.ptr;
+    const int64_t ld = xm.ld, head_stride = heads.stride;
+    const int32_t n_heads = heads.n, head_dim = heads.dim;
     PF_TRY(check_heads("rope_neox_rows", ld, rows, n_heads, head_stride, head_dim));
     PF_CHECK_ARG(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim,
                  "rope_neox_rows: rot_dim=%d must be even, in [2, head_dim=%d]", rot_dim,
@@ -420,21 +481,21 @@ pf_status rope_launch(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64
 }
 }  // namespace
 
-pf_status rope_neox_rows(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
-                         int32_t head_dim, int32_t rot_dim, int64_t pos0, float base,
-                         cudaStream_t stream) {
-    return rope_launch(x, ld, rows, n_heads, head_stride, head_dim, rot_dim, pos0, nullptr, base, stream);
+pf_status rope_neox_rows(MatF x, int64_t rows, HeadLayout heads, int32_t rot_dim, int64_t pos0,
+                         float base, cudaStream_t stream) {
+    return rope_launch(x, rows, heads, rot_dim, pos0, nullptr, base, stream);
 }
 
-pf_status rope_neox_rows_at(float *x, int64_t ld, int64_t rows, int32_t n_heads, int64_t head_stride,
-                            int32_t head_dim, int32_t rot_dim, const int64_t *pos0_dev, float base,
-                            cudaStream_t stream) {
+pf_status rope_neox_rows_at(MatF x, int64_t rows, HeadLayout heads, int32_t rot_dim,
+                            const int64_t *pos0_dev, float base, cudaStream_t stream) {
     PF_CHECK_ARG(pos0_dev != nullptr, "rope_neox_rows_at: pos0_dev is NULL");
-    return rope_launch(x, ld, rows, n_heads, head_stride, head_dim, rot_dim, 0, pos0_dev, base, stream);
+    return rope_launch(x, rows, heads, rot_dim, 0, pos0_dev, base, stream);
 }
 
-pf_status swiglu_rows(const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
-                      int64_t ldo, int64_t rows, int64_t cols, cudaStream_t stream) {
+pf_status swiglu_rows(CMatF gm, CMatF um, MatF om, int64_t rows, int64_t cols, cudaStream_t stream) {
+    const float *g = gm.ptr, *u = um.ptr;
+    float *out = om.ptr;
+    const int64_t ldg = gm.ld, ldu = um.ld, ldo = om.ld;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "swiglu_rows: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(cols >= 1, "swiglu_rows: cols=%lld must be >= 1", (long long)cols);
@@ -449,8 +510,10 @@ pf_status swiglu_rows(const float *g, int64_t ldg, const float *u, int64_t ldu, 
     return PF_STATUS_OK;
 }
 
-pf_status add_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t rows, int64_t cols,
-                   cudaStream_t stream) {
+pf_status add_rows(MatF ym, CMatF xm, int64_t rows, int64_t cols, cudaStream_t stream) {
+    float *y = ym.ptr;
+    const float *x = xm.ptr;
+    const int64_t ldy = ym.ld, ldx = xm.ld;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "add_rows: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(cols >= 1, "add_rows: cols=%lld must be >= 1", (long long)cols);
@@ -464,9 +527,11 @@ pf_status add_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t r
     return PF_STATUS_OK;
 }
 
-pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ldgate,
-                            int64_t gate_head_stride, int64_t rows, int32_t n_heads,
-                            int32_t head_dim, cudaStream_t stream) {
+pf_status sigmoid_gate_rows(MatF om, CMatF gm, HeadLayout gate_heads, int64_t rows, cudaStream_t stream) {
+    float *o = om.ptr;
+    const float *gate = gm.ptr;
+    const int64_t ldo = om.ld, ldgate = gm.ld, gate_head_stride = gate_heads.stride;
+    const int32_t n_heads = gate_heads.n, head_dim = gate_heads.dim;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "sigmoid_gate_rows: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(n_heads >= 1 && head_dim >= 1, "sigmoid_gate_rows: n_heads=%d head_dim=%d must be >= 1",
@@ -490,8 +555,10 @@ pf_status sigmoid_gate_rows(float *o, int64_t ldo, const float *gate, int64_t ld
     return PF_STATUS_OK;
 }
 
-pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F16Out &out,
-                            int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+pf_status rms_norm_rows_f16(CMatF xm, const float *w, const F16Out &out, int64_t rows, int64_t cols,
+                            float eps, cudaStream_t stream) {
+    const float *x = xm.ptr;
+    const int64_t ldx = xm.ld;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "rms_norm_rows_f16: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(cols >= 1 && ldx >= cols, "rms_norm_rows_f16: cols=%lld ldx=%lld", (long long)cols,
@@ -502,7 +569,7 @@ pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F
     PF_CHECK_ARG(x && w, "rms_norm_rows_f16: null pointer (x=%p w=%p)", (const void *)x, (const void *)w);
     PF_TRY(check_f16_out("rms_norm_rows_f16", out, cols));
     const int block = cols <= 1024 ? 128 : kNormBlock;  // rms_norm_rows' choice: the same sums
-    if (row_regs_enabled() &&
+    if (out.form.regs &&
         with_smallest_fit<2, 4, 8, 10, 12, 16, 20>(ceil_div(cols, block), [&](auto n) {
             const RmsNormF16Args a{x, ldx, w, cols, eps, out, 0};
             rms_norm_f16_reg_kernel<decltype(n)::value><<<(unsigned)rows, block, 0, stream>>>(a);
@@ -510,15 +577,17 @@ pf_status rms_norm_rows_f16(const float *x, int64_t ldx, const float *w, const F
         PF_LAUNCH_CHECK("rms_norm_f16_reg_kernel");
         return PF_STATUS_OK;
     }
-    const size_t stage = f16_stage_bytes(cols);
+    const size_t stage = f16_stage_bytes(cols, out.form);
     const RmsNormF16Args a{x, ldx, w, cols, eps, out, stage ? 1 : 0};
     rms_norm_f16_kernel<<<(unsigned)rows, block, stage, stream>>>(a);
     PF_LAUNCH_CHECK("rms_norm_f16_kernel");
     return PF_STATUS_OK;
 }
 
-pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t ldu,
-                          const F16Out &out, int64_t rows, int64_t cols, cudaStream_t stream) {
+pf_status swiglu_rows_f16(CMatF gm, CMatF um, const F16Out &out, int64_t rows, int64_t cols,
+                          cudaStream_t stream) {
+    const float *g = gm.ptr, *u = um.ptr;
+    const int64_t ldg = gm.ld, ldu = um.ld;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "swiglu_rows_f16: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(cols >= 1 && ldg >= cols && ldu >= cols, "swiglu_rows_f16: cols=%lld ldg=%lld ldu=%lld",
@@ -529,7 +598,7 @@ pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t l
     const auto aligned = [](const void *p, uintptr_t b) { return reinterpret_cast<uintptr_t>(p) % b == 0; };
     const bool vec4 = cols % 4 == 0 && ldg % 4 == 0 && ldu % 4 == 0 && out.ld16 % 4 == 0 &&
                       aligned(g, 16) && aligned(u, 16) && aligned(out.x16, 8);
-    if (vec4 && row_regs_enabled() &&
+    if (vec4 && out.form.regs &&
         with_smallest_fit<1, 2, 4, 6, 8, 10, 12, 16>(ceil_div(cols / 4, kF16RowThreads), [&](auto n) {
             const SwigluF16Args a{g, ldg, u, ldu, cols, out, 0};
             swiglu_f16_reg_kernel<decltype(n)::value><<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
@@ -537,16 +606,18 @@ pf_status swiglu_rows_f16(const float *g, int64_t ldg, const float *u, int64_t l
         PF_LAUNCH_CHECK("swiglu_f16_reg_kernel");
         return PF_STATUS_OK;
     }
-    const size_t stage = f16_stage_bytes(cols);
+    const size_t stage = f16_stage_bytes(cols, out.form);
     const SwigluF16Args a{g, ldg, u, ldu, cols, out, stage ? 1 : 0};
     swiglu_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);
     PF_LAUNCH_CHECK("swiglu_f16_kernel");
     return PF_STATUS_OK;
 }
 
-pf_status sigmoid_gate_rows_f16(const float *o, int64_t ldo, const float *gate, int64_t ldgate,
-                                int64_t gate_head_stride, const F16Out &out, int64_t rows,
-                                int32_t n_heads, int32_t head_dim, cudaStream_t stream) {
+pf_status sigmoid_gate_rows_f16(CMatF om, CMatF gm, HeadLayout gate_heads, const F16Out &out,
+                                int64_t rows, cudaStream_t stream) {
+    const float *o = om.ptr, *gate = gm.ptr;
+    const int64_t ldo = om.ld, ldgate = gm.ld, gate_head_stride = gate_heads.stride;
+    const int32_t n_heads = gate_heads.n, head_dim = gate_heads.dim;
     PF_CHECK_ARG(rows >= 0 && rows <= kMaxGridX, "sigmoid_gate_rows_f16: rows=%lld out of range",
                  (long long)rows);
     PF_CHECK_ARG(n_heads >= 1 && head_dim >= 1, "sigmoid_gate_rows_f16: n_heads=%d head_dim=%d", n_heads,
@@ -559,11 +630,37 @@ pf_status sigmoid_gate_rows_f16(const float *o, int64_t ldo, const float *gate, 
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && gate, "sigmoid_gate_rows_f16: null pointer");
     PF_TRY(check_f16_out("sigmoid_gate_rows_f16", out, cols));
-    const size_t stage = f16_stage_bytes(cols);
+    const size_t stage = f16_stage_bytes(cols, out.form);
     const GateF16Args a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols, out, stage ? 1 : 0};
     sigmoid_gate_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);
     PF_LAUNCH_CHECK("sigmoid_gate_f16_kernel");
     return PF_STATUS_OK;
 }
+
+pf_status store_i64s(int64_t *dst, const int64_t *v, int64_t n, cudaStream_t stream) {
+    PF_CHECK_ARG(dst != nullptr && (v != nullptr || n == 0) && n >= 0, "store_i64s: dst=%p v=%p n=%lld",
+                 (void *)dst, (const void *)v, (long long)n);
+    for (int64_t i = 0; i < n; i += kStoreValues) {
+        StoreArgs a;
+        a.dst = dst + i;
+        a.n = int32_t(std::min<int64_t>(kStoreValues, n - i));
+        for (int32_t j = 0; j < a.n; ++j) a.v[j] = v[i + j];
+        store_i64_kernel<<<1, kStoreValues, 0, stream>>>(a);
+        PF_LAUNCH_CHECK("store_i64_kernel");
+    }
+    return PF_STATUS_OK;
+}
+
+pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32_t *out_ids,
+                      cudaStream_t stream) {
+    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && n >= 1 && n <= INT32_MAX && ld >= n,
+                 "argmax_rows: rows=%lld n=%lld ld=%lld", (long long)rows, (long long)n,
+                 (long long)ld);
+    if (rows == 0) return PF_STATUS_OK;
+    argmax_rows_kernel<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(argmax_args{x, n, ld, out_ids});
+    PF_LAUNCH_CHECK("argmax_rows_kernel");
+    return PF_STATUS_OK;
+}
+
 
 }  // namespace pf

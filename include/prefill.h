@@ -58,7 +58,11 @@
  * built against 0.2 get ABI_MISMATCH from their _init until rebuilt. Version 0.4 adds
  * device_ms and bytes_read at the end of pf_prewarm_report (the same rule), the context flag
  * PF_CONTEXT_POISON, pf_buffer_copy, pf_weight_copy_f16, pf_model_prewarm_report,
- * pf_model_weight and pf_project_f16x.
+ * pf_model_weight and pf_project_f16x. Version 0.5 adds the tuning fields (pf_tuning, at the end of
+ * pf_model_options and pf_session_options, and pf_context_set_tuning / pf_context_get_tuning),
+ * which replace the environment switches the library read before (only PREFILL_GEMM,
+ * PREFILL_GRAPH, PREFILL_GEMM_LT and PREFILL_LOG remain), and
+ * pf_attention_options.position_on_device (the same rule for callers built against 0.4).
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -73,7 +77,7 @@
 #endif
 
 #define PF_VERSION_MAJOR 0
-#define PF_VERSION_MINOR 4
+#define PF_VERSION_MINOR 5
 #define PF_VERSION_PATCH 0
 
 #ifdef __cplusplus
@@ -143,6 +147,75 @@ typedef struct pf_context_options {
 } pf_context_options;
 
 PF_API pf_status pf_context_options_init(pf_context_options *opts, size_t struct_size);
+
+/* Tuning: the engine's internal choices as typed fields, for measurement (A/B runs) and tests.
+ * Every field 0 = the library's choice, which is what a deployment wants; the results of any
+ * setting are bitwise those of the default unless the field says otherwise. A field left 0
+ * takes the value of the level above: a session's tuning over its model's, the model's over
+ * its context's (pf_context_set_tuning, which also applies to the kernel-level calls on the
+ * context), then the library's default. The environment holds only the deployment knobs
+ * (PREFILL_GEMM, PREFILL_GRAPH, PREFILL_GEMM_LT, PREFILL_LOG; docs/tuning.md). */
+typedef enum pf_switch {
+    PF_SWITCH_DEFAULT = 0,
+    PF_SWITCH_ON = 1,
+    PF_SWITCH_OFF = 2
+} pf_switch;
+
+typedef enum pf_gemm_lt_mode {  /* the f16 leg's per-shape GEMM choice (pf_session_create) */
+    PF_GEMM_LT_DEFAULT = 0,     /* on, unless env PREFILL_GEMM_LT=0 */
+    PF_GEMM_LT_ON = 1,          /* cuBLASLt where it beat cublasGemmEx by > 3% when timed */
+    PF_GEMM_LT_OFF = 2,         /* cublasGemmEx everywhere (not timed) */
+    PF_GEMM_LT_FORCE = 3        /* testing: the fastest cuBLASLt algorithm whatever GemmEx's time
+                                   (choices kept apart from the normal ones) */
+} pf_gemm_lt_mode;
+
+typedef enum pf_row_form {      /* how the f16 producers and the fused q/k RoPE hold a row */
+    PF_ROW_FORM_AUTO = 0,       /* in registers where the width allows, else staged */
+    PF_ROW_FORM_STAGED = 1,     /* staged in shared memory where it fits (48 KiB), else recomputed */
+    PF_ROW_FORM_RECOMPUTE = 2   /* each value computed twice (the form of the widest rows) */
+} pf_row_form;
+
+typedef enum pf_gdn_state_kernel {  /* the chunked delta rule's state kernel */
+    PF_GDN_STATE_AUTO = 0,          /* warpgroup where it runs (sm_90a build, compute capability
+                                       9.0, v rows 16-byte aligned), else warp */
+    PF_GDN_STATE_WARP = 1,          /* warp-owned state slices, mma.sync (sm_80 and later) */
+    PF_GDN_STATE_WARPGROUP = 2      /* wgmma + TMA (UNSUPPORTED where it cannot run) */
+} pf_gdn_state_kernel;
+
+typedef struct pf_tuning {
+    int32_t gemm_lt;           /* pf_gemm_lt_mode. Sessions: timed at creation; results equal
+                                  within the f16 leg's tolerance, bitwise within one mode */
+    int32_t fuse_groups;       /* pf_switch (default on): the prewarm lays out Q|K|V, the GDN
+                                  in-projections and gate|up as one fp16 block each and sessions run
+                                  each group as one GEMM (off: one GEMM per matrix; within the f16
+                                  leg's tolerance). Read at the prewarm and at session creation */
+    int32_t f16_producers;     /* pf_switch (default on): RMSNorm, SwiGLU, the gated norm and the
+                                  attention gate write the f16 leg's fp16 input (off: a cast pass) */
+    int32_t row_form;          /* pf_row_form */
+    int32_t fuse_qk_rope;      /* pf_switch (default on): the attention layer's q/k norms, RoPE and
+                                  KV-cache write as one kernel (off: five kernels) */
+    int32_t fuse_conv_norm;    /* pf_switch (default on): the GDN conv1d + SiLU and the q/k L2
+                                  norms as one kernel (off: three) */
+    int32_t gdn_scan;          /* pf_gdn_scan_path of a session's chunks and of PF_GDN_SCAN_AUTO in
+                                  pf_gdn_scan (default: chunked on the fast legs from 64 rows,
+                                  sequential on the f32 leg and below; not bitwise across paths) */
+    int32_t gdn_state;         /* pf_gdn_state_kernel (the two agree within the path's tolerance,
+                                  not bitwise) */
+    int32_t gdn_subpass_rows;  /* rows of the chained sub-passes of the chunked delta rule: 0 =
+                                  default (2048), -1 = one pass, else a multiple of 64 up to 8192 */
+    int32_t gdn_pdl;           /* pf_switch (default on where compute capability >= 9.0): the GDN
+                                  state kernel as its prep kernel's programmatic dependent */
+    int32_t attn_kernel;       /* pf_attn_kernel of the flash path (default: wgmma where it runs) */
+    int32_t prewarm_fail_piece; /* testing: N > 0 makes the allocation of the prewarm's piece N
+                                   (1-based) fail as out of memory. default 0 (none) */
+    int64_t prewarm_piece_bytes; /* the prewarm's first piece (each next twice the last): 0 =
+                                    default (256 MiB), -1 = the whole cache in one allocation */
+} pf_tuning;
+
+/* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it
+ * from now on, and models and sessions created on ctx afterwards inherit it (see above). */
+PF_API pf_status pf_context_set_tuning(pf_context *ctx, const pf_tuning *tuning);
+PF_API pf_status pf_context_get_tuning(const pf_context *ctx, pf_tuning *out);
 /* opts NULL = defaults. NO_DEVICE when there is no usable device of that ordinal. */
 PF_API pf_status pf_context_create(pf_context **out, const pf_context_options *opts);
 PF_API void pf_context_destroy(pf_context *ctx);
@@ -222,9 +295,9 @@ typedef enum pf_attn_path {
 } pf_attn_path;
 
 typedef enum pf_attn_kernel {  /* which flash kernel PF_ATTN_FLASH (or AUTO's flash choice) runs */
-    PF_ATTN_KERNEL_AUTO = 0,   /* the environment's PREFILL_ATTN_KERNEL=mma|wgmma if set (wgmma
-                                  where this device and build have it, else mma), else wgmma on a
-                                  compute capability 9.0 device with an sm_90a build, else mma */
+    PF_ATTN_KERNEL_AUTO = 0,   /* the context's tuning (pf_tuning.attn_kernel) if set, else wgmma
+                                  on a compute capability 9.0 device with an sm_90a build, else
+                                  mma */
     PF_ATTN_KERNEL_MMA = 1,    /* mma.sync m16n8k16 (sm_80 and later) */
     PF_ATTN_KERNEL_WGMMA = 2   /* Hopper wgmma (cc 9.0 and a build with 90a); UNSUPPORTED at
                                   pf_attention elsewhere */
@@ -252,6 +325,10 @@ typedef struct pf_attention_options {
                                    H * rows_per_pass * (pos0 + rows) * (4 fp32 scores + 2 fp16
                                    probabilities for an fp16 cache) bytes; 0 = 256 MiB. default 0 */
     int32_t kernel;             /* flash path: pf_attn_kernel. default PF_ATTN_KERNEL_AUTO */
+    int32_t position_on_device; /* testing: 1 runs the flash path as a session's CUDA graph runs
+                                   it, pos0 read from device memory and the wgmma kernel's maps
+                                   over the caches' whole capacity (bitwise the same output).
+                                   default 0 */
 } pf_attention_options;
 
 PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t struct_size);
@@ -318,7 +395,8 @@ typedef enum pf_gemm_leg {
 } pf_gemm_leg;
 
 /* The process default leg, resolved to PF_GEMM_AUTO, _F32 or _F16. The env variable is read
- * once per process; an invalid value prints one warning line on stderr and means auto. */
+ * once per process; an invalid value prints one warning line on stderr and means auto. A session
+ * resolves its leg once, at creation. */
 PF_API pf_status pf_gemm_default_leg(int32_t *out);
 /* Overrides the process default (PF_GEMM_AUTO, _F32 or _F16); PF_GEMM_DEFAULT restores the
  * env value. Process-wide; meant for tests and tools. */
@@ -538,9 +616,8 @@ PF_API pf_status pf_gdn_gated_rms_norm(pf_context *ctx, const pf_gdn_gated_rms_n
  * o = S^T q. The state is read at the start and written back at the end, so consecutive calls
  * continue one sequence. */
 typedef enum pf_gdn_scan_path {
-    PF_GDN_SCAN_AUTO = 0,       /* chunked for dk = dv = 128 and rows >= 64, else sequential.
-                                   Env PREFILL_GDN_SCAN=sequential|chunked overrides the choice
-                                   (read once per process) */
+    PF_GDN_SCAN_AUTO = 0,       /* chunked for dk = dv = 128 and rows >= 64, else sequential;
+                                   pf_gdn_scan takes the context's tuning.gdn_scan first */
     PF_GDN_SCAN_SEQUENTIAL = 1, /* token by token with the state on chip: the exact path (fp32,
                                    bound 1e-5) and decode's; bitwise equal to `rows` calls of
                                    one row */
@@ -607,6 +684,8 @@ typedef struct pf_model_options {
     size_t prewarm_headroom_bytes; /* free VRAM left after the prewarm. default 0 = 2 GiB */
     pf_progress_fn progress;       /* NULL = no progress reports. default NULL */
     void *progress_user;           /* passed to progress. default NULL */
+    pf_tuning tuning;              /* over the context's; read by the prewarm (fuse_groups,
+                                      prewarm_*) and inherited by the model's sessions. default 0 */
 } pf_model_options;
 
 typedef struct pf_model_info {
@@ -661,11 +740,13 @@ typedef struct pf_session_options {
     int32_t cuda_graphs;   /* 1: a chunk length that comes back is captured as a CUDA graph
                               (every launch reads the position from device memory, flash
                               attention included: one graph per chunk; chunks on the cuBLAS
-                              attention path, and every chunk with env PREFILL_GRAPH_ATTN=0,
-                              are captured as segments with attention launched between them)
-                              and replayed, for up to 8 graphs per session; results
+                              attention path are captured as segments with attention launched
+                              between them) and replayed, for up to 8 graphs per session; results
                               are bitwise those of 0 (every kernel launched). Env PREFILL_GRAPH=0
                               forces 0. default 1 */
+    pf_tuning tuning;      /* over the model's (see pf_tuning); resolved, with the options above,
+                              the device and the environment, into the session's execution plan
+                              once, here. default 0 */
 } pf_session_options;
 
 typedef enum pf_logits_mode {
@@ -682,8 +763,9 @@ PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct
  * never changed, by every later session of the process on that device, other models of the same
  * shapes included: logits stay bitwise equal between sessions and models of one process, and
  * graphs bitwise eager. Two processes may choose differently: their f16-leg logits then agree
- * within the leg's tolerance, not bitwise. Env PREFILL_GEMM_LT=0 (read here) runs cublasGemmEx
- * everywhere; PREFILL_GEMM_LT_LOG=1 prints each choice made to stderr. The f32 leg is untouched. */
+ * within the leg's tolerance, not bitwise. Env PREFILL_GEMM_LT=0 or tuning.gemm_lt runs
+ * cublasGemmEx everywhere; PREFILL_LOG=gemm prints each choice made to stderr (PREFILL_LOG=plan the
+ * session's execution plan). The f32 leg is untouched. */
 PF_API pf_status pf_session_create(pf_session **out, pf_model *model, const pf_session_options *opts);
 PF_API void pf_session_destroy(pf_session *s);
 /* Runs n_tokens tokens (any count, in internal chunks) from the session's position, which then

@@ -6,7 +6,7 @@ pure-Python parts (pyprefill.formats, pyprefill.reference) work where no library
 from .errors import (AbiMismatchError, CudaError, GGUFError, InvalidArgumentError, NoDeviceError,
                      OutOfMemoryError, PrefillError, UnsupportedError)
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 _LAZY = {"Context": "core", "Buffer": "core", "Weight": "core", "device_count": "core",
          "Model": "model", "Session": "model"}

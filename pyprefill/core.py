@@ -123,6 +123,20 @@ class Context(_Owner):
     def synchronize(self) -> None:
         _check(lib.pf_context_synchronize(self.ptr))
 
+    def set_tuning(self, tuning: dict | None = None, **fields) -> None:
+        """The tuning of this context (pyprefill.tuning; for measurement and tests): used by
+        the kernel-level calls on it from now on, and inherited by the models and sessions
+        created on it afterwards. Replaces the previous tuning; no argument = all defaults."""
+        from . import tuning as _tuning
+        _check(lib.pf_context_set_tuning(self.ptr, _tuning.new({**(tuning or {}), **fields})))
+
+    def tuning(self) -> dict:
+        """The context's non-default tuning fields."""
+        from . import tuning as _tuning
+        t = ffi.new("pf_tuning *")
+        _check(lib.pf_context_get_tuning(self.ptr, t))
+        return _tuning.as_dict(t)
+
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes of the device now."""
         f, t = ffi.new("size_t *"), ffi.new("size_t *")

@@ -14,6 +14,7 @@ import numpy as np
 
 from ._errors import _check
 from ._ffi import enum_map, enum_value, ffi, lib
+from . import tuning as _tuning
 from ._progress import StageBars
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
@@ -47,14 +48,18 @@ class Model(_Owner):
     """A qwen3 / qwen35 GGUF model on one device (owns its Context unless one is given)."""
 
     def __init__(self, path: str, *, device: int = 0, gemm="default", prewarm: bool = True,
-                 prewarm_headroom: int = 0, progress: bool = True, context: Context | None = None):
-        self._own_ctx = context is None
-        self.ctx = context if context is not None else Context(device)
+                 prewarm_headroom: int = 0, progress: bool = True, context: Context | None = None,
+                 tuning: dict | None = None):
+        """tuning: pyprefill.tuning fields over the context's (the prewarm's fuse_groups and
+        prewarm_* fields; the rest is inherited by the sessions)."""
         opts = ffi.new("pf_model_options *")
         _check(lib.pf_model_options_init(opts, ffi.sizeof("pf_model_options")))
         opts.gemm_leg = _leg_id(gemm)
         opts.prewarm = 1 if prewarm else 0
         opts.prewarm_headroom_bytes = prewarm_headroom
+        _tuning.fill(opts.tuning, tuning)     # before the context: a bad field leaves nothing behind
+        self._own_ctx = context is None
+        self.ctx = context if context is not None else Context(device)
         bars = StageBars(progress)
 
         @ffi.callback("void(void *, const char *, int64_t, int64_t)")
@@ -123,9 +128,10 @@ class Model(_Owner):
         return Weight._borrowed(out[0], self.ctx, self)
 
     def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
-                gemm="default", attention: str = "auto", graphs: bool = True) -> "Session":
+                gemm="default", attention: str = "auto", graphs: bool = True,
+                tuning: dict | None = None) -> "Session":
         return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,
-                       attention=attention, graphs=graphs)
+                       attention=attention, graphs=graphs, tuning=tuning)
 
     def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
         """A fresh session holding a state saved by Session.save()."""
@@ -147,7 +153,10 @@ class Session(_Owner):
     """One sequence on a Model: KV caches, conv windows, recurrent states, position."""
 
     def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 0, kv: str = "f16",
-                 gemm="default", attention: str = "auto", graphs: bool = True):
+                 gemm="default", attention: str = "auto", graphs: bool = True,
+                 tuning: dict | None = None):
+        """tuning: pyprefill.tuning fields over the model's, resolved with the other options
+        into the session's execution plan once, here."""
         if kv not in _KV:
             raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
         if attention not in _ATTN:
@@ -160,6 +169,7 @@ class Session(_Owner):
         opts.gemm_leg = _leg_id(gemm)
         opts.attn_path = _ATTN[attention]
         opts.cuda_graphs = 1 if graphs else 0
+        _tuning.fill(opts.tuning, tuning)
         out = ffi.new("pf_session **")
         _check(lib.pf_session_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_session_destroy, model)

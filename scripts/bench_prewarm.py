@@ -4,8 +4,8 @@
                                      [--pieces default 0] [--dir out/models]
 
 Per model (the bench's synthetic Q4_K_M GGUF of the real shapes, written once under --dir) and
-per PREFILL_PREWARM_PIECE setting ("default" = unset: pieces from 256 MiB; "0" = one
-allocation, as v1): `reps` loads in one context, each prewarming at load. Prints the median
+per prewarm_piece_bytes tuning ("default": pieces from 256 MiB; "one-allocation": the whole
+cache in one, as v1; or bytes): `reps` loads in one context, each prewarming at load. Prints the median
 wall (pf_model_info.prewarm_ms: host set-up, allocations, launches, final sync) and device time
 (the report's device_ms: the launches) as GB/s of bytes read + written and as % of the device
 copy bandwidth measured in the same process (pyprefill bench model's yardstick)."""
@@ -29,14 +29,12 @@ def measure(path: str, reps: int, piece: str) -> dict:
     from pyprefill.bench.model import copy_bytes_for, device_copy_gbs
     from pyprefill.core import Context
     from pyprefill.model import Model
-    if piece == "default":
-        os.environ.pop("PREFILL_PREWARM_PIECE", None)
-    else:
-        os.environ["PREFILL_PREWARM_PIECE"] = piece
+    tuning = {} if piece == "default" else {
+        "prewarm_piece_bytes": piece if piece == "one-allocation" else int(piece)}
     wall, dev, moved = [], [], 0
     with Context(0) as ctx:
         for _ in range(reps):
-            with Model(path, context=ctx, gemm="auto", prewarm=True, progress=False) as m:
+            with Model(path, context=ctx, gemm="auto", prewarm=True, progress=False, tuning=tuning) as m:
                 rep = m.prewarm_report()
                 if not rep["armed"]:
                     raise SystemExit(f"{path}: prewarm not armed: {rep['reason']}")
@@ -57,8 +55,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["qwen35-4b", "qwen3-4b"])
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--pieces", nargs="+", default=["default", "0"],
-                   help='PREFILL_PREWARM_PIECE values; "default" leaves it unset')
+    p.add_argument("--pieces", nargs="+", default=["default", "one-allocation"],
+                   help='tuning.prewarm_piece_bytes values: "default", "one-allocation" or bytes')
     p.add_argument("--dir", default="out/models", help="where the synthetic GGUFs are kept")
     a = p.parse_args(argv)
     print("| model | piece | GB moved | wall ms | wall GB/s | wall % copy | device ms | "

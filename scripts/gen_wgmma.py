@@ -9,13 +9,14 @@ accumulate; A from shared memory (descriptor) or from registers, B from shared m
 """
 from pathlib import Path
 
-# N of each form (wgmma m64nNk16 with fp16 inputs allows any multiple of 8 up to 256). wgmma_ss
-# computes S = Q K^T (N = the key tile: 64, 80 or 128); wgmma_rs computes O += P V (N = the head
-# dimension: 128 or 256) and the 64 kept from the first kernels; wgmma_rsk (A from registers, B
-# K-major) computes the GDN state kernel's products with a [n][k]-stored B: S^T K^T, S^T Q^T,
-# R^T Tm^T and V'^T P^T (N = the 64 rows of a chunk).
-SS_N = (64, 80, 96, 128, 176, 256)
-RS_N = (64, 128, 256)
+# N of each form (wgmma m64nNk16 with fp16 inputs allows any multiple of 8 up to 256): only the
+# shapes a kernel or test uses (the others were deleted with the tile instances no plan picked).
+# wgmma_ss computes S = Q K^T (N = the key tile: 176 at head_dim 128, 80 at 256; 64 for the
+# layout test); wgmma_rs computes O += P V (N = the head dimension: 128 or 256) and the GDN state
+# update (128); wgmma_rsk (A from registers, B K-major) computes the GDN state kernel's products
+# with a [n][k]-stored B: S^T K^T, S^T Q^T, R^T Tm^T and V'^T P^T (N = the 64 rows of a chunk).
+SS_N = (64, 80, 176)
+RS_N = (128, 256)
 RSK_N = (64,)
 
 HEADER = """\

@@ -3,21 +3,10 @@
 for each length, and 2048 new rows at pos0 = 30720 (a chunk deep into a long prompt). Ours in
 one run: both flash kernels by name ("ours flash wgmma": the Hopper kernel, skipped with the
 reason where the device or build lacks it; "ours flash mma": the mma.sync kernel) and the cuBLAS
-path (up to 8192 keys: past that its passes only measure the scores traffic). At D = 256 also
-"ours flash wgmma bn64": the Hopper kernel with key tiles of 64 (PREFILL_ATTN_BN256=64, which the
-library reads once per process, so that row is timed in a child process on inputs of the same
-shape; run the bench without the variable set, so that "ours flash wgmma" is the default 80);
-at D = 128 likewise "bn96" and "bn128" (PREFILL_ATTN_BN128; the default is 176).
-Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s count the causal FLOPs once:
+path (up to 8192 keys: past that its passes only measure the scores traffic). Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s count the causal FLOPs once:
 4 x H x D x (query, key) pairs under the mask. The issue-10 table:
     pyprefill bench kernels --families attention --lengths 2048,8192,32768 --out DIR"""
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from ..formats.synth import preset_desc
 from ..kernels import attention as K
@@ -26,11 +15,6 @@ SHAPES = ("qwen35-4b", "qwen3-4b")
 # (label, path, flash kernel) of each timed variant of ours.
 VARIANTS = (("flash wgmma", "flash", "wgmma"), ("flash mma", "flash", "mma"),
             ("cublas", "cublas", "auto"))
-# (label, path, flash kernel, environment, head dims) of variants whose switch the library reads
-# once per process: each runs in a child process (`python -m pyprefill.bench.attention SPEC`).
-CHILD_VARIANTS = (("flash wgmma bn64", "flash", "wgmma", {"PREFILL_ATTN_BN256": "64"}, (256,)),
-                  ("flash wgmma bn96", "flash", "wgmma", {"PREFILL_ATTN_BN128": "96"}, (128,)),
-                  ("flash wgmma bn128", "flash", "wgmma", {"PREFILL_ATTN_BN128": "128"}, (128,)))
 CUBLAS_MAX_KEYS = 8192
 DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
 
@@ -107,39 +91,6 @@ def time_variants(b, op: str, H: int, Hkv: int, D: int, rows: int, pos0: int, va
         b.rec.guard(f"{op} T={rows} {label}", run)
 
 
-def time_in_child(b, env: dict, spec: dict) -> list:
-    """[label, timing, sets] of each variant in spec, timed by a child process that has `env`
-    (a library switch read once per process); its skipped lines come back as this run's."""
-    child_env = {**os.environ, **env}
-    root = str(Path(__file__).resolve().parents[2])   # the directory holding pyprefill/
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-m", "pyprefill.bench.attention",
-                        json.dumps({**spec, "reps": b.reps})],
-                       env=child_env, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"child exited {r.returncode}: {r.stderr.strip()[-300:]}")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    for sk in res["skipped"]:
-        b.rec.skip(sk["what"], sk["why"])
-    return res["timed"]
-
-
-def child_main(argv) -> int:
-    """The child of time_in_child: times spec's variants, prints one JSON line (timed, skipped)."""
-    from ..core import Context
-    from ._common import Bench, Recorder
-    spec = json.loads(argv[0])
-    rec = Recorder(stream=sys.stderr)
-    timed = []
-    with Context(0) as ctx:
-        b = Bench(rec, ctx, None, reps=spec["reps"])
-        b.op(spec["op"], time_variants, b, spec["op"], spec["H"], spec["Hkv"], spec["D"],
-             spec["rows"], spec["pos0"], [tuple(v) for v in spec["variants"]],
-             lambda label, t, n: timed.append([label, t, n]))   # frees the inputs before close
-    print(json.dumps({"timed": timed, "skipped": rec.skipped}, default=float))
-    return 0
-
-
 def case(b, d, rows: int, pos0: int) -> None:
     H, Hkv, D = d.n_head, d.n_head_kv, d.head_dim
     op = f"attention H{H}/Hkv{Hkv}/D{D}" + (f" pos0={pos0}" if pos0 else "")
@@ -155,15 +106,6 @@ def case(b, d, rows: int, pos0: int) -> None:
     def emit(label, t, n):
         b.add(op, rows, f"ours {label}", t, flops=flops, peer=peer, note=note, sets=n)
     time_variants(b, op, H, Hkv, D, rows, pos0, VARIANTS, emit)
-    for label, path, kernel, env, dims in CHILD_VARIANTS:
-        if D not in dims:
-            continue
-        spec = dict(op=op, H=H, Hkv=Hkv, D=D, rows=rows, pos0=pos0,
-                    variants=[(label, path, kernel)])
-        timed = b.rec.guard(f"{op} T={rows} {label}", time_in_child, b, env, spec)
-        for label_, t, n in timed or []:
-            b.add(op, rows, f"ours {label_}", t, flops=flops, peer=peer,
-                  note=note + ", " + " ".join(f"{k}={v}" for k, v in env.items()), sets=n)
 
 
 def run(b, lengths) -> None:
@@ -174,6 +116,3 @@ def run(b, lengths) -> None:
         if not b.quick:
             b.op(f"attention {model} rows={DEEP[0]} pos0={DEEP[1]}", case, b, d, *DEEP)
 
-
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))

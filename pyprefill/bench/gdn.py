@@ -5,31 +5,25 @@ shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one st
 call of T (what chunked prefill does)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..formats.synth import preset_desc
 from ..kernels import gdn as K
 
 SHAPES = ("qwen35-4b", "qwen35-27b")
-# (path, row label, environment): the chunked path with its default kernels (prep v2 and the
-# state kernel `auto` picks), with each state kernel by name (warp: warp-owned; wg: warpgroup
-# MMA, sm_90a; v2: the CTA-wide one the warp-owned one replaced),
-# with v1-prep (the first prep kernel), with nopdl (the state kernel in plain stream order
-# after the prep, not as its programmatic dependent), with onepass (no chained sub-passes: the
-# default runs the prep of the next 2048-row sub-pass beside the warpgroup state kernel of this
-# one; timed only where a call has more rows than that) and subpass1024, side by side.
-# The library reads these variables per call.
+# (path, row label, context tuning): the chunked path with its default kernels (the state kernel
+# `auto` picks), with each state kernel by name (warp: warp-owned; warpgroup: wgmma, sm_90a),
+# with nopdl (the state kernel in plain stream order after the prep, not as its programmatic
+# dependent), with onepass (no chained sub-passes: the default runs the prep of the next 2048-row
+# sub-pass beside the warpgroup state kernel of this one; timed only where a call has more rows
+# than that) and subpass1024, side by side (pyprefill.tuning, set on the bench's context).
 SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
-                 ("chunked", "chunked warp-state", {"PREFILL_GDN_STATE": "warp"}),
-                 ("chunked", "chunked wg-state", {"PREFILL_GDN_STATE": "wg"}),
-                 ("chunked", "chunked v2-state", {"PREFILL_GDN_STATE": "v2"}),
-                 ("chunked", "chunked v1-prep", {"PREFILL_GDN_PREP": "v1"}),
-                 ("chunked", "chunked nopdl", {"PREFILL_GDN_PDL": "0"}),
-                 ("chunked", "chunked onepass", {"PREFILL_GDN_SUBPASS": "0"}),
-                 ("chunked", "chunked subpass1024", {"PREFILL_GDN_SUBPASS": "1024"}))
-DEFAULT_SUBPASS = 2048    # kGdnSubpassRows (cuda/gdn.cuh)
+                 ("chunked", "chunked warp-state", {"gdn_state": "warp"}),
+                 ("chunked", "chunked wg-state", {"gdn_state": "warpgroup"}),
+                 ("chunked", "chunked nopdl", {"gdn_pdl": False}),
+                 ("chunked", "chunked onepass", {"gdn_subpass_rows": "one-pass"}),
+                 ("chunked", "chunked subpass1024", {"gdn_subpass_rows": 1024}))
+DEFAULT_SUBPASS = 2048    # kGdnSubpassRows (cuda/plan.h)
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
@@ -166,22 +160,18 @@ def scan(b, T: int, d, parts: int = 1) -> None:
             _scan(b.ctx, qv, kv, vv, bv, gv, View(state.buf, state.off(i)), ov, step, hk, hv, dk,
                   dv, path)
 
-    for path, label, env in SCAN_VARIANTS:
-        if "PREFILL_GDN_SUBPASS" in env:
-            sub = int(env["PREFILL_GDN_SUBPASS"])
+    for path, label, tuning in SCAN_VARIANTS:
+        sub = tuning.get("gdn_subpass_rows")
+        if sub is not None:
+            sub = 0 if sub == "one-pass" else int(sub)
             if not 0 < sub < step and DEFAULT_SUBPASS >= step:
                 continue    # neither this nor the default chains calls of `step` rows: "chunked" again
-        def run(path=path, label=label, env=env):
-            old = {name: os.environ.get(name) for name in env}
-            os.environ.update(env)                            # read by the library per call
+        def run(path=path, label=label, tuning=tuning):
+            b.ctx.set_tuning(tuning)                      # the kernel-level calls on this context
             try:
                 t = b.time_ours(lambda i: call(i, path), target_s=0.01)
             finally:
-                for name, value in old.items():
-                    if value is None:
-                        os.environ.pop(name, None)
-                    else:
-                        os.environ[name] = value
+                b.ctx.set_tuning()
             b.add(op, T, f"ours {label} fp32", t, peer=peer, note=note, sets=n)
         b.rec.guard(f"{op} T={T} {label}", run)
 

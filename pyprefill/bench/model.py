@@ -159,56 +159,36 @@ def _say(rec, row: dict) -> None:
             f"{row['tok_s']:10.0f} tok/s")
 
 
-# Leg variants for before/after runs in one process (environment switches read at session
-# creation): "LEG/nofuse" runs the projections of a group one by one (PREFILL_FUSE=0),
-# "LEG/noact16" casts the projections' inputs in a separate pass (PREFILL_F16_ACT=0),
-# "LEG/nograph" launches every kernel (PREFILL_GRAPH=0), "LEG/noqkrope" runs the attention
-# layer's q/k norms, RoPE and cache write as five kernels (PREFILL_FUSE_QKROPE=0),
-# "LEG/noattngraph" captures a chunk as segments with attention and the embedding launched
-# between them, as before session 17 (PREFILL_GRAPH_ATTN=0), "LEG/norowregs" runs the row
-# kernels (RMSNorm, SwiGLU, the fused q/k RoPE) in their shared-memory form, as before session
-# 18 (PREFILL_ROW_REGS=0; read per launch, so the switch stays set while the session runs),
-# "LEG/nolt" runs every f16-leg GEMM through cublasGemmEx instead of the per-shape algorithm
-# timed at session creation (PREFILL_GEMM_LT=0; the choices stay made for the process, so
-# "auto" and "auto/nolt" can run in either order);
-# "LEG/noconvnorm" runs the GDN conv1d + SiLU and the q/k L2 norms as three kernels, as before
-# session 18's gdn-convnorm (PREFILL_FUSE_CONVNORM=0);
-# "auto/nofuse/noact16/nograph/noqkrope" is the path as it was before issue 11 (but the chunk).
-VARIANT_ENV = {"nofuse": ("PREFILL_FUSE", "0"), "noact16": ("PREFILL_F16_ACT", "0"),
-               "nograph": ("PREFILL_GRAPH", "0"), "noqkrope": ("PREFILL_FUSE_QKROPE", "0"),
-               "noattngraph": ("PREFILL_GRAPH_ATTN", "0"), "norowregs": ("PREFILL_ROW_REGS", "0"),
-               "nolt": ("PREFILL_GEMM_LT", "0"), "noconvnorm": ("PREFILL_FUSE_CONVNORM", "0")}
+# Leg variants for before/after runs in one process (session tuning fields, pyprefill.tuning):
+# "LEG/nofuse" runs the projections of a group one by one (fuse_groups off), "LEG/noact16" casts
+# the projections' inputs in a separate pass (f16_producers off), "LEG/nograph" launches every
+# kernel (the session option graphs=False), "LEG/noqkrope" runs the attention layer's q/k norms,
+# RoPE and cache write as five kernels (fuse_qk_rope off), "LEG/norowregs" runs the row kernels
+# (RMSNorm, SwiGLU, the fused q/k RoPE) in their shared-memory form (row_form "staged"),
+# "LEG/nolt" runs every f16-leg GEMM through cublasGemmEx instead of the per-shape algorithm timed
+# at session creation (gemm_lt off; the choices stay made for the process, so "auto" and
+# "auto/nolt" can run in either order), "LEG/noconvnorm" runs the GDN conv1d + SiLU and the q/k
+# L2 norms as three kernels (fuse_conv_norm off), "LEG/seqscan" runs the delta rule token by
+# token (gdn_scan sequential), "LEG/onepass" runs the chunked delta rule in one pass (no chained
+# sub-passes), "LEG/warpstate" runs its warp-owned state kernel.
+VARIANT_TUNING = {"nofuse": {"fuse_groups": False}, "noact16": {"f16_producers": False},
+                  "nograph": {}, "noqkrope": {"fuse_qk_rope": False}, "norowregs": {"row_form": "staged"},
+                  "nolt": {"gemm_lt": "off"}, "noconvnorm": {"fuse_conv_norm": False},
+                  "seqscan": {"gdn_scan": "sequential"}, "onepass": {"gdn_subpass_rows": "one-pass"},
+                  "warpstate": {"gdn_state": "warp"}}
 
 
-def split_leg(leg: str) -> tuple[str, dict]:
-    """("auto/nofuse") -> ("auto", {"PREFILL_FUSE": "0"}); ValueError for an unknown variant."""
+def split_leg(leg: str) -> tuple[str, dict, bool]:
+    """("auto/nofuse/nograph") -> ("auto", {"fuse_groups": False}, False): the base leg, the
+    session's tuning fields and whether it replays CUDA graphs; ValueError for an unknown variant."""
     base, *mods = leg.split("/")
-    env = {}
+    tuning, graphs = {}, True
     for m in mods:
-        if m not in VARIANT_ENV:
-            raise ValueError(f"leg {leg!r}: unknown variant {m!r} (known: {', '.join(VARIANT_ENV)})")
-        k, v = VARIANT_ENV[m]
-        env[k] = v
-    return base, env
-
-
-class _env:
-    """Sets environment variables for a with-block (the library reads them at session creation)."""
-
-    def __init__(self, env: dict):
-        self.env, self.old = env, {}
-
-    def __enter__(self):
-        for k, v in self.env.items():
-            self.old[k] = os.environ.get(k)
-            os.environ[k] = v
-
-    def __exit__(self, *exc):
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if m not in VARIANT_TUNING:
+            raise ValueError(f"leg {leg!r}: unknown variant {m!r} (known: {', '.join(VARIANT_TUNING)})")
+        tuning.update(VARIANT_TUNING[m])
+        graphs = graphs and m != "nograph"
+    return base, tuning, graphs
 
 
 def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: int,
@@ -242,10 +222,10 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                 for T in lengths:
                     row = _row(label, f"ours {leg}", T, **base)
                     try:
-                        base_leg, env = split_leg(leg)
+                        base_leg, tuning, graphs = split_leg(leg)
                         t_session = time.perf_counter()
-                        with _env(env), model.session(max_tokens=T, chunk=min(chunk, T),
-                                                      gemm=base_leg) as s:
+                        with model.session(max_tokens=T, chunk=min(chunk, T), gemm=base_leg,
+                                           graphs=graphs, tuning=tuning) as s:
                             # creation, with the GEMM choices the process times for new shapes
                             session_ms = (time.perf_counter() - t_session) * 1e3
                             ids = [rng.integers(0, model.n_vocab, T, dtype=np.int32)

@@ -47,11 +47,12 @@ def kernel_id(kernel) -> int:
 def attention_options(*, n_heads: int, n_kv_heads: int, head_dim: int, rows: int, pos0: int = 0,
                       scale: float = 0.0, kv_dtype="f16", path="auto", q_head_stride: int = 0,
                       q_row_stride: int = 0, out_row_stride: int = 0, rows_per_pass: int = 0,
-                      scores_budget_bytes: int = 0, kernel="auto"):
+                      scores_budget_bytes: int = 0, kernel="auto", position_on_device: bool = False):
     """A filled ``pf_attention_options`` (cffi struct). The library validates the values.
-    ``kernel`` picks the flash kernel ("auto": PREFILL_ATTN_KERNEL, else wgmma on Hopper with an
-    sm_90a build, else mma; "mma"; "wgmma": UNSUPPORTED at run time where it is not built or the
-    device is not compute capability 9.0)."""
+    ``kernel`` picks the flash kernel ("auto": the context's tuning.attn_kernel, else wgmma on
+    Hopper with an sm_90a build, else mma; "mma"; "wgmma": UNSUPPORTED at run time where it is not
+    built or the device is not compute capability 9.0). ``position_on_device`` (testing) runs the
+    flash path as a session's CUDA graph does: pos0 read from device memory."""
     o = new_args("pf_attention_options")
     o.n_heads, o.n_kv_heads, o.head_dim = int(n_heads), int(n_kv_heads), int(head_dim)
     o.rows, o.pos0, o.scale = int(rows), int(pos0), float(scale)
@@ -60,6 +61,7 @@ def attention_options(*, n_heads: int, n_kv_heads: int, head_dim: int, rows: int
                                                          int(out_row_stride))
     o.rows_per_pass, o.scores_budget_bytes = int(rows_per_pass), int(scores_budget_bytes)
     o.kernel = kernel_id(kernel)
+    o.position_on_device = 1 if position_on_device else 0
     return o
 
 
@@ -138,7 +140,7 @@ def attention_np(ctx: Context, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
                  n_heads: int, n_kv_heads: int, head_dim: int, pos0: int, q_head_stride: int = 0,
                  scale: float = 0.0, path="auto", rows_per_pass: int = 0,
                  scores_budget_bytes: int = 0, out_row_stride: int = 0,
-                 kernel="auto") -> np.ndarray:
+                 kernel="auto", position_on_device: bool = False) -> np.ndarray:
     """Causal grouped attention on the device.
 
     q: float32 [rows][q_row_stride] (row t = position pos0 + t; head h at column h*q_head_stride).
@@ -166,7 +168,7 @@ def attention_np(ctx: Context, q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
                   rows=rows, pos0=pos0, scale=scale, kv_dtype=k_cache.dtype, path=path,
                   q_head_stride=q_head_stride, q_row_stride=q.shape[1], out_row_stride=ldo,
                   rows_per_pass=rows_per_pass, scores_budget_bytes=scores_budget_bytes,
-                  kernel=kernel)
+                  kernel=kernel, position_on_device=position_on_device)
         out = download(ctx, bo, np.float32, (rows, ldo))
     return out[:, :n_heads * head_dim]
 

@@ -30,7 +30,8 @@ def leg_id(leg) -> int:
 
 
 def gemm_default_leg() -> str:
-    """The process default leg ("auto", "f32" or "f16"), from env PREFILL_GEMM unless overridden."""
+    """The process default leg ("auto", "f32" or "f16"), from env PREFILL_GEMM (read once per
+    process) unless overridden."""
     out = ffi.new("int32_t *")
     _check(lib.pf_gemm_default_leg(out))
     return _LEG_NAMES[int(out[0])]

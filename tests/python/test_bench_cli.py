@@ -81,22 +81,31 @@ def test_suite_defaults_and_quick():
     assert _args("kernels", "--families", "gdn,attention").families == ["gdn", "attention"]
 
 
-def test_leg_variants_name_their_switches():
-    """LEG/variant names the environment switch the library reads at session creation."""
+def test_leg_variants_name_their_tuning():
+    """LEG/variant names the session tuning fields (pyprefill.tuning) the bench sets; nograph
+    turns the session's CUDA graphs off."""
     from pyprefill.bench.model import split_leg
-    assert split_leg("auto") == ("auto", {})
-    assert split_leg("auto/noqkrope") == ("auto", {"PREFILL_FUSE_QKROPE": "0"})
-    assert split_leg("auto/noattngraph") == ("auto", {"PREFILL_GRAPH_ATTN": "0"})
-    assert split_leg("auto/norowregs") == ("auto", {"PREFILL_ROW_REGS": "0"})
-    assert split_leg("auto/nolt") == ("auto", {"PREFILL_GEMM_LT": "0"})
-    assert split_leg("f16/nolt/nograph") == ("f16", {"PREFILL_GEMM_LT": "0", "PREFILL_GRAPH": "0"})
-    assert split_leg("auto/noconvnorm") == ("auto", {"PREFILL_FUSE_CONVNORM": "0"})
-    assert split_leg("auto/norowregs/noconvnorm") == ("auto", {
-        "PREFILL_ROW_REGS": "0", "PREFILL_FUSE_CONVNORM": "0"})
-    assert split_leg("f16/nofuse/noact16/nograph/noqkrope") == ("f16", {
-        "PREFILL_FUSE": "0", "PREFILL_F16_ACT": "0", "PREFILL_GRAPH": "0", "PREFILL_FUSE_QKROPE": "0"})
-    with pytest.raises(ValueError, match="'noqk'.*nograph, noqkrope, noattngraph"):
+    assert split_leg("auto") == ("auto", {}, True)
+    assert split_leg("auto/noqkrope") == ("auto", {"fuse_qk_rope": False}, True)
+    assert split_leg("auto/norowregs") == ("auto", {"row_form": "staged"}, True)
+    assert split_leg("auto/nolt") == ("auto", {"gemm_lt": "off"}, True)
+    assert split_leg("f16/nolt/nograph") == ("f16", {"gemm_lt": "off"}, False)
+    assert split_leg("auto/noconvnorm") == ("auto", {"fuse_conv_norm": False}, True)
+    assert split_leg("auto/norowregs/noconvnorm") == ("auto", {"row_form": "staged", "fuse_conv_norm": False},
+                                                      True)
+    assert split_leg("f16/nofuse/noact16/nograph/noqkrope") == (
+        "f16", {"fuse_groups": False, "f16_producers": False, "fuse_qk_rope": False}, False)
+    assert split_leg("auto/seqscan/onepass/warpstate") == (
+        "auto", {"gdn_scan": "sequential", "gdn_subpass_rows": "one-pass", "gdn_state": "warp"}, True)
+    with pytest.raises(ValueError, match="'noqk'.*nograph, noqkrope"):
         split_leg("auto/noqk")
+    try:                              # every variant's fields are the library's pf_tuning fields
+        from pyprefill import tuning
+    except ImportError:
+        return                        # libprefill not loadable here: the names were checked above
+    from pyprefill.bench.model import VARIANT_TUNING
+    for fields in VARIANT_TUNING.values():
+        tuning.new(fields)
     assert _args("model", "--gemm", "auto", "auto/noqkrope").gemm == ["auto", "auto/noqkrope"]
     assert _args("model", "--gemm", "auto", "auto/noattngraph").gemm == ["auto", "auto/noattngraph"]
     assert _args("model", "--gemm", "auto", "auto/nolt").gemm == ["auto", "auto/nolt"]
@@ -353,25 +362,6 @@ def test_shapes_come_from_the_presets():
             for m in attention.SHAPES]
     assert attn == [(16, 4, 256), (32, 8, 128)]
     assert attention.causal_pairs(4, 0) == 10 and attention.causal_pairs(2, 3) == 4 + 5
-
-
-def test_attention_bn64_row_is_timed_in_a_child():
-    """Key tiles of 64 (PREFILL_ATTN_BN256=64, read once per process; the default is 80) are a
-    D = 256 row of their own, and 96 / 128 at D = 128 (PREFILL_ATTN_BN128; default 176), each
-    timed by a child process; a child that fails is one skipped line, not an abort."""
-    pytest.importorskip("pyprefill.kernels.attention", reason="libprefill not loadable")
-    from pyprefill.bench import attention
-    from pyprefill.bench._common import Bench
-    assert [(v[0], v[1], v[2], v[3], v[4]) for v in attention.CHILD_VARIANTS] == [
-        ("flash wgmma bn64", "flash", "wgmma", {"PREFILL_ATTN_BN256": "64"}, (256,)),
-        ("flash wgmma bn96", "flash", "wgmma", {"PREFILL_ATTN_BN128": "96"}, (128,)),
-        ("flash wgmma bn128", "flash", "wgmma", {"PREFILL_ATTN_BN128": "128"}, (128,))]
-    rec = Recorder()
-    b = Bench(rec, None, None, reps=1)
-    assert rec.guard("bn64", attention.time_in_child, b, {"PREFILL_ATTN_BN256": "64"},
-                     {"op": "attention"}) is None        # no "H" in the spec: the child fails
-    assert [s["what"] for s in rec.skipped] == ["bn64"]
-    assert rec.skipped[0]["why"].startswith("RuntimeError: child exited 1")
 
 
 def test_param_counts_of_a_tiny_model():

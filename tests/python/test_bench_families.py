@@ -52,6 +52,11 @@ class FakeCtx:
     def synchronize(self):
         pass
 
+    def set_tuning(self, tuning=None, **fields):
+        from pyprefill import tuning as T
+        T.new({**(tuning or {}), **fields})      # the field names and values must be valid
+        self.tuning_now = {**(tuning or {}), **fields}
+
 
 @dataclass(frozen=True)
 class View:
@@ -103,16 +108,6 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
     calls = []
     name = family.__name__.split(".")[-1]
     monkeypatch.setattr(family, "K", fake_module(name, calls))
-    children = []
-    if name == "attention":    # the child-process variants, timed here on the fake device
-        def in_process(b, env, spec):
-            children.append(env)
-            timed = []
-            family.time_variants(b, spec["op"], spec["H"], spec["Hkv"], spec["D"], spec["rows"],
-                                 spec["pos0"], spec["variants"],
-                                 lambda label, t, n: timed.append([label, t, n]))
-            return timed
-        monkeypatch.setattr(family, "time_in_child", in_process)
     family.run(bench, [64])
     called = {c[0] for c in calls}
     assert called == {f.__name__.rstrip("_") for f in API[name]}
@@ -125,10 +120,8 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         scans = [a for n, a in calls if n == "gdn_scan"]
         assert {a["rows"] for a in scans} == {64, 16}
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
-    if name == "attention":    # both flash kernels by name, the cuBLAS path, BN = 64 at D = 256
-        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas",
-                                            "ours flash wgmma bn64"}
-        assert children == [{"PREFILL_ATTN_BN256": "64"}]      # --quick: qwen35-4b (D = 256) only
+    if name == "attention":    # both flash kernels by name and the cuBLAS path
+        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas"}
         assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
             ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
     if name == "gemm":
@@ -167,9 +160,11 @@ class FakeModel:
 
     load = classmethod(lambda cls, path, **kw: cls(path, **kw))
 
-    def session(self, *, max_tokens, chunk, gemm):
+    def session(self, *, max_tokens, chunk, gemm, graphs=True, tuning=None):
         if gemm == "int8":
             raise UnsupportedError("the int8 leg is reserved")
+        from pyprefill import tuning as T
+        T.new(tuning)                             # the field names and values must be valid
         return FakeSession(self.n_vocab)
 
     def __enter__(self):
@@ -243,9 +238,10 @@ def test_whole_model_rows_on_a_fake_device(monkeypatch):
     assert "| tiny |" in table and "| pp32 |" in table and "error: UnsupportedError" in table
 
 
-def test_leg_variant_switch_is_set_for_session_creation_only(monkeypatch):
-    """"auto/noqkrope" creates its sessions with PREFILL_FUSE_QKROPE=0 and puts the environment
-    back; the plain leg sees the switch as it was (unset)."""
+def test_leg_variant_tuning_reaches_the_session(monkeypatch):
+    """"auto/noqkrope" creates its sessions with the tuning field fuse_qk_rope off and
+    "auto/nograph" without CUDA graphs; the plain leg with neither; the process environment is
+    never touched."""
     import os
 
     import pyprefill.core
@@ -253,19 +249,22 @@ def test_leg_variant_switch_is_set_for_session_creation_only(monkeypatch):
     from pyprefill.bench import model
     seen = []
 
-    class EnvModel(FakeModel):
-        def session(self, *, max_tokens, chunk, gemm):
-            seen.append((gemm, os.environ.get("PREFILL_FUSE_QKROPE")))
-            return super().session(max_tokens=max_tokens, chunk=chunk, gemm=gemm)
+    class TuningModel(FakeModel):
+        def session(self, *, max_tokens, chunk, gemm, graphs=True, tuning=None):
+            seen.append((gemm, graphs, tuning))
+            return super().session(max_tokens=max_tokens, chunk=chunk, gemm=gemm, graphs=graphs,
+                                   tuning=tuning)
 
     monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
-    monkeypatch.setattr(pyprefill.model, "Model", EnvModel)
-    monkeypatch.delenv("PREFILL_FUSE_QKROPE", raising=False)
-    rows = model.bench_ours(_common.Recorder(), "unused.gguf", "tiny", [16], ["auto", "auto/noqkrope"],
+    monkeypatch.setattr(pyprefill.model, "Model", TuningModel)
+    env = dict(os.environ)
+    rows = model.bench_ours(_common.Recorder(), "unused.gguf", "tiny", [16],
+                            ["auto", "auto/noqkrope", "auto/nograph"],
                             chunk=16, reps=2, rng=np.random.default_rng(0))
-    assert seen == [("auto", None), ("auto", "0")]
-    assert "PREFILL_FUSE_QKROPE" not in os.environ
-    assert [(r["impl"], "error" in r) for r in rows] == [("ours auto", False), ("ours auto/noqkrope", False)]
+    assert seen == [("auto", True, {}), ("auto", True, {"fuse_qk_rope": False}), ("auto", False, {})]
+    assert dict(os.environ) == env
+    assert [(r["impl"], "error" in r) for r in rows] == [
+        ("ours auto", False), ("ours auto/noqkrope", False), ("ours auto/nograph", False)]
 
 
 def test_cli_file_and_model_suite_on_a_fake_device(monkeypatch, tmp_path, capsys):

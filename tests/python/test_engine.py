@@ -210,17 +210,17 @@ def test_model_info_and_prewarm_report():
     assert info["f16_armed"] == 1 and info["f16_bytes"] > 0 and info["prewarm_ms"] > 0
 
 
-# The chunk as one CUDA graph (PREFILL_GRAPH_ATTN, read at session creation): the embedding and
-# the flash attention kernels read the position from the device, so they join the graph. The
-# model lives in a poisoned context: every cache row a prefill has not written is NaN, which the
-# wgmma kernel's capacity-wide TMA maps load into its last key tile and must keep out.
-GRAPH_ATTN_CONFIGS = [(True, True), (True, False), (False, True), (False, False)]   # (switch, graphs)
+# The chunk as one CUDA graph: the embedding and the flash attention kernels read the position
+# from the device, so they join the graph (chunks on the cuBLAS attention path keep attention
+# between segments). The model lives in a poisoned context: every cache row a prefill has not
+# written is NaN, which the wgmma kernel's capacity-wide TMA maps load into its last key tile and
+# must keep out.
+GRAPH_CONFIGS = [True, False]   # CUDA graphs on / off
 
 
-def _graph_attn_rounds(m, on, graphs, monkeypatch, rounds, body, **kw):
-    """`rounds` runs of body(session) in one session (reset between them) with the switch `on`
-    and CUDA graphs `graphs`: a length is captured when it comes back, so later rounds replay."""
-    monkeypatch.setenv("PREFILL_GRAPH_ATTN", "1" if on else "0")
+def _graph_rounds(m, graphs, rounds, body, **kw):
+    """`rounds` runs of body(session) in one session (reset between them) with CUDA graphs
+    `graphs`: a length is captured when it comes back, so later rounds replay."""
     got = []
     with m.session(graphs=graphs, **kw) as s:
         for _ in range(rounds):
@@ -230,22 +230,21 @@ def _graph_attn_rounds(m, on, graphs, monkeypatch, rounds, body, **kw):
 
 
 def _assert_bitwise(outs, what):
-    want = outs[False, False]   # the segments of before, every kernel launched
+    want = outs[False]   # every kernel launched
     for key, got in outs.items():
         assert len(got) == len(want)
         for i, (a, b) in enumerate(zip(got, want)):
-            assert np.isfinite(a).all(), f"{what} switch/graphs={key} step {i}: non-finite output"
-            assert np.array_equal(a, b), (f"{what} switch/graphs={key} step {i}: differs from "
-                                          f"PREFILL_GRAPH_ATTN=0 eager (max |diff| {np.abs(a - b).max():.3e})")
+            assert np.isfinite(a).all(), f"{what} graphs={key} step {i}: non-finite output"
+            assert np.array_equal(a, b), (f"{what} graphs={key} step {i}: differs from every kernel "
+                                          f"launched (max |diff| {np.abs(a - b).max():.3e})")
 
 
 @pytest.mark.parametrize("chunk,lengths", [(1, (20, 13)), (64, (150, 800, 150)), (777, (150, 800, 150)),
                                            (0, (150, 800, 150))], ids=["chunk1", "chunk64", "chunk777", "whole"])
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
-def test_chunk_as_one_graph_is_bitwise_segmented(preset, chunk, lengths, rng, monkeypatch):
+def test_chunk_as_one_graph_is_bitwise_eager(preset, chunk, lengths, rng):
     """Attention (and the embedding) inside the chunk's graph, replayed at other positions than
-    the captured one, give bitwise the logits of today's segments and of every kernel launched
-    (switch on/off x graphs on/off): chunks of 1, 64, 777 rows and the whole call (0: the auto
+    the captured one, give bitwise the logits of every kernel launched: chunks of 1, 64, 777 rows and the whole call (0: the auto
     chunk), calls after the first at positions > 0, decode steps after the prefills, three
     rounds so that every length is captured and replayed."""
     from pyprefill.core import Context
@@ -261,20 +260,20 @@ def test_chunk_as_one_graph_is_bitwise_segmented(preset, chunk, lengths, rng, mo
             out.extend(s.decode(int(t)) for t in prompts[0][:3])   # decode steps with their logits
             return out
         try:
-            outs = {cfg: _graph_attn_rounds(m, *cfg, monkeypatch, 3, body, max_tokens=2048, chunk=chunk)
-                    for cfg in GRAPH_ATTN_CONFIGS}
+            outs = {cfg: _graph_rounds(m, cfg, 3, body, max_tokens=2048, chunk=chunk)
+                    for cfg in GRAPH_CONFIGS}
         finally:
             m.close()
     _assert_bitwise(outs, f"{preset} chunk={chunk}")
 
 
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
-def test_one_graph_across_the_cublas_line(preset, rng, monkeypatch):
+def test_one_graph_across_the_cublas_line(preset, rng):
     """AUTO runs short chunks deep into the cache (past 2048 keys) on cuBLAS, whose launches
     depend on the position: such chunks keep attention between segments, the others run it in
     the graph, and one length may hold both graphs. Decode steps from position 2040 to 2060
     and a 7-row chunk past 2048, three rounds (each graph replayed after a reset): bitwise the
-    same logits with the switch on and off, graphs on and off."""
+    same logits with graphs on and off."""
     from pyprefill.core import Context
     from pyprefill.model import Model
     path = _synth(preset, "q4_k_m")
@@ -290,8 +289,8 @@ def test_one_graph_across_the_cublas_line(preset, rng, monkeypatch):
             out.extend(s.decode(int(t)) for t in prompt[:2])
             return out
         try:
-            outs = {cfg: _graph_attn_rounds(m, *cfg, monkeypatch, 3, body, max_tokens=4096, chunk=0)
-                    for cfg in GRAPH_ATTN_CONFIGS}
+            outs = {cfg: _graph_rounds(m, cfg, 3, body, max_tokens=4096, chunk=0)
+                    for cfg in GRAPH_CONFIGS}
         finally:
             m.close()
     _assert_bitwise(outs, f"{preset} across 2048")
@@ -350,12 +349,12 @@ def test_default_legs_match_f32_leg_at_head_ratios(preset, rng):
 
 
 @pytest.mark.parametrize("sub", ["256", "1024", "default"])
-def test_gdn_subpasses_bitwise_one_pass_in_the_model(sub, rng, monkeypatch):
+def test_gdn_subpasses_bitwise_one_pass_in_the_model(sub, rng):
     """The chained GDN sub-passes (the prep of the next sub-pass beside the warpgroup state
-    kernel, launches chained by programmatic dependence; PREFILL_GDN_SUBPASS=256 / 1024, or the
-    default 2048) inside the session's chunk graphs and with every kernel launched: the logits of
-    a prompt in one session chunk and in chunks of 700 (the state carried) bit for bit those of
-    one pass (PREFILL_GDN_SUBPASS=0). The chained form needs a call of more rows than a sub-pass
+    kernel, launches chained by programmatic dependence; tuning gdn_subpass_rows 256 / 1024, or
+    the default 2048) inside the session's chunk graphs and with every kernel launched: the logits
+    of a prompt in one session chunk and in chunks of 700 (the state carried) bit for bit those of
+    one pass (gdn_subpass_rows "one-pass"). The chained form needs a call of more rows than a sub-pass
     and a session workspace of two sub-passes: with the warpgroup kernel it runs for sub-passes
     of 256 in every call here (the 700-row workspace: 11 chunks >= 2 x 4), for 1024 in the
     1500-row call of the 2048-row session and for the default in the 4500-row call of the
@@ -365,14 +364,14 @@ def test_gdn_subpasses_bitwise_one_pass_in_the_model(sub, rng, monkeypatch):
     n = 4500 if sub == "default" else 1500
     tokens = rng.integers(0, m.n_vocab, size=n).astype(np.int32)
     outs = {}
-    for mode in ("0", "" if sub == "default" else sub):
-        monkeypatch.setenv("PREFILL_GDN_SUBPASS", mode)
+    for mode in ("one-pass", None if sub == "default" else int(sub)):
         for chunk in (n if sub == "default" else 2048, 700):
             for graphs in (True, False):
-                with m.session(max_tokens=max(n + 300, 2048), chunk=chunk, graphs=graphs) as s:
+                with m.session(max_tokens=max(n + 300, 2048), chunk=chunk, graphs=graphs,
+                               tuning={"gdn_subpass_rows": mode}) as s:
                     outs[mode, chunk, graphs] = [s.prefill(tokens, "all"), s.prefill(tokens[:300], "all")]
     for (mode, chunk, graphs), got in outs.items():
-        want = outs["0", chunk, graphs]
+        want = outs["one-pass", chunk, graphs]
         for a, b in zip(got, want):
             assert np.isfinite(a).all(), f"sub={mode} chunk={chunk} graphs={graphs}: non-finite logits"
             assert np.array_equal(a, b), (f"sub={mode} chunk={chunk} graphs={graphs}: differs from one "

@@ -17,38 +17,37 @@ F16_BOUND = 3e-3     # DESIGN.md: f16 leg vs its reference (fused vs unfused: th
 MODEL_BOUND = 2e-2   # DESIGN.md: whole model at the default legs (fp16 KV, flash) vs an exact run
 
 
-def _load(path: str, gemm: str, fuse: bool, monkeypatch):
+def _load(path: str, gemm: str, fuse: bool):
     from pyprefill.model import Model
-    monkeypatch.setenv("PREFILL_FUSE", "1" if fuse else "0")   # read by the prewarm
-    return Model.load(path, gemm=gemm, prewarm=gemm != "f32", progress=False)
+    return Model.load(path, gemm=gemm, prewarm=gemm != "f32", progress=False,
+                      tuning={"fuse_groups": fuse})   # the prewarm's layout (and the sessions')
 
 
-def _logits(m, tokens, monkeypatch, *, fuse: bool = True, **kw):
-    monkeypatch.setenv("PREFILL_FUSE", "1" if fuse else "0")   # read at session creation
-    with m.session(max_tokens=1024, **kw) as s:
+def _logits(m, tokens, *, fuse: bool = True, **kw):
+    with m.session(max_tokens=1024, tuning={"fuse_groups": fuse}, **kw) as s:
         return s.prefill(tokens, "all")
 
 
 @pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_fused_projections_match_unfused(preset, mix, rng, monkeypatch):
+def test_fused_projections_match_unfused(preset, mix, rng):
     """One GEMM over the fused fp16 block, the same block run part by part, and separate caches
     (no fusion at prewarm) agree within the f16 leg's bound; and all three are the f16 leg (not
     silently the f32 one): within the whole-model bound of the exact legs' logits, not bitwise
     equal to them."""
     path = synth_model(preset, mix)
-    fused_m = _load(path, "f16", True, monkeypatch)
-    plain_m = _load(path, "f16", False, monkeypatch)
-    exact_m = _load(path, "f32", False, monkeypatch)
+    fused_m = _load(path, "f16", True)
+    plain_m = _load(path, "f16", False)
+    exact_m = _load(path, "f32", False)
     try:
         assert fused_m.info["f16_armed"] and plain_m.info["f16_armed"]
         assert fused_m.info["f16_bytes"] == plain_m.info["f16_bytes"], "fusion changed the cache's bytes"
         for T in (1, 7, 150):
             tokens = random_tokens(rng, T, fused_m.n_vocab)
-            fused = _logits(fused_m, tokens, monkeypatch, fuse=True, chunk=64)
-            sliced = _logits(fused_m, tokens, monkeypatch, fuse=False, chunk=64)
-            plain = _logits(plain_m, tokens, monkeypatch, chunk=64)
-            exact = _logits(exact_m, tokens, monkeypatch, chunk=64, gemm="f32", kv="f32", attention="cublas")
+            fused = _logits(fused_m, tokens, fuse=True, chunk=64)
+            sliced = _logits(fused_m, tokens, fuse=False, chunk=64)
+            plain = _logits(plain_m, tokens, chunk=64)
+            exact = _logits(exact_m, tokens, chunk=64, gemm="f32", kv="f32", attention="cublas")
             for name, out in (("fused", fused), ("fused block, part by part", sliced), ("separate caches", plain)):
                 assert np.isfinite(out).all(), f"{preset}.{mix} T={T} {name}: non-finite logits"
                 whole, worst, row = rel_err(out, exact)
@@ -64,7 +63,7 @@ def test_fused_projections_match_unfused(preset, mix, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_f32_leg_is_untouched_by_fusion(preset, rng, monkeypatch):
+def test_f32_leg_is_untouched_by_fusion(preset, rng):
     """The exact leg never runs the fused block: its logits are bitwise those of a model
     prewarmed without fusion, and of a model with no fp16 cache at all."""
     path = synth_model(preset, "q4_k_m")
@@ -72,8 +71,8 @@ def test_f32_leg_is_untouched_by_fusion(preset, rng, monkeypatch):
     exact = dict(gemm="f32", kv="f32", attention="cublas", chunk=64)
     outs = []
     for gemm, fuse in (("f16", True), ("f16", False), ("f32", False)):
-        with _load(path, gemm, fuse, monkeypatch) as m:
-            outs.append(_logits(m, tokens, monkeypatch, fuse=fuse, **exact))
+        with _load(path, gemm, fuse) as m:
+            outs.append(_logits(m, tokens, fuse=fuse, **exact))
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
@@ -155,37 +154,37 @@ def test_auto_chunk_is_2048_rows_within_capacity(preset, rng):
         assert whole <= 2e-2, f"auto chunk vs 512: {whole:.2e}"
 
 
-def _act16_logits(path: str, on: bool, tokens, monkeypatch, **kw):
+def _act16_logits(path: str, on: bool, tokens, form: str = "regs", **kw):
+    """Logits with the producers writing the f16 leg's input (on) or a cast pass (off), the
+    producers in `form` (_producer_form)."""
     from pyprefill.model import Model
-    monkeypatch.setenv("PREFILL_F16_ACT", "1" if on else "0")   # read at session creation
     with Model.load(path, gemm="f16", progress=False) as m:
         assert m.info["f16_armed"]
-        with m.session(max_tokens=1024, **kw) as s:
+        tuning = {"f16_producers": on, "row_form": _producer_form(form)}
+        with m.session(max_tokens=1024, tuning=tuning, **kw) as s:
             return s.prefill(tokens, "all")
 
 
-def _producer_form(stage: str, monkeypatch) -> None:
-    """The f16 producers' form: "regs" (the default: RMSNorm, SwiGLU and the GDN gated RMSNorm
-    with the row in registers), "staged" (PREFILL_ROW_REGS=0: the row staged in shared memory) or
-    "recompute" (also PREFILL_F16_STAGE=0: the path of rows wider than 12288 floats)."""
-    monkeypatch.setenv("PREFILL_ROW_REGS", "1" if stage == "regs" else "0")
-    monkeypatch.setenv("PREFILL_F16_STAGE", "0" if stage == "recompute" else "1")
+def _producer_form(stage: str) -> str:
+    """The f16 producers' form (tuning.row_form): "regs" (the default, "auto": RMSNorm, SwiGLU
+    and the GDN gated RMSNorm with the row in registers), "staged" (the row staged in shared
+    memory) or "recompute" (the path of rows wider than 12288 floats)."""
+    return {"regs": "auto", "staged": "staged", "recompute": "recompute"}[stage]
 
 
 @pytest.mark.parametrize("stage", ["regs", "staged", "recompute"])
 @pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng, monkeypatch):
+def test_act16_route_is_bitwise_the_cast_route(preset, mix, stage, rng):
     """RMSNorm, SwiGLU, the gated RMSNorm and the attention output gate writing the f16 leg's
     input form themselves (no cast pass) give bitwise the logits of the fp32 outputs cast by
-    the f16 leg (PREFILL_F16_ACT=0): the same fp32 values, the same rounding, the same GEMMs;
-    in each producer form (_producer_form)."""
-    _producer_form(stage, monkeypatch)
+    the f16 leg (tuning f16_producers off): the same fp32 values, the same rounding, the same
+    GEMMs; in each producer form (_producer_form)."""
     path = synth_model(preset, mix)
     for T, chunk in ((1, 64), (7, 64), (150, 64), (300, 0)):
         tokens = random_tokens(rng, T, _vocab(path))
-        on = _act16_logits(path, True, tokens, monkeypatch, chunk=chunk)
-        off = _act16_logits(path, False, tokens, monkeypatch, chunk=chunk)
+        on = _act16_logits(path, True, tokens, stage, chunk=chunk)
+        off = _act16_logits(path, False, tokens, stage, chunk=chunk)
         assert np.isfinite(on).all(), f"{preset}.{mix} T={T}: non-finite logits"
         assert np.array_equal(on, off), (f"{preset}.{mix} T={T}: act16 route differs from the cast route "
                                          f"(max |diff| {np.abs(on - off).max():.3e})")
@@ -206,22 +205,21 @@ def _model_4b(preset: str, layers: int) -> str:
 
 
 @pytest.mark.parametrize("preset,layers", [("qwen3-4b", 1), ("qwen35-4b", 4)])
-def test_row_kernel_forms_are_bitwise_at_4b_widths(preset, layers, rng, monkeypatch):
+def test_row_kernel_forms_are_bitwise_at_4b_widths(preset, layers, rng):
     """The row kernels' register form at the benchmark models' widths (hidden 2560, n_ff 9728 /
     9216: the RMSNorm instance of 10 columns per thread, SwiGLU's of 10 float4, the q/k RoPE
     with 32 + 8 and 16 + 4 heads over 8 warps, the gated RMSNorm's 32 value heads, 4 per warp),
     which the tiny presets do not reach: the 4B
     shapes with 1 / 4 layers and a small vocabulary give bitwise the logits of the staged
-    forms (PREFILL_ROW_REGS=0) and of the cast route (PREFILL_F16_ACT=0), chunks of 64 and
-    the whole prompt."""
+    forms (row_form staged) and of the cast route (f16_producers off), chunks of 64 and the
+    whole prompt."""
     path = _model_4b(preset, layers)
     for T, chunk in ((150, 64), (300, 0)):
         tokens = random_tokens(rng, T, 1024)
         outs = {}
         for form in ("regs", "staged"):
-            _producer_form(form, monkeypatch)
-            outs[form] = _act16_logits(path, True, tokens, monkeypatch, chunk=chunk)
-        outs["cast"] = _act16_logits(path, False, tokens, monkeypatch, chunk=chunk)
+            outs[form] = _act16_logits(path, True, tokens, form, chunk=chunk)
+        outs["cast"] = _act16_logits(path, False, tokens, chunk=chunk)
         assert np.isfinite(outs["regs"]).all(), f"{preset} T={T}: non-finite logits"
         for other in ("staged", "cast"):
             assert np.array_equal(outs["regs"], outs[other]), (
@@ -262,37 +260,35 @@ def _loud_model(preset: str) -> str:
 
 @pytest.mark.parametrize("stage", ["regs", "staged", "recompute"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_act16_route_scales_rows_beyond_fp16(preset, stage, rng, monkeypatch):
+def test_act16_route_scales_rows_beyond_fp16(preset, stage, rng):
     """Activations of ~1e5 (DESIGN.md: fp16 must not overflow silently): the producers' row
     scaling keeps every value finite and gives bitwise the cast route's logits."""
-    _producer_form(stage, monkeypatch)
     path = _loud_model(preset)
     tokens = random_tokens(rng, 150, _vocab(path))
-    on = _act16_logits(path, True, tokens, monkeypatch, chunk=64)
-    off = _act16_logits(path, False, tokens, monkeypatch, chunk=64)
+    on = _act16_logits(path, True, tokens, stage, chunk=64)
+    off = _act16_logits(path, False, tokens, stage, chunk=64)
     assert np.isfinite(on).all(), "non-finite logits with activations of 1e5"
     assert np.array_equal(on, off), f"act16 route differs from the cast route (max |diff| {np.abs(on - off).max():.3e})"
 
 
 @pytest.mark.parametrize("legs", ["default", "f32"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
+def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, gemm_lt="on"):
     """A session replaying its chunks as CUDA graphs (a length is captured when it comes back)
-    gives bitwise the logits and greedy tokens of one launching every kernel (cuda_graphs = 0,
-    and env PREFILL_GRAPH=0), and of one whose graphs leave attention and the embedding out
-    (PREFILL_GRAPH_ATTN=0, the segments of before): full chunks, tails, decode steps, after a
-    reset and a restore. The f16 leg's per-shape GEMM choice is on (the default; test_gemm_lt
-    runs this test again with a cuBLASLt algorithm forced onto every shape)."""
+    gives bitwise the logits and greedy tokens of one launching every kernel (cuda_graphs = 0):
+    full chunks, tails, decode steps, after a reset and a restore; the chunks whose attention
+    runs the cuBLAS path (the f32 legs) are graphed as segments with attention launched between
+    them. The f16 leg's per-shape GEMM choice is on (test_gemm_lt runs this test again with a
+    cuBLASLt algorithm forced onto every shape: gemm_lt="force")."""
     from pyprefill.model import Model
     path = synth_model(preset, "q4_k_m")
     kw = dict(kv="f32", attention="cublas", gemm="f32") if legs == "f32" else {}
     prompts = [random_tokens(rng, n, _vocab(path)) for n in (300, 300, 64, 1, 1, 130)]
     outs = {}
     with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
-        for graphs in (True, False, "env", "segments"):
-            monkeypatch.setenv("PREFILL_GRAPH", "0" if graphs == "env" else "1")   # read at session creation
-            monkeypatch.setenv("PREFILL_GRAPH_ATTN", "0" if graphs == "segments" else "1")
-            kw["graphs"] = graphs is not False   # "env": the option on, the environment off
+        for graphs in (True, False):
+            kw["graphs"] = graphs
+            kw["tuning"] = {"gemm_lt": gemm_lt}
             got = []
             with m.session(max_tokens=1024, chunk=64, **kw) as s:
                 for _ in range(3):                      # the same lengths again: replayed graphs
@@ -306,18 +302,17 @@ def test_chunk_graphs_are_bitwise_eager(preset, legs, rng, monkeypatch):
                     got.append(r.prefill(prompts[2], "last"))
                     got.append(r.generate(3).astype(np.float32))
             outs[graphs] = got
-    for off in (False, "env", "segments"):
+    for off in (False,):
         for i, (a, b) in enumerate(zip(outs[True], outs[off])):
             assert np.isfinite(a).all(), f"step {i}: non-finite output with graphs"
             assert np.array_equal(a, b), f"step {i}: graphs differ from eager ({off}; max |diff| {np.abs(a - b).max():.3e})"
 
 
-def _switch_run(m, switch: str, on: bool, prompts, monkeypatch, **kw):
-    """Logits of every call and 4 greedy tokens of one session with env `switch` (read at
-    session creation) at 1 or 0."""
-    monkeypatch.setenv(switch, "1" if on else "0")
+def _switch_run(m, field: str, on: bool, prompts, tuning=None, **kw):
+    """Logits of every call and 4 greedy tokens of one session with the tuning switch `field`
+    on or off (over `tuning`)."""
     outs = []
-    with m.session(max_tokens=1024, **kw) as s:
+    with m.session(max_tokens=1024, tuning={**(tuning or {}), field: on}, **kw) as s:
         for p in prompts:                       # the later calls start at positions > 0
             outs.append(s.prefill(p, "all"))
         outs.append(s.generate(4).astype(np.float32))   # decode steps: one row each
@@ -328,24 +323,24 @@ def _switch_run(m, switch: str, on: bool, prompts, monkeypatch, **kw):
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, form, rng, monkeypatch):
+def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, form, rng):
     """The attention layer's q/k RMSNorm, RoPE and KV-cache write as one kernel
     (qk_norm_rope_kv_at, the default) give bitwise the logits and greedy tokens of the five
-    separate kernels (PREFILL_FUSE_QKROPE=0): qwen3 (q heads of D) and qwen35 ([q | gate]
+    separate kernels (tuning fuse_qk_rope off): qwen3 (q heads of D) and qwen35 ([q | gate]
     heads, partial RoPE), fp16 and fp32 caches, chunks of 1, 7, 64 rows and the whole prompt,
     at position 0 and after earlier calls; the same lengths twice, so with graphs on the
     chunks also replay. Both forms of the fused kernel: heads in registers (the default for
     these head shapes: D 128 with full RoPE, D 256 with rot_dim 64) and staged in shared
-    memory (PREFILL_ROW_REGS=0)."""
+    memory (row_form staged)."""
     from pyprefill.model import Model
-    monkeypatch.setenv("PREFILL_ROW_REGS", "1" if form == "regs" else "0")
+    tuning = {"row_form": _producer_form(form)}
     path = synth_model(preset, "q4_k_m")
     prompts = [random_tokens(rng, n, _vocab(path)) for n in (150, 77, 150)]
     with Model.load(path, progress=False) as m:
         for chunk in (1, 7, 64, 0):             # 0: the auto chunk, the whole of each call
             kw = dict(chunk=chunk, kv=kv, graphs=graphs)
-            on = _switch_run(m, "PREFILL_FUSE_QKROPE", True, prompts, monkeypatch, **kw)
-            off = _switch_run(m, "PREFILL_FUSE_QKROPE", False, prompts, monkeypatch, **kw)
+            on = _switch_run(m, "fuse_qk_rope", True, prompts, tuning, **kw)
+            off = _switch_run(m, "fuse_qk_rope", False, prompts, tuning, **kw)
             for i, (a, b) in enumerate(zip(on, off)):
                 assert np.isfinite(a).all(), f"{preset} kv={kv} chunk={chunk} call {i}: non-finite output"
                 assert np.array_equal(a, b), (f"{preset} kv={kv} chunk={chunk} call {i}: fused q/k RoPE differs "
@@ -355,10 +350,10 @@ def test_fused_qk_rope_is_bitwise_unfused(preset, kv, graphs, form, rng, monkeyp
 @pytest.mark.parametrize("legs", ["default", "f32"])
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("model", ["qwen35-tiny", "qwen35-4b-l4"])
-def test_fused_conv_norm_is_bitwise_unfused(model, graphs, legs, rng, monkeypatch):
+def test_fused_conv_norm_is_bitwise_unfused(model, graphs, legs, rng):
     """The GDN layer's conv1d + SiLU and q/k L2 norms as one kernel (gdn_conv1d_l2norm_rows,
     the default) give bitwise the logits and greedy tokens of the three separate kernels
-    (PREFILL_FUSE_CONVNORM=0): the tiny preset (2 key heads, 4 value heads: 8 channel groups)
+    (tuning fuse_conv_norm off): the tiny preset (2 key heads, 4 value heads: 8 channel groups)
     and the 4B widths (16 + 16 key heads, 32 value heads, 4 layers, vocabulary 1024); chunks of
     1 and 7 rows (fewer rows than the conv window: the window shifts), 64 and the whole prompt,
     the conv window carried across chunks and calls (positions > 0), decode steps; graphs on
@@ -371,8 +366,8 @@ def test_fused_conv_norm_is_bitwise_unfused(model, graphs, legs, rng, monkeypatc
     with Model.load(path, gemm="f32" if legs == "f32" else "default", prewarm=legs != "f32", progress=False) as m:
         for chunk in (1, 7, 64, 0):             # 0: the auto chunk, the whole of each call
             kw = dict(chunk=chunk, graphs=graphs, **exact)
-            on = _switch_run(m, "PREFILL_FUSE_CONVNORM", True, prompts, monkeypatch, **kw)
-            off = _switch_run(m, "PREFILL_FUSE_CONVNORM", False, prompts, monkeypatch, **kw)
+            on = _switch_run(m, "fuse_conv_norm", True, prompts, **kw)
+            off = _switch_run(m, "fuse_conv_norm", False, prompts, **kw)
             assert len(on) == len(off) == len(prompts) + 1
             for i, (a, b) in enumerate(zip(on, off)):
                 assert np.isfinite(a).all(), f"{model} {legs} chunk={chunk} call {i}: non-finite output"

@@ -7,10 +7,6 @@ every argument check the C API makes before it needs a device (ctx = NULL comes 
 options/plan logic, and the Python wrappers' own checks.
 """
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,10 +106,6 @@ FLASH_KERNELS = ["mma", "wgmma"]
 FLASH_BOUND = 2e-3
 # (name, H, Hkv, D, q head stride in units of D): the two benchmark shapes.
 FLASH_SHAPES = [("qwen35-4B", 16, 4, 256, 2), ("qwen3-4B", 32, 8, 128, 1)]
-# The wgmma kernel's key tiles at D = 256: 80, or 64 with PREFILL_ATTN_BN256=64, which the library
-# reads once per process. This process runs with whatever it was given (80 unless set);
-# test_flash_bn64_in_child runs the D = 256 flash tests again in a child process with 64.
-BN256 = 64 if os.environ.get("PREFILL_ATTN_BN256") == "64" else 80
 
 
 def flash_np(ctx, kernel, q, k, v, **kw):
@@ -226,120 +218,33 @@ def test_flash_kernels_agree(ctx, rng):
                                        (81, 79), (129, 1000), (300, 0), (777, 2000)])
 @pytest.mark.parametrize("shape", FLASH_SHAPES, ids=[s[0] for s in FLASH_SHAPES])
 @pytest.mark.parametrize("kernel", FLASH_KERNELS)
-def test_flash_position_on_device_is_bitwise_host(ctx, rng, kernel, shape, rows, pos0, extra,
-                                                 monkeypatch):
-    """The launch a session captures into its chunk graph (PREFILL_ATTN_POS_DEVICE=1, read per
-    call: pos0 read from device memory, the wgmma kernel's TMA maps over the caches' whole
-    capacity) gives bitwise the output of the host-position launch, with the cache rows past
-    pos0 + rows NaN (1 or 300 of them: inside the last key tile and past it), none of which may
-    reach the output."""
+def test_flash_position_on_device_is_bitwise_host(ctx, rng, kernel, shape, rows, pos0, extra):
+    """The launch a session captures into its chunk graph (position_on_device: pos0 read from
+    device memory, the wgmma kernel's TMA maps over the caches' whole capacity) gives bitwise the
+    output of the host-position launch, with the cache rows past pos0 + rows NaN (1 or 300 of
+    them: inside the last key tile and past it), none of which may reach the output."""
     _, H, Hkv, D, qmult = shape
     q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
                                kv_dtype="f16", extra=extra)
     kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
-    monkeypatch.delenv("PREFILL_ATTN_POS_DEVICE", raising=False)
     host = flash_np(ctx, kernel, q, k, v, **kw)
-    monkeypatch.setenv("PREFILL_ATTN_POS_DEVICE", "1")
-    dev = flash_np(ctx, kernel, q, k, v, **kw)
+    dev = flash_np(ctx, kernel, q, k, v, position_on_device=True, **kw)
     name = f"flash/{kernel} device pos0 H={H} Hkv={Hkv} D={D} rows={rows} pos0={pos0} extra={extra}"
     assert np.isfinite(dev).all(), f"{name}: {int((~np.isfinite(dev)).sum())} non-finite outputs"
     assert np.array_equal(host, dev), f"{name}: differs from the host position (max |diff| {np.abs(host - dev).max():.3e})"
     assert_flash_close(name, q, k, v, dev, H=H, Hkv=Hkv, D=D, pos0=pos0, qhs=qhs)
 
 
-def _run_child(args, env_extra, timeout):
-    env = {**os.environ, **env_extra}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
-                          cwd=root, timeout=timeout)
-
-
-# The D = 256 flash tests of this file on the wgmma kernel, plus the mma/wgmma agreement: with
-# key tiles of 80 these cover partial last tiles (rows 1, 17, 79, 80, 81, 777, pos0 0 and > 0),
-# the position on the device (maps over the capacity, V rows past the keys zeroed in the last
-# tile) bitwise equal to the host position, large scores, 8192 rows and an odd q stride.
-BN64_CHILD_TESTS = ("(test_flash and wgmma and not qwen3-4B and not in_child) or "
-                    "test_flash_kernels_agree")
-
-
-def _tile_switch_in_child(ctx, rng, tmp_path, *, H, Hkv, D, qmult, var, value, default,
-                          child_tests):
-    """A key-tile switch `var`=`value` (read once per process) against this process's `default`
-    tiles: (1) a child process's output on one input is within the bound of the float64 oracle
-    and differs from this process's (other tiles round the online softmax differently), so the
-    switch reaches the kernel; (2) the flash tests `child_tests` pass in a child with it."""
-    rows, pos0 = 777, 300
-    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
-                               kv_dtype="f16")
-    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
-    here = flash_np(ctx, "wgmma", q, k, v, **kw)
-    np.savez(tmp_path / "in.npz", q=q, k=k, v=v)
-    code = ("import sys, numpy as np\n"
-            "from pyprefill.core import Context\n"
-            "from pyprefill.kernels import attention as A\n"
-            "d = np.load(sys.argv[1])\n"
-            "with Context(0) as c:\n"
-            "    o = A.attention_np(c, d['q'], d['k'], d['v'], path='flash', kernel='wgmma',\n"
-            f"                       **{kw!r})\n"
-            "np.save(sys.argv[2], o)\n")
-    r = _run_child(["-c", code, str(tmp_path / "in.npz"), str(tmp_path / "out.npy")],
-                   {var: value}, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = np.load(tmp_path / "out.npy")
-    assert_flash_close(f"flash/wgmma {var}={value} (child)", q, k, v, out, H=H, Hkv=Hkv, D=D,
-                       pos0=pos0, qhs=qhs)
-    assert not np.array_equal(out, here), f"the {var}={value} child gave bitwise the BN={default} output"
-    r = _run_child(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
-                    "-k", child_tests], {var: value}, timeout=1800)
-    tail = (r.stdout + r.stderr)[-3000:]
-    assert r.returncode == 0, f"D = {D} flash tests with {var}={value}:\n{tail}"
-    last = r.stdout.strip().splitlines()[-1]
-    assert " passed" in last and "skipped" not in last, tail
-
-
 @gpu
-def test_flash_bn64_in_child(ctx, rng, tmp_path):
-    """PREFILL_ATTN_BN256=64 against this process's 80-key tiles (_tile_switch_in_child), with
-    the D = 256 flash tests in the child."""
-    if BN256 == 64:
-        pytest.skip("this process already runs with PREFILL_ATTN_BN256=64")
-    _tile_switch_in_child(ctx, rng, tmp_path, H=16, Hkv=4, D=256, qmult=2,
-                          var="PREFILL_ATTN_BN256", value="64", default=80,
-                          child_tests=BN64_CHILD_TESTS)
-
-
-# The D = 128 flash tests of this file on the wgmma kernel (the qwen3-4B shape: rows 1 .. 2048
-# at pos0 0 and > 0, partial last key tiles, the position on the device bitwise the host's,
-# large scores, 8192 rows), in a child process with other key tiles than the default 176
-# (PREFILL_ATTN_BN128); this process runs them with 176.
-BN128_CHILD_TESTS = "test_flash and wgmma and qwen3-4B and not in_child"
-
-
-@gpu
-@pytest.mark.parametrize("bn", ["96", "128"])
-def test_flash_bn128_variants_in_child(ctx, rng, tmp_path, bn):
-    """PREFILL_ATTN_BN128=96 / 128 against this process's 176-key tiles
-    (_tile_switch_in_child), with the D = 128 wgmma flash tests in the child."""
-    if os.environ.get("PREFILL_ATTN_BN128"):
-        pytest.skip("this process already runs with PREFILL_ATTN_BN128 set")
-    _tile_switch_in_child(ctx, rng, tmp_path, H=32, Hkv=8, D=128, qmult=1,
-                          var="PREFILL_ATTN_BN128", value=bn, default=176,
-                          child_tests=BN128_CHILD_TESTS)
-
-
-@gpu
-def test_position_on_device_hook_leaves_cublas_alone(ctx, rng, monkeypatch):
-    """PREFILL_ATTN_POS_DEVICE=1 changes the flash path only: the cuBLAS path (whose launches
-    depend on the position) gives bitwise what it gives without it."""
+def test_position_on_device_hook_leaves_cublas_alone(ctx, rng):
+    """position_on_device changes the flash path only: the cuBLAS path (whose launches depend on
+    the position) gives bitwise what it gives without it."""
     H, Hkv, D, rows, pos0 = 16, 4, 256, 33, 100
     q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
                                kv_dtype="f16", extra=40)
     kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs, path="cublas")
-    monkeypatch.delenv("PREFILL_ATTN_POS_DEVICE", raising=False)
     host = A.attention_np(ctx, q, k, v, **kw)
-    monkeypatch.setenv("PREFILL_ATTN_POS_DEVICE", "1")
-    dev = A.attention_np(ctx, q, k, v, **kw)
+    dev = A.attention_np(ctx, q, k, v, position_on_device=True, **kw)
     assert np.isfinite(dev).all() and np.array_equal(host, dev)
 
 

@@ -443,24 +443,30 @@ CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
 
-@pytest.fixture(params=["warp", "v2", "wg"])
-def state_kernel(request, monkeypatch, ctx):
-    """The state kernels of the chunked path by name (env PREFILL_GDN_STATE, read per call): the
-    warp-owned one, v2 (CTA-wide) and wg (warpgroup MMA; an sm_90a build on a compute capability
-    9.0 device, skipped elsewhere: the library refuses it there with UnsupportedError)."""
-    monkeypatch.setenv("PREFILL_GDN_STATE", request.param)
-    if request.param == "wg":
-        _skip_without_wg(ctx, "the warpgroup state kernel is not available here")
-    return request.param
+@pytest.fixture(params=["warp", "warpgroup"])
+def state_kernel(request, ctx):
+    """The state kernels of the chunked path by name (the context's tuning.gdn_state, restored
+    after the test): the warp-owned one and the warpgroup one (wgmma; an sm_90a build on a
+    compute capability 9.0 device, skipped elsewhere: the library refuses it there with
+    UnsupportedError)."""
+    old = ctx.tuning()
+    ctx.set_tuning(old, gdn_state=request.param)
+    try:
+        if request.param == "warpgroup":
+            _skip_without_wg(ctx, "the warpgroup state kernel is not available here")
+        yield request.param
+    finally:
+        ctx.set_tuning(old)
 
 
 def _skip_without_wg(ctx, why):
-    """Skips the test where the library refuses PREFILL_GDN_STATE=wg (set by the caller): no
-    sm_90a build or not a compute capability 9.0 device."""
+    """Skips the test where the library refuses the warpgroup state kernel (set on ctx by the
+    caller): no sm_90a build or not a compute capability 9.0 device."""
     probe = scan_inputs(np.random.default_rng(0), 1, 1, 1, 128, 128)
     try:
         G.gdn_scan_np(ctx, *probe, path="chunked")
     except errors.UnsupportedError as exc:
+        ctx.set_tuning()
         pytest.skip(f"{why}: {exc}")
 
 
@@ -481,9 +487,8 @@ def test_chunked_matches_float64(ctx, rng, rows, heads, state_kernel):
 @gpu
 @pytest.mark.parametrize("dims", ["0.8B", "4B", "27B", "wide"])
 def test_chunked_real_shapes(ctx, rng, dims, state_kernel):
-    """All heads of the real models. v2: 32-column CTAs for Hv = 32, 64 for Hv = 48. Warp-owned
-    kernel on 132 SMs: 1, 2 and 4 warps per CTA for Hv = 16, 32, 48; "wide" (Hv = 72) takes its
-    8-warp instance."""
+    """All heads of the real models. Warp-owned kernel on 132 SMs: 1, 2 and 4 warps per CTA for
+    Hv = 16, 32, 48; "wide" (Hv = 72) takes its 8-warp instance."""
     hk, hv, dk, dv = SCAN_DIMS[dims] if dims != "wide" else (8, 72, 128, 128)
     q, k, v, beta, g, S0 = scan_inputs(rng, 333, hk, hv, dk, dv)
     o, S = G.gdn_scan_np(ctx, q, k, v, beta, g, S0, path="chunked")
@@ -507,22 +512,22 @@ def test_chunked_state_carried_across_calls(ctx, rng, state_kernel):
 @gpu
 @pytest.mark.parametrize("hk, hv, sizes", [(2, 4, [1, 2, 63, 64, 65, 582]), (16, 32, [333, 65]),
                                            (16, 48, [200, 64])])
-def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes, state_kernel):
-    """The state kernel (each by name; v2 is never a programmatic dependent, so it checks the
-    switch leaves it alone) launched as the prep kernel's programmatic dependent (the default on
-    compute capability 9.0+) against plain stream order (PREFILL_GDN_PDL=0): the same kernels
-    on the same inputs, so the same bits, with the state carried across calls (a prep after a
-    state kernel, a state kernel after a prep, each pair once per call), and within the float64
-    bound."""
+def test_chunked_pdl_bitwise_stream_order(ctx, rng, hk, hv, sizes, state_kernel):
+    """The state kernel (each by name) launched as the prep kernel's programmatic dependent (the
+    default on compute capability 9.0+) against plain stream order (tuning gdn_pdl off): the
+    same kernels on the same inputs, so the same bits, with the state carried across calls (a
+    prep after a state kernel, a state kernel after a prep, each pair once per call), and within
+    the float64 bound."""
     inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
+    base = ctx.tuning()
     out = {}
-    for pdl in ("1", "0"):
-        monkeypatch.setenv("PREFILL_GDN_PDL", pdl)
+    for pdl in (True, False):
+        ctx.set_tuning(base, gdn_pdl=pdl)
         out[pdl] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
-    monkeypatch.delenv("PREFILL_GDN_PDL", raising=False)
+    ctx.set_tuning(base)
     ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
-    assert_scan("chunked (PDL)", ref, out["1"], CHUNK_TOL)
-    for a, b, what in zip(out["1"], out["0"], ("o", "state")):
+    assert_scan("chunked (PDL)", ref, out[True], CHUNK_TOL)
+    for a, b, what in zip(out[True], out[False], ("o", "state")):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{what} differs with PDL off"
 
 
@@ -531,18 +536,18 @@ def test_chunked_pdl_bitwise_stream_order(ctx, rng, monkeypatch, hk, hv, sizes, 
                                                 (16, 32, [2048], 512), (16, 48, [1100], 256),
                                                 (2, 4, [300, 65, 520], 128),
                                                 (16, 32, [4160], None), (2, 6, [5000, 1000], None)])
-def test_chunked_subpasses_bitwise_one_pass(ctx, rng, monkeypatch, hk, hv, sizes, sub):
-    """Chained sub-passes (the default's 2048 rows where sub is None, else PREFILL_GDN_SUBPASS:
-    the prep of sub-pass p + 1 beside the warpgroup state kernel of sub-pass p, two workspace
-    halves, every launch chained by programmatic dependence) against one pass
-    (PREFILL_GDN_SUBPASS=0): the same chunks through the same kernels, so the same bits,
+def test_chunked_subpasses_bitwise_one_pass(ctx, rng, hk, hv, sizes, sub):
+    """Chained sub-passes (the default's 2048 rows where sub is None, else tuning
+    gdn_subpass_rows: the prep of sub-pass p + 1 beside the warpgroup state kernel of sub-pass p,
+    two workspace halves, every launch chained by programmatic dependence) against one pass
+    (gdn_subpass_rows "one-pass"): the same chunks through the same kernels, so the same bits,
     with the state carried across calls, and within the float64 bound. The preconditions of the
     chained form hold here (the warpgroup kernel, rows > sub, a workspace of two sub-passes), so
     a race between the overlapped grids shows as differing bits."""
-    monkeypatch.setenv("PREFILL_GDN_STATE", "wg")
+    ctx.set_tuning(gdn_state="warpgroup")
     _skip_without_wg(ctx, "the chained sub-passes need the warpgroup state kernel")
-    mode = "" if sub is None else str(sub)     # "": unset, the library's default
-    rows = 2048 if sub is None else sub        # kGdnSubpassRows (cuda/gdn.cuh)
+    mode = None if sub is None else sub        # None: the library's default
+    rows = 2048 if sub is None else sub        # kGdnSubpassRows (cuda/plan.h)
     assert any(n > rows for n in sizes)
     for n in sizes:
         if n > rows:
@@ -551,15 +556,18 @@ def test_chunked_subpasses_bitwise_one_pass(ctx, rng, monkeypatch, hk, hv, sizes
             assert whole >= 2 * half, f"{n} rows: a workspace of {whole} bytes < 2 x {half}"
     inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
     strided, aligned = {}, {}   # v inside the conv-output matrix (4-byte rows) / contiguous v
-    for m in (mode, "0"):
-        monkeypatch.setenv("PREFILL_GDN_SUBPASS", m)
-        strided[m] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
-        if len(sizes) == 1:
-            aligned[m] = G.gdn_scan_np(ctx, *inputs, path="chunked")
+    try:
+        for m in (mode, "one-pass"):
+            ctx.set_tuning(gdn_state="warpgroup", gdn_subpass_rows=m)
+            strided[m] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
+            if len(sizes) == 1:
+                aligned[m] = G.gdn_scan_np(ctx, *inputs, path="chunked")
+    finally:
+        ctx.set_tuning()
     ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
     assert_scan("chunked (sub-passes)", ref, strided[mode], CHUNK_TOL)
     for form, out in (("strided v", strided), ("aligned v", aligned)):
-        for a, b, what in zip(out.get(mode, ()), out.get("0", ()), ("o", "state")):
+        for a, b, what in zip(out.get(mode, ()), out.get("one-pass", ()), ("o", "state")):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
                 f"{what} differs between sub-passes of {rows} rows and one pass ({form})"
 
@@ -583,62 +591,6 @@ def test_chunked_hard_cases(ctx, rng, case, state_kernel):
         S0 = np.zeros_like(S0)
     o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [300], path="chunked")
     assert_scan(f"chunked ({case})", ref_scan(q, k, v, beta, g, S0), (o, S), CHUNK_TOL)
-
-
-# The two prep kernels (env PREFILL_GDN_PREP=v1: the first form, one CTA per chunk and key head;
-# default v2: value heads of a round together, Tm and A^T in one tile, fewer barriers) compute
-# the same workspace from the same operations in the same order, so the whole chunked scan is
-# bitwise the same under either. "engine": q, k, v inside one conv-output matrix with an odd row
-# stride (the scalar-load instance); "packed": separate 16 B-aligned arrays (the float4 one).
-# (rows, hk, hv, layout): Hv / Hk = 2 (two heads per CTA), 1 and 3 (one head per CTA; for 3,
-# three CTAs per key head and chunk), the qwen35 shapes.
-PREP_CASES = [(1, 2, 4, "engine"), (63, 2, 4, "engine"), (64, 2, 4, "engine"),
-              (65, 2, 4, "engine"), (777, 2, 4, "engine"), (65, 2, 2, "engine"),
-              (777, 1, 3, "engine"), (777, 2, 4, "packed"), (333, 16, 32, "packed"),
-              (333, 16, 48, "packed"), (333, 16, 16, "packed"), (333, 16, 32, "engine")]
-
-
-def _scan_prep(ctx, monkeypatch, prep, inputs, layout):
-    """(o, S, workspace bytes) of one chunked call with prep kernel `prep` ("v1" | "v2") over a
-    poisoned caller workspace (the state kernel only reads it: the bytes are prep's)."""
-    if prep == "v1":
-        monkeypatch.setenv("PREFILL_GDN_PREP", "v1")
-    else:
-        monkeypatch.delenv("PREFILL_GDN_PREP", raising=False)
-    q, k, v, beta, g, S0 = inputs
-    rows, (hv, dk, dv) = q.shape[0], S0.shape
-    hk = q.shape[1] // dk
-    need = G.gdn_scan_plan(rows, hk, hv, dk, dv, path="chunked")["workspace_bytes"]
-    with ctx.buffer(need) as ws:
-        ws.poison()
-        if layout == "engine":
-            o, S = _scan_in_calls(ctx, q, k, v, beta, g, S0, [rows], path="chunked",
-                                  workspace=View(ws, 0, 0))
-        else:
-            with upload(ctx, q) as bq, upload(ctx, k) as bk, upload(ctx, v) as bv, \
-                    upload(ctx, beta) as bb, upload(ctx, g) as bg, upload(ctx, S0) as bs, \
-                    poisoned(ctx, v.nbytes) as bo:
-                G.gdn_scan(ctx, bq, bk, bv, bb, bg, bs, bo, rows, hk, hv, dk, dv, "chunked", ws)
-                ctx.synchronize()
-                o, S = bo.download(np.float32, v.shape), bs.download(np.float32, S0.shape)
-        ctx.synchronize()
-        return o, S, ws.download(np.uint8, (need,))
-
-
-@gpu
-@pytest.mark.parametrize("rows, hk, hv, layout", PREP_CASES,
-                         ids=[f"T{r}-hk{a}-hv{b}-{l}" for r, a, b, l in PREP_CASES])
-def test_chunked_prep_v2_bitwise_v1(ctx, rng, monkeypatch, rows, hk, hv, layout):
-    inputs = scan_inputs(rng, rows, hk, hv, 128, 128)
-    ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
-    out = {prep: _scan_prep(ctx, monkeypatch, prep, inputs, layout) for prep in ("v1", "v2")}
-    for prep, (o, S, _) in out.items():
-        assert_scan(f"chunked (prep {prep})", ref, (o, S), CHUNK_TOL)
-    (o1, S1, w1), (o2, S2, w2) = out["v1"], out["v2"]
-    diff = np.flatnonzero(w1 != w2)
-    assert diff.size == 0, f"workspace: {diff.size} bytes differ, first at byte {diff[0]}"
-    assert np.array_equal(o1.view(np.uint32), o2.view(np.uint32)), "o differs between v1 and v2"
-    assert np.array_equal(S1.view(np.uint32), S2.view(np.uint32)), "state differs between v1 and v2"
 
 
 _LONG = {}

@@ -9,8 +9,8 @@ that serve it: pf_buffer_copy (the copy-bandwidth yardstick), pf_weight_copy_f16
 pf_model_weight, pf_model_prewarm_report, and the shared cache allocation's lifetime.
 Prewarm v2 (session 17): the kernel's persistent CTAs take several tiles each, of changing
 matrices and types (sets of thousands of tiles), and the cache comes in pieces allocated one
-after the other (PREFILL_PREWARM_PIECE sets the first piece's bytes, 0 = one allocation;
-PREFILL_PREWARM_FAIL_PIECE=N makes piece N's allocation fail): every piece setting gives the
+after the other (tuning prewarm_piece_bytes sets the first piece's bytes, "one-allocation" = one
+allocation; prewarm_fail_piece=N makes piece N's allocation fail): every piece setting gives the
 same bits and the same logits, and a failing piece leaves nothing behind."""
 from __future__ import annotations
 
@@ -138,25 +138,23 @@ def _check_against_dequantize(ctx, cases, ws):
                        gemm.dequantize_np(ctx, w, f16=True), gemm.weight_f16_np(ctx, w))
 
 
-@pytest.fixture(params=["default", "1", "0"], ids=lambda p: f"piece={p}")
-def piece_env(request, monkeypatch):
-    """PREFILL_PREWARM_PIECE: the library's default (256 MiB: one piece for these sets), 1 byte
-    (each matrix its own piece until the doubling target outgrows them) or 0 (one allocation)."""
-    if request.param == "default":
-        monkeypatch.delenv("PREFILL_PREWARM_PIECE", raising=False)
-    else:
-        monkeypatch.setenv("PREFILL_PREWARM_PIECE", request.param)
-    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
-    return request.param
+@pytest.fixture(params=["default", 1, "one-allocation"], ids=lambda p: f"piece={p}")
+def piece_ctx(request, poisoned_ctx):
+    """A poisoned context whose tuning sets prewarm_piece_bytes: the library's default (256
+    MiB: one piece for these sets), 1 byte (each matrix its own piece until the doubling target
+    outgrows them) or one allocation."""
+    if request.param != "default":
+        poisoned_ctx.set_tuning(prewarm_piece_bytes=request.param)
+    return poisoned_ctx
 
 
 @pytest.mark.gpu
-def test_prewarm_many_tiles_per_cta_bitwise(poisoned_ctx, rng, piece_env):
+def test_prewarm_many_tiles_per_cta_bitwise(piece_ctx, rng):
     """~3800 tiles in one launch: more than the resident CTAs of any current GPU (H200: 132 SMs
     x 6), so each persistent CTA takes several tiles, and its next tile (staged while the current
     one decodes) is often of another matrix and type, element types included. Row counts and
     k = 7680 put every matrix end inside a tile."""
-    ctx = poisoned_ctx
+    ctx = piece_ctx
     cases = [(QTYPES[(5 + i) % len(QTYPES)], 131 + 37 * i, 7680, "normal") for i in range(12)]
     assert sum(n * k for _, n, k, _ in cases) > 3500 * TILE
     ws = [ctx.weight(q, n, k, random_blocks(rng, q, n, k, r)) for q, n, k, r in cases]
@@ -172,13 +170,12 @@ def test_prewarm_many_tiles_per_cta_bitwise(poisoned_ctx, rng, piece_env):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("count", [1, 95, 96, 97, 192, 193, 301])
-def test_prewarm_matrix_counts_around_the_launch_size(poisoned_ctx, rng, count, monkeypatch):
+def test_prewarm_matrix_counts_around_the_launch_size(poisoned_ctx, rng, count):
     """Sets of 1 to 301 matrices (96 per launch): one launch, exactly full, one over, two full,
     four launches; small matrices of every type, odd rows, some of several tiles with a partial
     last one. In pieces of at least 4 KiB (many pieces, each its own launches)."""
-    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "4096")
-    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
     ctx = poisoned_ctx
+    ctx.set_tuning(prewarm_piece_bytes=4096)
     cases = []
     for i in range(count):
         q = QTYPES[i % len(QTYPES)]
@@ -223,12 +220,11 @@ def test_prewarm_sizes_around_the_tile(poisoned_ctx, rng, qtype, delta_blocks):
 
 
 @pytest.mark.gpu
-def test_each_piece_lives_until_its_last_cache(poisoned_ctx, rng, monkeypatch):
-    """PREFILL_PREWARM_PIECE=1: three matrices, three pieces (targets 1, 2, 4 bytes). Dropping
+def test_each_piece_lives_until_its_last_cache(poisoned_ctx, rng):
+    """prewarm_piece_bytes=1: three matrices, three pieces (targets 1, 2, 4 bytes). Dropping
     one cache frees its own piece and nothing else; the others keep their bits."""
-    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "1")
-    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
     ctx = poisoned_ctx
+    ctx.set_tuning(prewarm_piece_bytes=1)
     made = [_make(ctx, rng, q, 64, 512, "normal") for q in ("Q4_K", "Q6_K", "Q8_0")]
     ws = [w for w, _ in made]
     one = 64 * 512 * 2
@@ -249,28 +245,28 @@ def test_each_piece_lives_until_its_last_cache(poisoned_ctx, rng, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fail_piece", [0, 1, 5])
-def test_failing_piece_rolls_back_every_piece(poisoned_ctx, rng, monkeypatch, fail_piece):
-    """The allocation of piece N refused (PREFILL_PREWARM_FAIL_PIECE, pieces of 1 byte doubling:
-    one matrix each) while earlier pieces are being dequantized: not armed, the reason names
-    the piece, no weight cached, the context's bytes and the device's free memory back; then the
-    same set arms and is bitwise right."""
-    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "1")
+@pytest.mark.parametrize("fail_piece", [1, 2, 6])
+def test_failing_piece_rolls_back_every_piece(poisoned_ctx, rng, fail_piece):
+    """The allocation of piece N refused (tuning prewarm_fail_piece, 1-based; pieces of 1 byte
+    doubling: one matrix each) while earlier pieces are being dequantized: not armed, the reason
+    names the piece, no weight cached, the context's bytes and the device's free memory back; then
+    the same set arms and is bitwise right."""
     ctx = poisoned_ctx
+    ctx.set_tuning(prewarm_piece_bytes=1)
     made = [_make(ctx, rng, QTYPES[i % len(QTYPES)], 37, 2560, "normal") for i in range(8)]
     ws = [w for w, _ in made]
     try:
         ctx.synchronize()
         alloc0, free0 = ctx.allocated(), ctx.memory()[0]
-        monkeypatch.setenv("PREFILL_PREWARM_FAIL_PIECE", str(fail_piece))
+        ctx.set_tuning(prewarm_piece_bytes=1, prewarm_fail_piece=fail_piece)
         rep = gemm.prewarm_f16(ctx, ws)
         assert not rep["armed"] and rep["weights_added"] == 0, rep
-        assert f"piece {fail_piece + 1} of 8" in rep["reason"] and "PREFILL_PREWARM_FAIL_PIECE" in rep["reason"], rep
+        assert f"piece {fail_piece} of 8" in rep["reason"] and "prewarm_fail_piece" in rep["reason"], rep
         assert all(w.info()["f16_bytes"] == 0 for w in ws)
         ctx.synchronize()
         assert ctx.allocated() == alloc0
         assert abs(ctx.memory()[0] - free0) <= (1 << 20)
-        monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE")
+        ctx.set_tuning(prewarm_piece_bytes=1)
         assert gemm.prewarm_f16(ctx, ws)["armed"]
         for (w, ref16) in made:
             assert_bitwise("after the rollback", ref16, gemm.weight_f16_np(ctx, w))
@@ -354,9 +350,8 @@ def _matrices(path: str):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mix", MIXES)
-def test_model_prewarm_bitwise_with_fused_blocks(mix, monkeypatch):
+def test_model_prewarm_bitwise_with_fused_blocks(mix):
     from pyprefill.model import Model
-    monkeypatch.setenv("PREFILL_FUSE", "1")       # the fused layout (the default)
     path = synth_model("qwen35-tiny", mix)        # GDN and attention layers: every fused group
     seen = set()
     with core.Context(0, poison=True) as ctx:
@@ -379,20 +374,18 @@ def test_model_prewarm_bitwise_with_fused_blocks(mix, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mix", ["q4_k_m", "f16"])
-def test_model_prewarm_in_pieces_same_bits_and_logits(mix, monkeypatch, rng):
-    """PREFILL_PREWARM_PIECE=1 (a tiny model's caches in a dozen or more pieces, each fused group
-    whole in one) against 0 (one allocation): every cache bitwise gguf's, and a session's logits
-    on the f16 leg with the fused projections bitwise the same."""
+def test_model_prewarm_in_pieces_same_bits_and_logits(mix, rng):
+    """prewarm_piece_bytes=1 (a tiny model's caches in a dozen or more pieces, each fused group
+    whole in one) against one allocation: every cache bitwise gguf's, and a session's logits on
+    the f16 leg with the fused projections bitwise the same."""
     from pyprefill.model import Model
-    monkeypatch.setenv("PREFILL_FUSE", "1")
-    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
     path = synth_model("qwen35-tiny", mix)
     refs = [(name, ref16) for name, _, ref16 in _matrices(path)]
     logits, toks = {}, None
-    for piece in ("0", "1"):
-        monkeypatch.setenv("PREFILL_PREWARM_PIECE", piece)
+    for piece in ("one-allocation", 1):
         with core.Context(0, poison=True) as ctx:
-            with Model(path, context=ctx, gemm="f16", prewarm=True, progress=False) as m:
+            with Model(path, context=ctx, gemm="f16", prewarm=True, progress=False,
+                       tuning={"prewarm_piece_bytes": piece}) as m:
                 rep = m.prewarm_report()
                 assert rep["armed"] and rep["bytes_added"] == m.info["f16_bytes"], rep
                 for name, ref16 in refs:
@@ -400,30 +393,28 @@ def test_model_prewarm_in_pieces_same_bits_and_logits(mix, monkeypatch, rng):
                 toks = random_tokens(rng, 50, m.n_vocab) if toks is None else toks
                 with m.session(max_tokens=64, chunk=32) as s:
                     logits[piece] = s.prefill(toks, "all")
-    assert np.isfinite(logits["0"]).all()
-    assert np.array_equal(logits["0"], logits["1"]), "pieces changed the f16 leg's logits"
+    assert np.isfinite(logits["one-allocation"]).all()
+    assert np.array_equal(logits["one-allocation"], logits[1]), "pieces changed the f16 leg's logits"
 
 
 @pytest.mark.gpu
-def test_model_prewarm_failing_piece_leaves_the_exact_leg(monkeypatch, rng):
-    """A model whose prewarm loses a later piece's allocation (PREFILL_PREWARM_FAIL_PIECE=3 with
-    pieces from 1 byte: pieces 1-3 already launched): not armed at load nor when called again,
-    nothing kept (the context's bytes, the device's free memory), the auto leg is the f32 leg
-    bit for bit; without the hook the same model arms."""
+def test_model_prewarm_failing_piece_leaves_the_exact_leg(rng):
+    """A model whose prewarm loses a later piece's allocation (the context's tuning
+    prewarm_fail_piece=4 with pieces from 1 byte: pieces 1-3 already launched): not armed at
+    load nor when called again, nothing kept (the context's bytes, the device's free memory), the
+    auto leg is the f32 leg bit for bit; without the hook the same model arms."""
     from pyprefill.model import Model
     exact = dict(kv="f32", attention="cublas")
     path = synth_model("qwen35-tiny", "q4_k_m")
-    monkeypatch.setenv("PREFILL_PREWARM_PIECE", "1")
-    monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE", raising=False)
     with Model.load(path, gemm="f32", prewarm=False, progress=False) as ref:
         toks = random_tokens(rng, 50, ref.n_vocab)
         with ref.session(max_tokens=64, chunk=32, **exact) as s:
             want = s.prefill(toks, "all")
-    monkeypatch.setenv("PREFILL_PREWARM_FAIL_PIECE", "3")
     with core.Context(0) as ctx:
+        ctx.set_tuning(prewarm_piece_bytes=1, prewarm_fail_piece=4)   # the model inherits it
         with Model(path, context=ctx, gemm="auto", prewarm=True, progress=False) as m:
             rep = m.prewarm_report()
-            assert not rep["armed"] and "PREFILL_PREWARM_FAIL_PIECE" in rep["reason"], rep
+            assert not rep["armed"] and "prewarm_fail_piece" in rep["reason"], rep
             assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == 0
             ctx.synchronize()
             alloc0, free0 = ctx.allocated(), ctx.memory()[0]
@@ -432,7 +423,7 @@ def test_model_prewarm_failing_piece_leaves_the_exact_leg(monkeypatch, rng):
             assert ctx.allocated() == alloc0 and abs(ctx.memory()[0] - free0) <= (1 << 20)
             with m.session(max_tokens=64, chunk=32, gemm="auto", **exact) as s:
                 assert np.array_equal(s.prefill(toks, "all"), want), "auto without the cache is not the f32 leg"
-            monkeypatch.delenv("PREFILL_PREWARM_FAIL_PIECE")
+            ctx.set_tuning(prewarm_piece_bytes=1)
             assert m.prewarm() is True and m.info["f16_armed"] == 1
 
 

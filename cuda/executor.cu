@@ -1,0 +1,254 @@
+// executor.cu — the chunk executor's layout, creation (one workspace, the GEMM plan of its
+// shapes) and the LM head. The layer loop and the graphs are in forward.cu.
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+
+#include "attention.cuh"
+#include "cuda_check.cuh"
+#include "executor.h"
+#include "gdn.cuh"
+#include "gemm.cuh"
+#include "gemm_lt.cuh"
+#include "session.h"
+
+namespace pf {
+namespace {
+
+constexpr int32_t kAutoChunk = 2048;
+constexpr int32_t kMinAutoChunk = 256;
+constexpr size_t kAutoChunkShare = 4;  // the chunk's scratch takes at most 1/4 of the free memory
+constexpr int64_t kLmRows = 32;        // LM-head rows per pass for PF_LOGITS_ALL: [32][n_vocab] fp32
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+// The f16-leg GEMM shapes of a step of e->L.rows rows, as the layer loop runs them (the fused
+// block of a group or its parts side by side, the accumulating wo / ssm_out / down into the
+// residual stream), each with the weight it reads; then the executor's plan (the process's choice
+// per shape, timed for the shapes it has none for yet) on the workspace: x = h16 [rows][k16] fp16,
+// y = a [rows][w_a] (the accumulating shapes too: never the residual stream x, the caches or the
+// states).
+pf_status plan_gemms(Executor *e) {
+    const pf_model *m = e->model;
+    const Hparams &hp = m->hp;
+    const int64_t T = e->L.rows, d = hp.n_embd;
+    const int32_t leg = e->plan.leg;
+    std::vector<GemmTuneJob> jobs;
+    auto add = [&](pf_weight *w, int64_t ldy, bool accumulate) {
+        int32_t run = PF_GEMM_F32;
+        if (!w || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK || run != PF_GEMM_F16) return;
+        const __half *whole = w->f16 ? w->f16
+                              : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                         : nullptr;
+        if (!whole) return;  // the streaming leg's slabs run GemmEx
+        GemmTuneJob j;
+        j.shape = GemmShape{w->n, T, w->k, ldy, accumulate};
+        j.w = whole;
+        jobs.push_back(j);
+    };
+    auto group = [&](std::initializer_list<pf_weight *> parts, int64_t ldy) {
+        pf_weight view;
+        if (e->plan.fuse_groups && fused_f16_view(parts.begin(), int32_t(parts.size()), leg, &view))
+            return add(&view, ldy, false);
+        for (pf_weight *w : parts) add(w, ldy, false);
+    };
+    for (const LayerWeights &Lw : m->layers) {
+        if (Lw.attn) {
+            group({Lw.wq, Lw.wk, Lw.wv}, hp.q_proj_dim() + 2 * hp.kv_dim());
+            add(Lw.wo, d, true);
+        } else {
+            group({Lw.qkv, Lw.z, Lw.beta, Lw.alpha}, hp.conv_dim() + hp.value_dim() + 2 * hp.ssm_hv);
+            add(Lw.ssm_out, d, true);
+        }
+        group({Lw.gate, Lw.up}, 2 * hp.n_ff);
+        add(Lw.down, d, true);
+    }
+    if (jobs.empty()) return PF_STATUS_OK;  // the f32 leg, or no fp16 copies
+    std::unique_ptr<GemmPlan> plan(new GemmPlan());
+    PF_TRY(gemm_plan_build(e->ctx, jobs, e->h16, size_t(T * e->L.k16), e->a, size_t(T * e->L.w_a), e->plan.gemm_lt,
+                           plan.get()));
+    if (plan->size() > 0) e->gemm_plan = std::move(plan);  // none: every call runs GemmEx
+    return PF_STATUS_OK;
+}
+
+// The cuBLAS attention path's workspace: the path is chosen per call (attention_resolved_path):
+// always cuBLAS for an fp32 cache or a forced path, and with AUTO also for short chunks deep into
+// the cache (few flash blocks, many keys). Sized for the most query rows a cuBLAS call of this
+// executor can have, at keys up to the capacity (the choice is monotone: fewer rows and more keys
+// favour cuBLAS); attention() runs smaller passes where a call needs more.
+size_t attention_ws_bytes(const pf_model *m, const ExecPlan &plan, int64_t T, int64_t capacity, void *k, void *v) {
+    const Hparams &hp = m->hp;
+    if (m->n_attn_layers == 0) return 0;
+    attention_args a;
+    a.k_cache = k;
+    a.v_cache = v;
+    a.kv_dtype = plan.kv_dtype;
+    a.n_heads = int32_t(hp.n_head);
+    a.n_kv_heads = int32_t(hp.n_head_kv);
+    a.head_dim = int32_t(hp.head_dim);
+    a.path = plan.attn_path;
+    auto cublas_at = [&](int64_t rows) {
+        a.rows = rows;
+        a.pos0 = capacity - rows;
+        return attention_resolved_path(a) == PF_ATTN_CUBLAS;
+    };
+    int64_t rows = 0;  // the most rows of a cuBLAS call (0: never)
+    if (cublas_at(T)) {
+        rows = T;
+    } else if (cublas_at(1)) {
+        int64_t lo = 1, hi = T;  // cublas_at(lo), !cublas_at(hi)
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            (cublas_at(mid) ? lo : hi) = mid;
+        }
+        rows = lo;
+    }
+    if (rows == 0) return 0;
+    a.path = PF_ATTN_CUBLAS;
+    a.rows = rows;
+    a.pos0 = capacity - rows;
+    return attention_workspace_bytes(a, attention_rows_per_pass(a));
+}
+
+}  // namespace
+
+ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids) {
+    ChunkLayout L;
+    const int64_t T = rows;
+    const int64_t Hv = std::max<int64_t>(hp.ssm_hv, 1);
+    L.rows = T;
+    L.lm_rows = std::min<int64_t>(kLmRows, T);
+    L.d = hp.n_embd;
+    L.w_a = std::max({hp.q_proj_dim() + 2 * hp.kv_dim(), hp.conv_dim() + hp.value_dim() + 2 * Hv, 2 * hp.n_ff});
+    L.w_b = hp.conv_dim();
+    L.w_o = std::max(hp.n_head * hp.head_dim, hp.value_dim());
+    L.w_gate = Hv;
+    L.k16 = std::max({L.d, hp.n_ff, hp.n_head * hp.head_dim, hp.value_dim()});
+    L.max_items = max_items;
+    L.ids = ids;
+    if (hp.ssm_hv > 0 && gdn_chunk_supported(int32_t(hp.ssm_dk), int32_t(hp.ssm_dv)))
+        L.gdn_ws = gdn_chunk_workspace_bytes(T, int32_t(hp.ssm_hk), int32_t(hp.ssm_hv));
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+        const size_t off = at;
+        at += align256(bytes);
+        return off;
+    };
+    const size_t f = sizeof(float);
+    L.off_x = take(size_t(T * L.d) * f);
+    L.off_h = take(size_t(T * L.d) * f);
+    L.off_a = take(size_t(T * L.w_a) * f);
+    L.off_b = take(size_t(T * L.w_b) * f);
+    L.off_o = take(size_t(T * L.w_o) * f);
+    L.off_beta = take(size_t(T * L.w_gate) * f);
+    L.off_g = take(size_t(T * L.w_gate) * f);
+    L.off_h16 = take(size_t(T * L.k16) * sizeof(__half));
+    L.off_inv16 = take(size_t(T) * f);
+    L.off_gdn = take(L.gdn_ws);
+    L.row_bytes = at;  // everything above grows with the rows
+    L.off_logits = take(size_t(L.lm_rows) * size_t(hp.n_vocab) * f);
+    L.off_ids = take(size_t(ids) * sizeof(int32_t));
+    L.off_vals = take(size_t(1 + max_items) * sizeof(int64_t));
+    L.off_argmax = take(size_t(max_items) * sizeof(int32_t));
+    L.bytes = at;
+    return L;
+}
+
+pf_status auto_chunk(const Hparams &hp, int32_t cap, size_t state_bytes, int32_t *out) {
+    size_t free_b = 0, total_b = 0;
+    PF_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const size_t avail = free_b > state_bytes ? free_b - state_bytes : 0;
+    int32_t c = std::min(kAutoChunk, cap);
+    while (c > kMinAutoChunk && chunk_layout(hp, c, 1, 0).row_bytes > avail / kAutoChunkShare) c /= 2;
+    *out = c;
+    return PF_STATUS_OK;
+}
+
+Executor::~Executor() {
+    if (!ctx) return;
+    DeviceGuard dg(ctx->device);
+    (void)cudaStreamSynchronize(ctx->stream);
+    for (StepGraph &g : graphs)
+        for (cudaGraphExec_t x : g.segs) (void)cudaGraphExecDestroy(x);
+    gemm_plan.reset();
+    scratch_release(ctx, w32);
+    scratch_release(ctx, w16);
+    scratch_release(ctx, x16);
+    device_free(ctx, attn_ws, attn_ws_bytes);
+    device_free(ctx, ws, L.bytes);
+}
+
+void executor_destroy(Executor *e) { delete e; }
+
+pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows, int64_t kv_capacity,
+                          int64_t max_items, int64_t ids, Executor **out) {
+    *out = nullptr;
+    std::unique_ptr<Executor> e(new Executor());
+    e->model = m;
+    e->ctx = m->ctx;
+    e->plan = plan;
+    e->kv_capacity = kv_capacity;
+    e->L = chunk_layout(m->hp, rows, max_items, ids);
+    const ChunkLayout &L = e->L;
+    pf_context *ctx = m->ctx;
+    PF_TRY(device_alloc(ctx, L.bytes, &e->ws, "executor workspace"));
+    char *base = static_cast<char *>(e->ws);
+    e->x = reinterpret_cast<float *>(base + L.off_x);
+    e->h = reinterpret_cast<float *>(base + L.off_h);
+    e->a = reinterpret_cast<float *>(base + L.off_a);
+    e->b = reinterpret_cast<float *>(base + L.off_b);
+    e->o = reinterpret_cast<float *>(base + L.off_o);
+    e->beta = reinterpret_cast<float *>(base + L.off_beta);
+    e->g = reinterpret_cast<float *>(base + L.off_g);
+    e->h16 = reinterpret_cast<__half *>(base + L.off_h16);
+    e->inv16 = reinterpret_cast<float *>(base + L.off_inv16);
+    e->gdn_ws = L.gdn_ws ? base + L.off_gdn : nullptr;
+    e->logits = reinterpret_cast<float *>(base + L.off_logits);
+    e->ids = reinterpret_cast<int32_t *>(base + L.off_ids);
+    e->vals = reinterpret_cast<int64_t *>(base + L.off_vals);
+    e->argmax = reinterpret_cast<int32_t *>(base + L.off_argmax);
+    // The cuBLAS attention path's workspace (its size needs aligned cache pointers: the base is).
+    e->attn_ws_bytes = attention_ws_bytes(m, plan, rows, kv_capacity, e->ws, e->ws);
+    if (e->attn_ws_bytes) PF_TRY(device_alloc(ctx, e->attn_ws_bytes, &e->attn_ws, "attention workspace"));
+    // The projection scratch for the legs and caches of now: a step then allocates nothing (as long
+    // as the weights' caches stay as they are now; else the scratch grows on the call).
+    ProjScratchBytes need;
+    auto grow = [&](const pf_weight *w, int64_t r) {
+        const ProjScratchBytes b = project_scratch_bytes(w, r, plan.leg);
+        need.w32 = std::max(need.w32, b.w32);
+        need.w16 = std::max(need.w16, b.w16);
+        need.x16 = std::max(need.x16, b.x16);
+    };
+    for (const LayerWeights &Lw : m->layers)
+        for (pf_weight *w : {Lw.wq, Lw.wk, Lw.wv, Lw.wo, Lw.qkv, Lw.z, Lw.beta, Lw.alpha, Lw.ssm_out, Lw.gate, Lw.up,
+                             Lw.down})
+            if (w) grow(w, rows);
+    grow(m->output, L.lm_rows);
+    PF_TRY(scratch_reserve(ctx, e->w32, need.w32, "project (f32 leg): weight scratch"));
+    PF_TRY(scratch_reserve(ctx, e->w16, need.w16, "project (f16 streaming leg): weight scratch"));
+    PF_TRY(scratch_reserve(ctx, e->x16, need.x16, "project (f16 leg): activation scratch"));
+    // The f16 leg's GEMM algorithms for the step's projection shapes (times the shapes the process
+    // has not chosen for yet, on the workspace; synchronizes).
+    if (plan.gemm_lt != kGemmLtOff) PF_TRY(plan_gemms(e.get()));
+    *out = e.release();
+    return PF_STATUS_OK;
+}
+
+pf_status executor_upload_ids(Executor *e, const int32_t *tokens, int64_t n, int64_t off) {
+    PF_CHECK_ARG(off >= 0 && n >= 0 && off + n <= e->L.ids, "executor: %lld ids at %lld exceed its %lld",
+                 (long long)n, (long long)off, (long long)e->L.ids);
+    PF_CUDA_TRY(cudaMemcpyAsync(e->ids + off, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, e->ctx->stream));
+    return PF_STATUS_OK;
+}
+
+void executor_begin(Executor *e) {
+    bool cached = true;
+    for (const pf_weight *w : e->model->weights)
+        if (!w->f16) cached = false;
+    e->cached = cached;
+    // The act16 route: on, every matrix cached (project_f16_rows needs an fp16 copy; AUTO without
+    // one would be the f32 leg), the leg f16 or auto.
+    e->act16 = e->plan.f16_producers && cached && (e->plan.leg == PF_GEMM_F16 || e->plan.leg == PF_GEMM_AUTO);
+}
+
+}  // namespace pf

@@ -1,0 +1,512 @@
+// forward.cu — the layer loop of one step (spec §1.3 for qwen3, §3 for qwen35) over the rows of
+// one or many sequences, and its CUDA graphs. The projections, norms, gates and FFN run once over
+// all rows of the step; what reads or writes a sequence's state (the q/k RoPE and the KV-cache
+// write, attention, the GDN conv window and the delta rule) runs per item, on the item's rows and
+// state.
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+
+#include "attention.cuh"
+#include "cuda_check.cuh"
+#include "dequant.cuh"
+#include "executor.h"
+#include "f16_rows.cuh"
+#include "gdn.cuh"
+#include "gemm.cuh"
+#include "gemm_lt.cuh"
+#include "qk_rope.cuh"
+#include "rows.cuh"
+#include "session.h"
+
+namespace pf {
+namespace {
+
+constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec §0, G5)
+
+// Runs a step's launches in order, as steps of two kinds: graphed (launches that depend on the
+// step's shape only: the positions and the ids offset are read from device memory) and eager
+// (attention on the cuBLAS path, whose launches and AUTO choice depend on the position). Modes:
+//  - Eager: every step runs.
+//  - Capture: consecutive graphed steps are captured into one segment (it ends at the next eager
+//    step or at close); eager steps are skipped. Nothing runs on the device.
+//  - Replay: each segment's graph is launched where its first step stands; eager steps run.
+// So Capture then Replay launches exactly what Eager launches, in the same order.
+class Runner {
+  public:
+    enum Mode { Eager, Capture, Replay };
+    Runner(cudaStream_t st, Mode mode, std::vector<cudaGraphExec_t> *segs) : st_(st), mode_(mode), segs_(segs) {}
+    Runner(const Runner &) = delete;
+    Runner &operator=(const Runner &) = delete;
+    ~Runner() { abort(); }
+
+    template <class F>
+    pf_status graphed(F &&fn) {
+        if (mode_ == Eager) return fn();
+        if (mode_ == Replay) {
+            if (open_) return PF_STATUS_OK;  // the segment's graph holds this step
+            PF_CHECK_ARG(next_ < segs_->size(), "step graph: replay past the %zu captured segments", segs_->size());
+            PF_CUDA_TRY(cudaGraphLaunch((*segs_)[next_++], st_));
+            open_ = true;
+            return PF_STATUS_OK;
+        }
+        if (!open_) {
+            PF_CUDA_TRY(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal));
+            open_ = true;
+        }
+        return fn();
+    }
+
+    template <class F>
+    pf_status eager(F &&fn) {
+        PF_TRY(close());
+        return mode_ == Capture ? PF_STATUS_OK : fn();
+    }
+
+    // Ends the open segment (Capture: instantiates it).
+    pf_status close() {
+        if (!open_) return PF_STATUS_OK;
+        open_ = false;
+        if (mode_ != Capture) return PF_STATUS_OK;
+        cudaGraph_t g = nullptr;
+        PF_CUDA_TRY(cudaStreamEndCapture(st_, &g));
+        cudaGraphExec_t x = nullptr;
+        const cudaError_t err = cudaGraphInstantiate(&x, g, 0);
+        (void)cudaGraphDestroy(g);
+        if (err != cudaSuccess) return cuda_fail(err, __FILE__, __LINE__, "step graph: cudaGraphInstantiate");
+        segs_->push_back(x);
+        return PF_STATUS_OK;
+    }
+
+    // After a failure while capturing: leaves capture mode and clears the (non-sticky) error.
+    void abort() {
+        if (open_ && mode_ == Capture) {
+            cudaGraph_t g = nullptr;
+            (void)cudaStreamEndCapture(st_, &g);
+            if (g) (void)cudaGraphDestroy(g);
+            (void)cudaGetLastError();
+        }
+        open_ = false;
+    }
+
+  private:
+    cudaStream_t st_;
+    Mode mode_;
+    std::vector<cudaGraphExec_t> *segs_;
+    size_t next_ = 0;
+    bool open_ = false;
+};
+
+ProjEnv proj(Executor *e) {
+    ProjEnv p;
+    p.ctx = e->ctx;
+    p.plan = e->gemm_plan.get();
+    p.w32 = &e->w32;
+    p.w16 = &e->w16;
+    p.x16 = &e->x16;
+    return p;
+}
+
+// The f16 leg's input form of [rows][cols] in the fp16 scratch (f16_rows.cuh); `acc` (optional,
+// [rows][n_embd]) is the residual stream the projection will accumulate into.
+F16Out f16_out(const Executor *e, int64_t cols, float *acc = nullptr) {
+    F16Out o;
+    o.x16 = e->h16;
+    o.ld16 = cols;  // the GEMM reads rows of k = cols
+    o.inv = e->inv16;
+    if (acc) {
+        o.acc = acc;
+        o.ld_acc = o.n_acc = e->model->hp.n_embd;
+    }
+    o.form = e->plan.rows;
+    return o;
+}
+
+// The normed input of the projections (RMSNorm of x's rows): fp16 in h16 on the act16 route,
+// fp32 in h otherwise.
+pf_status norm_input(Executor *e, const float *x, const float *w, int64_t rows) {
+    const Hparams &hp = e->model->hp;
+    const int64_t d = hp.n_embd;
+    if (e->act16) return rms_norm_rows_f16(CMatF{x, d}, w, f16_out(e, d), rows, d, float(hp.eps), e->ctx->stream);
+    return rms_norm_rows(CMatF{x, d}, w, MatF{e->h, d}, rows, d, float(hp.eps), e->ctx->stream);
+}
+
+// y (+)= input . W^T for the input norm_input or a producer left: project_f16_rows on the
+// act16 route, project() on fp32 `x` otherwise.
+pf_status project_in(Executor *e, pf_weight *w, CMatF x, int64_t rows, MatF y, bool accumulate) {
+    if (e->act16) return project_f16_rows(proj(e), w, e->h16, e->inv16, rows, y, accumulate);
+    return project(proj(e), w, x, y, rows, accumulate, e->plan.leg);
+}
+
+// Projects e->h through weights that share it as input into column slices of one [T][ldy]
+// output (out[i] = the first column of part i's slice). One GEMM through the fused fp16 block
+// when the parts run the f16 leg and were prewarmed as a group (model_f16_groups), else one
+// projection per part: the same values within the f16 leg's tolerance, the same layout.
+pf_status project_group(Executor *e, std::initializer_list<pf_weight *> parts, std::initializer_list<float *> out,
+                        int64_t T, int64_t ldy) {
+    const CMatF h{e->h, e->model->hp.n_embd};
+    pf_weight view;
+    if (e->plan.fuse_groups && fused_f16_view(parts.begin(), int32_t(parts.size()), e->plan.leg, &view))
+        return project_in(e, &view, h, T, MatF{*out.begin(), ldy}, false);
+    float *const *y = out.begin();
+    for (pf_weight *w : parts) PF_TRY(project_in(e, w, h, T, MatF{*y++, ldy}, false));
+    return PF_STATUS_OK;
+}
+
+// Item i's position on the device (Executor::vals: [ids offset, pos_0, pos_1, ...]).
+const int64_t *pos_dev(const Executor *e, size_t i) { return e->vals + 1 + i; }
+
+// attention's arguments for item `it` (index i) in the index-th attention layer: q in the
+// side-by-side scratch e->a (see attn_layer), o in e->o, at the item's rows; the host position.
+attention_args attn_args(const Executor *e, const StepItem &it, int32_t index) {
+    const Hparams &hp = e->model->hp;
+    const int64_t D = hp.head_dim, H = hp.n_head;
+    const bool gated = hp.arch == PF_ARCH_QWEN35;
+    attention_args a;
+    a.ldq = hp.q_proj_dim() + 2 * hp.kv_dim();
+    a.q = e->a + it.row0 * a.ldq;
+    a.q_head_stride = gated ? 2 * D : D;
+    a.k_cache = it.seq->k_cache[size_t(index)];
+    a.v_cache = it.seq->v_cache[size_t(index)];
+    a.kv_dtype = it.seq->kv_dtype;
+    a.ldo = H * D;
+    a.o = e->o + it.row0 * a.ldo;
+    a.n_heads = int32_t(H);
+    a.n_kv_heads = int32_t(hp.n_head_kv);
+    a.head_dim = int32_t(D);
+    a.rows = it.rows;
+    a.pos0 = it.pos;
+    a.scale = float(1.0 / std::sqrt(double(D)));
+    a.path = e->plan.attn_path;
+    a.kernel = e->plan.attn_kernel;
+    a.workspace = e->attn_ws;  // the cuBLAS path's scratch (null when only flash runs)
+    a.workspace_bytes = e->attn_ws_bytes;
+    return a;
+}
+
+// Whether a step runs attention inside its graph: every attention layer of every item resolves
+// to the flash path (the kernels then take the position from device memory; a cuBLAS layer's
+// launches depend on it). A function of the items' rows and positions only: part of the graph's
+// key, so a replay runs the structure that was captured.
+bool attn_graphable(const Executor *e, const std::vector<StepItem> &items) {
+    for (const StepItem &it : items)
+        for (int32_t i = 0; i < e->model->n_attn_layers; i++)
+            if (attention_resolved_path(attn_args(e, it, i)) != PF_ATTN_FLASH) return false;
+    return true;
+}
+
+// Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
+pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<StepItem> &items, int64_t T, Runner &R) {
+    pf_context *ctx = e->ctx;
+    const Hparams &hp = e->model->hp;
+    cudaStream_t st = ctx->stream;
+    const int64_t D = hp.head_dim, H = hp.n_head, kvd = hp.kv_dim(), qd = hp.q_proj_dim();
+    const bool gated = hp.arch == PF_ARCH_QWEN35;
+    const int64_t q_head_stride = gated ? 2 * D : D;
+    // q | k | v side by side in one [T][W] scratch: one fused GEMM on the f16 leg, three
+    // projections into the column slices otherwise (the same layout downstream).
+    const int64_t W = qd + 2 * kvd;
+    float *q = e->a, *k = e->a + qd, *v = e->a + qd + kvd, *o = e->o;
+    const float eps = float(hp.eps);
+    const bool fused_rope = e->plan.fuse_qk_rope && qk_norm_rope_kv_supported(int32_t(D), int32_t(hp.rope_dim));
+    PF_TRY(R.graphed([&]() -> pf_status {
+        PF_TRY(project_group(e, {Lw.wq, Lw.wk, Lw.wv}, {q, k, v}, T, W));
+        for (size_t i = 0; i < items.size(); ++i) {
+            const StepItem &it = items[i];
+            const KvCache cache{it.seq->k_cache[size_t(Lw.attn_index)], it.seq->v_cache[size_t(Lw.attn_index)],
+                                it.seq->kv_dtype};
+            float *qi = q + it.row0 * W, *ki = k + it.row0 * W;
+            const float *vi = v + it.row0 * W;
+            if (fused_rope) {  // the five launches below in one, bitwise the same (qk_rope.cu)
+                QkRopeKvArgs a;
+                a.q = qi;
+                a.ldq = W;
+                a.q_head_stride = q_head_stride;
+                a.k = ki;
+                a.ldk = W;
+                a.v = vi;
+                a.ldv = W;
+                a.rows = it.rows;
+                a.n_heads = int32_t(H);
+                a.n_kv_heads = int32_t(hp.n_head_kv);
+                a.head_dim = int32_t(D);
+                a.rot_dim = int32_t(hp.rope_dim);
+                a.rope_base = float(hp.rope_base);
+                a.q_norm = Lw.q_norm;
+                a.k_norm = Lw.k_norm;
+                a.eps = eps;
+                a.pos0_dev = pos_dev(e, i);
+                a.k_cache = cache.k;
+                a.v_cache = cache.v;
+                a.kv_dtype = cache.dtype;
+                a.regs = e->plan.rows.regs;
+                PF_TRY(qk_norm_rope_kv_at(a, st));
+                continue;
+            }
+            const HeadLayout qh{int32_t(H), q_head_stride, int32_t(D)}, kh{int32_t(hp.n_head_kv), D, int32_t(D)};
+            PF_TRY(head_rms_norm_rows(MatF{qi, W}, it.rows, qh, Lw.q_norm, eps, st));
+            PF_TRY(head_rms_norm_rows(MatF{ki, W}, it.rows, kh, Lw.k_norm, eps, st));
+            // RoPE reads the item's position from device memory: the same launch at any position
+            PF_TRY(rope_neox_rows_at(MatF{qi, W}, it.rows, qh, int32_t(hp.rope_dim), pos_dev(e, i),
+                                     float(hp.rope_base), st));
+            PF_TRY(rope_neox_rows_at(MatF{ki, W}, it.rows, kh, int32_t(hp.rope_dim), pos_dev(e, i),
+                                     float(hp.rope_base), st));
+            PF_TRY(kv_write_at(CMatF{ki, W}, CMatF{vi, W}, it.rows, kvd, cache, pos_dev(e, i), st));
+        }
+        return PF_STATUS_OK;
+    }));
+    for (size_t i = 0; i < items.size(); ++i) {
+        attention_args a = attn_args(e, items[i], Lw.attn_index);
+        if (e->attn_in_graph) {
+            // The flash kernels with the position on the device: the same launch at any position
+            // (grid over query tiles x heads, the key loop bounded in the kernel, the wgmma maps
+            // over the whole capacity), so it joins the graph segment.
+            a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this step
+            a.pos0_dev = pos_dev(e, i);
+            a.kv_capacity = items[i].seq->max_tokens;
+            PF_TRY(R.graphed([&] { return attention(ctx, a); }));
+        } else {
+            // The cuBLAS path's launches (and AUTO's choice) depend on the position: run eagerly
+            // between the graph segments.
+            PF_TRY(R.eager([&] { return attention(ctx, a); }));
+        }
+    }
+    // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row; on the act16 route
+    // the gate writes wo's input form (and pre-scales x's rows where a row needs it)
+    return R.graphed([&]() -> pf_status {
+        const HeadLayout gh{int32_t(H), 2 * D, int32_t(D)};
+        if (gated && e->act16) {
+            PF_TRY(sigmoid_gate_rows_f16(CMatF{o, H * D}, CMatF{q + D, W}, gh, f16_out(e, H * D, e->x), T, st));
+            return project_f16_rows(proj(e), Lw.wo, e->h16, e->inv16, T, MatF{e->x, hp.n_embd}, true);
+        }
+        if (gated) PF_TRY(sigmoid_gate_rows(MatF{o, H * D}, CMatF{q + D, W}, gh, T, st));
+        // qwen3: fp32 o, cast there
+        return project(proj(e), Lw.wo, CMatF{o, H * D}, MatF{e->x, hp.n_embd}, T, true, e->plan.leg);
+    });
+}
+
+// Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
+pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::vector<StepItem> &items, int64_t T) {
+    pf_context *ctx = e->ctx;
+    const Hparams &hp = e->model->hp;
+    cudaStream_t st = ctx->stream;
+    const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), kd = hp.key_dim(), Hv = hp.ssm_hv;
+    // qkv | z | b | a side by side in one [T][W] scratch (see attn_layer).
+    const int64_t W = cd + vd + 2 * Hv;
+    float *m = e->a, *z = e->a + cd, *bl = e->a + cd + vd, *al = e->a + cd + vd + Hv;
+    float *u = e->b, *o = e->o;
+    PF_TRY(project_group(e, {Lw.qkv, Lw.z, Lw.beta, Lw.alpha}, {m, z, bl, al}, T, W));
+    const float eps = float(hp.eps);
+    const int32_t Hk = int32_t(hp.ssm_hk), dk = int32_t(hp.ssm_dk), dv = int32_t(hp.ssm_dv);
+    // G2 gates (row-local: every row of the step at once)
+    GdnGatesArgs ga;
+    ga.b = CMatF{bl, W};
+    ga.alpha = CMatF{al, W};
+    ga.ssm_a = Lw.ssm_a;
+    ga.dt_bias = Lw.dt_bias;
+    ga.beta = MatF{e->beta, Hv};
+    ga.g = MatF{e->g, Hv};
+    ga.rows = T;
+    ga.n_v_heads = int32_t(Hv);
+    PF_TRY(gdn_gates_rows(ga, st));
+    const int32_t kc = int32_t(hp.conv_kernel);
+    const float q_scale = float(1.0 / std::sqrt(double(dk)));
+    // The delta rule's path: chunked (tensor cores) on the fast legs from kGdnChunkMinRows rows,
+    // sequential on the exact f32 leg, for decode and for short chunks (gdn_scan_choose).
+    int32_t run = PF_GEMM_F32;
+    PF_TRY(resolve_gemm_leg(Lw.qkv, e->plan.leg, &run));
+    for (const StepItem &it : items) {
+        float *window = it.seq->conv[size_t(il)], *state = it.seq->ssm[size_t(il)];
+        const CMatF mi{m + it.row0 * W, W};
+        const MatF ui{u + it.row0 * cd, cd};
+        // G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
+        if (e->plan.fuse_conv_norm && gdn_conv1d_l2norm_supported(dk, kc)) {  // the three below in one, bitwise
+            GdnConvNormArgs ca;
+            ca.m = mi;
+            ca.window = window;
+            ca.weight = Lw.conv_w;
+            ca.u = ui;
+            ca.rows = it.rows;
+            ca.conv_dim = cd;
+            ca.kc = kc;
+            ca.n_k_heads = Hk;
+            ca.dk = dk;
+            ca.eps = kL2NormEps;
+            ca.q_scale = q_scale;
+            PF_TRY(gdn_conv1d_l2norm_rows(ca, st));
+        } else {
+            PF_TRY(gdn_conv1d_rows(mi, window, Lw.conv_w, ui, it.rows, cd, kc, st));
+            PF_TRY(gdn_l2norm_rows(ui, it.rows, Hk, dk, dk, kL2NormEps, q_scale, st));
+            PF_TRY(gdn_l2norm_rows(ui.cols_from(kd), it.rows, Hk, dk, dk, kL2NormEps, 1.0f, st));
+        }
+        // G6-G7 delta rule (tiled pairing)
+        GdnScanArgs sa;
+        sa.q = CMatF(ui);
+        sa.k = CMatF(ui.cols_from(kd));
+        sa.v = CMatF(ui.cols_from(2 * kd));
+        sa.beta = CMatF{e->beta + it.row0 * Hv, Hv};
+        sa.g = CMatF{e->g + it.row0 * Hv, Hv};
+        sa.state = state;
+        sa.o = MatF{o + it.row0 * vd, vd};
+        sa.rows = it.rows;
+        sa.n_k_heads = Hk;
+        sa.n_v_heads = int32_t(Hv);
+        sa.dk = dk;
+        sa.dv = dv;
+        const int32_t path =
+            gdn_scan_choose(PF_GDN_SCAN_AUTO, e->plan.gdn_scan, run == PF_GEMM_F32, it.rows, dk, dv);
+        if (path == PF_GDN_SCAN_CHUNKED && e->gdn_ws != nullptr)
+            PF_TRY(gdn_chunk_scan_rows(sa, e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
+        else
+            PF_TRY(gdn_scan_rows(sa, st));
+    }
+    // G8 gated RMSNorm in place on o (row-local), G9 out-projection into the residual stream
+    GdnGatedNormArgs na;
+    na.o = CMatF{o, vd};
+    na.z = CMatF{z, W};
+    na.w = Lw.ssm_norm;
+    na.rows = T;
+    na.n_v_heads = int32_t(Hv);
+    na.dv = dv;
+    na.eps = eps;
+    if (e->act16) {
+        PF_TRY(gdn_gated_rms_norm_rows_f16(na, f16_out(e, vd, e->x), st));
+        return project_f16_rows(proj(e), Lw.ssm_out, e->h16, e->inv16, T, MatF{e->x, hp.n_embd}, true);
+    }
+    PF_TRY(gdn_gated_rms_norm_rows(na, MatF{o, vd}, st));
+    return project(proj(e), Lw.ssm_out, CMatF{o, vd}, MatF{e->x, hp.n_embd}, T, true, e->plan.leg);
+}
+
+// FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T, h2 = RMSNorm(x).
+pf_status ffn(Executor *e, const LayerWeights &Lw, int64_t T) {
+    const Hparams &hp = e->model->hp;
+    const int64_t d = hp.n_embd, ff = hp.n_ff, W = 2 * ff;
+    PF_TRY(norm_input(e, e->x, Lw.post_norm, T));
+    // gate | up side by side ([T][2 n_ff]); SwiGLU writes over the gate half.
+    PF_TRY(project_group(e, {Lw.gate, Lw.up}, {e->a, e->a + ff}, T, W));
+    if (e->act16)  // SwiGLU writes down's input form (and pre-scales x's rows if need be)
+        PF_TRY(swiglu_rows_f16(CMatF{e->a, W}, CMatF{e->a + ff, W}, f16_out(e, ff, e->x), T, ff, e->ctx->stream));
+    else
+        PF_TRY(swiglu_rows(CMatF{e->a, W}, CMatF{e->a + ff, W}, MatF{e->a, W}, T, ff, e->ctx->stream));
+    return project_in(e, Lw.down, CMatF{e->a, W}, T, MatF{e->x, d}, true);
+}
+
+// One step of T rows (the items'), its launches through R; e->attn_in_graph set for this step.
+pf_status run_step(Executor *e, const std::vector<StepItem> &items, int64_t T, Runner &R) {
+    const pf_model *m = e->model;
+    const Hparams &hp = m->hp;
+    const int64_t d = hp.n_embd;
+    // The step's ids at e->ids + *vals[0]: the same launch for any step of this shape
+    PF_TRY(R.graphed([&] {
+        return embed_rows_at(QMatrix{m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d}, e->ids, e->vals, T,
+                             MatF{e->x, d}, e->ctx->stream);
+    }));
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+        const LayerWeights &Lw = m->layers[size_t(il)];
+        PF_TRY(R.graphed([&] { return norm_input(e, e->x, Lw.attn_norm, T); }));
+        if (Lw.attn) PF_TRY(attn_layer(e, Lw, items, T, R));
+        else PF_TRY(R.graphed([&] { return gdn_layer(e, Lw, il, items, T); }));
+        PF_TRY(R.graphed([&] { return ffn(e, Lw, T); }));
+    }
+    return R.close();
+}
+
+// ---------------------------------------------------------------------------- graphs
+
+constexpr size_t kMaxGraphs = 8;   // step shapes with graphs per executor (then eager)
+constexpr size_t kSeenShapes = 16; // recent step shapes remembered (capture on the 2nd sighting)
+
+void destroy_graph(StepGraph &g) {
+    for (cudaGraphExec_t x : g.segs) (void)cudaGraphExecDestroy(x);
+    g.segs.clear();
+}
+
+// The graphs for a step of this shape now, or nullptr (run eagerly): a shape is captured when it
+// comes back (among the last kSeenShapes shapes), so that one-off tails do not pay a capture, and
+// only while the executor holds fewer than kMaxGraphs (the full chunk and the decode step, the
+// shapes that recur, come first in practice; no eviction, so no churn). A graph whose key no
+// longer holds (the act16 route or the caches changed, the projection scratch moved) is dropped
+// and captured anew. A shape may hold two graphs, one with attention inside and one in segments
+// (AUTO's cuBLAS chunks deep into the cache): a decode that crosses that line, then a new prompt
+// after a reset, replays both without recapture.
+StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T) {
+    if (!e->plan.graphs || e->graph_off) return nullptr;
+    StepGraph key;
+    key.rows = T;
+    for (const StepItem &it : items) key.items.emplace_back(it.seq, it.rows);
+    key.attn = e->attn_in_graph;
+    key.act16 = e->act16;
+    key.cached = e->cached;
+    key.scratch[0] = e->w32.ptr;
+    key.scratch[1] = e->w16.ptr;
+    key.scratch[2] = e->x16.ptr;
+    auto same = [&](const StepGraph &g) {
+        return g.act16 == key.act16 && g.cached == key.cached && std::equal(g.scratch, g.scratch + 3, key.scratch);
+    };
+    for (size_t i = 0; i < e->graphs.size(); ++i) {
+        StepGraph &g = e->graphs[i];
+        if (g.rows != T || g.attn != key.attn || g.items != key.items) continue;
+        if (same(g)) return &g;
+        destroy_graph(g);
+        e->graphs.erase(e->graphs.begin() + std::ptrdiff_t(i));
+        break;
+    }
+    if (std::find(e->seen.begin(), e->seen.end(), key.items) == e->seen.end()) {
+        if (e->seen.size() == kSeenShapes) e->seen.erase(e->seen.begin());
+        e->seen.push_back(key.items);
+        return nullptr;
+    }
+    if (e->graphs.size() == kMaxGraphs) return nullptr;  // full: no churn of captures
+    e->graphs.push_back(key);
+    return &e->graphs.back();
+}
+
+}  // namespace
+
+// One step: eagerly, or through its graphs (captured first when new). A failed capture (an
+// operation the stream capture refuses) has run nothing: the step then runs eagerly, and so does
+// the executor from then on.
+pf_status executor_step(Executor *e, const std::vector<StepItem> &items, int64_t ids_off) {
+    cudaStream_t st = e->ctx->stream;
+    int64_t T = 0;
+    for (const StepItem &it : items) {
+        PF_CHECK_ARG(it.row0 == T && it.rows >= 1, "executor_step: item rows out of order");
+        T += it.rows;
+    }
+    PF_CHECK_ARG(T >= 1 && T <= e->L.rows && int64_t(items.size()) <= e->L.max_items,
+                 "executor_step: %lld rows, %zu items (at most %lld and %lld)", (long long)T, items.size(),
+                 (long long)e->L.rows, (long long)e->L.max_items);
+    // The ids offset and each item's position, in stream order (kernel arguments: no host staging).
+    std::vector<int64_t> v(1 + items.size());
+    v[0] = ids_off;
+    for (size_t i = 0; i < items.size(); ++i) v[1 + i] = items[i].pos;
+    PF_TRY(store_i64s(e->vals, v.data(), int64_t(v.size()), st));
+    e->attn_in_graph = attn_graphable(e, items);  // before step_graph: part of the key
+    StepGraph *g = step_graph(e, items, T);
+    if (g && g->segs.empty()) {
+        pf_status r;
+        {
+            Runner cap(st, Runner::Capture, &g->segs);
+            r = run_step(e, items, T, cap);
+        }  // ~Runner ends a capture left open
+        if (r != PF_STATUS_OK) {
+            (void)cudaGetLastError();
+            destroy_graph(*g);
+            e->graphs.pop_back();  // the entry step_graph just added
+            e->graph_off = true;
+            g = nullptr;
+        }
+    }
+    Runner run(st, g ? Runner::Replay : Runner::Eager, g ? &g->segs : nullptr);
+    return run_step(e, items, T, run);
+}
+
+pf_status executor_lm_head(Executor *e, int64_t r0, int64_t n) {
+    const pf_model *m = e->model;
+    const Hparams &hp = m->hp;
+    const int64_t d = hp.n_embd;
+    PF_TRY(norm_input(e, e->x + r0 * d, m->output_norm, n));
+    return project_in(e, m->output, CMatF{e->h, d}, n, MatF{e->logits, hp.n_vocab}, false);
+}
+
+}  // namespace pf

@@ -1,0 +1,124 @@
+// plan.h — every choice the engine makes, in one place, resolved once:
+//  - the deployment knobs of the environment (PREFILL_GEMM, PREFILL_GRAPH, PREFILL_GEMM_LT,
+//    PREFILL_LOG), parsed by one function with one vocabulary, once per process;
+//  - the tuning fields of the API (pf_tuning: a session's over its model's over its context's);
+//  - the execution plan of a session (ExecPlan), built from both, the session's options and the
+//    device when the session is created, and read by the layer loop and the launchers below it.
+// Nothing below this file reads the environment. Host-only (no CUDA types): the GGUF fuzz target
+// and the CPU tests compile it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "prefill.h"
+
+namespace pf {
+
+// ------------------------------------------------------------------ environment
+
+enum LogTopic : uint32_t {
+    kLogGemm = 1u,  // each per-shape f16-leg GEMM choice the process makes (gemm_lt.cu)
+    kLogPlan = 2u,  // each session's resolved execution plan (session.cu)
+};
+
+struct EnvKnobs {
+    int32_t gemm_leg = PF_GEMM_AUTO;  // PREFILL_GEMM = f16 | f32 | auto: the process default leg
+    bool graphs = true;               // PREFILL_GRAPH = 0 turns every session's CUDA graphs off
+    bool gemm_lt = true;              // PREFILL_GEMM_LT = 0: cublasGemmEx everywhere (no timing)
+    uint32_t log = 0;                 // PREFILL_LOG = gemm,plan | all: LogTopic bits
+};
+
+// The knobs, parsed at the first call (thread-safe, once per process). Booleans take 1/0, on/off,
+// true/false, yes/no (any case); an empty variable is unset. A bad value prints one warning line
+// on stderr naming the variable and keeps the default.
+const EnvKnobs &env_knobs();
+bool log_enabled(LogTopic topic);
+
+// One value of the vocabulary, for the tests of the parser: 1 on, 0 off, -1 not a boolean.
+int parse_bool(const char *v);
+
+// ------------------------------------------------------------------ tuning
+
+// `top`'s non-zero fields over `base`'s.
+pf_tuning tuning_over(const pf_tuning &top, const pf_tuning &base);
+// Every field in its range: INVALID_ARGUMENT naming `fn` and the field otherwise.
+pf_status tuning_check(const pf_tuning &t, const char *fn);
+// ON / OFF of a pf_switch field, `dflt` for PF_SWITCH_DEFAULT.
+inline bool switch_on(int32_t v, bool dflt) { return v == PF_SWITCH_DEFAULT ? dflt : v == PF_SWITCH_ON; }
+
+// ------------------------------------------------------------------ kernel-level choices
+
+// How the f16 producers (f16_rows.cuh) and the fused q/k RoPE hold a row: in registers where the
+// width allows (regs), else staged in shared memory where it fits (stage), else recomputed. Every
+// form gives the same bits.
+struct RowForm {
+    bool regs = true;
+    bool stage = true;
+};
+RowForm row_form(const pf_tuning &t);
+
+// The chunked delta rule's launch choices (gdn_chunk.cu). Rows per pass and the default sub-pass:
+constexpr int64_t kGdnPassRows = 8192;
+constexpr int64_t kGdnSubpassRows = 2048;
+enum class GdnStateKernel { Auto, Warp, Warpgroup };
+struct GdnChunkPlan {
+    GdnStateKernel state = GdnStateKernel::Auto;  // Auto: warpgroup where it runs and v is aligned
+    int64_t subpass_rows = kGdnSubpassRows;        // chained sub-passes of this many rows; 0: one pass
+    bool pdl = true;                               // programmatic dependence (compute capability >= 9)
+};
+GdnChunkPlan gdn_chunk_plan(const pf_tuning &t);
+
+// Rows from which the chunked delta rule runs (the sessions on the fast legs, PF_GDN_SCAN_AUTO).
+// Measured (H200, 16/32 heads): chunked 0.087 ms against sequential 0.203 at 512 rows and 0.185
+// against 0.798 at 2048 (NOTES.md, archive 2026-11-30); below 512 not measured, so one 64-row chunk.
+constexpr int64_t kGdnChunkMinRows = 64;
+// The delta-rule path (PF_GDN_SCAN_SEQUENTIAL or _CHUNKED) for `rows` rows: `path` as asked
+// (AUTO: `tuned`, the tuning's gdn_scan, first), chunked only where supported (dk = dv = 128) and,
+// under AUTO, from kGdnChunkMinRows rows on a fast leg (exact = the f32 leg: sequential). The one
+// rule behind the sessions, pf_gdn_scan and pf_gdn_scan_plan.
+int32_t gdn_scan_choose(int32_t path, int32_t tuned, bool exact, int64_t rows, int32_t dk, int32_t dv);
+
+// The prewarm's allocation pieces (gemm.cu): the first piece's target bytes (0: one allocation)
+// and a piece whose allocation fails (testing; -1: none).
+struct PrewarmPlan {
+    size_t first_piece_bytes = size_t(256) << 20;
+    int fail_piece = -1;
+};
+PrewarmPlan prewarm_plan(const pf_tuning &t);
+
+// The f16 leg's per-shape GEMM choice (gemm_lt.cuh).
+enum GemmLtMode { kGemmLtOff = 0, kGemmLtOn = 1, kGemmLtForce = 2 };
+GemmLtMode gemm_lt_mode(const pf_tuning &t);
+
+// ------------------------------------------------------------------ the execution plan
+
+// What a session runs: every choice of the layer loop and its launchers, fixed at creation.
+struct ExecPlan {
+    int32_t leg = PF_GEMM_AUTO;  // the session's leg, resolved: PF_GEMM_AUTO, _F32 or _F16
+    GemmLtMode gemm_lt = kGemmLtOn;
+    bool fuse_groups = true;     // one GEMM per prewarmed group of projections sharing an input
+    bool f16_producers = true;   // the act16 route where every matrix has its fp16 copy
+    bool fuse_qk_rope = true;    // where qk_norm_rope_kv_supported
+    bool fuse_conv_norm = true;  // where gdn_conv1d_l2norm_supported
+    bool graphs = true;          // CUDA graphs (the option and PREFILL_GRAPH)
+    RowForm rows;
+    int32_t gdn_scan = PF_GDN_SCAN_AUTO;  // a session chunk's delta-rule path (gdn_scan_choose)
+    GdnChunkPlan gdn;
+    int32_t attn_path = PF_ATTN_AUTO;     // pf_attn_path
+    int32_t attn_kernel = PF_ATTN_KERNEL_AUTO;  // resolved by attention_resolved_kernel per call
+    int32_t kv_dtype = PF_KV_F16;
+};
+
+// The plan of a session with `leg` (PF_GEMM_DEFAULT = the process default), `tuning` (already
+// merged over the model's and the context's) and its options' attention path, KV dtype and graphs.
+ExecPlan exec_plan(int32_t leg, const pf_tuning &tuning, int32_t attn_path, int32_t kv_dtype,
+                   bool graphs);
+// One line describing the plan (PREFILL_LOG=plan).
+void exec_plan_describe(const ExecPlan &p, char *buf, size_t size);
+
+// The process default leg: the pf_gemm_set_default_leg override, else PREFILL_GEMM.
+int32_t gemm_default_leg();
+pf_status set_gemm_default_leg(int32_t leg);
+
+}  // namespace pf
