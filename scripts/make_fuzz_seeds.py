@@ -7,6 +7,8 @@ the same with every integer key 64 bits wide (u64 / i64) and floats as f64, plus
 metadata and tensor-info prefix of each test fixture (tests/data/*.mix.gguf: real
 tokenizer arrays; the tensor data cut off, so those seeds are truncated files).
 state/: a saved state of each layout of tests/fuzz/fuzz_state.cpp at a few positions.
+batch/: batches of tests/fuzz/fuzz_batch.cpp's byte encoding (valid ones: ragged lengths,
+snapshot cuts, a decode item; and one per rejection class).
 
     python scripts/make_fuzz_seeds.py          (deterministic; rewrites the corpus)
 """
@@ -95,6 +97,47 @@ def state_seed(fingerprint: int, kv_dtype: int, n_attn: int, n_gdn: int, kv_dim:
     return head + rng.integers(0, 256, size=body, dtype=np.uint8).tobytes()
 
 
+def batch_seed(items, *, kv=0, vocab=64, max_items=8, max_tokens=600, max_context=0, step=128,
+               n=None, step_items=4) -> bytes:
+    """One input of fuzz_batch.cpp's decoder: the limits, then each item (session index, model,
+    KV flip, broken, capacity, position, tokens, mode, buffer, snapshot cut)."""
+    u16 = lambda v: bytes((v & 255, v >> 8))
+    out = bytes((kv, vocab - 1, max_items - 1)) + u16(max_tokens - 1)
+    out += bytes((1,)) if max_context == 0 else bytes((0,)) + u16(max_context - 1)
+    out += u16(step - 1) + bytes(((len(items) if n is None else n) + 1,))
+    for it in items:
+        flags = it.get("session", 0) | (0x40 if it.get("other_model") else 0) | \
+            (0x10 if it.get("kv_flip") else 0) | (0x08 if it.get("broken") else 0)
+        out += bytes((flags,)) + (bytes((1,)) if it.get("broken") else b"")
+        out += u16(it.get("capacity", 700) - 1) + u16(it.get("pos", 0))
+        toks = it.get("tokens", [1, 2, 3])
+        out += u16(len(toks) + 2) + bytes(2 + t for t in toks)
+        out += bytes((0x10 if it.get("null_tokens") else 0,))
+        out += bytes(({"none": 0, "last": 1, "all": 2}[it.get("mode", "last")] + 1,))
+        out += bytes((0 if it.get("short") else 1,))
+        snap = it.get("snap", 0)
+        out += bytes((0, snap // 64 - 1)) if snap else bytes((1,))
+    return out + bytes((step_items - 1,))
+
+
+def batch_seeds() -> dict[str, bytes]:
+    rng = np.random.default_rng(2028)
+    tok = lambda n: [int(t) for t in rng.integers(0, 64, n)]
+    ragged = [dict(session=i, tokens=tok(n), pos=p, mode=m) for i, (n, p, m) in
+              enumerate([(1, 5, "last"), (63, 0, "all"), (64, 100, "none"), (65, 1, "last"), (200, 64, "last")])]
+    return {
+        "ragged": batch_seed(ragged),
+        "snapshots": batch_seed([dict(session=0, tokens=tok(250), pos=10, snap=128),
+                                 dict(session=1, tokens=tok(1), pos=400, mode="all")], step=100),
+        "one-step-each": batch_seed([dict(session=i, tokens=tok(1), pos=i) for i in range(8)], step_items=8),
+        "reject-same-session": batch_seed([dict(session=3), dict(session=3)]),
+        "reject-other-model": batch_seed([dict(session=0), dict(session=1, other_model=True)]),
+        "reject-capacity": batch_seed([dict(session=0, tokens=tok(20), pos=690)]),
+        "reject-short-logits": batch_seed([dict(session=0, mode="all", short=True)]),
+        "reject-no-items": batch_seed([], n=0),
+    }
+
+
 def main() -> None:
     rng = np.random.default_rng(2026)
     g = CORPUS / "gguf"
@@ -124,8 +167,14 @@ def main() -> None:
     for name, lay in layouts.items():
         for pos, last in ((0, -1), (3, 5), (4, 63)):
             (s / f"{name}-pos{pos}").write_bytes(state_seed(*lay, pos, last, rng))
-    total = sum(f.stat().st_size for d in (g, s) for f in d.iterdir())
-    print(f"wrote {sum(1 for d in (g, s) for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
+    bd = CORPUS / "batch"
+    bd.mkdir(parents=True, exist_ok=True)
+    for f in bd.iterdir():
+        f.unlink()
+    for name, data in batch_seeds().items():
+        (bd / name).write_bytes(data)
+    total = sum(f.stat().st_size for d in (g, s, bd) for f in d.iterdir())
+    print(f"wrote {sum(1 for d in (g, s, bd) for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
 
 
 if __name__ == "__main__":
