@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "batch.h"
 #include "cuda_check.cuh"
 #include "gemm.cuh"
 #include "model.h"
@@ -15,6 +16,22 @@ constexpr size_t kDefaultPrewarmHeadroom = size_t(2) << 30;  // room for session
 }
 
 namespace pf {
+// The options a session adds to the model-level checks: the executor and the snapshots.
+pf_status session_options_check(const pf_session_options &o, const char *fn) {
+    PF_CHECK_ARG(o.own_executor == 0 || o.own_executor == 1, "%s: own_executor=%d must be 0 or 1", fn,
+                 o.own_executor);
+    PF_CHECK_ARG(o.snapshot_every >= 0 && o.snapshot_every % 64 == 0,
+                 "%s: snapshot_every=%d must be 0 or a positive multiple of 64", fn, o.snapshot_every);
+    PF_CHECK_ARG(o.snapshot_at_end == 0 || o.snapshot_at_end == 1, "%s: snapshot_at_end=%d must be 0 or 1", fn,
+                 o.snapshot_at_end);
+    PF_CHECK_ARG(o.snapshot_slots >= 0 && o.snapshot_slots <= 65536, "%s: snapshot_slots=%d must be in [0, 65536]",
+                 fn, o.snapshot_slots);
+    PF_CHECK_ARG(o.snapshot_slots > 0 || (o.snapshot_every == 0 && o.snapshot_at_end == 0),
+                 "%s: snapshot_every=%d / snapshot_at_end=%d need snapshot_slots > 0", fn, o.snapshot_every,
+                 o.snapshot_at_end);
+    return PF_STATUS_OK;
+}
+
 pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     const auto t0 = std::chrono::steady_clock::now();
     int64_t total = 0;  // fp16 bytes of the whole set, for the progress report
@@ -133,6 +150,7 @@ extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, si
         PF_TRY(pf::struct_init(opts, struct_size, "pf_session_options_init", "pf_session_options"));
         opts->max_tokens = 4096;
         opts->cuda_graphs = 1;
+        opts->own_executor = 1;
         return PF_STATUS_OK;
     });
 }
@@ -159,6 +177,7 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
         PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "pf_session_create: cuda_graphs=%d must be 0 or 1",
                      o.cuda_graphs);
         PF_TRY(pf::tuning_check(o.tuning, "pf_session_create"));
+        PF_TRY(pf::session_options_check(o, "pf_session_create"));
         PF_CHECK_ARG(model != nullptr, "pf_session_create: model is NULL");
         if (model->hp.context_length > 0)
             PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,
@@ -238,5 +257,119 @@ extern "C" PF_API pf_status pf_session_restore(pf_session *s, const void *src, s
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(s != nullptr, "pf_session_restore: session is NULL");
         return pf::session_restore(s, src, bytes);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_copy(pf_session *dst, const pf_session *src) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(dst != nullptr, "pf_session_copy: dst is NULL");
+        PF_CHECK_ARG(src != nullptr, "pf_session_copy: src is NULL");
+        return pf::session_copy(dst, src);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_fork(pf_session **out, const pf_session *src) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_session_fork: out is NULL");
+        *out = nullptr;
+        PF_CHECK_ARG(src != nullptr, "pf_session_fork: src is NULL");
+        PF_CHECK_ARG(!src->seq.broken, "pf_session_fork: src hit a device error earlier");
+        pf::DeviceGuard dg(src->ctx->device);
+        PF_TRY(dg.status());
+        pf_session *s = nullptr;
+        PF_TRY(pf::session_create(src->model, src->opts, &s));
+        const pf_status st = pf::session_copy(s, src);
+        if (st != PF_STATUS_OK) {
+            pf::session_destroy(s);
+            return st;
+        }
+        *out = s;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_snapshots(const pf_session *s, int32_t *positions, int32_t capacity,
+                                                int32_t *count, size_t *bytes_each) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_snapshots: session is NULL");
+        PF_CHECK_ARG(capacity >= 0 && (positions != nullptr || capacity == 0),
+                     "pf_session_snapshots: positions=%p with capacity=%d", (void *)positions, capacity);
+        const auto &held = s->seq.snaps;
+        for (size_t i = 0; i < held.size() && int32_t(i) < capacity; ++i) positions[i] = int32_t(held[i].pos);
+        if (count) *count = int32_t(held.size());
+        if (bytes_each) *bytes_each = s->seq.snap_bytes;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_rollback(pf_session *s, int32_t pos) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_rollback: session is NULL");
+        return pf::session_rollback(s, pos);
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_options_init(pf_batch_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_batch_options_init", "pf_batch_options"));
+        opts->max_items = 64;
+        opts->cuda_graphs = 1;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_create(pf_batch **out, pf_model *model, const pf_batch_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_batch_create";
+        PF_CHECK_ARG(out != nullptr, "%s: out is NULL", fn);
+        *out = nullptr;
+        pf_batch_options o;
+        PF_TRY(pf_batch_options_init(&o, sizeof o));
+        if (opts) {
+            PF_TRY(pf::struct_check(opts, fn, "opts", "pf_batch_options_init"));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.max_items >= 1 && o.max_items <= 4096, "%s: max_items=%d must be in [1, 4096]", fn, o.max_items);
+        PF_CHECK_ARG(o.step_tokens >= 0 && o.step_tokens <= (1 << 20), "%s: step_tokens=%d must be in [0, 2^20] "
+                     "(0 = 2048)", fn, o.step_tokens);
+        PF_CHECK_ARG(o.max_tokens >= 0 && o.max_context >= 0, "%s: max_tokens=%d / max_context=%d must be >= 0", fn,
+                     o.max_tokens, o.max_context);
+        PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32, "%s: kv_dtype=%d (0 = fp16, 1 = fp32)", fn,
+                     o.kv_dtype);
+        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "%s: gemm_leg=%d is not a pf_gemm_leg", fn,
+                     o.gemm_leg);
+        PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH, "%s: attn_path=%d is not a "
+                     "pf_attn_path", fn, o.attn_path);
+        PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "%s: cuda_graphs=%d must be 0 or 1", fn, o.cuda_graphs);
+        PF_TRY(pf::tuning_check(o.tuning, fn));
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        if (o.gemm_leg == PF_GEMM_INT8) return pf::fail(PF_STATUS_UNSUPPORTED, "%s: the int8 leg is not built yet", fn);
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        return pf::batch_create(model, o, out);
+    });
+}
+
+extern "C" PF_API void pf_batch_destroy(pf_batch *b) { pf::batch_destroy(b); }
+
+extern "C" PF_API pf_status pf_batch_plan(pf_batch *b, const pf_batch_item *items, int32_t n_items) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(b != nullptr, "pf_batch_plan: batch is NULL");
+        return pf::batch_plan(b, items, n_items);
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_run(pf_batch *b) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(b != nullptr, "pf_batch_run: batch is NULL");
+        return pf::batch_run(b);
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32_t n_items) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(b != nullptr, "pf_batch_prefill: batch is NULL");
+        PF_TRY(pf::batch_plan(b, items, n_items));
+        return pf::batch_run(b);
     });
 }

@@ -147,6 +147,7 @@ ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int
     L.off_gdn = take(L.gdn_ws);
     L.row_bytes = at;  // everything above grows with the rows
     L.off_logits = take(size_t(L.lm_rows) * size_t(hp.n_vocab) * f);
+    L.off_xg = take(size_t(L.lm_rows * L.d) * f);
     L.off_ids = take(size_t(ids) * sizeof(int32_t));
     L.off_vals = take(size_t(1 + max_items) * sizeof(int64_t));
     L.off_argmax = take(size_t(max_items) * sizeof(int32_t));
@@ -204,6 +205,7 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     e->inv16 = reinterpret_cast<float *>(base + L.off_inv16);
     e->gdn_ws = L.gdn_ws ? base + L.off_gdn : nullptr;
     e->logits = reinterpret_cast<float *>(base + L.off_logits);
+    e->xg = reinterpret_cast<float *>(base + L.off_xg);
     e->ids = reinterpret_cast<int32_t *>(base + L.off_ids);
     e->vals = reinterpret_cast<int64_t *>(base + L.off_vals);
     e->argmax = reinterpret_cast<int32_t *>(base + L.off_argmax);

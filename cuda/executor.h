@@ -35,7 +35,7 @@ struct ChunkLayout {
     size_t gdn_ws = 0;     // the chunked delta rule's workspace (one pass of `rows`)
     // Byte offsets in the workspace (256-byte aligned), and its size.
     size_t off_x = 0, off_h = 0, off_a = 0, off_b = 0, off_o = 0, off_beta = 0, off_g = 0, off_h16 = 0,
-           off_inv16 = 0, off_logits = 0, off_gdn = 0, off_ids = 0, off_vals = 0, off_argmax = 0;
+           off_inv16 = 0, off_logits = 0, off_xg = 0, off_gdn = 0, off_ids = 0, off_vals = 0, off_argmax = 0;
     size_t bytes = 0;
     // The bytes that depend on `rows` (what the auto chunk weighs against the free memory).
     size_t row_bytes = 0;
@@ -74,6 +74,7 @@ struct Executor {
     float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *o = nullptr, *beta = nullptr, *g = nullptr;
     __half *h16 = nullptr;
     float *inv16 = nullptr, *logits = nullptr;
+    float *xg = nullptr;       // [lm_rows][d]: rows gathered for the LM head (the items' last rows)
     void *gdn_ws = nullptr;
     int32_t *ids = nullptr;    // [L.ids]: the call's token ids at their offsets
     int64_t *vals = nullptr;   // [1 + L.max_items]: the step's ids offset, then each item's position
@@ -111,7 +112,8 @@ void executor_begin(Executor *e);
 // One step: `items` (row order, rows summing to at most L.rows) at their positions, their ids at
 // e->ids + ids_off. Runs every layer; the residual stream of the step's rows is left in e->x.
 pf_status executor_step(Executor *e, const std::vector<StepItem> &items, int64_t ids_off);
-// Logits of step rows [r0, r0 + n) (n <= L.lm_rows) into e->logits: final norm, LM head.
-pf_status executor_lm_head(Executor *e, int64_t r0, int64_t n);
+// Logits of the n residual-stream rows at x (n <= L.lm_rows, [n][n_embd]: step rows of e->x, or
+// rows gathered into e->xg) into e->logits: final norm, LM head.
+pf_status executor_lm_head(Executor *e, const float *x, int64_t n);
 
 }  // namespace pf

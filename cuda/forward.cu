@@ -501,11 +501,11 @@ pf_status executor_step(Executor *e, const std::vector<StepItem> &items, int64_t
     return run_step(e, items, T, run);
 }
 
-pf_status executor_lm_head(Executor *e, int64_t r0, int64_t n) {
+pf_status executor_lm_head(Executor *e, const float *x, int64_t n) {
     const pf_model *m = e->model;
     const Hparams &hp = m->hp;
     const int64_t d = hp.n_embd;
-    PF_TRY(norm_input(e, e->x + r0 * d, m->output_norm, n));
+    PF_TRY(norm_input(e, x, m->output_norm, n));
     return project_in(e, m->output, CMatF{e->h, d}, n, MatF{e->logits, hp.n_vocab}, false);
 }
 

@@ -379,6 +379,24 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __gri
     }
 }
 
+// ---------------------------------------------------------------------------- row gather
+
+constexpr int kGatherRows = 32;  // rows per gather launch (their indices are kernel arguments)
+struct GatherArgs {
+    const float *x;
+    int64_t ldx;
+    float *out;
+    int64_t ldo, cols;
+    int32_t n;
+    int64_t rows[kGatherRows];
+};
+// Block r copies row rows[r] of x to row r of out.
+__global__ void gather_rows_kernel(const __grid_constant__ GatherArgs a) {
+    const float *src = a.x + a.rows[blockIdx.x] * a.ldx;
+    float *dst = a.out + int64_t(blockIdx.x) * a.ldo;
+    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) dst[c] = src[c];
+}
+
 // ---------------------------------------------------------------------------- device values
 
 constexpr int kStoreValues = 32;  // int64 values per store launch (kernel parameters)
@@ -662,5 +680,24 @@ pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32
     return PF_STATUS_OK;
 }
 
+
+pf_status gather_rows(CMatF x, const int64_t *rows, int64_t n, MatF out, int64_t cols, cudaStream_t stream) {
+    PF_CHECK_ARG(n >= 0 && cols >= 1 && x.ld >= cols && out.ld >= cols && (rows != nullptr || n == 0),
+                 "gather_rows: n=%lld cols=%lld ldx=%lld ldo=%lld", (long long)n, (long long)cols, (long long)x.ld,
+                 (long long)out.ld);
+    for (int64_t i = 0; i < n; i += kGatherRows) {
+        GatherArgs a;
+        a.x = x.ptr;
+        a.ldx = x.ld;
+        a.out = out.ptr + i * out.ld;
+        a.ldo = out.ld;
+        a.cols = cols;
+        a.n = int32_t(std::min<int64_t>(kGatherRows, n - i));
+        for (int32_t j = 0; j < a.n; ++j) a.rows[j] = rows[i + j];
+        gather_rows_kernel<<<unsigned(a.n), 256, 0, stream>>>(a);
+        PF_LAUNCH_CHECK("gather_rows_kernel");
+    }
+    return PF_STATUS_OK;
+}
 
 }  // namespace pf

@@ -102,4 +102,8 @@ pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32
 pf_status store_i64s(int64_t *dst, const int64_t *v, int64_t n, cudaStream_t stream);
 inline pf_status store_i64(int64_t *dst, int64_t v, cudaStream_t stream) { return store_i64s(dst, &v, 1, stream); }
 
+// out.row(j)[c] = x.row(rows[j])[c] for j < n, c < cols (rows: a HOST array of row indices of x;
+// the rows the LM head reads for a batch's items). rows == 0 is a no-op.
+pf_status gather_rows(CMatF x, const int64_t *rows, int64_t n, MatF out, int64_t cols, cudaStream_t stream);
+
 }  // namespace pf

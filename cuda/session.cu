@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "batch.h"
 #include "cuda_check.cuh"
 #include "executor.h"
 #include "gdn.cuh"
@@ -36,9 +37,10 @@ void sequence_free(pf_context *ctx, Sequence &q) {
 
 // The state of one sequence of `max_tokens` positions: KV caches per attention layer, conv
 // window and recurrent state per GDN layer. On failure nothing stays allocated.
-pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype, Sequence *q) {
+pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype, int32_t snap_slots, Sequence *q) {
     const Hparams &hp = m->hp;
     pf_context *ctx = m->ctx;
+    q->model = m;
     q->max_tokens = max_tokens;
     q->kv_dtype = kv_dtype;
     q->k_cache.assign(size_t(m->n_attn_layers), nullptr);
@@ -64,12 +66,29 @@ pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype
         q->conv[size_t(il)] = static_cast<float *>(c);
         q->ssm[size_t(il)] = static_cast<float *>(s);
     }
+    q->snap_bytes = snapshot_bytes(m);
+    q->snap_slots = q->snap_bytes ? snap_slots : 0;
+    if (q->snap_slots) {
+        void *mem = nullptr;
+        A(q->snap_bytes * size_t(q->snap_slots), &mem, "session snapshots");
+        q->snap_mem = static_cast<char *>(mem);
+    }
     if (st != PF_STATUS_OK) sequence_free(ctx, *q);
     return st;
 }
 
+// Each GDN layer's (conv window, recurrent state): the spans a snapshot keeps, in layer order.
+template <class F>
+void for_each_recurrent(const pf_model *m, Sequence &q, F &&f) {
+    const Hparams &hp = m->hp;
+    const size_t conv = size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, ssm = size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+    for (size_t il = 0; il < q.conv.size(); ++il)
+        if (q.conv[il]) f(static_cast<void *>(q.conv[il]), conv, static_cast<void *>(q.ssm[il]), ssm);
+}
+
 // Zeroes a sequence's conv windows and recurrent states (the KV rows past pos are never read).
 pf_status sequence_zero(const pf_model *m, Sequence &q, cudaStream_t st) {
+    q.snaps.clear();
     const Hparams &hp = m->hp;
     for (int64_t il = 0; il < hp.n_layer; il++) {
         if (q.conv[size_t(il)])
@@ -82,6 +101,66 @@ pf_status sequence_zero(const pf_model *m, Sequence &q, cudaStream_t st) {
 
 }  // namespace
 
+size_t snapshot_bytes(const pf_model *m) {
+    const Hparams &hp = m->hp;
+    size_t n = 0;
+    for (const LayerWeights &L : m->layers)
+        if (!L.attn) n += size_t((hp.conv_kernel - 1) * hp.conv_dim() + hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+    return n;
+}
+
+pf_status snapshot_take(Sequence &q, int32_t last_token, cudaStream_t st) {
+    if (q.snap_slots == 0) return PF_STATUS_OK;  // none kept (or no recurrent state to keep)
+    if (!q.snaps.empty() && q.snaps.back().pos == q.pos) {  // already held
+        q.snaps.back().last_token = last_token;
+        return PF_STATUS_OK;
+    }
+    int32_t slot = 0;
+    if (int32_t(q.snaps.size()) == q.snap_slots) {  // full: the oldest goes
+        slot = q.snaps.front().slot;
+        q.snaps.erase(q.snaps.begin());
+    } else {
+        std::vector<bool> used(size_t(q.snap_slots), false);
+        for (const Snapshot &h : q.snaps) used[size_t(h.slot)] = true;
+        while (used[size_t(slot)]) ++slot;
+    }
+    char *dst = q.snap_mem + size_t(slot) * q.snap_bytes;
+    pf_status r = PF_STATUS_OK;
+    for_each_recurrent(q.model, q, [&](void *conv, size_t cb, void *ssm, size_t sb) {
+        if (r != PF_STATUS_OK) return;
+        cudaError_t e = cudaMemcpyAsync(dst, conv, cb, cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(dst + cb, ssm, sb, cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) r = cuda_fail(e, __FILE__, __LINE__, "snapshot: cudaMemcpyAsync");
+        dst += cb + sb;
+    });
+    PF_TRY(r);
+    q.snaps.push_back(Snapshot{q.pos, last_token, slot});
+    return PF_STATUS_OK;
+}
+
+pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t st) {
+    const Hparams &hp = src.model->hp;
+    const size_t kv_rows = size_t(src.pos) * size_t(hp.kv_dim()) * kv_elem(src.kv_dtype);
+    for (size_t i = 0; i < src.k_cache.size(); ++i) {
+        PF_CUDA_TRY(cudaMemcpyAsync(dst.k_cache[i], src.k_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
+        PF_CUDA_TRY(cudaMemcpyAsync(dst.v_cache[i], src.v_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
+    }
+    Sequence &s = const_cast<Sequence &>(src);  // read only: for_each_recurrent walks both the same way
+    std::vector<std::pair<void *, void *>> from, to;
+    for_each_recurrent(src.model, s, [&](void *c, size_t, void *h, size_t) { from.emplace_back(c, h); });
+    for_each_recurrent(dst.model, dst, [&](void *c, size_t, void *h, size_t) { to.emplace_back(c, h); });
+    const size_t conv = size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, ssm = size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+    for (size_t i = 0; i < from.size(); ++i) {
+        PF_CUDA_TRY(cudaMemcpyAsync(to[i].first, from[i].first, conv, cudaMemcpyDeviceToDevice, st));
+        PF_CUDA_TRY(cudaMemcpyAsync(to[i].second, from[i].second, ssm, cudaMemcpyDeviceToDevice, st));
+    }
+    dst.pos = src.pos;
+    dst.last_token = src.last_token;
+    dst.broken = false;
+    dst.snaps.clear();
+    return PF_STATUS_OK;
+}
+
 // ---------------------------------------------------------------------------- lifecycle
 
 pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out) {
@@ -89,6 +168,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     std::unique_ptr<pf_session> s(new pf_session());
     s->model = m;
     s->ctx = m->ctx;
+    s->opts = o;
     const int32_t max_tokens = o.max_tokens ? o.max_tokens : kDefaultMaxTokens;
     // The execution plan: the session's tuning over its model's over its context's, the options,
     // the device and the environment, resolved once.
@@ -101,12 +181,17 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     }
     int32_t chunk = 0;
     if (o.chunk_tokens) chunk = std::min(o.chunk_tokens, max_tokens);
-    else PF_TRY(auto_chunk(hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), &chunk));
-    PF_TRY(sequence_alloc(m, max_tokens, o.kv_dtype, &s->seq));
-    Executor *e = nullptr;
-    // One sequence: its ids at their positions (max_tokens of them), one item per step.
-    pf_status st = executor_create(m, s->plan, chunk, max_tokens, 1, max_tokens, &e);
-    s->exec.reset(e);
+    else if (o.own_executor) PF_TRY(auto_chunk(hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), &chunk));
+    PF_TRY(sequence_alloc(m, max_tokens, o.kv_dtype, o.snapshot_slots, &s->seq));
+    s->seq.snap_every = o.snapshot_every;
+    s->seq.snap_at_end = o.snapshot_at_end == 1;
+    pf_status st = PF_STATUS_OK;
+    if (o.own_executor) {
+        // One sequence, one item per step: a call's ids (at most max_tokens) back to back.
+        Executor *e = nullptr;
+        st = executor_create(m, s->plan, chunk, max_tokens, 1, max_tokens, &e);
+        s->exec.reset(e);
+    }
     if (st == PF_STATUS_OK) st = session_reset(s.get());
     if (st != PF_STATUS_OK) {
         session_destroy(s.release());
@@ -161,49 +246,21 @@ pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32
         PF_CHECK_ARG(tokens[i] >= 0 && tokens[i] < V,
                      "pf_session_prefill: tokens[%d]=%d is outside the vocabulary [0, %lld)", i,
                      tokens[i], (long long)V);
+    if (!s->exec)
+        return fail(PF_STATUS_UNSUPPORTED, "pf_session_prefill: the session has no executor of its own (created "
+                                           "with own_executor = 0): run it in a pf_batch");
     DeviceGuard dg(s->ctx->device);
     PF_TRY(dg.status());
-    Executor *e = s->exec.get();
-    cudaStream_t st = s->ctx->stream;
-    executor_begin(e);
-    auto body = [&]() -> pf_status {
-        // The call's tokens in one copy (a copy from pageable memory may wait for the stream:
-        // once per call, not once per chunk), at their positions: a chunk's ids are then at
-        // e->ids + its position, which the graphed embedding reads from the device.
-        const int64_t pos_call = q.pos;
-        PF_TRY(executor_upload_ids(e, tokens, n, pos_call));
-        for (int64_t done = 0; done < n;) {
-            const int64_t T = std::min<int64_t>(e->L.rows, n - done);
-            PF_TRY(executor_step(e, {StepItem{&q, 0, T, q.pos}}, q.pos));
-            const bool last_chunk = done + T == n;
-            if (mode == PF_LOGITS_ALL) {
-                for (int64_t r0 = 0; r0 < T; r0 += e->L.lm_rows) {
-                    const int64_t rn = std::min<int64_t>(e->L.lm_rows, T - r0);
-                    PF_TRY(executor_lm_head(e, r0, rn));
-                    PF_CUDA_TRY(cudaMemcpyAsync(logits + size_t(done + r0) * size_t(V), e->logits,
-                                                size_t(rn) * size_t(V) * 4, cudaMemcpyDeviceToHost, st));
-                    if (last_chunk && r0 + rn == T) PF_TRY(argmax_rows(e->logits + (rn - 1) * V, 1, V, V, e->argmax, st));
-                    PF_CUDA_TRY(cudaStreamSynchronize(st));  // e->logits is reused by the next pass
-                }
-            } else if (last_chunk) {
-                PF_TRY(executor_lm_head(e, T - 1, 1));
-                PF_TRY(argmax_rows(e->logits, 1, V, V, e->argmax, st));
-                if (mode == PF_LOGITS_LAST)
-                    PF_CUDA_TRY(cudaMemcpyAsync(logits, e->logits, size_t(V) * 4, cudaMemcpyDeviceToHost, st));
-            }
-            q.pos += T;
-            done += T;
-        }
-        int32_t tok = -1;
-        PF_CUDA_TRY(cudaMemcpyAsync(&tok, e->argmax, 4, cudaMemcpyDeviceToHost, st));
-        PF_CUDA_TRY(cudaStreamSynchronize(st));
-        q.last_token = tok;
-        if (out_token) *out_token = tok;
-        return PF_STATUS_OK;
-    };
-    const pf_status r = body();
-    if (r != PF_STATUS_OK) q.broken = true;  // caches and states may be half-written
-    return r;
+    RunItem it;
+    it.seq = &q;
+    it.tokens = tokens;
+    it.n = n;
+    it.mode = mode;
+    it.logits = logits;
+    it.out_token = out_token;
+    it.planned_pos = q.pos;
+    RunPlan plan = run_plan(*s->exec, {it});
+    return run_execute(s->exec.get(), plan);
 }
 
 // ---------------------------------------------------------------------------- state
@@ -284,6 +341,86 @@ pf_status session_restore(pf_session *s, const void *src, size_t bytes) {
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     q.pos = h.pos;
     q.last_token = h.last_token;
+    q.broken = false;
+    q.snaps.clear();  // they belonged to the state before
+    return PF_STATUS_OK;
+}
+
+pf_status session_copy(pf_session *dst, const pf_session *src) {
+    const char *fn = "pf_session_copy";
+    PF_CHECK_ARG(dst != src, "%s: dst and src are the same session", fn);
+    PF_CHECK_ARG(dst->model == src->model, "%s: dst and src are sessions of different models", fn);
+    PF_CHECK_ARG(dst->seq.kv_dtype == src->seq.kv_dtype, "%s: dst has kv_dtype=%d, src %d", fn, dst->seq.kv_dtype,
+                 src->seq.kv_dtype);
+    PF_CHECK_ARG(!src->seq.broken, "%s: src hit a device error earlier", fn);
+    PF_CHECK_ARG(src->seq.pos <= dst->seq.max_tokens, "%s: src stands at position %lld, dst holds %d positions", fn,
+                 (long long)src->seq.pos, dst->seq.max_tokens);
+    DeviceGuard dg(src->ctx->device);
+    PF_TRY(dg.status());
+    cudaStream_t st = src->ctx->stream;
+    dst->seq.broken = true;  // until every copy has landed
+    PF_TRY(sequence_copy(dst->seq, src->seq, st));
+    PF_CUDA_TRY(cudaStreamSynchronize(st));
+    dst->seq.broken = false;
+    return PF_STATUS_OK;
+}
+
+pf_status session_rollback(pf_session *s, int64_t pos) {
+    const char *fn = "pf_session_rollback";
+    Sequence &q = s->seq;
+    PF_CHECK_ARG(!q.broken, "%s: the session hit a device error earlier", fn);
+    PF_CHECK_ARG(pos >= 0 && pos <= q.pos, "%s: pos=%lld must be in [0, %lld] (the session's position)", fn,
+                 (long long)pos, (long long)q.pos);
+    if (pos == q.pos) return PF_STATUS_OK;
+    const bool recurrent = snapshot_bytes(s->model) > 0;
+    auto drop_after = [&](int64_t p) {
+        while (!q.snaps.empty() && q.snaps.back().pos > p) q.snaps.pop_back();
+    };
+    if (!recurrent) {  // the KV rows past pos are simply not read again
+        drop_after(pos);
+        q.pos = pos;
+        q.last_token = -1;
+        return PF_STATUS_OK;
+    }
+    DeviceGuard dg(s->ctx->device);
+    PF_TRY(dg.status());
+    cudaStream_t st = s->ctx->stream;
+    if (pos == 0) return session_reset(s);
+    const Snapshot *hit = nullptr;
+    for (const Snapshot &h : q.snaps)
+        if (h.pos == pos) hit = &h;
+    if (!hit) {
+        const Snapshot *below = nullptr, *above = nullptr;
+        for (const Snapshot &h : q.snaps) {
+            if (h.pos < pos) below = &h;
+            if (h.pos > pos && !above) above = &h;
+        }
+        char near[96] = "none held; position 0 (the zero state) always works";
+        if (below || above)
+            std::snprintf(near, sizeof near, "%s%lld%s%s%lld", below ? "below at " : "",
+                          below ? (long long)below->pos : 0LL, below && above ? ", " : "", above ? "above at " : "",
+                          above ? (long long)above->pos : 0LL);
+        return fail(PF_STATUS_UNSUPPORTED,
+                    "%s: no snapshot of the recurrent state at position %lld (the nearest: %s; %zu held, "
+                    "pf_session_options.snapshot_every / snapshot_at_end keep them)", fn, (long long)pos, near,
+                    q.snaps.size());
+    }
+    const char *src = q.snap_mem + size_t(hit->slot) * q.snap_bytes;
+    const int32_t tok = hit->last_token;
+    q.broken = true;  // until every copy has landed
+    pf_status r = PF_STATUS_OK;
+    for_each_recurrent(s->model, q, [&](void *conv, size_t cb, void *ssm, size_t sb) {
+        if (r != PF_STATUS_OK) return;
+        cudaError_t e = cudaMemcpyAsync(conv, src, cb, cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(ssm, src + cb, sb, cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) r = cuda_fail(e, __FILE__, __LINE__, "rollback: cudaMemcpyAsync");
+        src += cb + sb;
+    });
+    PF_TRY(r);
+    PF_CUDA_TRY(cudaStreamSynchronize(st));
+    drop_after(pos);
+    q.pos = pos;
+    q.last_token = tok;
     q.broken = false;
     return PF_STATUS_OK;
 }

@@ -62,7 +62,9 @@
  * pf_model_options and pf_session_options, and pf_context_set_tuning / pf_context_get_tuning),
  * which replace the environment switches the library read before (only PREFILL_GEMM,
  * PREFILL_GRAPH, PREFILL_GEMM_LT and PREFILL_LOG remain), and
- * pf_attention_options.position_on_device (the same rule for callers built against 0.4).
+ * pf_attention_options.position_on_device (the same rule for callers built against 0.4); and
+ * the many-sequence API: batches (pf_batch_*), pf_session_copy / _fork, snapshots and
+ * pf_session_rollback, with pf_session_options.own_executor and snapshot_* at its end.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -747,6 +749,19 @@ typedef struct pf_session_options {
     pf_tuning tuning;      /* over the model's (see pf_tuning); resolved, with the options above,
                               the device and the environment, into the session's execution plan
                               once, here. default 0 */
+    int32_t own_executor;  /* 1: the session gets its own chunk executor (scratch of chunk_tokens
+                              rows, its graphs) for pf_session_prefill / _generate; 0: state only,
+                              for sessions that run in a pf_batch (those two calls are then
+                              UNSUPPORTED; chunk_tokens and cuda_graphs are unused). default 1 */
+    int32_t snapshot_every; /* keep the recurrent state (conv windows and GDN states) every this
+                               many positions during a prefill, on the device: a multiple of 64,
+                               0 = never. The session's steps then end at those positions (the
+                               64-row chunks of the delta rule stay whole). default 0 */
+    int32_t snapshot_at_end; /* 1: also keep one at the end of every prefill call (and batch item).
+                                default 0 */
+    int32_t snapshot_slots; /* device slots for snapshots, allocated now (pf_session_snapshots
+                               reports their bytes); when all are held the oldest is dropped.
+                               default 0 (then snapshot_every and snapshot_at_end must be 0) */
 } pf_session_options;
 
 typedef enum pf_logits_mode {
@@ -792,6 +807,86 @@ PF_API pf_status pf_session_reset(pf_session *s);
 PF_API pf_status pf_session_state_size(const pf_session *s, size_t *out_bytes);
 PF_API pf_status pf_session_save(pf_session *s, void *dst, size_t bytes);
 PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes);
+
+/* Fork, on the device: dst takes src's state (KV rows [0, pos), conv windows, recurrent states,
+ * position, greedy token) bit for bit, so that both continue as src would have. dst: a session
+ * of the same model and KV dtype with capacity >= src's position; its own state (and its
+ * snapshots) are replaced. src is unchanged; dst == src is INVALID_ARGUMENT. Synchronizes. */
+PF_API pf_status pf_session_copy(pf_session *dst, const pf_session *src);
+/* A new session with src's options, holding src's state (pf_session_copy). */
+PF_API pf_status pf_session_fork(pf_session **out, const pf_session *src);
+
+/* Snapshots (pf_session_options.snapshot_*): the positions held, ascending, into
+ * positions[0 .. min(count, capacity)) (positions may be NULL when capacity is 0), their number in
+ * *count, the device bytes of one snapshot in *bytes_each (slots x bytes_each were allocated at
+ * creation). Any out pointer may be NULL. */
+PF_API pf_status pf_session_snapshots(const pf_session *s, int32_t *positions, int32_t capacity,
+                                      int32_t *count, size_t *bytes_each);
+/* Returns the session to position pos (0 <= pos <= its position), exactly as if only its first
+ * pos tokens had been prefilled: KV rows past pos are dropped (a model without recurrent layers
+ * can go to any pos), and a qwen35 model's recurrent state is restored from the snapshot at pos
+ * (pos 0: the zero state; pos = the position: nothing changes). No snapshot at pos:
+ * UNSUPPORTED naming the nearest held ones, the session unchanged. Snapshots past pos are
+ * dropped. The greedy token after pos is kept where the snapshot has it (one taken at the end
+ * of a call), else unknown (pf_session_generate then needs a prefill first). */
+PF_API pf_status pf_session_rollback(pf_session *s, int32_t pos);
+
+/* ---- batches: many sequences at once (model level) ----
+ * A batch runs the tokens of many sessions of one model together: the projections, norms and FFN
+ * run once over the rows of all its items; what reads or writes a sequence's state (its conv
+ * window, its delta rule, its KV cache and attention) runs per item, on that session's state, in
+ * place. Items are ragged: any lengths, sessions at any positions (a fresh prompt, a continuing
+ * one, a decode step of one token), in one batch. The batch owns a chunk executor (scratch of
+ * step_tokens rows, its CUDA graphs and GEMM plan); an item longer than what a step has left is
+ * cut into steps, its rows in order. pf_batch_plan does all host work (validation of every item
+ * before any device work, rows, positions, steps); pf_batch_run launches the plan, writes each
+ * item's outputs and advances its session; pf_batch_prefill does both. A step whose shape
+ * (sessions and rows) comes back is replayed as CUDA graphs (a decode loop over the same
+ * sessions, a bucketed shape). An item gives the logits and greedy token its session would give
+ * if run alone (within the leg's tolerance: the GEMMs see other rows beside it, not other bits). */
+typedef struct pf_batch pf_batch;
+
+typedef struct pf_batch_options {
+    size_t struct_size;     /* set by pf_batch_options_init; do not change */
+    int32_t max_items;      /* items per plan, 1..4096. default 64 */
+    int32_t step_tokens;    /* rows per step (the executor's scratch). default 0 = 2048 */
+    int32_t max_tokens;     /* tokens per plan, all items together. default 0 = 8 x step_tokens */
+    int32_t max_context;    /* the largest capacity (positions) of a session in the batch, for the
+                               cuBLAS attention path's workspace. default 0 = 4096 */
+    int32_t kv_dtype;       /* pf_kv_dtype of the sessions (items must match). default fp16 */
+    int32_t gemm_leg;       /* PF_GEMM_*; 0 = the model's */
+    int32_t attn_path;      /* pf_attn_path. default 0 = auto */
+    int32_t cuda_graphs;    /* 1: step shapes that come back replay as CUDA graphs (env
+                               PREFILL_GRAPH=0 forces 0). default 1 */
+    pf_tuning tuning;       /* over the model's. default 0 */
+} pf_batch_options;
+
+typedef struct pf_batch_item {
+    pf_session *session;    /* the sequence this item continues (a session of the batch's model);
+                               one item per session */
+    const int32_t *tokens;  /* host [n_tokens], ids in [0, n_vocab); read at pf_batch_plan */
+    int32_t n_tokens;       /* >= 1 */
+    int32_t logits_mode;    /* pf_logits_mode */
+    float *logits;          /* host: n_vocab floats (LAST) or n_tokens * n_vocab (ALL); NULL with
+                               NONE. Written by pf_batch_run: must stay valid until then */
+    size_t logits_len;      /* floats at logits */
+    int32_t *out_token;     /* host, NULL = not wanted: the greedy token after the item's last one */
+} pf_batch_item;
+
+PF_API pf_status pf_batch_options_init(pf_batch_options *opts, size_t struct_size);
+/* Sizes and allocates the batch's executor now (a run allocates nothing). opts NULL = defaults. */
+PF_API pf_status pf_batch_create(pf_batch **out, pf_model *model, const pf_batch_options *opts);
+PF_API void pf_batch_destroy(pf_batch *b);
+/* Checks every item (the session: non-NULL, of this model, of the batch's KV dtype, not broken,
+ * not in another item, capacity for its tokens; the tokens; the logits mode and buffers) before
+ * any device work, and plans the steps; INVALID_ARGUMENT naming the item and the field, nothing
+ * changed. Replaces an earlier plan that did not run. */
+PF_API pf_status pf_batch_plan(pf_batch *b, const pf_batch_item *items, int32_t n_items);
+/* Runs the planned batch (INVALID_ARGUMENT without one; a plan runs once): every item's outputs
+ * written, every session advanced by its tokens. A device fault leaves the batch's sessions
+ * unusable until reset or restored, like pf_session_prefill. */
+PF_API pf_status pf_batch_run(pf_batch *b);
+PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32_t n_items);
 
 /* PF_CDEF_END */
 

@@ -129,9 +129,45 @@ class Model(_Owner):
 
     def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
                 gemm="default", attention: str = "auto", graphs: bool = True,
-                tuning: dict | None = None) -> "Session":
+                tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
+                snapshot_at_end: bool = False, snapshot_slots: int = 0) -> "Session":
         return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,
-                       attention=attention, graphs=graphs, tuning=tuning)
+                       attention=attention, graphs=graphs, tuning=tuning, own_executor=own_executor,
+                       snapshot_every=snapshot_every, snapshot_at_end=snapshot_at_end,
+                       snapshot_slots=snapshot_slots)
+
+    def batch(self, *, max_items: int = 64, step_tokens: int = 0, max_tokens: int = 0,
+              max_context: int = 0, kv: str = "f16", gemm="default", attention: str = "auto",
+              graphs: bool = True, tuning: dict | None = None) -> "Batch":
+        """A batch executor of this model (pf_batch): runs the tokens of many sessions together."""
+        return Batch(self, max_items=max_items, step_tokens=step_tokens, max_tokens=max_tokens,
+                     max_context=max_context, kv=kv, gemm=gemm, attention=attention, graphs=graphs,
+                     tuning=tuning)
+
+    def prefill_batch(self, sessions, tokens, logits: str = "last") -> list[dict]:
+        """Prefill tokens[i] into sessions[i] for every i, in one batch (ragged lengths, sessions
+        at any positions). Returns per item {"logits": (n_vocab,) | (n, n_vocab) | None,
+        "token": the greedy next token}. The batch executor is kept by the model (made again
+        when a call needs more items, tokens or context than it holds)."""
+        sessions, tokens = list(sessions), list(tokens)
+        if len(sessions) != len(tokens):
+            raise InvalidArgumentError(f"sessions: {len(sessions)} sessions for {len(tokens)} token arrays")
+        need = dict(max_items=max(64, len(sessions)),
+                    max_tokens=sum(int(np.asarray(t).size) for t in tokens),
+                    max_context=max((s.max_tokens for s in sessions), default=0))
+        kvs = {s.kv for s in sessions}
+        if len(kvs) > 1:
+            raise InvalidArgumentError(f"sessions: mixed KV dtypes {sorted(kvs)} in one batch")
+        b = getattr(self, "_batch", None)
+        if (b is None or b.closed or b.max_items < need["max_items"] or b.max_tokens < need["max_tokens"]
+                or b.max_context < need["max_context"] or (kvs and b.kv not in kvs)):
+            if b is not None:
+                b.close()
+            b = self._batch = self.batch(max_items=need["max_items"],
+                                         max_tokens=max(need["max_tokens"], 16384),
+                                         max_context=max(need["max_context"], 4096),
+                                         kv=next(iter(kvs)) if kvs else "f16")
+        return b.prefill([dict(session=s, tokens=t, logits=logits) for s, t in zip(sessions, tokens)])
 
     def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
         """A fresh session holding a state saved by Session.save()."""
@@ -142,6 +178,9 @@ class Model(_Owner):
     def close(self) -> None:
         if self._ptr is None:
             return
+        b = getattr(self, "_batch", None)
+        if b is not None:
+            b.close()
         for s in list(self._sessions):
             s.close()
         super().close()
@@ -154,9 +193,20 @@ class Session(_Owner):
 
     def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 0, kv: str = "f16",
                  gemm="default", attention: str = "auto", graphs: bool = True,
-                 tuning: dict | None = None):
+                 tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
+                 snapshot_at_end: bool = False, snapshot_slots: int = 0, _handle=None):
         """tuning: pyprefill.tuning fields over the model's, resolved with the other options
-        into the session's execution plan once, here."""
+        into the session's execution plan once, here. own_executor=False: state only, for
+        sessions that run in batches (Model.batch / prefill_batch). snapshot_every (a multiple
+        of 64), snapshot_at_end, snapshot_slots: keep the recurrent state on the device at those
+        positions, for rollback()."""
+        self.model = model
+        self.max_tokens = max_tokens
+        self.kv = kv
+        if _handle is not None:                   # pf_session_fork's new session
+            self._adopt(_handle, lib.pf_session_destroy, model)
+            model._sessions.add(self)
+            return
         if kv not in _KV:
             raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
         if attention not in _ATTN:
@@ -170,11 +220,13 @@ class Session(_Owner):
         opts.attn_path = _ATTN[attention]
         opts.cuda_graphs = 1 if graphs else 0
         _tuning.fill(opts.tuning, tuning)
+        opts.own_executor = 1 if own_executor else 0
+        opts.snapshot_every = snapshot_every
+        opts.snapshot_at_end = 1 if snapshot_at_end else 0
+        opts.snapshot_slots = snapshot_slots
         out = ffi.new("pf_session **")
         _check(lib.pf_session_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_session_destroy, model)
-        self.model = model
-        self.max_tokens = max_tokens
         model._sessions.add(self)
 
     @property
@@ -231,3 +283,105 @@ class Session(_Owner):
         arr = np.frombuffer(state, np.uint8) if isinstance(state, (bytes, bytearray, memoryview)) else state
         arr = np.ascontiguousarray(arr, dtype=np.uint8)
         _check(lib.pf_session_restore(self.ptr, ffi.from_buffer("char[]", arr), arr.size))
+
+    def fork(self) -> "Session":
+        """A new session with this one's options holding its state (KV rows, conv windows,
+        recurrent states, position): both continue as this one would have (pf_session_fork)."""
+        out = ffi.new("pf_session **")
+        _check(lib.pf_session_fork(out, self.ptr))
+        return Session(self.model, max_tokens=self.max_tokens, kv=self.kv, _handle=out[0])
+
+    def copy_from(self, other: "Session") -> None:
+        """Replaces this session's state by other's (pf_session_copy, on the device)."""
+        _check(lib.pf_session_copy(self.ptr, other.ptr))
+
+    def snapshots(self) -> tuple[list[int], int]:
+        """(the positions whose recurrent state is held, ascending; the device bytes of one)."""
+        count, each = ffi.new("int32_t *"), ffi.new("size_t *")
+        _check(lib.pf_session_snapshots(self.ptr, ffi.NULL, 0, count, each))
+        pos = ffi.new("int32_t[]", max(int(count[0]), 1))
+        _check(lib.pf_session_snapshots(self.ptr, pos, int(count[0]), count, each))
+        return [int(pos[i]) for i in range(int(count[0]))], int(each[0])
+
+    def rollback(self, pos: int) -> None:
+        """Back to position pos exactly as if only the first pos tokens had been prefilled (a
+        snapshot at pos for a qwen35 model; UnsupportedError naming the nearest otherwise)."""
+        _check(lib.pf_session_rollback(self.ptr, int(pos)))
+
+
+class Batch(_Owner):
+    """A chunk executor shared by the items of batches of one model (pf_batch): every
+    projection, norm and FFN runs once over the rows of all items; each item's conv window,
+    delta rule, KV cache and attention run on its own session's state.
+
+        b = model.batch()
+        out = b.prefill([{"session": s1, "tokens": ids1}, {"session": s2, "tokens": ids2, "logits": "all"}])
+        out[0]["logits"], out[0]["token"]
+    """
+
+    def __init__(self, model: Model, *, max_items: int = 64, step_tokens: int = 0,
+                 max_tokens: int = 0, max_context: int = 0, kv: str = "f16", gemm="default",
+                 attention: str = "auto", graphs: bool = True, tuning: dict | None = None):
+        if kv not in _KV:
+            raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
+        if attention not in _ATTN:
+            raise InvalidArgumentError(f"attention: {attention!r} is not one of {list(_ATTN)}")
+        opts = ffi.new("pf_batch_options *")
+        _check(lib.pf_batch_options_init(opts, ffi.sizeof("pf_batch_options")))
+        opts.max_items, opts.step_tokens, opts.max_tokens = max_items, step_tokens, max_tokens
+        opts.max_context, opts.kv_dtype, opts.gemm_leg = max_context, _KV[kv], _leg_id(gemm)
+        opts.attn_path, opts.cuda_graphs = _ATTN[attention], 1 if graphs else 0
+        _tuning.fill(opts.tuning, tuning)
+        out = ffi.new("pf_batch **")
+        _check(lib.pf_batch_create(out, model.ptr, opts))
+        self._adopt(out[0], lib.pf_batch_destroy, model)
+        self.model, self.kv = model, kv
+        self.max_items = max_items
+        self.max_tokens = max_tokens or 8 * (step_tokens or 2048)
+        self.max_context = max_context or 4096
+        self._pending = None
+
+    def plan(self, items) -> None:
+        """Checks and plans `items` (dicts: session, tokens, logits = "last" | "all" | "none");
+        run() then launches them."""
+        V = self.model.n_vocab
+        c = ffi.new("pf_batch_item[]", max(len(items), 1))
+        keep, results = [], []
+        for i, it in enumerate(items):
+            if not isinstance(it, dict) or "session" not in it or "tokens" not in it:
+                raise InvalidArgumentError(f"items[{i}]: expected a dict with 'session' and 'tokens'")
+            mode = it.get("logits", "last")
+            if mode not in LOGITS:
+                raise InvalidArgumentError(f"items[{i}].logits: {mode!r} is not one of {list(LOGITS)}")
+            ids = np.ascontiguousarray(np.asarray(it["tokens"]), dtype=np.int32).reshape(-1)
+            sess = it["session"]
+            out = {"last": lambda: np.empty(V, np.float32), "all": lambda: np.empty((ids.size, V), np.float32),
+                   "none": lambda: None}[mode]()
+            tok = ffi.new("int32_t *", -1)
+            c[i].session = sess.ptr if sess is not None else ffi.NULL
+            c[i].tokens = ffi.from_buffer("int32_t[]", ids) if ids.size else ffi.NULL
+            c[i].n_tokens = ids.size
+            c[i].logits_mode = LOGITS[mode]
+            c[i].logits = ffi.cast("float *", ffi.from_buffer("float[]", out, require_writable=True)) \
+                if out is not None else ffi.NULL
+            c[i].logits_len = 0 if out is None else out.size
+            c[i].out_token = tok
+            keep.append((ids, out, tok))
+            results.append((out, tok))
+        _check(lib.pf_batch_plan(self.ptr, c, len(items)))
+        self._pending = (c, keep, results)
+
+    def run(self) -> list[dict]:
+        """Runs the plan: per item {"logits": ..., "token": greedy next token}."""
+        if self._pending is None:
+            raise InvalidArgumentError("Batch.run: nothing planned (plan() first; a plan runs once)")
+        _, _, results = self._pending
+        try:
+            _check(lib.pf_batch_run(self.ptr))
+        finally:
+            self._pending = None
+        return [{"logits": out, "token": int(tok[0])} for out, tok in results]
+
+    def prefill(self, items) -> list[dict]:
+        self.plan(items)
+        return self.run()
