@@ -335,6 +335,7 @@ class Batch(_Owner):
         out = ffi.new("pf_batch **")
         _check(lib.pf_batch_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_batch_destroy, model)
+        model._sessions.add(self)                 # closed before the model, like its sessions
         self.model, self.kv = model, kv
         self.max_items = max_items
         self.max_tokens = max_tokens or 8 * (step_tokens or 2048)

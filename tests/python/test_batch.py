@@ -19,6 +19,7 @@ import pytest
 from _engine_models import random_tokens, synth_model
 from _reference_fixtures import rel_err
 from helpers import status_and_error
+from pyprefill.errors import InvalidArgumentError
 
 PRESETS = ["qwen3-tiny", "qwen35-tiny"]
 F32 = dict(gemm="f32", kv="f32", attention="cublas")   # the exact legs
@@ -72,7 +73,7 @@ def test_items_equal_their_sequence_alone(preset, legs, step, rng):
             if p.size:
                 s.prefill(p, "none")
                 a.prefill(p, "none")
-        with m.batch(step_tokens=step, max_items=4 if step == 256 else 64, **_bkw(legs)) as b:
+        with m.batch(step_tokens=step, **_bkw(legs)) as b:
             out = b.prefill([dict(session=s, tokens=t, logits="all") for s, t in zip(sessions, news)])
         for i, ((n, p), a, t, o) in enumerate(zip(MIX, alone, news, out)):
             want, tok = a.prefill(t, "all", return_token=True)
@@ -329,6 +330,22 @@ def test_warm_batches_allocate_nothing(preset, rng):
     finally:
         for s in ss:
             s.close()
+
+
+@pytest.mark.gpu
+def test_closing_the_model_closes_its_batches_and_sessions(rng):
+    """A batch left open when its model closes is closed first (never destroyed after it)."""
+    import gc
+    from pyprefill.model import Model
+    m = Model.load(synth_model("qwen35-tiny", "q4_k_m"), progress=False)
+    b, s = m.batch(), m.session(max_tokens=64)
+    b.prefill([dict(session=s, tokens=random_tokens(rng, 9, m.n_vocab))])
+    m.close()
+    assert b.closed and s.closed
+    with pytest.raises(InvalidArgumentError, match="is closed"):
+        b.prefill([dict(session=s, tokens=random_tokens(rng, 3, m.n_vocab))])
+    del b, s
+    gc.collect()
 
 
 @pytest.mark.gpu

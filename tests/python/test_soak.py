@@ -88,3 +88,73 @@ def test_soak_create_prefill_save_restore_destroy(preset, rng):
         assert alloc1 == alloc0, f"the context holds {alloc1 - alloc0:+d} bytes more after {CYCLES} cycles"
         assert abs(free1 - free0) <= DEVICE_SLACK, f"device free memory moved by {(free1 - free0) / MiB:+.2f} MiB"
         assert rss1 - rss0 <= RSS_SLACK, f"host RSS grew by {(rss1 - rss0) / MiB:.1f} MiB in {CYCLES} cycles"
+
+
+BATCH_CYCLES = int(os.environ.get("PF_SOAK_BATCH_CYCLES", "100"))
+BATCH_CAP = 384
+
+
+def _batch_cycle(m, b, rng, stats):
+    """One server-loop turn: 1..8 sessions (some with snapshots every 64), 1..4 batch calls of
+    ragged pieces over random subsets, forks of random members, rollbacks to a held snapshot,
+    then every session destroyed in a random order."""
+    live = []
+    for _ in range(int(rng.integers(1, 9))):
+        every, at_end = int(rng.choice([0, 64])), bool(rng.integers(0, 2))
+        live.append(m.session(max_tokens=BATCH_CAP, own_executor=bool(rng.integers(0, 2)), snapshot_every=every,
+                              snapshot_at_end=at_end, snapshot_slots=4 if every or at_end else 0))
+    for _ in range(int(rng.integers(1, 5))):
+        pick = [s for s in live if rng.random() < 0.7 and s.position < BATCH_CAP - 8] or []
+        if pick:
+            lens = [int(rng.integers(1, min(200, BATCH_CAP - s.position) + 1)) for s in pick]
+            modes = [("last", "none", "all")[int(rng.integers(0, 3))] for _ in pick]
+            out = b.prefill([{"session": s, "tokens": random_tokens(rng, n, m.n_vocab), "logits": md}
+                             for s, n, md in zip(pick, lens, modes)])
+            for o, md in zip(out, modes):
+                assert md == "none" or np.isfinite(o["logits"]).all()
+                assert 0 <= o["token"] < m.n_vocab
+            stats["items"] += len(pick)
+        if live and rng.random() < 0.4:
+            live.append(live[int(rng.integers(0, len(live)))].fork())
+            stats["forks"] += 1
+        if live and rng.random() < 0.4:
+            s = live[int(rng.integers(0, len(live)))]
+            held, _ = s.snapshots()
+            s.rollback(int(rng.choice(held)) if held else 0)     # position 0 is always held
+            stats["rollbacks"] += 1
+    for i in rng.permutation(len(live)):
+        live[int(i)].close()
+
+
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_soak_batches_forks_snapshots(preset, rng):
+    """Issue 28: random batches with forks, snapshots, rollbacks and destroys; memory flat."""
+    from pyprefill.model import Model
+    with Model.load(synth_model(preset, "q4_k_m"), progress=False) as m:
+        ctx = m.ctx
+        b = m.batch(max_items=64, step_tokens=256, max_context=BATCH_CAP)
+        stats = {"items": 0, "forks": 0, "rollbacks": 0}
+        for _ in range(10):                      # warm-up: graphs and grow-on-demand scratch
+            _batch_cycle(m, b, rng, stats)
+        ctx.synchronize()
+        rss0, free0, alloc0 = _rss(), ctx.memory()[0], ctx.allocated()
+        t0 = time.perf_counter()
+        for _ in range(BATCH_CYCLES):
+            _batch_cycle(m, b, rng, stats)
+        ctx.synchronize()
+        rss1, free1, alloc1 = _rss(), ctx.memory()[0], ctx.allocated()
+        report = {"preset": preset, "batch_cycles": BATCH_CYCLES, **stats,
+                  "seconds": round(time.perf_counter() - t0, 2),
+                  "rss_delta_mib": round((rss1 - rss0) / MiB, 3),
+                  "device_free_delta_mib": round((free1 - free0) / MiB, 3),
+                  "context_bytes_delta": alloc1 - alloc0}
+        print(f"soak: {report}")
+        if os.environ.get("OUT"):
+            path = os.path.join(os.environ["OUT"], "soak.json")
+            prior = json.load(open(path)) if os.path.exists(path) else []
+            json.dump(prior + [report], open(path, "w"), indent=1)
+        b.close()
+        assert stats["forks"] and stats["items"]
+        assert alloc1 == alloc0, f"the context holds {alloc1 - alloc0:+d} bytes more after {BATCH_CYCLES} cycles"
+        assert abs(free1 - free0) <= DEVICE_SLACK, f"device free memory moved by {(free1 - free0) / MiB:+.2f} MiB"
+        assert rss1 - rss0 <= RSS_SLACK, f"host RSS grew by {(rss1 - rss0) / MiB:.1f} MiB in {BATCH_CYCLES} cycles"
