@@ -3,6 +3,7 @@
     tok = Tokenizer.from_gguf("qwen3-4b.gguf")         # ~0.3 s for a 248k vocabulary
     ids = tok.encode("Hello <|im_end|>")                # added tokens are matched in the text
     tok.decode(ids)                                     # "Hello <|im_end|>"
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
 
 Byte-level BPE (`tokenizer.ggml.model = gpt2`), the pipeline of the model's Hugging Face
 `tokenizer.json` (Qwen2Tokenizer: NFC normalizer, a Split pre-tokenizer, ByteLevel, BPE), built
@@ -18,8 +19,8 @@ from the GGUF alone:
 4. the symbols left are looked up in `tokenizer.ggml.tokens`.
 Decoding maps normal tokens back through the byte alphabet and writes added tokens as their text.
 
-Pure Python plus the `regex` module (Python's `re` has no \\p{L} classes):
-`pip install 'pyprefill[tokenizer]'`. Pieces are cached, so running text
+Pure Python plus the `regex` module (Python's `re` has no \\p{L} classes) and, for chat
+templates, jinja2: `pip install 'pyprefill[tokenizer]'`. Pieces are cached, so running text
 costs a dictionary lookup per piece once its words have been seen.
 """
 from __future__ import annotations
@@ -390,6 +391,29 @@ class Tokenizer:
             if ident is not None:
                 out[name] = self._tokens[ident]
         return out
+
+    # -------------------------------------------------------------------------------- chat
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
+                            tokenize: bool = True, *, chat_template: str | None = None,
+                            tools=None, documents=None, **kwargs):
+        """Render `messages` ([{"role": ..., "content": ...}, ...]) with the GGUF's
+        tokenizer.chat_template (or `chat_template`) as HF's apply_chat_template does (see
+        pyprefill.chat), then encode it with added tokens matched and no BOS added. Extra
+        keyword arguments reach the template (e.g. enable_thinking=False). Returns ids, or the
+        string with tokenize=False."""
+        from .chat import render_chat_template
+        source = chat_template if chat_template is not None else self.chat_template
+        if source is None:
+            raise UnsupportedError(f"{self.source}: no tokenizer.chat_template in the GGUF")
+        text = render_chat_template(source, messages, add_generation_prompt=add_generation_prompt,
+                                    tools=tools, documents=documents,
+                                    origin="chat_template" if chat_template is not None
+                                    else f"{self.source}: tokenizer.chat_template",
+                                    **{**self.special_tokens_map(), **kwargs})
+        if not tokenize:
+            return text
+        return self.encode(text, special=True, add_bos=False, add_eos=False)
 
 
 class TextStream:
