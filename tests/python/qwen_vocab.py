@@ -16,14 +16,15 @@ for a tiktoken vocabulary):
 
 That derivation works for every token of the Qwen3 file. In the Qwen3.5 file it fails for 232
 tokens, which are not a merge of two lower-ranked tokens:
-- 31 are still reachable through higher-ranked intermediates (run the merge loop without the
-  limit: the last two parts are the merge, listed at the token's rank, as the real
-  tokenizer.json must have it for tiktoken and the HF tokenizer to agree);
+- 31 are still reachable through higher-ranked intermediates (人力资源, ' является', ...): the
+  merge loop without the limit ends in two parts, which are the merge, listed at the token's
+  rank (then a merge-based BPE gives what tiktoken gives for them; the tests check it);
 - 201 are not a merge of any two tokens at all (e.g. 加拿大, 新加坡, 俱乐部: every two-way split
   has a part outside the vocabulary). No merge can be written for them, so a merge-based BPE
   (Hugging Face `tokenizers`, llama.cpp, pyprefill) never produces them, while tiktoken emits
-  them when a whole pre-token equals one (its direct lookup before merging). The real Qwen3.5
-  GGUF lists 247,587 merges = 248,044 - 256 bytes - these 201, so it has none for them either.
+  them when a whole pre-token equals one (its direct lookup before merging). A real Qwen3.5
+  GGUF's metadata dump lists 247,587 merges = 248,044 - 256 bytes - these 201: it has none
+  for them either.
   `unreachable` lists them; the tests compare with tiktoken only on texts whose tiktoken ids use
   none of them, and check separately that such a word gets the merge-based ids.
 """
