@@ -9,7 +9,7 @@ from .errors import (AbiMismatchError, CudaError, GGUFError, InvalidArgumentErro
 __version__ = "0.5.0"
 
 _LAZY = {"Context": "core", "Buffer": "core", "Weight": "core", "device_count": "core",
-         "Model": "model", "Session": "model", "Batch": "model"}
+         "Model": "model", "Session": "model", "Batch": "model", "Tokenizer": "tokenizer"}
 
 
 def __getattr__(name):

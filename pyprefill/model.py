@@ -5,6 +5,7 @@
     logits = s.prefill(np.array(ids, np.int32))             # last-token logits, (n_vocab,)
     more = s.generate(16)                                    # greedy tokens
     state = s.save(); s2 = model.restore(state)              # continue from the same point
+    model.chat("Why is the sky blue?", max_new_tokens=256)   # the GGUF's chat template, a reply
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def inspect(path: str) -> dict:
 
 class Model(_Owner):
     """A qwen3 / qwen35 GGUF model on one device (owns its Context unless one is given)."""
+
+    _tokenizer = None                   # built from the GGUF on first use of .tokenizer
 
     def __init__(self, path: str, *, device: int = 0, gemm="default", prewarm: bool = True,
                  prewarm_headroom: int = 0, progress: bool = True, context: Context | None = None,
@@ -174,6 +177,27 @@ class Model(_Owner):
         s = self.session(max_tokens=max_tokens or 4096, **kw)
         s.restore(state)
         return s
+
+    @property
+    def tokenizer(self):
+        """The GGUF's own tokenizer (pyprefill.tokenizer.Tokenizer), built once, on first use."""
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_gguf(self.path)
+        return self._tokenizer
+
+    def chat(self, messages, system: str | None = None, max_new_tokens: int = 512, *,
+             stream=None, **template_kwargs) -> str:
+        """One greedy reply to `messages` (the user's text, or [{"role", "content"}, ...]) with
+        an optional system message, through the GGUF's chat template; generation stops at the
+        end of the turn (<|im_end|>, EOS) or after max_new_tokens. stream(text) receives the
+        reply as it grows; template_kwargs reach the template (e.g. enable_thinking=False)."""
+        from .chat import chat_messages, generate_reply
+        tok = self.tokenizer
+        ids = tok.apply_chat_template(chat_messages(messages, system), add_generation_prompt=True,
+                                      **template_kwargs)
+        with self.session(max_tokens=len(ids) + max_new_tokens) as s:
+            return generate_reply(s, ids, tok, max_new_tokens, on_text=stream).text
 
     def close(self) -> None:
         if self._ptr is None:

@@ -3,6 +3,7 @@ pyprefill.bench)."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 
@@ -91,42 +92,73 @@ def parse_token_ids(text: str) -> np.ndarray:
     return np.array(ids, np.int32)
 
 
-def _load_tokens(args, path: str) -> np.ndarray:
+_CHAT_N_PREDICT = 512   # --chat's default --n-predict (a reply, not a peek at the next tokens)
+
+
+def _load_tokens(args, path: str):
+    """(prompt ids, the Tokenizer or None): --tokens as given; --prompt and --chat through the
+    GGUF's own tokenizer, built once here and reused to print the reply."""
     if args.tokens is not None:
-        return parse_token_ids(args.tokens)
+        return parse_token_ids(args.tokens), None
     from .tokenizer import Tokenizer
-    return np.array(Tokenizer.from_gguf(path).encode(args.prompt), np.int32)
+    tok = Tokenizer.from_gguf(path)
+    if args.chat is not None:
+        from .chat import chat_messages
+        kwargs = {"enable_thinking": False} if args.no_think else {}
+        ids = tok.apply_chat_template(chat_messages(args.chat, args.system),
+                                      add_generation_prompt=True, **kwargs)
+    else:
+        ids = tok.encode(args.prompt)
+    return np.array(ids, np.int32), tok
 
 
 def cmd_run(args) -> int:
     from .errors import InvalidArgumentError
     from .model import Model, inspect
+    if (args.system is not None or args.no_think) and args.chat is None:
+        raise InvalidArgumentError("--system and --no-think go with --chat")
+    n_predict = args.n_predict
+    if n_predict is None:
+        n_predict = _CHAT_N_PREDICT if args.chat is not None else 8
+    if n_predict == 0 and args.chat is not None:
+        raise InvalidArgumentError("--n-predict 0 with --chat: no reply to generate")
     info = inspect(args.file)          # the file's faults first, on any machine (no device)
-    ids = _load_tokens(args, args.file)
+    ids, tok = _load_tokens(args, args.file)
     if len(ids) == 0:
         raise InvalidArgumentError("the prompt has no tokens")
     if ids.max() >= info["n_vocab"]:
         raise InvalidArgumentError(f"token id {int(ids.max())} is outside the model's vocabulary "
                                    f"[0, {info['n_vocab']})")
-    need = len(ids) + args.n_predict + 1
+    need = len(ids) + n_predict + 1
     if info["context_length"] > 0 and need > info["context_length"]:
-        raise InvalidArgumentError(f"a prompt of {len(ids)} tokens and {args.n_predict} predicted "
+        raise InvalidArgumentError(f"a prompt of {len(ids)} tokens and {n_predict} predicted "
                                    f"need {need} positions; the model's context_length is "
                                    f"{info['context_length']}")
     with Model.load(args.file, gemm=args.gemm, prewarm=not args.no_prewarm) as m:
         s = m.session(max_tokens=need, chunk=args.chunk or 0)
+        if args.chat is not None:
+            from .chat import generate_reply
+            reply = generate_reply(s, ids, tok, n_predict,
+                                   on_text=lambda text: print(text, end="", flush=True))
+            print(flush=True)
+            ended = (f"end of turn {tok.token_text(reply.stop_id)!r}" if reply.stop_id is not None
+                     else f"--n-predict {n_predict} reached")
+            rate = (len(reply.ids) - 1) / reply.generate_s if reply.generate_s > 0 else 0.0
+            print(f"[prompt {reply.prompt_tokens} tokens, prefill {reply.prefill_s * 1e3:.1f} ms; "
+                  f"{len(reply.ids)} tokens generated ({rate:.1f} tok/s); {ended}]",
+                  file=sys.stderr)
+            return 0
         t0 = time.perf_counter()
-        logits, tok = s.prefill(ids, "last", return_token=True)
+        logits, token = s.prefill(ids, "last", return_token=True)
         dt = time.perf_counter() - t0
         print(f"prefill: {len(ids)} tokens in {dt * 1e3:.1f} ms ({len(ids) / dt:.0f} tok/s)")
         print(f"top-5 next tokens: {_top(logits)}")
-        out = [tok]
-        if args.n_predict > 1:
-            out += s.generate(args.n_predict - 1).tolist()
-        print(f"greedy tokens: {' '.join(map(str, out[:args.n_predict]))}")
-        if not args.tokens:
-            from .tokenizer import Tokenizer
-            print("text:", repr(Tokenizer.from_gguf(m.path).decode(out[:args.n_predict])))
+        out = [token]
+        if n_predict > 1:
+            out += s.generate(n_predict - 1).tolist()
+        print(f"greedy tokens: {' '.join(map(str, out[:n_predict]))}")
+        if tok is not None:
+            print("text:", repr(tok.decode(out[:n_predict])))
     return 0
 
 
@@ -156,9 +188,17 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("run", help="prefill a prompt and print the next tokens")
     p.add_argument("file")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--prompt", help="text (needs the `tokenizers` extra)")
+    g.add_argument("--prompt",
+                   help="text, through the GGUF's tokenizer (needs the `tokenizer` extra)")
     g.add_argument("--tokens", help="token ids, comma or space separated")
-    p.add_argument("--n-predict", type=_int_at_least(0), default=8)
+    g.add_argument("--chat", metavar="TEXT",
+                   help="a user message through the GGUF's chat template; the reply is printed "
+                        "as it is generated and stops at the end of the turn")
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
+    p.add_argument("--no-think", action="store_true",
+                   help="with --chat: enable_thinking=False for the template (Qwen3: no <think>)")
+    p.add_argument("--n-predict", type=_int_at_least(0), default=None,
+                   help=f"tokens to generate (default 8; {_CHAT_N_PREDICT} with --chat)")
     p.add_argument("--gemm", default="default", type=str.lower, choices=["default", "auto", "f16", "f32"])
     p.add_argument("--chunk", type=_int_at_least(1), default=None,
                    help="rows per internal chunk (default: the session's, 2048 within free memory)")

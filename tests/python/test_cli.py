@@ -248,3 +248,22 @@ def test_unwritable_outputs_are_one_line(capsys):
                        "/sys/x.gguf: Permission denied")
     _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", "/sys/pyprefill-demo"],
                        "/sys/pyprefill-demo: ")     # EPERM from mkdir on sysfs
+
+
+def test_run_prompt_builds_the_tokenizer_once(tiny_gguf, monkeypatch, capsys):
+    """--prompt tokenizes, and (with a GPU) decodes the reply, with one Tokenizer build."""
+    pytest.importorskip("regex", reason="the `tokenizer` extra (regex) is not installed")
+    from pyprefill import core
+    from pyprefill.tokenizer import Tokenizer
+    builds = []
+    real = Tokenizer.from_gguf.__func__
+
+    def counting(cls, path):
+        builds.append(path)
+        return real(cls, path)
+    monkeypatch.setattr(Tokenizer, "from_gguf", classmethod(counting))
+    rc = main(["run", tiny_gguf, "--prompt", "Hello world", "--n-predict", "2"])
+    assert rc == (0 if core.device_count() else 1)
+    assert builds == [tiny_gguf]
+    if rc == 0:
+        assert "text: " in capsys.readouterr().out
