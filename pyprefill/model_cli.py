@@ -11,11 +11,11 @@ import numpy as np
 
 def _gpu_available() -> tuple[bool, str]:
     try:
-        from . import core
-    except ImportError as exc:
-        return False, f"libprefill not loadable ({str(exc).splitlines()[0]})"
-    n = core.device_count()
-    return (n > 0), ("" if n else "no CUDA device found")
+        from ._errors import no_device_reason
+    except ImportError as exc:            # the whole reason: which file, why, how to install
+        return False, f"libprefill is not loadable: {exc}"
+    why = no_device_reason()
+    return not why, why
 
 
 def _top(logits: np.ndarray, k: int = 5) -> str:
@@ -31,7 +31,8 @@ def cmd_demo(args) -> int:
 
     ok, why = _gpu_available()
     if not ok:
-        print(f"no GPU: {why}; running the NumPy reference alone")
+        print(f"no GPU: {why}")
+        print("running the NumPy reference alone")
     rng = np.random.default_rng(args.seed)
     workdir = args.dir or tempfile.mkdtemp(prefix="pyprefill-demo-")
     os.makedirs(workdir, exist_ok=True)   # OSError (a file in the way, no permission): one line

@@ -14,7 +14,10 @@ def _gpu_state() -> tuple[int, str]:
     except ImportError as exc:
         return 0, f"libprefill not loadable: {str(exc).splitlines()[0]}"
     n = core.device_count()
-    return n, "" if n else "no CUDA device on this machine (pf_device_count() == 0)"
+    if n:
+        return n, ""
+    from pyprefill._errors import no_device_reason
+    return 0, f"no CUDA device: {no_device_reason() or 'pf_device_count() == 0'}"
 
 
 def pytest_configure(config):

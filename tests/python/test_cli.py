@@ -203,13 +203,39 @@ def test_bench_bad_lengths_is_one_line(tmp_path, capsys):
     assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) >= 1
 
 
-def test_library_not_loadable_is_one_line(tmp_path):
-    env = dict(os.environ, PYPREFILL_LIBRARY=str(tmp_path / "libprefill.so"))
+@pytest.mark.parametrize("case", ["not_an_elf", "missing"])
+def test_library_not_loadable_shows_the_whole_reason(tmp_path, case):
+    """A library that cannot load: which file, the loader's own reason (not cut to "(...)") and
+    the README's install command; no traceback."""
+    lib = tmp_path / "libprefill.so"
+    if case == "not_an_elf":
+        lib.write_text("not a shared object\n" * 4)
+    env = dict(os.environ, PYPREFILL_LIBRARY=str(lib))
     out = subprocess.run([sys.executable, "-m", "pyprefill", "run", str(tmp_path / "m.gguf"),
                           "--tokens", "1"], capture_output=True, text=True, env=env)
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "(...)" not in out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pyprefill run: libprefill is not loadable"), lines
+    assert lines[0].startswith("pyprefill run: cannot load libprefill: "), lines
+    if case == "not_an_elf":    # dlopen's words, e.g. "invalid ELF header" or "file too short"
+        assert lines[0].startswith(f"pyprefill run: cannot load libprefill: {lib}: "), lines
+        assert len(lines[0]) > len(f"pyprefill run: cannot load libprefill: {lib}: ") + 5, lines
+    else:
+        assert f"not found: {lib}" in out.stderr
+    assert "pip install ." in out.stderr and "PYPREFILL_LIBRARY" in out.stderr
+
+
+def test_load_error_names_cublas_and_every_candidate():
+    from pyprefill._ffi import load_error
+    text = load_error([("/pkg/lib/libprefill.so", None),
+                       ("/src/build/libprefill.so",
+                        "libcublasLt.so.13: cannot open shared object file: No such file or directory"),
+                       ("/src/build-old/libprefill.so", "wrong ELF class: ELFCLASS32")])
+    lines = text.splitlines()
+    assert lines[0] == ("cannot load libprefill: /src/build/libprefill.so: libcublasLt.so.13: cannot "
+                        "open shared object file: No such file or directory")
+    assert "also failed: /src/build-old/libprefill.so: wrong ELF class" in text
+    assert "pip install nvidia-cublas" in text and "LD_LIBRARY_PATH" in text
+    assert "not found: /pkg/lib/libprefill.so" in text and "pip install ." in text
 
 
 def test_user_error_line_names_the_file():
