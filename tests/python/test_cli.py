@@ -131,20 +131,88 @@ def test_quant_names_in_any_case_in_the_python_api():
     assert choose_qtype("blk.0.ffn_up.weight", w, "Q8_0") == choose_qtype("blk.0.ffn_up.weight", w, "q8_0") == 8
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "not_gguf", "empty", "truncated"])
-def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
+BAD_FILES = ["missing", "directory", "not_gguf", "short_text", "empty", "truncated_header",
+             "truncated_data", "wrong_arch"]
+
+
+def _bad_file(case, tmp_path, tiny_gguf):
+    """A file `run` refuses, and the words the library refuses it with."""
     path = tmp_path / "x.gguf"
+    data = open(tiny_gguf, "rb").read()
     if case == "directory":
         path = tmp_path
     elif case == "not_gguf":
+        path.write_text("hello world, this is not a model at all. " * 10)
+    elif case == "short_text":
         path.write_text("hello")
     elif case == "empty":
         path.write_bytes(b"")
-    elif case == "truncated":
-        path.write_bytes(open(tiny_gguf, "rb").read()[:5000])
-    needle = {"missing": "no such file", "directory": "not a regular file", "not_gguf": "not a GGUF",
-              "empty": "not a GGUF", "truncated": "x.gguf"}[case]
-    _fails_in_one_line(capsys, ["info", str(path)], needle)
+    elif case == "truncated_header":
+        path.write_bytes(data[:5000])
+    elif case == "truncated_data":
+        path.write_bytes(data[:len(data) // 2])
+    elif case == "wrong_arch":
+        from gguf_helpers import tiny_desc, write_gguf
+        path = write_gguf(path, tiny_desc("qwen3-tiny"), arch="llama")
+    needle = {"missing": "cannot open", "directory": "not a regular file",
+              "not_gguf": "not a GGUF", "short_text": "truncated GGUF", "empty": "truncated GGUF",
+              "truncated_header": "truncated GGUF", "truncated_data": "truncated GGUF",
+              "wrong_arch": "llama"}[case]
+    return str(path), needle
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
+    path, needle = _bad_file(case, tmp_path, tiny_gguf)
+    _fails_in_one_line(capsys, ["info", path], needle)
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_info_and_run_give_the_same_verdict(case, tmp_path, tiny_gguf, capsys):
+    """info reads a file with the library's reader, as run does: the same words for every fault."""
+    path, _ = _bad_file(case, tmp_path, tiny_gguf)
+    assert main(["info", path]) == 1
+    info_err = capsys.readouterr().err.strip()
+    assert main(["run", path, "--tokens", "1"]) == 1
+    run_err = capsys.readouterr().err.strip()
+    assert info_err.removeprefix("pyprefill info: ") == run_err.removeprefix("pyprefill run: ")
+
+
+def test_info_reads_the_header_fast_and_lists_types(tmp_path, capsys):
+    """A large vocabulary (the tokenizer arrays of a real Qwen3.5 GGUF: 248320 strings) is skipped,
+    not parsed; the tensor table comes from the header, after the library's verdict."""
+    import time
+
+    from pyprefill.formats.info import skim_header
+    from gguf_helpers import tiny_desc, write_gguf
+    path = write_gguf(tmp_path / "v.gguf", tiny_desc("qwen35-tiny"),
+                      extra_kv={"tokenizer.ggml.tokens": [f"t{i}" for i in range(200_000)]})
+    t0 = time.perf_counter()
+    meta, tensors = skim_header(str(path))
+    assert time.perf_counter() - t0 < 5
+    assert meta["general.architecture"] == "qwen35" and "tokenizer.ggml.tokens" not in meta
+    assert {n for n, *_ in tensors} >= {"token_embd.weight", "blk.3.attn_q.weight"}
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "arch: qwen35" in out and "F32" in out and "attention at 3" in out
+
+
+def test_info_without_the_library_says_so(tmp_path, tiny_gguf):
+    """No library: the Python reader judges the file, and a note on stderr says so."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYPREFILL_LIBRARY=str(tmp_path / "none.so"),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-m", "pyprefill", "info", tiny_gguf],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("note: libprefill is not loadable (cannot load libprefill")
+    assert "the Python reader checked this file instead" in out.stderr
+    assert "arch: qwen3" in out.stdout and "Q8_0" in out.stdout
+    (tmp_path / "bad.gguf").write_bytes(open(tiny_gguf, "rb").read()[:5000])
+    out = subprocess.run([sys.executable, "-m", "pyprefill", "info", str(tmp_path / "bad.gguf")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "pyprefill info: GGUFError:" in out.stderr
 
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "bad_token", "no_tokens", "negative",

@@ -145,7 +145,7 @@ def test_cli_parsers(tmp_path, capsys):
     assert "2 layers: 2 GDN + 0 full attention" in text
     a = ap.parse_args(["info", str(tmp_path / "none.gguf")])
     assert a.func(a) == 1
-    assert "no such file" in capsys.readouterr().err
+    assert "cannot open: No such file" in capsys.readouterr().err
 
 
 def test_describe_lists_types(tmp_path):
