@@ -45,6 +45,22 @@ def cmd_check(args) -> int:
     return 0
 
 
+class DeprecatedOption(argparse.Action):
+    """An option's old spelling, kept for a while: stores into the new option's dest and warns
+    once on stderr, naming the new spelling (and why it changed)."""
+
+    def __init__(self, option_strings, dest, new: str = "", why: str = "", **kw):
+        self.new, self.why = new, why
+        kw.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        why = f" ({self.why})" if self.why else ""
+        print(f"{parser.prog}: warning: {option_string} is deprecated{why}: use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _optional(register, subparsers):
     try:
         register(subparsers)

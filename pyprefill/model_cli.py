@@ -42,7 +42,7 @@ def cmd_demo(args) -> int:
         if not os.path.exists(path):
             write_synthetic(preset, mix, path, seed=args.seed, progress=False)
         ref = ReferenceModel(path)                     # float64 oracle
-        tokens = rng.integers(0, ref.desc.n_vocab, size=args.tokens).astype(np.int32)
+        tokens = rng.integers(0, ref.desc.n_vocab, size=args.length).astype(np.int32)
         t0 = time.perf_counter()
         want = ref.session().prefill(tokens, "last")
         t_ref = time.perf_counter() - t0
@@ -148,8 +148,12 @@ def _int_at_least(low: int):
 
 
 def add_parsers(sub) -> None:
+    from .cli import DeprecatedOption
     p = sub.add_parser("demo", help="the main job: a synthetic model's prefill vs the NumPy reference")
-    p.add_argument("--tokens", type=_int_at_least(1), default=96, help="prompt length")
+    p.add_argument("--length", type=_int_at_least(1), default=96,
+                   help="prompt length in tokens (random ids; default 96)")
+    p.add_argument("--tokens", dest="length", type=_int_at_least(1), action=DeprecatedOption,
+                   new="--length", why="`run --tokens` takes token ids; this is a length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", help="where to write the synthetic models (default: a temp dir)")
     p.set_defaults(func=cmd_demo)

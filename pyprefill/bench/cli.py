@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..cli import DeprecatedOption
 from ..errors import PrefillError
 from ..formats.synth import MIXES
 from . import report
@@ -75,7 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"kernel suite: the families to run (default {','.join(FAMILIES)})")
     p.add_argument("--models", nargs="+", metavar="PRESET",
                    help=f"model suite: formats.synth presets (default {','.join(MODELS)})")
-    p.add_argument("--mix", default="q4_k_m", help="model suite: quant mix of the synthetic GGUFs")
+    p.add_argument("--quant", dest="mix", default="q4_k_m",
+                   help="model suite: quant mix of the synthetic GGUFs, as `pyprefill synth "
+                        "--quant` takes it (default q4_k_m)")
+    p.add_argument("--mix", dest="mix", action=DeprecatedOption, new="--quant",
+                   why="`pyprefill synth` calls it --quant")
     p.add_argument("--gguf-dir", help="model suite: where synthetic GGUFs are written and reused "
                                       "(default: the temp dir)")
     p.add_argument("--reps", type=int, default=7, help="timed batches per kernel (median)")
@@ -144,7 +149,7 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
             raise UsageError(f"--gemm: unknown variant {unknown[0]!r} in {leg!r} (known: "
                              f"{', '.join(VARIANT_ENV)})")
     if a.suite in ("model", "all") and a.mix.lower() not in MIXES:
-        raise UsageError(f"--mix: unknown quant mix {a.mix!r} (known: {', '.join(MIXES)})")
+        raise UsageError(f"--quant: unknown quant mix {a.mix!r} (known: {', '.join(MIXES)})")
     for opt, value, low in (("--reps", a.reps, 1), ("--model-reps", a.model_reps, 1),
                             ("--chunk", a.chunk, 0)):
         if value < low:

@@ -112,7 +112,7 @@ def test_leg_variants_name_their_switches():
     (["kernels", "--families", "gdn,mla"], "unknown mla"),
     (["model", "--gemm", "f99"], "--gemm: unknown leg 'f99'"),
     (["m.gguf", "--gemm", "auto,f16/nofus"], "--gemm: unknown variant 'nofus' in 'f16/nofus'"),
-    (["model", "--mix", "q3_xl"], "--mix: unknown quant mix 'q3_xl'"),
+    (["model", "--quant", "q3_xl"], "--quant: unknown quant mix 'q3_xl'"),
     (["kernels", "--reps", "0"], "--reps: 0 is less than 1"),
     (["model", "--model-reps", "-2"], "--model-reps: -2 is less than 1"),
     (["m.gguf", "--chunk", "-1"], "--chunk: -1 is less than 0"),
@@ -131,6 +131,14 @@ def test_usage_errors(argv, words, tmp_path, capsys):
     assert cli.run(cli.build_parser().parse_args(argv)) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_mix_is_a_deprecated_spelling_of_quant(capsys):
+    """The quant mix is --quant, as `pyprefill synth` names it; --mix still works and warns."""
+    assert _args("model", "--quant", "q8_0").mix == "q8_0"
+    assert capsys.readouterr().err == ""
+    assert _args("model", "--mix", "q8_0").mix == "q8_0"
+    assert "--mix is deprecated" in capsys.readouterr().err and "--quant" in cli.build_parser().format_help()
 
 
 @pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs (a place no one may write)")

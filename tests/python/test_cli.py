@@ -1,4 +1,5 @@
 """The command line on any machine: help, info, synth, and clear errors (CPU)."""
+import argparse
 import os
 import subprocess
 import sys
@@ -256,9 +257,38 @@ def test_run_prompt_at_the_context_limit_fits(short_context_gguf, capsys):
 
 def test_demo_user_mistakes(tmp_path, capsys):
     (tmp_path / "f.txt").write_text("x")
-    _fails_in_one_line(capsys, ["demo", "--tokens", "0"], "--tokens", 2)
-    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", str(tmp_path / "f.txt" / "d")],
+    _fails_in_one_line(capsys, ["demo", "--length", "0"], "--length", 2)
+    _fails_in_one_line(capsys, ["demo", "--length", "4", "--dir", str(tmp_path / "f.txt" / "d")],
                        "Not a directory")
+
+
+def test_demo_tokens_is_a_deprecated_spelling_of_length(tmp_path, capsys):
+    """`run --tokens` takes token ids; demo's prompt length is --length. The old spelling still
+    works and warns, naming the new one."""
+    from pyprefill.cli import build_parser
+    assert build_parser().parse_args(["demo", "--length", "12"]).length == 12
+    assert capsys.readouterr().err == ""
+    assert build_parser().parse_args(["demo", "--tokens", "12"]).length == 12
+    err = capsys.readouterr().err
+    assert "warning: --tokens is deprecated" in err and "use --length" in err
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "--length" in out and "--tokens" not in out
+
+
+def test_option_names_agree_across_subcommands(capsys):
+    """One name, one meaning: --tokens is token ids (run), a prompt length is --length (demo) or
+    --lengths (bench), a quant mix is --quant (synth, bench), a seed --seed."""
+    from pyprefill.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    shown = {name: {o for act in p._actions if act.help != argparse.SUPPRESS
+                    for o in act.option_strings}
+             for name, p in sub.choices.items()}
+    assert "--tokens" in shown["run"] and "--tokens" not in shown["demo"]
+    assert "--length" in shown["demo"] and "--lengths" in shown["bench"]
+    assert "--quant" in shown["synth"] and "--quant" in shown["bench"] and "--mix" not in shown["bench"]
+    assert all("--seed" in shown[c] for c in ("check", "synth", "demo"))
 
 
 def test_bench_bad_lengths_is_one_line(tmp_path, capsys):
@@ -340,5 +370,5 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 def test_unwritable_outputs_are_one_line(capsys):
     _fails_in_one_line(capsys, ["synth", "--model", "qwen3-tiny", "-o", "/sys/x.gguf", "-q"],
                        "/sys/x.gguf: Permission denied")
-    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", "/sys/pyprefill-demo"],
+    _fails_in_one_line(capsys, ["demo", "--length", "4", "--dir", "/sys/pyprefill-demo"],
                        "/sys/pyprefill-demo: ")     # EPERM from mkdir on sysfs
