@@ -1,4 +1,4 @@
-// gdn_chunk.cu — the gated delta rule (spec G7) in its chunkwise-parallel form (spec §3.2.1) on
+// gdn_chunk.cu — the gated delta rule (spec.md G7) in its chunkwise-parallel form (§3.2.1) on
 // tensor cores: the long-prompt path of the fast legs. The sequential scan in gdn.cu stays the
 // exact path (f32 leg) and the decode path.
 //
@@ -67,7 +67,7 @@
 namespace pf {
 namespace {
 
-constexpr int kC = 64;          // chunk rows (spec §3.2.1)
+constexpr int kC = 64;          // chunk rows (spec.md §3.2.1)
 constexpr int kDK = 128;        // dk = dv of the chunked path (all qwen35 sizes)
 constexpr int kLdH = kDK + 8;   // fp16 row stride of K, Q: 272 B, ldmatrix rows hit 8 distinct 16 B bank groups
 constexpr int kLdF = kC + 4;    // fp32 row stride of 64-wide tiles: fragment reads (row g, col tig) conflict-free
@@ -1018,7 +1018,7 @@ __global__ void __launch_bounds__(kStateThreads, 1)
     const int slices = kDK / BV;
     const int j = blockIdx.x / slices;
     const int col0 = (blockIdx.x % slices) * BV;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
     const float *vg = a.v + (int64_t)j * kDK + col0;
     float *og = a.o + (int64_t)j * kDK + col0;
     float *state = a.state + (int64_t)j * kDK * kDK + col0;
@@ -1342,7 +1342,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     const int slices = kDK / BV;
     const int j = blockIdx.x / slices;
     const int col0 = (blockIdx.x % slices) * BV;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
     const int vc = 16 * warp;        // the warp's first column within the CTA's V tile
     float *og = a.o + (int64_t)j * kDK + col0 + vc;
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
@@ -1720,7 +1720,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, tig = lane & 3;
     const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
     if (tid == 0) {
 #pragma unroll
         for (int b = 0; b < NS; ++b) {

@@ -1,5 +1,5 @@
 // session.cu — pf_session: creation (all state and chunk scratch sized up front), the layer
-// loop of one chunk (spec §1.3 for qwen3, §3 for qwen35), chunked prefill that continues from
+// loop of one chunk (spec.md §1.3 for qwen3, §3 for qwen35), chunked prefill that continues from
 // the session's position, greedy tokens, and the state save/restore format.
 #include <algorithm>
 #include <cmath>
@@ -29,7 +29,7 @@ constexpr int32_t kAutoChunk = 2048;
 constexpr int32_t kMinAutoChunk = 256;
 constexpr size_t kAutoChunkShare = 4;  // the chunk's scratch takes at most 1/4 of the free memory
 constexpr int32_t kLmRows = 32;  // LM-head rows per pass for PF_LOGITS_ALL: [32][n_vocab] fp32
-constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec §0, G5)
+constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec.md §0, G5)
 
 pf_status salloc(pf_session *s, size_t bytes, void **out, const char *what) {
     PF_TRY(device_alloc(s->ctx, bytes, out, what));
@@ -210,7 +210,7 @@ bool attn_graphable(const pf_session *s, int64_t T) {
     return true;
 }
 
-// Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
+// Attention mixer (spec.md §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
 pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunner &R) {
     pf_context *ctx = s->ctx;
     const Hparams &hp = s->model->hp;
@@ -286,7 +286,7 @@ pf_status attn_layer(pf_session *s, const LayerWeights &L, int64_t T, ChunkRunne
     });
 }
 
-// Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
+// Gated DeltaNet mixer (spec.md §3.2 G1-G9): x += GDN(h) . W_out^T.
 pf_status gdn_layer(pf_session *s, const LayerWeights &L, int64_t il, int64_t T) {
     pf_context *ctx = s->ctx;
     const Hparams &hp = s->model->hp;
