@@ -49,6 +49,38 @@ pf_status context_init(pf_context *ctx, const pf_context_options &o) {
     return PF_STATUS_OK;
 }
 
+// Why the runtime found no device, in words a user can act on. cudart reports a missing driver
+// (libcuda.so.1 absent) and an old one alike as cudaErrorInsufficientDriver; the driver version
+// tells them apart (cudaDriverGetVersion gives 0 when no driver library could be loaded).
+pf_status no_device(cudaError_t e) {
+    int drv = 0;
+    (void)cudaDriverGetVersion(&drv);
+    (void)cudaGetLastError();
+    const int rt = CUDART_VERSION;  // the runtime linked into this library (cudart is static)
+    const char *min_driver = rt / 1000 == 13 ? "580" : rt / 1000 == 12 ? "525" : "?";
+    const char *fn = "pf_context_create: no CUDA device";
+    if (e == cudaErrorInsufficientDriver && drv == 0)
+        return pf::fail(PF_STATUS_NO_DEVICE,
+                        "%s: no NVIDIA driver is installed (libcuda.so.1 could not be loaded); this "
+                        "library needs a driver for CUDA %d.%d or newer (version %s or newer)",
+                        fn, rt / 1000, rt % 1000 / 10, min_driver);
+    if (e == cudaErrorInsufficientDriver)
+        return pf::fail(PF_STATUS_NO_DEVICE,
+                        "%s: the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d runtime "
+                        "this library was built with: update the driver to version %s or newer",
+                        fn, drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, min_driver);
+    if (e == cudaErrorStubLibrary)
+        return pf::fail(PF_STATUS_NO_DEVICE,
+                        "%s: the libcuda.so.1 loaded is the CUDA toolkit's stub, not a driver (a "
+                        "stubs/ directory on LD_LIBRARY_PATH?)", fn);
+    if (e == cudaErrorNoDevice || e == cudaSuccess)
+        return pf::fail(PF_STATUS_NO_DEVICE,
+                        "%s: the NVIDIA driver (CUDA %d.%d) is installed but sees no GPU", fn,
+                        drv / 1000, drv % 1000 / 10);
+    return pf::fail(PF_STATUS_NO_DEVICE, "%s: CUDA cannot start: %s (%s)", fn,
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
 }  // namespace
 
 extern "C" PF_API uint32_t pf_version(void) {
@@ -102,11 +134,7 @@ extern "C" PF_API pf_status pf_context_create(pf_context **out, const pf_context
                      "pf_context_create: flags=%u has bits other than PF_CONTEXT_POISON (1)", o.flags);
         int n = 0;
         const cudaError_t e = cudaGetDeviceCount(&n);
-        if (e != cudaSuccess || n == 0) {
-            (void)cudaGetLastError();
-            return pf::fail(PF_STATUS_NO_DEVICE, "pf_context_create: no CUDA device found (%s)",
-                            e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
-        }
+        if (e != cudaSuccess || n == 0) return no_device(e);
         if (o.device < 0 || o.device >= n)
             return pf::fail(PF_STATUS_NO_DEVICE,
                             "pf_context_create: device=%d does not exist (%d device(s) found)",

@@ -1,6 +1,6 @@
 // attention.cuh — attention over a resident KV cache (internal entries).
 //
-// KV cache layout (DESIGN.md "Numbers and layouts"): per attention layer, K and V are two
+// KV cache layout (design.md "Numbers and layouts"): per attention layer, K and V are two
 // separate row-major arrays `[max_len][kv_dim]`, kv_dim = Hkv * D, row p = position p, KV head g
 // owns columns [g*D, (g+1)*D). The element type is fp16 (PF_KV_F16, the default) or fp32
 // (PF_KV_F32, the exact path). K rows hold k after the QK RMSNorm and RoPE, V rows raw v.
@@ -9,7 +9,7 @@
 // projection can also write straight into the cache: point its output at
 // `k_cache + pos0 * kv_dim` with row stride ldy = kv_dim (and run the norm/RoPE in place there).
 //
-// Query heads map onto KV heads by grouping (spec §0.1 B2, pitfall §7.2): with G = H / Hkv,
+// Query heads map onto KV heads by grouping (spec.md §0.1 B2, pitfall §7.2): with G = H / Hkv,
 // query head h reads KV head h / G (never h % Hkv).
 #pragma once
 
@@ -89,7 +89,7 @@ struct attention_args {
 
 constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-path workspace
 
-// Causal grouped attention for a chunk (spec §0.1 B2, §1.3 step 6, §3.1 A7):
+// Causal grouped attention for a chunk (spec.md §0.1 B2, §1.3 step 6, §3.1 A7):
 //   o[t, h] = sum_{j <= pos0 + t} softmax_j(scale * q[t, h] . K[j, h / G]) V[j, h / G]
 // with fp32 softmax (max-subtracted). Paths (a.path):
 //  - PF_ATTN_CUBLAS: per pass of n <= rows_per_pass query rows (positions pos0+r0 ..), over

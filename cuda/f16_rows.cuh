@@ -1,6 +1,6 @@
 // f16_rows.cuh — the f16 leg's input form, written by the kernel that produces a projection's
 // input (RMSNorm, SwiGLU, the gated RMSNorm, the attention output gate) in the same pass, so
-// that no separate cast pass runs before the GEMM (DESIGN.md "Numbers and layouts").
+// that no separate cast pass runs before the GEMM (design.md "Numbers and layouts").
 //
 // The form (the contract of gemm.cuh's f16 leg, shared with its cast kernel):
 //  - x16: [rows][ld16] fp16; row r holds round_to_nearest_fp16(y[r][c] * 2^-e_r);

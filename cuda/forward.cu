@@ -1,4 +1,4 @@
-// forward.cu — the layer loop of one step (spec §1.3 for qwen3, §3 for qwen35) over the rows of
+// forward.cu — the layer loop of one step (spec.md §1.3 for qwen3, §3 for qwen35) over the rows of
 // one or many sequences, and its CUDA graphs. The projections, norms, gates and FFN run once over
 // all rows of the step; what reads or writes a sequence's state (the q/k RoPE and the KV-cache
 // write, attention, the GDN conv window and the delta rule) runs per item, on the item's rows and
@@ -22,7 +22,7 @@
 namespace pf {
 namespace {
 
-constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec §0, G5)
+constexpr float kL2NormEps = 1e-6f;  // GDN q/k L2 norm: HF hard-codes 1e-6 (spec.md §0, G5)
 
 // Runs a step's launches in order, as steps of two kinds: graphed (launches that depend on the
 // step's shape only: the positions and the ids offset are read from device memory) and eager
@@ -195,7 +195,7 @@ bool attn_graphable(const Executor *e, const std::vector<StepItem> &items) {
     return true;
 }
 
-// Attention mixer (spec §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
+// Attention mixer (spec.md §1.3 steps 2-7 / §3.1 A1-A9): x += attention(h) . Wo^T.
 pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<StepItem> &items, int64_t T, Runner &R) {
     pf_context *ctx = e->ctx;
     const Hparams &hp = e->model->hp;
@@ -285,7 +285,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     });
 }
 
-// Gated DeltaNet mixer (spec §3.2 G1-G9): x += GDN(h) . W_out^T.
+// Gated DeltaNet mixer (spec.md §3.2 G1-G9): x += GDN(h) . W_out^T.
 pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::vector<StepItem> &items, int64_t T) {
     pf_context *ctx = e->ctx;
     const Hparams &hp = e->model->hp;

@@ -1,4 +1,4 @@
-// gdn.cu — Gated DeltaNet kernels (spec §3.2): conv1d + SiLU, L2 norm, gates, gated RMSNorm,
+// gdn.cu — Gated DeltaNet kernels (spec.md §3.2): conv1d + SiLU, L2 norm, gates, gated RMSNorm,
 // and the chunk-resident sequential delta-rule scan. Three layers per op: __global__ kernel (one
 // args struct) -> launcher -> entry (declared in gdn.cuh). fp32 throughout; every reduction has
 // a fixed order that does not depend on the number of rows, so each row kernel equals `rows`
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
     const int blocks_per_head = a.dv / COLS;
     const int j = blockIdx.x / blocks_per_head;
     const int col0 = (blockIdx.x % blocks_per_head) * COLS;
-    const int jk = j % a.n_k_heads;                   // tiled pairing (qwen35 GGUF, spec G6)
+    const int jk = j % a.n_k_heads;                   // tiled pairing (qwen35 GGUF, spec.md G6)
     const int64_t hv_col = (int64_t)j * a.dv + col0;  // this block's columns in v / o rows
     const int64_t hk_col = (int64_t)jk * DK;          // the paired key head in q / k rows
     float *state = a.state + (int64_t)j * DK * a.dv + col0;

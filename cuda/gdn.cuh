@@ -1,4 +1,4 @@
-// gdn.cuh — Gated DeltaNet kernels (spec §3.2, G2-G8): causal conv1d + SiLU over a chunk,
+// gdn.cuh — Gated DeltaNet kernels (spec.md §3.2, G2-G8): causal conv1d + SiLU over a chunk,
 // per-head L2 norm, gates, gated RMSNorm, and the delta-rule recurrence with the state on chip.
 // Internal entry points (namespace pf) called by the engine and by api_gdn.cu.
 //
@@ -47,8 +47,8 @@ pf_status gdn_conv1d_rows(CMatF m, float *window, const float *weight, MatF u, i
 // G5: per-head L2 norm in place, with a scale: for each row r and head h in [0, n_heads),
 //  x_h <- x_h * ((1 / sqrt(sum_i x_h[i]^2 + eps)) * scale), head h at x.row(r) + h*head_stride.
 //  This is HF's formula (x * rsqrt(sum x^2 + eps), eps = 1e-6); llama.cpp uses
-//  x / max(||x||, eps), which differs by ~eps / (2 ||x||^2) relative (spec §0). scale = 1 for
-//  k, 1/sqrt(dk) for q (applied after the normalisation, spec G5).
+//  x / max(||x||, eps), which differs by ~eps / (2 ||x||^2) relative (spec.md §0). scale = 1 for
+//  k, 1/sqrt(dk) for q (applied after the normalisation, spec.md G5).
 //  Sum of squares: lane l of one warp sums elements l, l+32, ... in order, then a fixed
 //  butterfly over the 32 lanes.
 pf_status gdn_l2norm_rows(MatF x, int64_t rows, int32_t n_heads, int64_t head_stride,
@@ -117,7 +117,7 @@ pf_status gdn_gated_rms_norm_rows_f16(const GdnGatedNormArgs &a, const F16Out &o
 //         the transpose of llama.cpp's); read at the start, written back at the end (in place).
 //  o:     [rows][ld], n_v_heads heads of dv. o must not overlap q, k, beta, g or state; o == v
 //         exactly (same pointer and ld) is allowed.
-//  Value head j uses key head j % n_k_heads (qwen35 GGUF, tiled pairing, spec G6);
+//  Value head j uses key head j % n_k_heads (qwen35 GGUF, tiled pairing, spec.md G6);
 //  n_v_heads must be a multiple of n_k_heads.
 struct GdnScanArgs {
     CMatF q, k, v, beta, g;
@@ -141,7 +141,7 @@ struct GdnScanArgs {
 //  from kGdnChunkMinRows rows.
 pf_status gdn_scan_rows(const GdnScanArgs &a, cudaStream_t stream);
 
-// G7 in the chunkwise-parallel form (spec §3.2.1) on tensor cores (gdn_chunk.cu): the result of
+// G7 in the chunkwise-parallel form (spec.md §3.2.1) on tensor cores (gdn_chunk.cu): the result of
 // gdn_scan_rows up to rounding (fp16 operands with exact per-chunk power-of-two scales, fp32
 // accumulation and state; tested at 2e-3 relative against float64, 3e-4 to 7e-4 measured), for
 // dk = dv = 128 (UNSUPPORTED otherwise). q and k must be L2-normalised (|x| <= 1). Not bitwise

@@ -1,4 +1,4 @@
-// gdn_chunk.cu — the gated delta rule (spec G7) in its chunkwise-parallel form (spec §3.2.1) on
+// gdn_chunk.cu — the gated delta rule (spec.md G7) in its chunkwise-parallel form (spec.md §3.2.1) on
 // tensor cores: the long-prompt path of the fast legs. The sequential scan in gdn.cu stays the
 // exact path (f32 leg) and the decode path.
 //

@@ -17,7 +17,7 @@
 namespace pf {
 namespace gdnc {
 
-constexpr int kC = 64;          // chunk rows (spec §3.2.1)
+constexpr int kC = 64;          // chunk rows (spec.md §3.2.1)
 constexpr int kDK = 128;        // dk = dv of the chunked path (all qwen35 sizes)
 constexpr int kLdH = kDK + 8;   // fp16 row stride of K, Q: 272 B, ldmatrix rows hit 8 distinct 16 B bank groups
 constexpr int kLdF = kC + 4;    // fp32 row stride of 64-wide tiles: fragment reads (row g, col tig) conflict-free

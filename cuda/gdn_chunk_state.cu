@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     const int slices = kDK / BV;
     const int j = blockIdx.x / slices;
     const int col0 = (blockIdx.x % slices) * BV;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
     const int vc = 16 * warp;        // the warp's first column within the CTA's V tile
     float *og = a.o + (int64_t)j * kDK + col0 + vc;
     float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;

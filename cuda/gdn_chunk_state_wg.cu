@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, tig = lane & 3;
     const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec G6)
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
     if (tid == 0) {
 #pragma unroll
         for (int b = 0; b < NS; ++b) {

@@ -91,7 +91,7 @@ pf_status read_hparams(const GgufFile &f, Hparams *hp) {
 }
 
 // Layer schedule: qwen3 all attention; qwen35 from attention.recurrent_layers when present,
-// else attention iff (il + 1) % interval == 0 (spec §2). Checked against the tensors later.
+// else attention iff (il + 1) % interval == 0 (spec.md §2). Checked against the tensors later.
 std::vector<bool> schedule(const GgufFile &f, const Hparams &hp) {
     std::vector<bool> attn(size_t(hp.n_layer), true);
     if (hp.arch != PF_ARCH_QWEN35) return attn;
@@ -159,7 +159,7 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
             in_layer(il, n, {k, rows}, TensorKind::Matrix, dst, nullptr);
         };
         L.attn = attn[size_t(il)];
-        // The tensor set must match the schedule (spec §3.3 warning): fail loudly otherwise.
+        // The tensor set must match the schedule (spec.md §3.3 warning): fail loudly otherwise.
         if (hp.arch == PF_ARCH_QWEN35) {
             const bool has_q = f.tensor(b + "attn_q.weight") != nullptr;
             const bool has_qkv = f.tensor(b + "attn_qkv.weight") != nullptr;

@@ -1,5 +1,5 @@
 // model_plan.h — the host-only half of model loading: hyper-parameters read from GGUF metadata
-// (spec §1.1 / §2.1), the layer schedule, and the expected tensor table (§1.2 / §2.2-2.5)
+// (spec.md §1.1 / §2.1), the layer schedule, and the expected tensor table (§1.2 / §2.2-2.5)
 // checked name by name, shape by shape and type by type. No CUDA: model.cu uploads what a plan
 // lists, pf_model_inspect reports it, and the GGUF fuzz target runs it on arbitrary bytes.
 #pragma once

@@ -71,7 +71,7 @@ pf_status swiglu_rows(CMatF g, CMatF u, MatF out, int64_t rows, int64_t cols, cu
 // Residual add: y[r, c] += x[r, c]. y, x: [rows][ld]; must not overlap.
 pf_status add_rows(MatF y, CMatF x, int64_t rows, int64_t cols, cudaStream_t stream);
 
-// Sigmoid output gate (qwen35 attention, spec §3.1 A8), in place on o:
+// Sigmoid output gate (qwen35 attention, spec.md §3.1 A8), in place on o:
 //  o[r*ldo + h*head_dim + i] *= sigmoid(gate[r*ldgate + h*gate_head_stride + i])
 //  for h in [0, n_heads), i in [0, head_dim). For qwen35, gate points at column head_dim of
 //  the q-projection output (the gate half of head 0), gate stride = 2*head_dim, gate.ld =

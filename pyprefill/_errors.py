@@ -28,3 +28,19 @@ def _check(status: int) -> None:
         return
     name = ffi.string(lib.pf_status_name(status)).decode()
     raise _BY_STATUS.get(status, PrefillError)(f"{name}: {last_error()}", status)
+
+
+def no_device_reason() -> str:
+    """Why no CUDA device can be used, in the library's words: no NVIDIA driver, a driver too old
+    for the library's CUDA runtime, a stub libcuda, or no GPU ("" when there is a device). Asks
+    pf_context_create only when pf_device_count finds none, so nothing is created."""
+    n = ffi.new("int32_t *")
+    _check(lib.pf_device_count(n))
+    if n[0] > 0:
+        return ""
+    out = ffi.new("pf_context **")
+    status = lib.pf_context_create(out, ffi.NULL)
+    if status == lib.PF_STATUS_OK:        # the count and the create disagree: use the device
+        lib.pf_context_destroy(out[0])
+        return ""
+    return last_error().removeprefix("pf_context_create: ").removeprefix("no CUDA device: ")

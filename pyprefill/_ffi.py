@@ -60,18 +60,44 @@ def _candidates() -> list[str]:
     return out
 
 
+INSTALL_HINT = ("install: `pip install .` in the source checkout (the README's command), or build "
+                "with `bash scripts/test.sh` (then build/libprefill.so is found); "
+                "PYPREFILL_LIBRARY=/path/to/libprefill.so names the file to load")
+
+
+def load_error(attempts: list[tuple[str, str | None]]) -> str:
+    """The whole reason libprefill did not load, from (path, dlopen error or None when the file
+    does not exist) per candidate: the first real load failure leads (a missing cuBLAS, a wrong
+    architecture), then where else it looked and how to install. Never shortened."""
+    failed = [(p, why) for p, why in attempts if why is not None]
+    if failed:
+        path, why = failed[0]
+        lines = [f"cannot load libprefill: {path}: {why}"]
+        lines += [f"  also failed: {p}: {w}" for p, w in failed[1:]]
+        if "libcublas" in why:
+            lines.append("  libcublas.so.13 and libcublasLt.so.13 are cuBLAS 13: from the CUDA 13 "
+                         "toolkit (lib64/) or `pip install nvidia-cublas`; put their directory on "
+                         "LD_LIBRARY_PATH")
+    else:
+        lines = ["cannot load libprefill: no libprefill.so found"]
+    missing = [p for p, why in attempts if why is None]
+    if missing:
+        lines.append(f"  not found: {', '.join(missing)}")
+    lines.append(f"  {INSTALL_HINT}")
+    return "\n".join(lines)
+
+
 def _load():
-    errors = []
+    attempts: list[tuple[str, str | None]] = []
     for path in _candidates():
         if not os.path.exists(path):
-            errors.append(f"{path}: no such file")
+            attempts.append((path, None))
             continue
         try:
             return ffi.dlopen(path)
         except OSError as exc:                                # keep every reason, like cairocffi
-            errors.append(f"{path}: {exc}")
-    raise ImportError("cannot load libprefill (set PYPREFILL_LIBRARY or pip install pyprefill):\n  "
-                      + "\n  ".join(errors))
+            attempts.append((path, str(exc)))
+    raise ImportError(load_error(attempts))
 
 
 lib = _load()

@@ -17,12 +17,13 @@ def cmd_check(args) -> int:
     try:
         from . import core
     except ImportError as exc:
-        print(f"libprefill: not loadable ({exc})")
+        print(f"libprefill: not loadable: {exc}")
         return 1
     print(f"libprefill {core.version()} (header {'.'.join(map(str, core.lib_header_version()))})")
     n = core.device_count()
     if n == 0:
-        print("devices: none found (no CUDA driver or GPU on this machine): GPU smoke check skipped")
+        from ._errors import no_device_reason
+        print(f"devices: none, GPU smoke check skipped: {no_device_reason() or 'no CUDA device'}")
         return 0
     print(f"devices: {n}")
     rng = np.random.default_rng(args.seed)
@@ -42,6 +43,22 @@ def cmd_check(args) -> int:
             if not ok:
                 return 1
     return 0
+
+
+class DeprecatedOption(argparse.Action):
+    """An option's old spelling, kept for a while: stores into the new option's dest and warns
+    once on stderr, naming the new spelling (and why it changed)."""
+
+    def __init__(self, option_strings, dest, new: str = "", why: str = "", **kw):
+        self.new, self.why = new, why
+        kw.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        why = f" ({self.why})" if self.why else ""
+        print(f"{parser.prog}: warning: {option_string} is deprecated{why}: use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def _optional(register, subparsers):
@@ -86,13 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def user_error_line(exc: BaseException) -> str:
-    """One line naming what went wrong, for an error a user's input can cause."""
+    """One line naming what went wrong, for an error a user's input can cause. A library that
+    cannot load is the exception: its whole reason (which file, why, how to install) is kept,
+    indented lines included."""
     if isinstance(exc, PrefillError):
         text = f"{type(exc).__name__}: {exc}"
     elif isinstance(exc, OSError) and exc.filename is not None:   # a path: name it and why
         text = f"{exc.filename}: {exc.strerror or exc}"
     elif isinstance(exc, ImportError):
-        text = f"libprefill is not loadable: {exc}"
+        text = str(exc).strip()
+        return text if text.startswith("cannot load libprefill") else f"libprefill is not loadable: {text}"
     else:
         text = f"{type(exc).__name__}: {exc}"
     lines = text.strip().splitlines() or [type(exc).__name__]

@@ -12,11 +12,11 @@ import numpy as np
 
 def _gpu_available() -> tuple[bool, str]:
     try:
-        from . import core
-    except ImportError as exc:
-        return False, f"libprefill not loadable ({str(exc).splitlines()[0]})"
-    n = core.device_count()
-    return (n > 0), ("" if n else "no CUDA device found")
+        from ._errors import no_device_reason
+    except ImportError as exc:            # the whole reason: which file, why, how to install
+        return False, f"libprefill is not loadable: {exc}"
+    why = no_device_reason()
+    return not why, why
 
 
 def _top(logits: np.ndarray, k: int = 5) -> str:
@@ -32,7 +32,8 @@ def cmd_demo(args) -> int:
 
     ok, why = _gpu_available()
     if not ok:
-        print(f"no GPU: {why}; running the NumPy reference alone")
+        print(f"no GPU: {why}")
+        print("running the NumPy reference alone")
     rng = np.random.default_rng(args.seed)
     workdir = args.dir or tempfile.mkdtemp(prefix="pyprefill-demo-")
     os.makedirs(workdir, exist_ok=True)   # OSError (a file in the way, no permission): one line
@@ -42,7 +43,7 @@ def cmd_demo(args) -> int:
         if not os.path.exists(path):
             write_synthetic(preset, mix, path, seed=args.seed, progress=False)
         ref = ReferenceModel(path)                     # float64 oracle
-        tokens = rng.integers(0, ref.desc.n_vocab, size=args.tokens).astype(np.int32)
+        tokens = rng.integers(0, ref.desc.n_vocab, size=args.length).astype(np.int32)
         t0 = time.perf_counter()
         want = ref.session().prefill(tokens, "last")
         t_ref = time.perf_counter() - t0
@@ -179,8 +180,12 @@ def _int_at_least(low: int):
 
 
 def add_parsers(sub) -> None:
+    from .cli import DeprecatedOption
     p = sub.add_parser("demo", help="the main job: a synthetic model's prefill vs the NumPy reference")
-    p.add_argument("--tokens", type=_int_at_least(1), default=96, help="prompt length")
+    p.add_argument("--length", type=_int_at_least(1), default=96,
+                   help="prompt length in tokens (random ids; default 96)")
+    p.add_argument("--tokens", dest="length", type=_int_at_least(1), action=DeprecatedOption,
+                   new="--length", why="`run --tokens` takes token ids; this is a length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", help="where to write the synthetic models (default: a temp dir)")
     p.set_defaults(func=cmd_demo)

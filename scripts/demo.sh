@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The main job: build libprefill, then run `pyprefill demo` (a synthetic model's prefill checked
-# against the NumPy reference; without a GPU it says so and runs the reference alone).
+# The main job: build libprefill (each step shown; on failure the compiler's error), then run
+# `pyprefill demo` (a synthetic model's prefill checked against the NumPy reference; without a
+# GPU it says why and runs the reference alone). Arguments go to the demo (`--length N`,
+# `--seed S`, `--dir DIR`).
+#   bash scripts/demo.sh            (BUILD_DIR, PF_CUDA_ARCH and PYTHON may be set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 . scripts/env.sh
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DPF_BUILD_TESTS=OFF >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)" >/dev/null
+. scripts/build.sh
+pf_build OFF
 PYPREFILL_LIBRARY="$PWD/$BUILD_DIR/libprefill.so" PYTHONPATH="$PWD" "$PYTHON" -m pyprefill demo "$@"

@@ -2,7 +2,7 @@
 """Build the HF parity fixtures under tests/data/ (needs torch + transformers; runs on the CPU).
 
 For each seeded tiny random HF model (every parameter randomised, including the zero-centred
-norms, A_log, dt_bias and the GDN output norm — spec §7.4/§8):
+norms, A_log, dt_bias and the GDN output norm — spec.md §7.4/§8):
   <name>.f32.gguf   exported with pyprefill.formats.hf_export (quant="f32")
   <name>.f32.npz    logits at every position of a few prompts (one of 200+ tokens) from the
                     ORIGINAL HF model run in true float64 (see `hf_float64`), stored as float32
@@ -107,7 +107,7 @@ def build_model(fx: Fixture):
 @contextlib.contextmanager
 def hf_float64(model):
     """Run an HF model in true float64: model.double() plus widening the fp32 casts the modeling
-    code makes on purpose (RMSNorm, RoPE tables, softmax, gates and the delta rule, spec §8):
+    code makes on purpose (RMSNorm, RoPE tables, softmax, gates and the delta rule, spec.md §8):
     inside the context Tensor.float() / .to(float32) on a float64 tensor (or an integer position
     tensor) yield float64, and the RoPE inverse frequencies are recomputed in float64."""
     import torch

@@ -22,12 +22,18 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from ..cli import DeprecatedOption
 from ..errors import PrefillError
+from ..formats.synth import MIXES
 from . import report
 from ._common import Bench, Recorder, detect_gpu, meta
+from .model import VARIANT_TUNING
+
+LEG_NAMES = ("auto", "f16", "f32", "int8", "default")   # pf_gemm_leg (include/prefill.h)
 
 SUITES = ("kernels", "model", "all")
 FAMILIES = ("gemm", "rows", "gdn", "attention")
@@ -47,14 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt lengths, comma or space separated "
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
-                   help="projection legs: auto, f16, f32, int8; LEG/nofuse, LEG/noact16, "
-                        "LEG/nograph, LEG/noqkrope, LEG/noattngraph, LEG/norowregs, LEG/nolt, "
-                        "LEG/noconvnorm (combinable: LEG/nofuse/noact16/nograph) run "
-                        "LEG with the fused projections, the producers' fp16 inputs, the CUDA "
-                        "graphs, the fused q/k norm+RoPE+cache write, attention inside the "
-                        "chunk's graph, the register-resident row kernels, the timed per-shape "
-                        "cuBLASLt GEMM choice or the GDN conv1d fused with the q/k L2 norms off "
-                        "(before/after in one run) "
+                   help="projection legs: auto, f16, f32, int8; LEG/VARIANT runs LEG with one "
+                        "tuning field changed (combinable: LEG/nofuse/noact16/nograph): nofuse, "
+                        "noact16, nograph, noqkrope, norowregs, nolt, noconvnorm, seqscan, "
+                        "onepass, warpstate (pyprefill.bench.model.VARIANT_TUNING; before/after "
+                        "in one run) "
                         "(default: FILE auto, suites f16,f32)")
     p.add_argument("--chunk", type=int, default=2048,
                    help="session chunk: rows per internal step (0 = the session's default)")
@@ -70,7 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"kernel suite: the families to run (default {','.join(FAMILIES)})")
     p.add_argument("--models", nargs="+", metavar="PRESET",
                    help=f"model suite: formats.synth presets (default {','.join(MODELS)})")
-    p.add_argument("--mix", default="q4_k_m", help="model suite: quant mix of the synthetic GGUFs")
+    p.add_argument("--quant", dest="mix", default="q4_k_m",
+                   help="model suite: quant mix of the synthetic GGUFs, as `pyprefill synth "
+                        "--quant` takes it (default q4_k_m)")
+    p.add_argument("--mix", dest="mix", action=DeprecatedOption, new="--quant",
+                   why="`pyprefill synth` calls it --quant")
     p.add_argument("--gguf-dir", help="model suite: where synthetic GGUFs are written and reused "
                                       "(default: the temp dir)")
     p.add_argument("--reps", type=int, default=7, help="timed batches per kernel (median)")
@@ -102,7 +109,9 @@ def _split(values, conv=str) -> list:
 
 
 def resolve(a: argparse.Namespace) -> argparse.Namespace:
-    """Defaults that depend on the mode; UsageError for options that do not apply."""
+    """Defaults that depend on the mode; UsageError for an option that does not apply or a value
+    out of range (lengths, legs and their variants, families, presets, mix, repeats, chunk, the
+    output paths): all checked before any GPU is looked for."""
     from ..formats.synth import PRESETS
     a.suite = a.target if a.target in SUITES else None
     try:
@@ -128,9 +137,64 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
     if unknown:
         raise UsageError(f"--models: unknown preset(s) {', '.join(unknown)} "
                          f"(known: {', '.join(PRESETS)})")
+    for leg in a.gemm:
+        base, *variants = leg.split("/")
+        if base not in LEG_NAMES:
+            raise UsageError(f"--gemm: unknown leg {base!r} in {leg!r} (known: {', '.join(LEG_NAMES)})")
+        unknown = [v for v in variants if v not in VARIANT_TUNING]
+        if unknown:
+            raise UsageError(f"--gemm: unknown variant {unknown[0]!r} in {leg!r} (known: "
+                             f"{', '.join(VARIANT_TUNING)})")
+    if a.suite in ("model", "all") and a.mix.lower() not in MIXES:
+        raise UsageError(f"--quant: unknown quant mix {a.mix!r} (known: {', '.join(MIXES)})")
+    for opt, value, low in (("--reps", a.reps, 1), ("--model-reps", a.model_reps, 1),
+                            ("--chunk", a.chunk, 0)):
+        if value < low:
+            raise UsageError(f"{opt}: {value} is less than {low}")
+    for opt, path in (("--out", a.out), ("--gguf-dir", a.gguf_dir)):
+        if path is not None:
+            _check_writable_dir(opt, path)
+    if a.plot is not None:
+        if os.path.isdir(a.plot):
+            raise UsageError(f"--plot: {a.plot} is a directory (expected FILE.png)")
+        _check_writable_dir("--plot", os.path.dirname(os.path.abspath(a.plot)))
     if a.quick:
         a.reps, a.model_reps = min(a.reps, 3), min(a.model_reps, 2)
     return a
+
+
+def _check_writable_dir(opt: str, path: str) -> None:
+    """UsageError unless `path` is a directory that can be written, or one that can be made (the
+    nearest existing ancestor is a writable directory; a temporary file there, removed at once,
+    is the test). No directory is made here."""
+    p = os.path.abspath(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise UsageError(f"{opt}: {path} exists and is not a directory")
+    probe = p
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{opt}: {path}: {probe} is not a directory")
+    try:                            # root passes os.access everywhere; a real file tells
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{opt}: {path}: cannot write in {probe} ({exc.strerror or exc})") from None
+
+
+def _check_gguf(path: str) -> str | None:
+    """The library's verdict on a FILE (pf_model_inspect, as `run` gives it) before any GPU is
+    looked for: the message of a file it refuses, or None (also where the library cannot load:
+    then the GPU check says why)."""
+    try:
+        from ..model import inspect
+    except ImportError:
+        return None
+    try:
+        inspect(path)
+    except PrefillError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _settings(a) -> dict:
@@ -219,6 +283,9 @@ def run(a: argparse.Namespace) -> int:
     if a.suite is None and not os.path.isfile(a.target):
         print(f"pyprefill bench: {a.target}: no such file (or a suite: {', '.join(SUITES)})",
               file=sys.stderr)
+        return 1
+    if a.suite is None and (why := _check_gguf(a.target)):
+        print(f"pyprefill bench: {why}", file=sys.stderr)
         return 1
     ok, why = detect_gpu()
     if not ok:

@@ -1,4 +1,4 @@
-"""One timing loop for every benchmark (the method of /work/.library/device/METHOD.md).
+"""One timing loop for every benchmark (the method of docs/benchmarks.md, "How we measure").
 
 `measure(call, clock)` warms up, sizes a batch of calls from one probe, then times `reps`
 batches and reports the per-call time of each batch and their median. What differs between

@@ -1,4 +1,4 @@
-"""Read and validate a qwen3 / qwen35 GGUF file into a ModelDesc (spec §1.1-1.2, §2.1-2.5).
+"""Read and validate a qwen3 / qwen35 GGUF file into a ModelDesc (spec.md §1.1-1.2, §2.1-2.5).
 
 `load_model_desc(path)` reads every hyper-parameter key, derives the layer schedule, checks it
 against the tensors each block really has, and checks every tensor's shape and type against
@@ -185,7 +185,7 @@ def _tensor_table(reader: Any, path: str) -> dict[str, TensorInfo]:
 
 
 def _layer_schedule(meta: _Meta, arch: str, n_layer: int, interval: int) -> tuple[str, ...]:
-    """'attn' | 'gdn' per layer (spec §2: attention iff (il+1) % interval == 0)."""
+    """'attn' | 'gdn' per layer (spec.md §2: attention iff (il+1) % interval == 0)."""
     if arch == "qwen3":
         return ("attn",) * n_layer
     recurrent = meta.raw("attention.recurrent_layers", None, required=False)

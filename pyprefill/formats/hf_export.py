@@ -1,5 +1,5 @@
 """Export a transformers Qwen3ForCausalLM / Qwen3_5ForCausalLM (text-only) to GGUF, following
-llama.cpp's converter rules as restated in spec §1.4 (qwen3) and §3.3 (qwen35); and the inverse:
+llama.cpp's converter rules as restated in spec.md §1.4 (qwen3) and §3.3 (qwen35); and the inverse:
 load a GGUF's *dequantized* weights back into the HF model, so that "HF with the dequantized
 weights" is the expected result for a quantized file.
 

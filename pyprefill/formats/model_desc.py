@@ -1,4 +1,4 @@
-"""What a GGUF file holds, in the terms of spec §1.1/§2.1: the contract shared by the loader,
+"""What a GGUF file holds, in the terms of spec.md §1.1/§2.1: the contract shared by the loader,
 the NumPy reference, the synthetic-model writer and the tests.
 
 `load_model_desc(path)` (in gguf_model.py) returns a ModelDesc after validating every tensor.
@@ -90,7 +90,7 @@ class ModelDesc:
 
 
 def hparam_metadata(desc: ModelDesc, arch: str | None = None) -> dict[str, int | float | list[int]]:
-    """The GGUF hyper-parameter keys of spec §1.1 / §2.1 for `desc` (ints are u32, floats f32,
+    """The GGUF hyper-parameter keys of spec.md §1.1 / §2.1 for `desc` (ints are u32, floats f32,
     lists i32 arrays), keyed under `arch` (default desc.arch). Tokenizer keys are not included."""
     a = arch or desc.arch
     kv: dict[str, int | float | list[int]] = {

@@ -1,4 +1,4 @@
-"""Synthetic GGUF models with the real shapes of spec §5 (random weights, valid tokenizer).
+"""Synthetic GGUF models with the real shapes of spec.md §5 (random weights, valid tokenizer).
 
 `write_synthetic("qwen35-27b", "q4_k_m", "/tmp/m.gguf")` streams a ~16 GB file in minutes:
 tensors are written chunk by chunk (never the whole model in RAM), matrices as random valid
@@ -28,7 +28,7 @@ from .quant import quantize, random_blocks
 
 @dataclass(frozen=True)
 class Preset:
-    """Hyper-parameters of one model (spec §5); qwen35-only fields are 0 for qwen3."""
+    """Hyper-parameters of one model (spec.md §5); qwen35-only fields are 0 for qwen3."""
     arch: str
     n_embd: int
     n_layer: int

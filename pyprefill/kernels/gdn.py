@@ -1,4 +1,4 @@
-"""Gated DeltaNet kernels (spec §3.2): causal conv1d + SiLU, per-head L2 norm, gates, gated
+"""Gated DeltaNet kernels (spec.md §3.2): causal conv1d + SiLU, per-head L2 norm, gates, gated
 RMSNorm and the delta-rule scan, over float32 row-major activations.
 
 Buffer level (named after the C entry: ``gdn_scan`` for ``pf_gdn_scan``): device Buffers /

@@ -1,4 +1,4 @@
-"""The NumPy reference ("the oracle"): spec §0-§3 as readable NumPy, reading GGUF files through
+"""The NumPy reference ("the oracle"): spec.md §0-§3 as readable NumPy, reading GGUF files through
 the `gguf` package. It never imports the CUDA binding.
 
     from pyprefill.reference import ReferenceModel

@@ -1,4 +1,4 @@
-"""Whole-model NumPy reference for `qwen3` (spec §1.3) and `qwen35` (spec §3) GGUF files.
+"""Whole-model NumPy reference for `qwen3` (spec.md §1.3) and `qwen35` (spec.md §3) GGUF files.
 
 Weights are read through the `gguf` package (GGUFReader + gguf.quants.dequantize): a reader
 independent of the library's own. MTP blocks (n ≥ n_layer) are skipped; a missing

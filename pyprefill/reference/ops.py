@@ -1,10 +1,10 @@
-"""The ops of spec §0-§3 as plain NumPy functions: the oracle the CUDA kernels are judged by.
+"""The ops of spec.md §0-§3 as plain NumPy functions: the oracle the CUDA kernels are judged by.
 
 Every function computes in the dtype of its (floating) inputs' `dtype` argument: float64 for the
 exact oracle, float32 to mimic an fp32 engine. Nothing here knows about files or models; shapes
 are given in each docstring with T = tokens of the chunk, d = model width.
 
-Conventions (spec §0): a projection is `x @ W.T` with W in NumPy (out, in) order; positions of a
+Conventions (spec.md §0): a projection is `x @ W.T` with W in NumPy (out, in) order; positions of a
 chunk are `pos0 + t`.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _f(x: np.ndarray, dtype: DType) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, dtype: DType = np.float64) -> np.ndarray:
-    """RMSNorm over the last axis (spec §0): `x / sqrt(mean(x²) + eps) * w`.
+    """RMSNorm over the last axis (spec.md §0): `x / sqrt(mean(x²) + eps) * w`.
 
     x: (..., n); w: (n,) plain multiplicative weight (GGUF norms already hold `1 + w_HF`).
     """
@@ -34,7 +34,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, dtype: DType = np.float64
 
 
 def project(x: np.ndarray, w: np.ndarray, dtype: DType = np.float64) -> np.ndarray:
-    """A projection (spec §0): `x @ W.T`, W in NumPy (out, in) order. x: (..., in) -> (..., out)."""
+    """A projection (spec.md §0): `x @ W.T`, W in NumPy (out, in) order; (..., in) -> (..., out)."""
     return _f(x, dtype) @ _f(w, dtype).T
 
 
@@ -82,7 +82,7 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def softplus(x: np.ndarray, threshold: float = 20.0) -> np.ndarray:
-    """log(1 + exp(x)), and x itself where x > threshold (PyTorch and ggml, spec §0)."""
+    """log(1 + exp(x)), and x itself where x > threshold (PyTorch and ggml, spec.md §0)."""
     out = np.log1p(np.exp(np.minimum(x, threshold)))
     return np.where(x > threshold, x, out)
 
@@ -90,7 +90,7 @@ def softplus(x: np.ndarray, threshold: float = 20.0) -> np.ndarray:
 def l2_norm(x: np.ndarray, eps: float = 1e-6, dtype: DType = np.float64) -> np.ndarray:
     """Per-vector L2 normalisation over the last axis, HF's formula `x * rsqrt(Σx² + eps)`.
 
-    llama.cpp uses `x / max(‖x‖₂, eps)` instead (spec §0); the two differ by ≈ eps/(2‖x‖²)
+    llama.cpp uses `x / max(‖x‖₂, eps)` instead (spec.md §0); the two differ by ≈ eps/(2‖x‖²)
     relative for every vector (~1e-7 on tiny models). The oracle follows HF so that a float64 run
     can match HF to ~1e-12; an engine following llama.cpp is within fp32 noise of it.
     x: (..., n).
@@ -101,7 +101,7 @@ def l2_norm(x: np.ndarray, eps: float = 1e-6, dtype: DType = np.float64) -> np.n
 
 def rope_neox_partial(x: np.ndarray, pos0: int, rot_dim: int, base: float,
                       dtype: DType = np.float64) -> np.ndarray:
-    """NEOX RoPE with partial rotation (spec §0.1 B1) on x: (T, heads, D) at positions pos0 + t.
+    """NEOX RoPE with partial rotation (spec.md §0.1 B1) on x: (T, heads, D) at positions pos0 + t.
 
     For i < R/2: φ_i = p · base^(−2i/R); pairs are half-split (i, i + R/2); dims [R, D) unchanged.
     """
@@ -124,7 +124,7 @@ def rope_neox_partial(x: np.ndarray, pos0: int, rot_dim: int, base: float,
 
 def attention_gqa(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                   scale: float, dtype: DType = np.float64) -> np.ndarray:
-    """Causal grouped-query attention over a KV cache (spec §0.1 B2).
+    """Causal grouped-query attention over a KV cache (spec.md §0.1 B2).
 
     q: (T, H, D) queries at positions pos0 + t; k_cache, v_cache: (P, Hkv, D) with P >= pos0 + T,
     rows [0, pos0 + T) valid. Query head h reads kv head h // (H / Hkv) (consecutive grouping);
@@ -153,7 +153,7 @@ def attention_gqa(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0:
 
 def swiglu(h: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
            dtype: DType = np.float64) -> np.ndarray:
-    """SwiGLU FFN (spec §0.1 B3): (silu(h Wg^T) ⊙ (h Wu^T)) Wd^T.
+    """SwiGLU FFN (spec.md §0.1 B3): (silu(h Wg^T) ⊙ (h Wu^T)) Wd^T.
 
     h: (T, d); w_gate, w_up: (n_ff, d); w_down: (d, n_ff). Returns (T, d).
     """
@@ -165,7 +165,7 @@ def swiglu(h: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarr
 
 def lm_head(x: np.ndarray, norm_w: np.ndarray, w_out: np.ndarray, eps: float,
             dtype: DType = np.float64) -> np.ndarray:
-    """Final RMSNorm and output projection (spec §1.3 / §3): x (T, d), w_out (V, d) -> (T, V)."""
+    """Final RMSNorm and output projection (spec.md §1.3 / §3): x (T, d), w_out (V, d) -> (T, V)."""
     return rms_norm(x, norm_w, eps, dtype) @ _f(w_out, dtype).T
 
 
@@ -286,7 +286,7 @@ def delta_rule_recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndar
 def delta_rule_chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                        beta: np.ndarray, state: np.ndarray, chunk: int = 64,
                        dtype: DType = np.float64) -> tuple[np.ndarray, np.ndarray]:
-    """G7 in the chunked (WY/UT) form of spec §3.2.1; same arguments and results as
+    """G7 in the chunked (WY/UT) form of spec.md §3.2.1; same arguments and results as
     `delta_rule_recurrent`, equal to it up to rounding.
 
     T is padded to a multiple of `chunk` with q = k = v = 0, β = 0, g = 0 (padded rows change
@@ -429,7 +429,7 @@ def gdn_mixer(h: np.ndarray, w_qkv: np.ndarray, w_gate: np.ndarray, w_beta: np.n
               *, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int, eps: float,
               chunked: bool = False, chunk: int = 64, dtype: DType = np.float64
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The Gated DeltaNet mixer G1-G9 of spec §3.2 on GGUF (tiled V-head order) tensors.
+    """The Gated DeltaNet mixer G1-G9 of spec.md §3.2 on GGUF (tiled V-head order) tensors.
 
     h: (T, d) normed input; w_qkv: (2·Hk·dk + Hv·dv, d); w_gate: (Hv·dv, d); w_beta, w_alpha:
     (Hv, d); w_conv: (conv_dim, Kc); dt_bias, ssm_a: (Hv,); w_norm: (dv,); w_out: (d, Hv·dv);

@@ -14,14 +14,42 @@ def _gpu_state() -> tuple[int, str]:
     except ImportError as exc:
         return 0, f"libprefill not loadable: {str(exc).splitlines()[0]}"
     n = core.device_count()
-    return n, "" if n else "no CUDA device on this machine (pf_device_count() == 0)"
+    if n:
+        return n, ""
+    from pyprefill._errors import no_device_reason
+    return 0, f"no CUDA device: {no_device_reason() or 'pf_device_count() == 0'}"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--pf-shard", default=None, metavar="K/N",
+                     help="keep the selected tests whose index is K modulo N (0 <= K < N): N "
+                          "processes, one per K, run a file's selection exactly once between them "
+                          "(scripts/device-check.sh)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device and the built library")
 
 
+def _shard(config, items):
+    spec = config.getoption("--pf-shard")
+    if not spec:
+        return
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+        assert 0 <= k < n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"--pf-shard={spec}: expected K/N with 0 <= K < N") from None
+    keep = [it for i, it in enumerate(items) if i % n == k]
+    drop = [it for i, it in enumerate(items) if i % n != k]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+@pytest.hookimpl(trylast=True)     # after -k / -m deselection: a shard splits what is selected
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     n, reason = _gpu_state()
     if n > 0:
         return

@@ -1,4 +1,4 @@
-"""Shared test helpers: the error measure of DESIGN.md (relative Frobenius error over the whole
+"""Shared test helpers: the error measure of design.md (relative Frobenius error over the whole
 array, worst single row beside it) with both numbers in the failure message."""
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pyprefill.errors import InvalidArgumentError
 
 PRESETS = ["qwen3-tiny", "qwen35-tiny"]
 F32 = dict(gemm="f32", kv="f32", attention="cublas")   # the exact legs
-MODEL_BOUND = 2e-2   # DESIGN.md: whole model, default legs
+MODEL_BOUND = 2e-2   # design.md: whole model, default legs
 # (new tokens, tokens the session already holds): ragged, tails = 1 mod 64, decode items (one
 # token) beside prefills, items at positions > 0
 MIX = [(1, 0), (63, 0), (64, 0), (65, 0), (777, 0), (129, 0), (1, 40), (70, 130), (65, 200)]

@@ -40,7 +40,7 @@ def test_help_names_both_forms():
     r = _bench("--help")
     assert r.returncode == 0, r.stderr
     for word in ("FILE", "kernels", "model", "all", "--out", "--quick", "--plot", "--peer", "--json",
-                 "--gemm", "--chunk", "--models", "--lengths", "LEG/nolt"):
+                 "--gemm", "--chunk", "--models", "--lengths", "LEG/VARIANT", "nolt"):
         assert word in r.stdout
 
 
@@ -107,7 +107,6 @@ def test_leg_variants_name_their_tuning():
     for fields in VARIANT_TUNING.values():
         tuning.new(fields)
     assert _args("model", "--gemm", "auto", "auto/noqkrope").gemm == ["auto", "auto/noqkrope"]
-    assert _args("model", "--gemm", "auto", "auto/noattngraph").gemm == ["auto", "auto/noattngraph"]
     assert _args("model", "--gemm", "auto", "auto/nolt").gemm == ["auto", "auto/nolt"]
     assert _args("model", "--gemm", "auto", "auto/noconvnorm").gemm == ["auto", "auto/noconvnorm"]
 
@@ -119,10 +118,51 @@ def test_leg_variants_name_their_tuning():
     (["m.gguf", "-p", "5x"], "integers"),
     (["m.gguf", "-p", "0"], "positive"),
     (["kernels", "--families", "gdn,mla"], "unknown mla"),
+    (["model", "--gemm", "f99"], "--gemm: unknown leg 'f99'"),
+    (["m.gguf", "--gemm", "auto,f16/nofus"], "--gemm: unknown variant 'nofus' in 'f16/nofus'"),
+    (["model", "--quant", "q3_xl"], "--quant: unknown quant mix 'q3_xl'"),
+    (["kernels", "--reps", "0"], "--reps: 0 is less than 1"),
+    (["model", "--model-reps", "-2"], "--model-reps: -2 is less than 1"),
+    (["m.gguf", "--chunk", "-1"], "--chunk: -1 is less than 0"),
+    (["all", "--out", "FILE"], "--out: FILE exists and is not a directory"),
+    (["all", "--out", "FILE/sub"], "is not a directory"),
+    (["model", "--gguf-dir", "FILE"], "--gguf-dir: FILE exists and is not a directory"),
+    (["model", "--plot", "DIR"], "--plot: DIR is a directory"),
 ])
-def test_usage_errors(argv, words, capsys):
+def test_usage_errors(argv, words, tmp_path, capsys):
+    """Every argument is checked before a GPU is looked for: exit 2 and one line, on any machine."""
+    (tmp_path / "f.txt").write_text("x")
+    subst = {"FILE": str(tmp_path / "f.txt"), "FILE/sub": str(tmp_path / "f.txt" / "sub"),
+             "DIR": str(tmp_path)}
+    argv = [subst.get(a, a) for a in argv]
+    words = words.replace("FILE", subst["FILE"]).replace("DIR", subst["DIR"])
     assert cli.run(cli.build_parser().parse_args(argv)) == 2
-    assert words in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_mix_is_a_deprecated_spelling_of_quant(capsys):
+    """The quant mix is --quant, as `pyprefill synth` names it; --mix still works and warns."""
+    assert _args("model", "--quant", "q8_0").mix == "q8_0"
+    assert capsys.readouterr().err == ""
+    assert _args("model", "--mix", "q8_0").mix == "q8_0"
+    assert "--mix is deprecated" in capsys.readouterr().err and "--quant" in cli.build_parser().format_help()
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs (a place no one may write)")
+def test_unwritable_out_dir_is_a_usage_error(capsys):
+    assert cli.main(["model", "--out", "/sys/pyprefill-bench"]) == 2
+    assert "--out: /sys/pyprefill-bench: cannot write in /sys" in capsys.readouterr().err
+
+
+def test_a_file_run_would_refuse_is_refused_before_the_gpu(tmp_path, capsys):
+    """FILE gets the library's verdict (pf_model_inspect, as `run` gives it), GPU or not."""
+    pytest.importorskip("pyprefill.model", reason="libprefill not loadable")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(TINY.read_bytes()[:5000])
+    assert cli.main([str(bad), "-p", "16"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pyprefill bench: GGUFError: ") and "truncated GGUF" in err
 
 
 def test_bad_choice_fails():

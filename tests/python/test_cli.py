@@ -1,4 +1,5 @@
 """The command line on any machine: help, info, synth, and clear errors (CPU)."""
+import argparse
 import os
 import subprocess
 import sys
@@ -131,20 +132,88 @@ def test_quant_names_in_any_case_in_the_python_api():
     assert choose_qtype("blk.0.ffn_up.weight", w, "Q8_0") == choose_qtype("blk.0.ffn_up.weight", w, "q8_0") == 8
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "not_gguf", "empty", "truncated"])
-def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
+BAD_FILES = ["missing", "directory", "not_gguf", "short_text", "empty", "truncated_header",
+             "truncated_data", "wrong_arch"]
+
+
+def _bad_file(case, tmp_path, tiny_gguf):
+    """A file `run` refuses, and the words the library refuses it with."""
     path = tmp_path / "x.gguf"
+    data = open(tiny_gguf, "rb").read()
     if case == "directory":
         path = tmp_path
     elif case == "not_gguf":
+        path.write_text("hello world, this is not a model at all. " * 10)
+    elif case == "short_text":
         path.write_text("hello")
     elif case == "empty":
         path.write_bytes(b"")
-    elif case == "truncated":
-        path.write_bytes(open(tiny_gguf, "rb").read()[:5000])
-    needle = {"missing": "no such file", "directory": "not a regular file", "not_gguf": "not a GGUF",
-              "empty": "not a GGUF", "truncated": "x.gguf"}[case]
-    _fails_in_one_line(capsys, ["info", str(path)], needle)
+    elif case == "truncated_header":
+        path.write_bytes(data[:5000])
+    elif case == "truncated_data":
+        path.write_bytes(data[:len(data) // 2])
+    elif case == "wrong_arch":
+        from gguf_helpers import tiny_desc, write_gguf
+        path = write_gguf(path, tiny_desc("qwen3-tiny"), arch="llama")
+    needle = {"missing": "cannot open", "directory": "not a regular file",
+              "not_gguf": "not a GGUF", "short_text": "truncated GGUF", "empty": "truncated GGUF",
+              "truncated_header": "truncated GGUF", "truncated_data": "truncated GGUF",
+              "wrong_arch": "llama"}[case]
+    return str(path), needle
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
+    path, needle = _bad_file(case, tmp_path, tiny_gguf)
+    _fails_in_one_line(capsys, ["info", path], needle)
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_info_and_run_give_the_same_verdict(case, tmp_path, tiny_gguf, capsys):
+    """info reads a file with the library's reader, as run does: the same words for every fault."""
+    path, _ = _bad_file(case, tmp_path, tiny_gguf)
+    assert main(["info", path]) == 1
+    info_err = capsys.readouterr().err.strip()
+    assert main(["run", path, "--tokens", "1"]) == 1
+    run_err = capsys.readouterr().err.strip()
+    assert info_err.removeprefix("pyprefill info: ") == run_err.removeprefix("pyprefill run: ")
+
+
+def test_info_reads_the_header_fast_and_lists_types(tmp_path, capsys):
+    """A large vocabulary (the tokenizer arrays of a real Qwen3.5 GGUF: 248320 strings) is skipped,
+    not parsed; the tensor table comes from the header, after the library's verdict."""
+    import time
+
+    from pyprefill.formats.info import skim_header
+    from gguf_helpers import tiny_desc, write_gguf
+    path = write_gguf(tmp_path / "v.gguf", tiny_desc("qwen35-tiny"),
+                      extra_kv={"tokenizer.ggml.tokens": [f"t{i}" for i in range(200_000)]})
+    t0 = time.perf_counter()
+    meta, tensors = skim_header(str(path))
+    assert time.perf_counter() - t0 < 5
+    assert meta["general.architecture"] == "qwen35" and "tokenizer.ggml.tokens" not in meta
+    assert {n for n, *_ in tensors} >= {"token_embd.weight", "blk.3.attn_q.weight"}
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "arch: qwen35" in out and "F32" in out and "attention at 3" in out
+
+
+def test_info_without_the_library_says_so(tmp_path, tiny_gguf):
+    """No library: the Python reader judges the file, and a note on stderr says so."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYPREFILL_LIBRARY=str(tmp_path / "none.so"),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-m", "pyprefill", "info", tiny_gguf],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("note: libprefill is not loadable (cannot load libprefill")
+    assert "the Python reader checked this file instead" in out.stderr
+    assert "arch: qwen3" in out.stdout and "Q8_0" in out.stdout
+    (tmp_path / "bad.gguf").write_bytes(open(tiny_gguf, "rb").read()[:5000])
+    out = subprocess.run([sys.executable, "-m", "pyprefill", "info", str(tmp_path / "bad.gguf")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "pyprefill info: GGUFError:" in out.stderr
 
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "bad_token", "no_tokens", "negative",
@@ -188,9 +257,38 @@ def test_run_prompt_at_the_context_limit_fits(short_context_gguf, capsys):
 
 def test_demo_user_mistakes(tmp_path, capsys):
     (tmp_path / "f.txt").write_text("x")
-    _fails_in_one_line(capsys, ["demo", "--tokens", "0"], "--tokens", 2)
-    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", str(tmp_path / "f.txt" / "d")],
+    _fails_in_one_line(capsys, ["demo", "--length", "0"], "--length", 2)
+    _fails_in_one_line(capsys, ["demo", "--length", "4", "--dir", str(tmp_path / "f.txt" / "d")],
                        "Not a directory")
+
+
+def test_demo_tokens_is_a_deprecated_spelling_of_length(tmp_path, capsys):
+    """`run --tokens` takes token ids; demo's prompt length is --length. The old spelling still
+    works and warns, naming the new one."""
+    from pyprefill.cli import build_parser
+    assert build_parser().parse_args(["demo", "--length", "12"]).length == 12
+    assert capsys.readouterr().err == ""
+    assert build_parser().parse_args(["demo", "--tokens", "12"]).length == 12
+    err = capsys.readouterr().err
+    assert "warning: --tokens is deprecated" in err and "use --length" in err
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "--length" in out and "--tokens" not in out
+
+
+def test_option_names_agree_across_subcommands(capsys):
+    """One name, one meaning: --tokens is token ids (run), a prompt length is --length (demo) or
+    --lengths (bench), a quant mix is --quant (synth, bench), a seed --seed."""
+    from pyprefill.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    shown = {name: {o for act in p._actions if act.help != argparse.SUPPRESS
+                    for o in act.option_strings}
+             for name, p in sub.choices.items()}
+    assert "--tokens" in shown["run"] and "--tokens" not in shown["demo"]
+    assert "--length" in shown["demo"] and "--lengths" in shown["bench"]
+    assert "--quant" in shown["synth"] and "--quant" in shown["bench"] and "--mix" not in shown["bench"]
+    assert all("--seed" in shown[c] for c in ("check", "synth", "demo"))
 
 
 def test_bench_bad_lengths_is_one_line(tmp_path, capsys):
@@ -203,13 +301,39 @@ def test_bench_bad_lengths_is_one_line(tmp_path, capsys):
     assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) >= 1
 
 
-def test_library_not_loadable_is_one_line(tmp_path):
-    env = dict(os.environ, PYPREFILL_LIBRARY=str(tmp_path / "libprefill.so"))
+@pytest.mark.parametrize("case", ["not_an_elf", "missing"])
+def test_library_not_loadable_shows_the_whole_reason(tmp_path, case):
+    """A library that cannot load: which file, the loader's own reason (not cut to "(...)") and
+    the README's install command; no traceback."""
+    lib = tmp_path / "libprefill.so"
+    if case == "not_an_elf":
+        lib.write_text("not a shared object\n" * 4)
+    env = dict(os.environ, PYPREFILL_LIBRARY=str(lib))
     out = subprocess.run([sys.executable, "-m", "pyprefill", "run", str(tmp_path / "m.gguf"),
                           "--tokens", "1"], capture_output=True, text=True, env=env)
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "(...)" not in out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pyprefill run: libprefill is not loadable"), lines
+    assert lines[0].startswith("pyprefill run: cannot load libprefill: "), lines
+    if case == "not_an_elf":    # dlopen's words, e.g. "invalid ELF header" or "file too short"
+        assert lines[0].startswith(f"pyprefill run: cannot load libprefill: {lib}: "), lines
+        assert len(lines[0]) > len(f"pyprefill run: cannot load libprefill: {lib}: ") + 5, lines
+    else:
+        assert f"not found: {lib}" in out.stderr
+    assert "pip install ." in out.stderr and "PYPREFILL_LIBRARY" in out.stderr
+
+
+def test_load_error_names_cublas_and_every_candidate():
+    from pyprefill._ffi import load_error
+    text = load_error([("/pkg/lib/libprefill.so", None),
+                       ("/src/build/libprefill.so",
+                        "libcublasLt.so.13: cannot open shared object file: No such file or directory"),
+                       ("/src/build-old/libprefill.so", "wrong ELF class: ELFCLASS32")])
+    lines = text.splitlines()
+    assert lines[0] == ("cannot load libprefill: /src/build/libprefill.so: libcublasLt.so.13: cannot "
+                        "open shared object file: No such file or directory")
+    assert "also failed: /src/build-old/libprefill.so: wrong ELF class" in text
+    assert "pip install nvidia-cublas" in text and "LD_LIBRARY_PATH" in text
+    assert "not found: /pkg/lib/libprefill.so" in text and "pip install ." in text
 
 
 def test_user_error_line_names_the_file():
@@ -246,7 +370,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 def test_unwritable_outputs_are_one_line(capsys):
     _fails_in_one_line(capsys, ["synth", "--model", "qwen3-tiny", "-o", "/sys/x.gguf", "-q"],
                        "/sys/x.gguf: Permission denied")
-    _fails_in_one_line(capsys, ["demo", "--tokens", "4", "--dir", "/sys/pyprefill-demo"],
+    _fails_in_one_line(capsys, ["demo", "--length", "4", "--dir", "/sys/pyprefill-demo"],
                        "/sys/pyprefill-demo: ")     # EPERM from mkdir on sysfs
 
 

@@ -298,7 +298,7 @@ def test_one_graph_across_the_cublas_line(preset, rng):
 
 def _default_legs_against_f32_legs(path, preset, n_tokens, chunks, floor, rng):
     """The default legs' logits at every position of n_tokens random tokens, in each session
-    chunk of `chunks`, against the f32 legs' (one chunk): DESIGN.md's whole-model bound 2e-2,
+    chunk of `chunks`, against the f32 legs' (one chunk): design.md's whole-model bound 2e-2,
     the argmax equal on >= `floor` of the positions, everything finite."""
     tokens = rng.integers(0, _model(path, F32["gemm"]).n_vocab, size=n_tokens).astype(np.int32)
     s = _session(path, F32, chunk=0)
@@ -323,8 +323,8 @@ def test_default_legs_match_f32_leg_at_small_model_shapes(preset, chunks, rng):
     file of the qwen35-0.8b shape (24 layers: 18 GDN layers on the chunked delta rule, 6 flash
     attention layers) and of the qwen3-0.6b shape (28 flash attention layers; session chunks of
     1, 64, 777 and the whole prompt): the default legs' logits at every position against the f32
-    legs' (within 1e-4 of HF's fp32 on the fixtures) within DESIGN.md's whole-model bound, 2e-2.
-    The argmax: DESIGN.md's >= 99% of the positions at the qwen3 shape; at the qwen35 shape
+    legs' (within 1e-4 of HF's fp32 on the fixtures) within design.md's whole-model bound, 2e-2.
+    The argmax: design.md's >= 99% of the positions at the qwen3 shape; at the qwen35 shape
     >= 97%, the measured floor: device run 34 (.devrun/exact_diag.py) traced the flips to the
     f16 GEMM leg on this synthetic file's flat logits (248320 random-weight logits of std 1.04:
     the 10th percentile of the f32 leg's top-2 margin is 0.031, below the 0.087 that the f16
@@ -343,7 +343,7 @@ def test_default_legs_match_f32_leg_at_head_ratios(preset, rng):
     one-head rounds when Hv / Hk is odd). 300 tokens in session chunks of 64 (the state carried
     through four chunked calls, then 44 rows on the sequential scan) and as one chunk: the
     default legs' logits at every position against the f32 legs' (sequential delta rule, f32
-    GEMMs, cuBLAS attention: within 1e-4 of HF's fp32 on the fixtures) within DESIGN.md's
+    GEMMs, cuBLAS attention: within 1e-4 of HF's fp32 on the fixtures) within design.md's
     whole-model bound, 2e-2 with the argmax equal on >= 99% of the positions."""
     _default_legs_against_f32_legs(_synth(preset, "q8_0"), preset, 300, (64, 0), 0.99, rng)
 

@@ -46,7 +46,7 @@ def test_exact_mode_and_overrides(tmp_path):
 
 
 def test_real_preset_shapes():
-    """Every preset's tensor table has the spec §5 shapes (no file written)."""
+    """Every preset's tensor table has the spec.md §5 shapes (no file written)."""
     d = preset_desc("qwen35-4b")
     assert (d.n_layer, len(d.attn_layers), d.conv_dim, d.n_vocab) == (32, 8, 8192, 248320)
     exp = expected_tensors(d)
@@ -145,7 +145,7 @@ def test_cli_parsers(tmp_path, capsys):
     assert "2 layers: 2 GDN + 0 full attention" in text
     a = ap.parse_args(["info", str(tmp_path / "none.gguf")])
     assert a.func(a) == 1
-    assert "no such file" in capsys.readouterr().err
+    assert "cannot open: No such file" in capsys.readouterr().err
 
 
 def test_describe_lists_types(tmp_path):

@@ -13,8 +13,8 @@ from _reference_fixtures import rel_err
 pytestmark = pytest.mark.gpu
 
 PRESETS = ["qwen3-tiny", "qwen35-tiny"]
-F16_BOUND = 3e-3     # DESIGN.md: f16 leg vs its reference (fused vs unfused: the same legs otherwise)
-MODEL_BOUND = 2e-2   # DESIGN.md: whole model at the default legs (fp16 KV, flash) vs an exact run
+F16_BOUND = 3e-3     # design.md: f16 leg vs its reference (fused vs unfused: same legs otherwise)
+MODEL_BOUND = 2e-2   # design.md: whole model at the default legs (fp16 KV, flash) vs an exact run
 
 
 def _load(path: str, gemm: str, fuse: bool):
@@ -261,7 +261,7 @@ def _loud_model(preset: str) -> str:
 @pytest.mark.parametrize("stage", ["regs", "staged", "recompute"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_act16_route_scales_rows_beyond_fp16(preset, stage, rng):
-    """Activations of ~1e5 (DESIGN.md: fp16 must not overflow silently): the producers' row
+    """Activations of ~1e5 (design.md: fp16 must not overflow silently): the producers' row
     scaling keeps every value finite and gives bitwise the cast route's logits."""
     path = _loud_model(preset)
     tokens = random_tokens(rng, 150, _vocab(path))

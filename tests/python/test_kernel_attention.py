@@ -1,6 +1,6 @@
 """Attention family: KV-cache writes, causal grouped attention (cuBLAS and flash paths), argmax.
 
-GPU tests compare against the oracle's float64 attention of spec §0.1 B2 (ops.attention_gqa, with
+GPU tests compare against the oracle's float64 attention of spec.md §0.1 B2 (ops.attention_gqa, with
 ops.heads reading the query heads out of the q rows; for fp16 caches the reference reads the same
 fp16-rounded K/V, so the bound measures the kernel). CPU tests cover
 every argument check the C API makes before it needs a device (ctx = NULL comes last), the
@@ -21,7 +21,7 @@ from pyprefill.reference import ops
 
 gpu = pytest.mark.gpu
 
-# (name, H, Hkv, D, q head stride in units of D): spec §5 shapes, plus GQA ratios 1 and 8.
+# (name, H, Hkv, D, q head stride in units of D): spec.md §5 shapes, plus GQA ratios 1 and 8.
 SHAPES = [
     ("qwen35-0.8B", 8, 2, 256, 2),    # G = 4, q rows are per-head [q | gate]
     ("qwen35-4B", 16, 4, 256, 2),     # G = 4

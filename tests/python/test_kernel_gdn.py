@@ -1,8 +1,8 @@
 """Gated DeltaNet kernels (conv1d + SiLU, L2 norm, gates, gated RMSNorm, delta-rule scan) against
-float64 NumPy references (bound 1e-5, DESIGN.md); the per-token twins (rows = 1, T launches)
+float64 NumPy references (bound 1e-5, design.md); the per-token twins (rows = 1, T launches)
 bitwise equal to the row kernels; state carried across calls; the C API's argument checks (CPU).
 
-The references are the oracle's (pyprefill.reference.ops, spec §3.2 G2, G3, G5, G7, G8; itself
+The references are the oracle's (pyprefill.reference.ops, spec.md §3.2 G2, G3, G5, G7, G8; itself
 checked against HF fixtures): ops.causal_conv1d_silu, ops.l2_norm, ops.gdn_gates,
 ops.gated_rms_norm and ops.delta_rule_recurrent, on the kernels' [T][heads * dim] rows."""
 import numpy as np
@@ -432,7 +432,7 @@ def test_scan_plan():
 
 
 # ----------------------------------------------------------------------------- GPU: chunked scan
-# The chunkwise-parallel delta rule (spec §3.2.1) on tensor cores: fp16 operands with exact
+# The chunkwise-parallel delta rule (spec.md §3.2.1) on tensor cores: fp16 operands with exact
 # per-chunk power-of-two scales, fp32 accumulation and state. Bound 2e-3 relative against the
 # float64 recurrence (issue 9), on model-like inputs (q, k L2-normalised, beta in (0, 1), decays
 # from ssm_a * softplus).

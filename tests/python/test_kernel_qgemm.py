@@ -1,7 +1,7 @@
 """Fused kernels on the blocks (GEMM, GEMM + residual, gate+up+SwiGLU, GEMV) against a float64
 reference of the dequantized weights (gguf.quants.dequantize): Q4_0 / Q8_0 (the ones they are
 meant for) at real dims, every other type at small shapes. They use fp32 arithmetic (exactly
-decoded weights, fp32 FMA accumulation), so the bound is DESIGN.md's 1e-5."""
+decoded weights, fp32 FMA accumulation), so the bound is design.md's 1e-5."""
 import numpy as np
 import pytest
 from helpers import assert_close, make_weight, randn

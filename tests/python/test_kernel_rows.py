@@ -1,5 +1,5 @@
 """Row kernels (RMSNorm, per-head RMSNorm, partial NEOX RoPE, SwiGLU, residual add, sigmoid gate)
-against float64 NumPy references (bound 1e-5, DESIGN.md), plus the C API's argument checks (CPU).
+against float64 NumPy references (bound 1e-5, design.md), plus the C API's argument checks (CPU).
 
 The references are the oracle's (pyprefill.reference.ops, itself checked against HF fixtures):
 ops.rms_norm, ops.rope_neox_partial, ops.silu, ops.sigmoid, with ops.heads / ops.put_heads

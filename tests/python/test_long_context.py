@@ -36,7 +36,7 @@ LONG = os.environ.get("PF_LONG_CONTEXT", "") == "1"
 CACHED_ONLY = os.environ.get("PF_LONG_REF_CACHED_ONLY", "") == "1"
 # Where logits are compared: the first chunk's end, a chunk boundary, the middle, the end.
 POSITIONS = sorted({min(p, TOKENS - 1) for p in (0, 2047, 2048, TOKENS // 2 + 1, TOKENS - 1)})
-BOUND = {"default": 2e-2, "f32": 1e-4}   # DESIGN.md: default legs 2e-2; f32 legs 1e-4 (model)
+BOUND = {"default": 2e-2, "f32": 1e-4}   # design.md: default legs 2e-2; f32 legs 1e-4 (model)
 GiB = float(1 << 30)
 
 # name -> (preset, n_layer, interval): one layer of each kind the long prompt stresses

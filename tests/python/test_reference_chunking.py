@@ -1,5 +1,5 @@
 """Chunking invariance, decode-vs-prefill parity and the chunked delta rule inside the model
-(float64; spec §8 step 3): one-shot prefill vs any chunk schedule agree to 1e-10 relative."""
+(float64; spec.md §8 step 3): one-shot prefill vs any chunk schedule agree to 1e-10 relative."""
 from __future__ import annotations
 
 import numpy as np

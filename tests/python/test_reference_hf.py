@@ -1,4 +1,4 @@
-"""The NumPy reference against HF transformers logits (fixtures in tests/data, spec §8).
+"""The NumPy reference against HF transformers logits (fixtures in tests/data, spec.md §8).
 
 The fixture logits come from HF run in true float64 (tests/data/README.md), so the f32 files
 are held to 1e-5 both over the whole array and at every position; quantized files are compared

@@ -1,4 +1,4 @@
-"""The reference ops of spec §0-§3 on random inputs: each against an independent, more literal
+"""The reference ops of spec.md §0-§3 on random inputs: each against an independent, more literal
 formulation (loops over heads/tokens, the definition), in float64."""
 from __future__ import annotations
 

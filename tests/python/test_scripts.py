@@ -1,0 +1,259 @@
+"""The scripts a newcomer and a GPU machine run (CPU): scripts/device-check.sh's parts cover the
+pytest suite exactly once and keep every file that measures the device's free memory in the part
+that runs alone; its --help and option errors work without a GPU; scripts/build.sh shows the
+build's steps and, on failure, the compiler's error; scripts/test_summary.py counts and groups
+what ctest and pytest reported."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests" / "python"
+DEVICE_CHECK = ROOT / "scripts" / "device-check.sh"
+
+
+def _bash(*args, env=None, cwd=ROOT, timeout=120):
+    return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def _parts() -> list[tuple[str, str, str, str]]:
+    r = _bash(DEVICE_CHECK, "--list-parts")
+    assert r.returncode == 0, r.stderr
+    rows = [tuple(line.split("\t")) for line in r.stdout.splitlines() if line.strip()]
+    assert rows and all(len(row) == 4 for row in rows), r.stdout
+    return rows
+
+
+# ------------------------------------------------------------------------ device-check.sh
+
+def test_device_check_is_bash_clean_and_has_help():
+    assert _bash("-n", DEVICE_CHECK).returncode == 0
+    r = _bash(DEVICE_CHECK, "--help")
+    assert r.returncode == 0, r.stderr
+    for word in ("--part", "--list-parts", "--long", "--soak=N", "--no-sanitizer", "--no-bench",
+                 "PART_BUDGET_S", "memcheck", "racecheck", "initcheck", "synccheck", "bench"):
+        assert word in r.stdout, word
+    for n in range(1, 13):
+        assert re.search(rf"^\s*{n} \S", r.stdout, re.M), f"part {n} missing from --help"
+
+
+@pytest.mark.parametrize("argv, words", [(["--bogus"], "unknown option --bogus"),
+                                         (["--part", "13"], "no part '13'"),
+                                         (["--part"], "--part needs")])
+def test_device_check_rejects_bad_arguments_before_any_work(argv, words):
+    r = _bash(DEVICE_CHECK, *argv)
+    assert r.returncode == 2 and words in r.stderr, r.stdout + r.stderr
+
+
+def test_every_test_file_is_in_exactly_one_part():
+    """The union of parts 1-4 is the suite: each tests/python/test_*.py is listed, and a file
+    split between processes (by -k and --pf-shard) has its tests selected exactly once. Checked
+    on the test ids pytest collects for each listed selection."""
+    rows = _parts()
+    by_file: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for part, f, k, shard in rows:
+        assert part in {"1", "2", "3", "4"}, part
+        by_file[f].append((part, k, shard))
+    files = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert sorted(by_file) == files, set(files) ^ set(by_file)
+
+    def collect(f, k="", shard=""):
+        args = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                str(TESTS / f)]
+        args += ["-k", k] if k else []
+        args += [f"--pf-shard={shard}"] if shard else []
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]   # 5: none collected
+        return [line for line in r.stdout.splitlines() if "::" in line]
+
+    for f, sel in by_file.items():
+        if len(sel) == 1:
+            assert sel[0][1:] == ("", ""), f"{f} is listed once but only in part (k={sel[0][1]!r}, shard={sel[0][2]!r})"
+            continue
+        whole = collect(f)
+        picked = [t for _, k, shard in sel for t in collect(f, k, shard)]
+        assert len(picked) == len(set(picked)), f"{f}: a test is selected twice"
+        assert sorted(picked) == sorted(whole), f"{f}: {len(set(whole) - set(picked))} tests in no part"
+
+
+def test_memory_measuring_files_run_alone():
+    """A file that reads the device's free memory (ctx.memory()), or that starts a child running
+    such a file, is in part 4, whose files run one after another in one process."""
+    parts = {f: part for part, f, _, _ in _parts()}
+    alone = {f for f, p in parts.items() if p == "4"}
+    measuring = {p.name for p in TESTS.glob("test_*.py")
+                 if p.name != Path(__file__).name and ".memory()" in p.read_text()}
+    assert measuring and measuring <= alone, measuring - alone
+    for p in TESTS.glob("test_*.py"):
+        if p.name == Path(__file__).name:
+            continue
+        text = p.read_text()
+        if "subprocess" in text or "_run_child" in text:
+            for other in measuring:
+                if other != p.name and other in text:
+                    assert p.name in alone, f"{p.name} runs {other} in a child but is not in part 4"
+    assert "test_gemm_lt.py" in alone          # its child reruns test_gemm_path's allocation tests
+    r = _bash(DEVICE_CHECK, "--help")
+    assert "one after another in one process" in r.stdout
+
+
+def test_shard_option_splits_a_selection(tmp_path):
+    (tmp_path / "test_x.py").write_text("import pytest\n@pytest.mark.parametrize('i', range(7))\n"
+                                        "def test_a(i):\n    pass\n")
+    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
+    ids = []
+    for k in range(3):
+        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                            "-p", "no:cacheprovider", f"--pf-shard={k}/3", "test_x.py"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        ids.append([line for line in r.stdout.splitlines() if "::" in line])
+    assert [len(x) for x in ids] == [3, 2, 2]
+    assert sorted(sum(ids, [])) == sorted(f"test_x.py::test_a[{i}]" for i in range(7))
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                        "no:cacheprovider", "--pf-shard=3/3", "test_x.py"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "expected K/N" in r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------------ build.sh
+
+FAKE_CMAKE = r"""#!/usr/bin/env bash
+# configure: succeeds; --build: two steps, the second fails as nvcc does (FAKE_BUILD=fail)
+if [ "$1" = "--build" ]; then
+  echo "[1/3] Building CUDA object CMakeFiles/prefill.dir/cuda/gdn.cu.o"
+  if [ "${FAKE_BUILD:-ok}" = fail ]; then
+    echo "[2/3] Building CUDA object CMakeFiles/prefill.dir/cuda/rows.cu.o"
+    echo "FAILED: CMakeFiles/prefill.dir/cuda/rows.cu.o"
+    echo "/src/cuda/rows.cu(12): error: identifier \"undefined_name\" is undefined"
+    echo "1 error detected in the compilation of \"/src/cuda/rows.cu\"."
+    echo "ninja: build stopped: subcommand failed."
+    exit 1
+  fi
+  echo "[3/3] Linking CUDA shared library libprefill.so"
+  exit 0
+fi
+mkdir -p "$4"
+echo "CMAKE_CUDA_ARCHITECTURES:STRING=90a" > "$4/CMakeCache.txt"
+echo "-- Configuring done"
+"""
+
+
+@pytest.fixture
+def fake_cmake(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cmake").write_text(FAKE_CMAKE)
+    (bin_dir / "cmake").chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("outcome", ["ok", "fail"])
+def test_build_shows_steps_and_the_compilers_error(fake_cmake, tmp_path, outcome):
+    env = {"PATH": f"{fake_cmake}{os.pathsep}{os.environ['PATH']}", "BUILD_DIR": str(tmp_path / "b"),
+           "FAKE_BUILD": outcome}
+    r = _bash("-c", "set -euo pipefail; . scripts/build.sh; pf_build OFF", env=env)
+    assert "[1/3] Building CUDA object CMakeFiles/prefill.dir/cuda/gdn.cu.o" in r.stdout
+    assert "building for CUDA architectures 90a" in r.stdout
+    if outcome == "ok":
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "libprefill: built in" in r.stdout
+    else:
+        assert r.returncode == 1
+        assert "the build failed" in r.stderr
+        assert 'rows.cu(12): error: identifier "undefined_name" is undefined' in r.stderr
+        assert "FAILED: CMakeFiles/prefill.dir/cuda/rows.cu.o" in r.stderr
+        assert (tmp_path / "b" / "build.log").is_file()
+
+
+def test_scripts_are_bash_clean():
+    for name in ("build.sh", "demo.sh", "test.sh", "env.sh", "device-check.sh", "test-wheel.sh"):
+        assert _bash("-n", ROOT / "scripts" / name).returncode == 0, name
+
+
+# ------------------------------------------------------------------------ test_summary.py
+
+CTEST_LOG = """\
+    Start 1: header_c99
+1/4 Test #1: header_c99 .......................   Passed    0.01 sec
+4/4 Test #4: wgmma_layout .....................***Skipped   0.01 sec
+2/4 Test #2: pytest ...........................   Passed   70.00 sec
+3/4 Test #3: api_checks .......................***Failed    0.10 sec
+"""
+LAST_TEST_LOG = """\
+"wgmma_layout" start time: Dec 02 01:39 UTC
+Output:
+----------------------------------------------------------
+no CUDA device: skipped
+<end of output>
+"pytest" start time: Dec 02 01:39 UTC
+Output:
+----------------------------------------------------------
+..ss
+SKIPPED [10] ../../tests/python/test_a.py:59: no CUDA device: no NVIDIA driver
+SKIPPED [2] ../../tests/python/test_b.py: no CUDA device: no NVIDIA driver
+SKIPPED [1] ../../tests/python/test_c.py:9: set PF_LONG_CONTEXT=1
+5 passed, 13 skipped in 70.33s (0:01:10)
+<end of output>
+"""
+
+
+def test_summary_counts_and_groups_skip_reasons(tmp_path):
+    (tmp_path / "Testing" / "Temporary").mkdir(parents=True)
+    (tmp_path / "ctest.log").write_text(CTEST_LOG)
+    (tmp_path / "Testing" / "Temporary" / "LastTest.log").write_text(LAST_TEST_LOG)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "test_summary.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("ctest: 2 passed, 1 failed, 1 skipped (wgmma_layout: no CUDA device: "
+                        "skipped) -- failed: api_checks")
+    assert "pytest: 5 passed, 0 failed, 13 skipped" in lines
+    assert any(re.match(r"^\s+12 in\s+2 files: no CUDA device: no NVIDIA driver$", x) for x in lines), lines
+    assert any(re.match(r"^\s+1 in\s+1 file : set PF_LONG_CONTEXT=1$", x) for x in lines), lines
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_readme_commands_exist():
+    """The README's two commands are the scripts here, and they name what they do."""
+    readme = (ROOT / "README.md").read_text()
+    for cmd in ("bash scripts/demo.sh", "bash scripts/test.sh"):
+        assert cmd in readme
+    assert "pyprefill demo" in (ROOT / "scripts" / "demo.sh").read_text()
+
+
+# ------------------------------------------------------------------------ the repository's docs
+
+PENDING_DOCS = {"docs/tuning.md"}   # written with the change that makes the switches tuning fields
+
+
+def test_docs_point_inside_the_repository():
+    """README.md, NOTES.md, docs/ and the code's comments cite only files of this repository:
+    every relative Markdown link resolves, and nothing names the design notes, spec or benchmark
+    files that once lived outside it."""
+    r = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        pytest.skip("not a git checkout")
+    outside = re.compile(r"DESIGN\.md|BENCHMARKS\.md|METHOD\.md|shared/|spec §|spec G\d")
+    for name in r.stdout.splitlines():
+        if name == "tests/python/test_scripts.py" or not name.endswith(
+                (".md", ".py", ".cu", ".cuh", ".h", ".cpp", ".c", ".sh", ".txt", ".toml")):
+            continue
+        text = (ROOT / name).read_text(errors="replace")
+        m = outside.search(text)
+        assert m is None, f"{name} points outside the repository: {m.group(0)!r}"
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)", doc.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path = (doc.parent / target).resolve()
+            rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+            assert path.exists() or rel in PENDING_DOCS, f"{doc.name}: broken link {target}"
