@@ -106,6 +106,9 @@ struct ConvNormArgs : ConvIO {
     int32_t n_k_heads;  // groups [0, n_k_heads) are q heads, [n_k_heads, 2 n_k_heads) k heads
     float eps;
     float q_scale;
+    // varlen form only: sequence blockIdx.z's first row, rows and window (device arrays)
+    const int64_t *seq_row0 = nullptr, *seq_rows = nullptr;
+    float *const *seq_window = nullptr;
 };
 
 // conv1d_silu_kernel, then l2norm_kernel on the q and k heads, in one pass. Warp = (group of
@@ -117,7 +120,7 @@ struct ConvNormArgs : ConvIO {
 // channel or how rows are chunked changes no operation). Every input of the warp (the KC-1
 // rows before the chunk, the chunk's rows, the weights) is loaded before the first use.
 template <int KC, int PER>
-__global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_kernel(const __grid_constant__ ConvNormArgs a) {
+__device__ __forceinline__ void conv1d_silu_l2norm_body(const ConvNormArgs &a) {
     constexpr int R = kConvNormRows;
     constexpr int G = PER * kWarpSize;
     const int lane = threadIdx.x % kWarpSize;
@@ -186,6 +189,25 @@ __global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_
         for (int j = 0; j < PER; ++j)
             if (ok[j]) conv_store_window<KC>(a, ch[j], prev[j]);
     }
+}
+
+template <int KC, int PER>
+__global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_kernel(const __grid_constant__ ConvNormArgs a) {
+    conv1d_silu_l2norm_body<KC, PER>(a);
+}
+
+// The varlen form: block (x, y, z) is block (x, y) of sequence z's own call (its rows, its
+// window); blocks past that sequence's rows leave at once (whole blocks: no shuffle is split).
+template <int KC, int PER>
+__global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_varlen_kernel(const __grid_constant__ ConvNormArgs a) {
+    const int64_t row0 = a.seq_row0[blockIdx.z], rows = a.seq_rows[blockIdx.z];
+    if ((int64_t)blockIdx.x * kConvNormRows >= rows) return;
+    ConvNormArgs s = a;
+    s.m = a.m + row0 * a.ldm;
+    s.u = a.u + row0 * a.ldu;
+    s.rows = rows;
+    s.window = a.seq_window[blockIdx.z];
+    conv1d_silu_l2norm_body<KC, PER>(s);
 }
 
 // ------------------------------------------------------------------------------ L2 norm
@@ -627,6 +649,45 @@ pf_status gdn_conv1d_l2norm_rows(const GdnConvNormArgs &args, cudaStream_t strea
     if (!with_conv_kc(kc, [&](auto KC) { conv1d_silu_l2norm_kernel<KC, 4><<<grid, kThreads, 0, stream>>>(a); }))
         return fail(PF_STATUS_INTERNAL, "gdn_conv1d_l2norm_rows: kc=%d not dispatched", kc);
     PF_LAUNCH_CHECK("conv1d_silu_l2norm_kernel<%d, 4>", kc);
+    return PF_STATUS_OK;
+}
+
+pf_status gdn_conv1d_l2norm_rows_varlen(const GdnConvNormArgs &args, const GdnConvSeqs &seqs, cudaStream_t stream) {
+    const int64_t conv_dim = args.conv_dim, max_rows = seqs.max_rows;
+    const int32_t kc = args.kc, n_k_heads = args.n_k_heads, dk = args.dk;
+    PF_CHECK_ARG(seqs.n >= 0 && seqs.n <= kMaxGridY, "gdn_conv1d_l2norm_rows_varlen: n=%d must be in [0, %lld]",
+                 seqs.n, (long long)kMaxGridY);
+    PF_CHECK_ARG(max_rows >= 1 && max_rows <= args.rows,
+                 "gdn_conv1d_l2norm_rows_varlen: max_rows=%lld must be in [1, rows=%lld]", (long long)max_rows,
+                 (long long)args.rows);
+    PF_CHECK_ARG(gdn_conv1d_l2norm_supported(dk, kc),
+                 "gdn_conv1d_l2norm_rows_varlen: dk=%d (must be %d), kc=%d (must be in [2, %d])", dk,
+                 4 * kWarpSize, kc, kGdnMaxConvKernel);
+    PF_CHECK_ARG(n_k_heads >= 1 && conv_dim >= 2 * (int64_t)n_k_heads * dk,
+                 "gdn_conv1d_l2norm_rows_varlen: conv_dim=%lld < 2 * n_k_heads=%d * dk=%d", (long long)conv_dim,
+                 n_k_heads, dk);
+    PF_CHECK_ARG(args.m.ld >= conv_dim && args.u.ld >= conv_dim,
+                 "gdn_conv1d_l2norm_rows_varlen: ldm=%lld / ldu=%lld < conv_dim=%lld", (long long)args.m.ld,
+                 (long long)args.u.ld, (long long)conv_dim);
+    PF_CHECK_ARG(std::isfinite(args.eps) && args.eps >= 0.0f && std::isfinite(args.q_scale),
+                 "gdn_conv1d_l2norm_rows_varlen: eps=%g must be finite, >= 0; q_scale=%g finite",
+                 (double)args.eps, (double)args.q_scale);
+    if (seqs.n == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(args.m.ptr && args.u.ptr && args.weight && seqs.row0 && seqs.rows && seqs.windows,
+                 "gdn_conv1d_l2norm_rows_varlen: null pointer");
+    const int64_t gx = (max_rows + kConvNormRows - 1) / kConvNormRows;
+    const int64_t gy = (conv_dim + kConvNormWarps * dk - 1) / (kConvNormWarps * dk);
+    PF_CHECK_ARG(gy <= kMaxGridY, "gdn_conv1d_l2norm_rows_varlen: conv_dim=%lld too large", (long long)conv_dim);
+    ConvNormArgs a{{args.m.ptr, args.m.ld, nullptr, args.weight, args.u.ptr, args.u.ld, 0, conv_dim}, n_k_heads,
+                   args.eps, args.q_scale};
+    a.seq_row0 = seqs.row0;
+    a.seq_rows = seqs.rows;
+    a.seq_window = seqs.windows;
+    const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)seqs.n);
+    constexpr int kThreads = kConvNormWarps * kWarpSize;
+    if (!with_conv_kc(kc, [&](auto KC) { conv1d_silu_l2norm_varlen_kernel<KC, 4><<<grid, kThreads, 0, stream>>>(a); }))
+        return fail(PF_STATUS_INTERNAL, "gdn_conv1d_l2norm_rows_varlen: kc=%d not dispatched", kc);
+    PF_LAUNCH_CHECK("conv1d_silu_l2norm_varlen_kernel<%d, 4>", kc);
     return PF_STATUS_OK;
 }
 

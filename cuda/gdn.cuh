@@ -73,6 +73,20 @@ struct GdnConvNormArgs {
 bool gdn_conv1d_l2norm_supported(int32_t dk, int32_t kc);
 pf_status gdn_conv1d_l2norm_rows(const GdnConvNormArgs &a, cudaStream_t stream);
 
+// The same over the rows of n sequences in one launch (a step of a batch, issue 28): sequence i
+// holds rows [row0[i], row0[i] + rows[i]) of a.m and a.u (rows[i] >= 1) and its own window
+// windows[i]; row0, rows, windows are device arrays of n entries, max_rows (host) >= every
+// rows[i] sizes the grid. a.window and a.rows are unused (a.rows: the rows the views span, for
+// the checks). Bitwise one gdn_conv1d_l2norm_rows call per sequence: each sequence's blocks run
+// that kernel's arithmetic on its rows and window (grid z = sequence, n <= 65535).
+struct GdnConvSeqs {
+    int32_t n = 0;
+    const int64_t *row0 = nullptr, *rows = nullptr;
+    float *const *windows = nullptr;
+    int64_t max_rows = 0;
+};
+pf_status gdn_conv1d_l2norm_rows_varlen(const GdnConvNormArgs &a, const GdnConvSeqs &seqs, cudaStream_t stream);
+
 // G2: gates. For r < rows, j < n_v_heads:
 //  beta[r, j] = sigmoid(b[r, j]) = 1 / (1 + exp(-b));
 //  g[r, j]    = ssm_a[j] * softplus(alpha[r, j] + dt_bias[j]), softplus(x) = x for x > 20,
