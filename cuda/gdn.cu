@@ -399,6 +399,12 @@ struct ScanArgs {
     int32_t n_k_heads;
     int32_t dv;
     int32_t vec4;  // q, k, v 16-byte aligned with row strides % 4 == 0: 16-byte async copies
+    // Varlen (gdn_scan_rows_varlen): sequence blockIdx.y + seq_base holds rows [row0, row0 + rows)
+    // and its own state; null: one sequence of `rows` rows from row 0 with `state`.
+    const int64_t *seq_row0;
+    const int64_t *seq_rows;
+    float *const *seq_state;
+    int32_t seq_base;
 };
 
 // Sum over the kScanParts lanes of one column (lane bits 0..2). Butterfly: all 8 lanes end
@@ -440,7 +446,8 @@ __device__ __forceinline__ float dot_part(const float (&S)[N], const float *x, i
 // holds S[a][col0 + c] for a = p + 8 i, i < DK/8, in registers for the whole call. Key rows are
 // strided over the 8 parts so that a warp's shared-memory reads of k/q hit 8 distinct banks.
 // Token rows are staged with cp.async into one half of a double buffer while the other half is
-// being consumed, so global latency is off the sequential path.
+// being consumed, so global latency is off the sequential path. Varlen: blockIdx.y picks the
+// sequence (its rows and state); every token's arithmetic is the one-sequence kernel's.
 template <int DK, int COLS>
 __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_constant__ ScanArgs a) {
     constexpr int N = DK / kScanParts;  // state entries per thread
@@ -462,7 +469,16 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
     const int jk = j % a.n_k_heads;                   // tiled pairing (qwen35 GGUF, spec.md G6)
     const int64_t hv_col = (int64_t)j * a.dv + col0;  // this block's columns in v / o rows
     const int64_t hk_col = (int64_t)jk * DK;          // the paired key head in q / k rows
-    float *state = a.state + (int64_t)j * DK * a.dv + col0;
+    // This block's sequence: rows [r0, r0 + rows) of the operands and its state.
+    int64_t r0 = 0, rows = a.rows;
+    float *state_base = a.state;
+    if (a.seq_rows != nullptr) {
+        const int64_t s = (int64_t)a.seq_base + blockIdx.y;
+        r0 = a.seq_row0[s];
+        rows = a.seq_rows[s];
+        state_base = a.seq_state[s];
+    }
+    float *state = state_base + (int64_t)j * DK * a.dv + col0;
 
     // Issue the async copies of tile [t0, t0 + nt) into buffer b, as one commit group: k and q
     // rows, then v rows, in pieces of V floats (V = 4: 16-byte copies; V = 1: 4-byte copies).
@@ -471,24 +487,24 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
             constexpr int V = decltype(piece)::value;
             for (int e = tid; e < nt * (DK / V); e += kThreads) {
                 const int tt = e / (DK / V), d = (e % (DK / V)) * V;
-                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (t0 + tt) * a.ldk + hk_col + d, 4 * V);
-                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (t0 + tt) * a.ldq + hk_col + d, 4 * V);
+                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (r0 + t0 + tt) * a.ldk + hk_col + d, 4 * V);
+                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (r0 + t0 + tt) * a.ldq + hk_col + d, 4 * V);
             }
             for (int e = tid; e < nt * (COLS / V); e += kThreads) {
                 const int tt = e / (COLS / V), cc = (e % (COLS / V)) * V;
-                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (t0 + tt) * a.ldv + hv_col + cc, 4 * V);
+                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (r0 + t0 + tt) * a.ldv + hv_col + cc, 4 * V);
             }
         };
         if (a.vec4) copy_kqv(std::integral_constant<int, 4>{});
         else copy_kqv(std::integral_constant<int, 1>{});
         for (int e = tid; e < nt; e += kThreads) {
-            __pipeline_memcpy_async(&sbeta[b][e], a.beta + (t0 + e) * a.ld_beta + j, 4);
-            __pipeline_memcpy_async(&sg[b][e], a.g + (t0 + e) * a.ld_g + j, 4);
+            __pipeline_memcpy_async(&sbeta[b][e], a.beta + (r0 + t0 + e) * a.ld_beta + j, 4);
+            __pipeline_memcpy_async(&sg[b][e], a.g + (r0 + t0 + e) * a.ld_g + j, 4);
         }
         __pipeline_commit();
     };
     const auto tile_rows = [&](int64_t t0) {
-        return a.rows - t0 < kScanTile ? (int)(a.rows - t0) : kScanTile;
+        return rows - t0 < kScanTile ? (int)(rows - t0) : kScanTile;
     };
 
     stage(0, 0, tile_rows(0));  // the first tile's copies overlap the state load
@@ -500,9 +516,9 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
     for (int i = 0; i < N; ++i) S[i] = sS[p + kScanParts * i][c];
 
     int cur = 0;
-    for (int64_t t0 = 0; t0 < a.rows; t0 += kScanTile, cur ^= 1) {
+    for (int64_t t0 = 0; t0 < rows; t0 += kScanTile, cur ^= 1) {
         const int nt = tile_rows(t0);
-        if (t0 + kScanTile < a.rows) stage(cur ^ 1, t0 + kScanTile, tile_rows(t0 + kScanTile));
+        if (t0 + kScanTile < rows) stage(cur ^ 1, t0 + kScanTile, tile_rows(t0 + kScanTile));
         else __pipeline_commit();  // an empty group keeps "all but the newest" meaning this tile
         __pipeline_wait_prior(1);  // this thread's copies of the current tile have landed
         __syncthreads();           // ... and everyone else's
@@ -535,7 +551,7 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
         __syncthreads();  // so[] complete; buffer `cur` fully read before it is refilled
         for (int e = tid; e < nt * COLS; e += kThreads) {
             const int tt = e / COLS, cc = e % COLS;
-            a.o[(t0 + tt) * a.ldo + hv_col + cc] = so[tt][cc];
+            a.o[(r0 + t0 + tt) * a.ldo + hv_col + cc] = so[tt][cc];
         }
         // so[] is written again only after the next tile's __syncthreads: these reads are done.
     }
@@ -777,59 +793,101 @@ pf_status gdn_gated_rms_norm_rows_f16(const GdnGatedNormArgs &args, const F16Out
     return PF_STATUS_OK;
 }
 
-pf_status gdn_scan_rows(const GdnScanArgs &args, cudaStream_t stream) {
+namespace {
+
+// gdn_scan_rows (seqs null: one sequence of args.rows rows with args.state) and
+// gdn_scan_rows_varlen (the sequences of seqs; `fn` names the entry in errors).
+pf_status scan_rows(const char *fn, const GdnScanArgs &args, const GdnSeqs *seqs, cudaStream_t stream) {
     const float *q = args.q.ptr, *k = args.k.ptr, *v = args.v.ptr, *beta = args.beta.ptr, *g = args.g.ptr;
     float *state = args.state, *o = args.o.ptr;
     const int64_t ldq = args.q.ld, ldk = args.k.ld, ldv = args.v.ld, ld_beta = args.beta.ld, ld_g = args.g.ld,
                   ldo = args.o.ld, rows = args.rows;
     const int32_t n_k_heads = args.n_k_heads, n_v_heads = args.n_v_heads, dk = args.dk, dv = args.dv;
-    PF_CHECK_ARG(rows >= 0, "gdn_scan_rows: rows=%lld < 0", (long long)rows);
+    PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
     PF_CHECK_ARG(n_k_heads >= 1 && n_v_heads >= 1 && n_v_heads % n_k_heads == 0,
-                 "gdn_scan_rows: n_v_heads=%d must be a positive multiple of n_k_heads=%d",
+                 "%s: n_v_heads=%d must be a positive multiple of n_k_heads=%d", fn,
                  n_v_heads, n_k_heads);
     PF_CHECK_ARG(scan_dim_ok(dk) && scan_dim_ok(dv),
-                 "gdn_scan_rows: dk=%d, dv=%d; each must be 16, 32, 64 or 128", dk, dv);
+                 "%s: dk=%d, dv=%d; each must be 16, 32, 64 or 128", fn, dk, dv);
     const int64_t kw = (int64_t)n_k_heads * dk, vw = (int64_t)n_v_heads * dv;
     PF_CHECK_ARG(ldq >= kw && ldk >= kw,
-                 "gdn_scan_rows: ldq=%lld / ldk=%lld < n_k_heads*dk=%lld", (long long)ldq,
+                 "%s: ldq=%lld / ldk=%lld < n_k_heads*dk=%lld", fn, (long long)ldq,
                  (long long)ldk, (long long)kw);
-    PF_CHECK_ARG(ldv >= vw && ldo >= vw, "gdn_scan_rows: ldv=%lld / ldo=%lld < n_v_heads*dv=%lld",
+    PF_CHECK_ARG(ldv >= vw && ldo >= vw, "%s: ldv=%lld / ldo=%lld < n_v_heads*dv=%lld", fn,
                  (long long)ldv, (long long)ldo, (long long)vw);
     PF_CHECK_ARG(ld_beta >= n_v_heads && ld_g >= n_v_heads,
-                 "gdn_scan_rows: ld_beta=%lld / ld_g=%lld < n_v_heads=%d", (long long)ld_beta,
+                 "%s: ld_beta=%lld / ld_g=%lld < n_v_heads=%d", fn, (long long)ld_beta,
                  (long long)ld_g, n_v_heads);
+    int32_t n = 1;  // sequences (grid y)
+    if (seqs != nullptr) {
+        n = seqs->n;
+        PF_CHECK_ARG(n >= 0, "%s: n=%d sequences < 0", fn, n);
+        if (n == 0) return PF_STATUS_OK;
+        PF_CHECK_ARG(seqs->host_rows != nullptr, "%s: host_rows is NULL", fn);
+        int64_t sum = 0;
+        for (int32_t i = 0; i < n; ++i) {
+            PF_CHECK_ARG(seqs->host_rows[i] >= 1, "%s: sequence %d has %lld rows (>= 1 each)", fn, i,
+                         (long long)seqs->host_rows[i]);
+            sum += seqs->host_rows[i];
+        }
+        PF_CHECK_ARG(sum <= rows, "%s: the sequences hold %lld rows, the views %lld", fn,
+                     (long long)sum, (long long)rows);
+        PF_CHECK_ARG(seqs->row0 && seqs->rows && seqs->state, "%s: null sequence table", fn);
+    }
     if (rows == 0) return PF_STATUS_OK;
-    PF_CHECK_ARG(q && k && v && beta && g && state && o, "gdn_scan_rows: null pointer");
+    PF_CHECK_ARG(q && k && v && beta && g && o && (seqs || state), "%s: null pointer", fn);
     const auto aligned = [](const void *ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    // Row r of a sequence starts (row0 + r) * ld floats in: 16-byte aligned with the base.
     const int32_t vec4 = aligned(q) && aligned(k) && aligned(v) && ldq % 4 == 0 && ldk % 4 == 0 &&
                          ldv % 4 == 0;
-    const ScanArgs a{q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o, ldo, rows,
-                     n_k_heads, dv, vec4};
+    ScanArgs a{q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o, ldo, rows,
+               n_k_heads, dv, vec4, nullptr, nullptr, nullptr, 0};
+    if (seqs != nullptr) {
+        a.seq_row0 = seqs->row0;
+        a.seq_rows = seqs->rows;
+        a.seq_state = seqs->state;
+    }
     // 16 value columns per block (128 threads) when that gives about 2 blocks per SM: 2 x SMs
     // rounded down to a multiple of 32, at least 32 (256 on a 132-SM H100/H200: Hv*dv >= 4096,
     // e.g. Hv = 32, dv = 128); else 8 columns (64 threads) so that small head counts (Hv = 16)
     // still fill the GPU. Either way one thread holds dk/8 state entries and the per-token
-    // arithmetic is the same: the choice changes speed, never a bit of the result.
+    // arithmetic is the same: the choice changes speed, never a bit of the result (so a
+    // sequence of a varlen call gets the blocks it would get alone).
     int sms = 0;
     PF_TRY(device_sm_count(&sms));
     const int64_t min_wide_blocks = std::max<int64_t>(32, 2 * int64_t(sms) / 32 * 32);
     const bool wide = vw / 16 >= min_wide_blocks;
-    const unsigned grid = (unsigned)(vw / (wide ? 16 : 8));
+    const unsigned gx = (unsigned)(vw / (wide ? 16 : 8));
+    // Sequences in launches of at most kMaxGridY (grid y).
+    for (int32_t base = 0; base < n; base += int32_t(kMaxGridY)) {
+        a.seq_base = base;
+        const dim3 grid(gx, unsigned(std::min<int64_t>(n - base, kMaxGridY)), 1);
 #define PF_SCAN_CASE(DK)                                                                  \
     case DK:                                                                              \
         if (wide) scan_kernel<DK, 16><<<grid, 16 * kScanParts, 0, stream>>>(a);           \
         else scan_kernel<DK, 8><<<grid, 8 * kScanParts, 0, stream>>>(a);                  \
         break;
-    switch (dk) {
-        PF_SCAN_CASE(16)
-        PF_SCAN_CASE(32)
-        PF_SCAN_CASE(64)
-        PF_SCAN_CASE(128)
-        default: return fail(PF_STATUS_INTERNAL, "gdn_scan_rows: dk=%d not dispatched", dk);
-    }
+        switch (dk) {
+            PF_SCAN_CASE(16)
+            PF_SCAN_CASE(32)
+            PF_SCAN_CASE(64)
+            PF_SCAN_CASE(128)
+            default: return fail(PF_STATUS_INTERNAL, "%s: dk=%d not dispatched", fn, dk);
+        }
 #undef PF_SCAN_CASE
-    PF_LAUNCH_CHECK("scan_kernel<%d, %d>", dk, wide ? 16 : 8);
+        PF_LAUNCH_CHECK("scan_kernel<%d, %d>", dk, wide ? 16 : 8);
+    }
     return PF_STATUS_OK;
+}
+
+}  // namespace
+
+pf_status gdn_scan_rows(const GdnScanArgs &args, cudaStream_t stream) {
+    return scan_rows("gdn_scan_rows", args, nullptr, stream);
+}
+
+pf_status gdn_scan_rows_varlen(const GdnScanArgs &args, const GdnSeqs &seqs, cudaStream_t stream) {
+    return scan_rows("gdn_scan_rows_varlen", args, &seqs, stream);
 }
 
 }  // namespace pf

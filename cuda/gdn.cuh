@@ -171,4 +171,48 @@ size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_he
 pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t workspace_bytes,
                               const GdnChunkPlan &plan, cudaStream_t stream);
 
+// ------------------------------------------------------------------------------ many sequences
+// The delta rule over the rows of several sequences in one launch ("varlen", issue 28): sequence
+// i holds rows [row0_i, row0_i + rows_i) of q, k, v, beta, g and o (back to back or not, no
+// padding, rows_i >= 1) and its own state [n_v_heads][dk][dv] (a separate allocation each,
+// read and written in place; two sequences never share one). The result is exactly that of one
+// call per sequence on its rows and its state: no sequence reads another's rows or state (rows
+// past a sequence's end are zero-filled where a kernel's tile reaches them, never multiplied by
+// zero: a NaN in a neighbour stays there).
+
+// The sequences of a varlen call: device arrays of n entries (the engine fills them per step in
+// its workspace with a kernel, so that a CUDA graph can replay the launch), and the host copy of
+// the rows the launchers size their grids and the workspace with.
+struct GdnSeqs {
+    int32_t n = 0;                      // sequences
+    const int64_t *row0 = nullptr;      // device [n]: first row of sequence i in q, k, v, beta, g, o
+    const int64_t *rows = nullptr;      // device [n]: its rows (>= 1)
+    const int64_t *chunk0 = nullptr;    // device [n + 1]: prefix sum of ceil(rows_i / 64) (chunked form)
+    float *const *state = nullptr;      // device [n]: sequence i's state [Hv][dk][dv], read and written in place
+    const int64_t *host_rows = nullptr; // host [n]: the same rows (grid sizing, workspace, checks)
+};
+
+// The sequential scan over every sequence in one launch (grid: gdn_scan_rows' blocks x
+// sequences): bitwise what gdn_scan_rows gives each sequence alone (the same per-token
+// arithmetic; its result does not depend on `rows`). a: q, k, v, beta, g, o and the dims as for
+// gdn_scan_rows, a.rows = the rows the views span (>= every row0_i + rows_i), a.state unused.
+// Decode: n sequences of one row each.
+pf_status gdn_scan_rows_varlen(const GdnScanArgs &a, const GdnSeqs &seqs, cudaStream_t stream);
+
+// The chunked form over every sequence in one pass: one prep launch over the flattened table of
+// all chunks of all sequences (the workspace indexed by the global chunk, chunk0), then one
+// state launch with a sequence dimension (each CTA walks its sequence's chunks with that
+// sequence's state). Each sequence's chunks start at its own row0 (chunks never cross a
+// sequence), so every chunk goes through the kernels' arithmetic as in gdn_chunk_scan_rows:
+// bitwise what gdn_chunk_scan_rows gives each sequence alone (one pass or chained sub-passes:
+// the same chunks). One pass, no chained sub-passes: the workspace holds all chunks of the call
+// (gdn_chunk_varlen_workspace_bytes(total chunks)), and a caller that wants less memory splits
+// the call (pf_gdn_scan_varlen runs rounds of at most kGdnVarlenRoundChunks chunks). Limits:
+// n <= 65535, total chunks <= 65535 and total chunks * max(Hk, Hv) * 64 < 2^31 (grid and TMA
+// coordinates); INVALID_ARGUMENT beyond. plan: the state kernel and PDL as gdn_chunk_scan_rows
+// (plan.subpass_rows unused).
+size_t gdn_chunk_varlen_workspace_bytes(int64_t total_chunks, int32_t n_k_heads, int32_t n_v_heads);
+pf_status gdn_chunk_scan_rows_varlen(const GdnScanArgs &a, const GdnSeqs &seqs, void *workspace,
+                                     size_t workspace_bytes, const GdnChunkPlan &plan, cudaStream_t stream);
+
 }  // namespace pf

@@ -65,48 +65,77 @@ size_t gdn_chunk_workspace_bytes(int64_t rows, int32_t n_k_heads, int32_t n_v_he
     return workspace_layout((pass + kC - 1) / kC, n_k_heads, n_v_heads, nullptr, nullptr);
 }
 
-pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t workspace_bytes,
-                              const GdnChunkPlan &plan, cudaStream_t stream) {
-    const int64_t rows = a.rows;
-    const int32_t n_k_heads = a.n_k_heads, n_v_heads = a.n_v_heads;
-    PF_CHECK_ARG(rows >= 0, "gdn_chunk_scan_rows: rows=%lld < 0", (long long)rows);
-    PF_CHECK_ARG(n_k_heads >= 1 && n_v_heads >= 1 && n_v_heads % n_k_heads == 0,
-                 "gdn_chunk_scan_rows: n_v_heads=%d must be a positive multiple of n_k_heads=%d",
-                 n_v_heads, n_k_heads);
+size_t gdn_chunk_varlen_workspace_bytes(int64_t total_chunks, int32_t n_k_heads, int32_t n_v_heads) {
+    if (total_chunks <= 0 || n_k_heads <= 0 || n_v_heads <= 0) return 0;
+    return workspace_layout(total_chunks, n_k_heads, n_v_heads, nullptr, nullptr);
+}
+
+namespace {
+
+// The checks of both entries before the rows (`fn` names the entry).
+pf_status chunk_args_check(const char *fn, const GdnScanArgs &a) {
+    PF_CHECK_ARG(a.rows >= 0, "%s: rows=%lld < 0", fn, (long long)a.rows);
+    PF_CHECK_ARG(a.n_k_heads >= 1 && a.n_v_heads >= 1 && a.n_v_heads % a.n_k_heads == 0,
+                 "%s: n_v_heads=%d must be a positive multiple of n_k_heads=%d", fn, a.n_v_heads,
+                 a.n_k_heads);
     if (!gdn_chunk_supported(a.dk, a.dv))
         return fail(PF_STATUS_UNSUPPORTED,
-                    "gdn_chunk_scan_rows: the chunked delta rule is built for dk = dv = 128, "
-                    "got dk=%d, dv=%d (use the sequential path)", a.dk, a.dv);
-    const int64_t kw = (int64_t)n_k_heads * a.dk, vw = (int64_t)n_v_heads * a.dv;
-    PF_CHECK_ARG(a.q.ld >= kw && a.k.ld >= kw && a.v.ld >= vw && a.o.ld >= vw && a.beta.ld >= n_v_heads &&
-                     a.g.ld >= n_v_heads,
-                 "gdn_chunk_scan_rows: a row stride is below its width");
-    if (rows == 0) return PF_STATUS_OK;
-    PF_CHECK_ARG(a.q.ptr && a.k.ptr && a.v.ptr && a.beta.ptr && a.g.ptr && a.state && a.o.ptr,
-                 "gdn_chunk_scan_rows: null pointer");
-    const size_t need = gdn_chunk_workspace_bytes(rows, n_k_heads, n_v_heads);
-    PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need,
-                 "gdn_chunk_scan_rows: workspace of %zu bytes, %zu needed", workspace_bytes, need);
-    const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    const bool vec_qk = aligned(a.q.ptr) && aligned(a.k.ptr) && a.q.ld % 4 == 0 && a.k.ld % 4 == 0;
-    const bool vec_v = aligned(a.v.ptr) && a.v.ld % 4 == 0;
+                    "%s: the chunked delta rule is built for dk = dv = 128, got dk=%d, dv=%d (use the "
+                    "sequential path)", fn, a.dk, a.dv);
+    const int64_t kw = (int64_t)a.n_k_heads * a.dk, vw = (int64_t)a.n_v_heads * a.dv;
+    PF_CHECK_ARG(a.q.ld >= kw && a.k.ld >= kw && a.v.ld >= vw && a.o.ld >= vw && a.beta.ld >= a.n_v_heads &&
+                     a.g.ld >= a.n_v_heads,
+                 "%s: a row stride is below its width", fn);
+    return PF_STATUS_OK;
+}
+
+// What both entries launch with: the operands' alignment, the state kernel, PDL.
+struct ChunkLaunch {
+    bool vec_qk = false, vec_v = false, wg = false, pdl = false;
     int sm_count = 0;
-    PF_TRY(device_sm_count(&sm_count));
+};
+
+pf_status chunk_launch(const char *fn, const GdnScanArgs &a, const GdnChunkPlan &plan, ChunkLaunch *out) {
+    const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    out->vec_qk = aligned(a.q.ptr) && aligned(a.k.ptr) && a.q.ld % 4 == 0 && a.k.ld % 4 == 0;
+    out->vec_v = aligned(a.v.ptr) && a.v.ld % 4 == 0;
+    PF_TRY(device_sm_count(&out->sm_count));
     // The state kernel (plan.state; auto: the warpgroup kernel where it runs and V's rows are
     // 16-byte aligned, for its TMA map; else the warp-owned one). Asked for by name, the warpgroup
     // kernel also takes unaligned V rows (by cp.async).
     const bool wg_avail = state_wg_available();
     if (plan.state == GdnStateKernel::Warpgroup && !wg_avail)
         return fail(PF_STATUS_UNSUPPORTED,
-                    "gdn_chunk_scan_rows: the warpgroup state kernel (tuning.gdn_state) needs an sm_90a "
-                    "build on a compute capability 9.0 device");
-    const bool wg = plan.state == GdnStateKernel::Warpgroup ||
-                    (plan.state == GdnStateKernel::Auto && vec_v && wg_avail);
+                    "%s: the warpgroup state kernel (tuning.gdn_state) needs an sm_90a build on a compute "
+                    "capability 9.0 device", fn);
+    out->wg = plan.state == GdnStateKernel::Warpgroup ||
+              (plan.state == GdnStateKernel::Auto && out->vec_v && wg_avail);
     int cc_major = 0;
     PF_TRY(device_cc_major(&cc_major));
     // The state kernel as the prep kernel's programmatic dependent (compute capability 9.0 and up;
     // see pdl_wait): the same kernels and bits either way.
-    const bool pdl = cc_major >= 9 && plan.pdl;
+    out->pdl = cc_major >= 9 && plan.pdl;
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t workspace_bytes,
+                              const GdnChunkPlan &plan, cudaStream_t stream) {
+    const char *fn = "gdn_chunk_scan_rows";
+    const int64_t rows = a.rows;
+    const int32_t n_k_heads = a.n_k_heads, n_v_heads = a.n_v_heads;
+    PF_TRY(chunk_args_check(fn, a));
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(a.q.ptr && a.k.ptr && a.v.ptr && a.beta.ptr && a.g.ptr && a.state && a.o.ptr,
+                 "gdn_chunk_scan_rows: null pointer");
+    const size_t need = gdn_chunk_workspace_bytes(rows, n_k_heads, n_v_heads);
+    PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need,
+                 "gdn_chunk_scan_rows: workspace of %zu bytes, %zu needed", workspace_bytes, need);
+    ChunkLaunch L;
+    PF_TRY(chunk_launch(fn, a, plan, &L));
+    const bool wg = L.wg, pdl = L.pdl;
+    const int sm_count = L.sm_count;
     // Chained sub-passes of plan.subpass_rows (default kGdnSubpassRows). Device run s24-1 (H200,
     // same process, ms, one pass -> 2048-row sub-passes): 16/32 heads T 8192 0.3563 -> 0.3135,
     // T 32768 1.4256 -> 1.1618; 16/48 T 8192 0.4052 -> 0.4047, T 32768 1.6186 -> 1.5687 (other
@@ -135,14 +164,62 @@ pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t work
         workspace_layout(nc, n_k_heads, n_v_heads,
                          static_cast<char *>(workspace) + (chain ? size_t(pass & 1) * half : 0), &w);
         const PrepArgs pa{a.q.row(r0), a.q.ld, a.k.row(r0), a.k.ld, a.beta.row(r0), a.beta.ld,
-                          a.g.row(r0), a.g.ld, n, n_k_heads, n_v_heads, nc, w};
-        PF_TRY(launch_prep(pa, vec_qk, chain && pass > 0, stream));
+                          a.g.row(r0), a.g.ld, n, n_k_heads, n_v_heads, nc, w, SeqTable{}};
+        PF_TRY(launch_prep(pa, L.vec_qk, chain && pass > 0, stream));
         const StateArgs sa{a.v.row(r0), a.v.ld, a.state, a.o.row(r0), a.o.ld, n, n_k_heads, n_v_heads, nc, w,
-                           chain ? 1 : 0};
-        if (wg) PF_TRY(launch_state_wg(sa, vec_v, pdl, stream));
-        else PF_TRY(launch_state_warp(sa, vec_v, sm_count, pdl, stream));
+                           chain ? 1 : 0, SeqTable{}};
+        if (wg) PF_TRY(launch_state_wg(sa, L.vec_v, pdl, stream));
+        else PF_TRY(launch_state_warp(sa, L.vec_v, sm_count, pdl, stream));
     }
     return PF_STATUS_OK;
+}
+
+// One pass over every chunk of every sequence: the prep over the flattened chunk table (grid y =
+// the call's chunks; each CTA finds its sequence in chunk0), then the state kernel with a
+// sequence dimension (grid y = the sequences), as the prep's programmatic dependent. No chained
+// sub-passes: with many sequences the state grid fills the SMs (8 x 1024 rows at 16/32 heads:
+// 512 CTAs), so there is little to overlap; a call of one or two long sequences is faster through
+// gdn_chunk_scan_rows (its sub-passes), with the same bits.
+pf_status gdn_chunk_scan_rows_varlen(const GdnScanArgs &a, const GdnSeqs &seqs, void *workspace,
+                                     size_t workspace_bytes, const GdnChunkPlan &plan, cudaStream_t stream) {
+    const char *fn = "gdn_chunk_scan_rows_varlen";
+    const int32_t n_k_heads = a.n_k_heads, n_v_heads = a.n_v_heads;
+    PF_TRY(chunk_args_check(fn, a));
+    PF_CHECK_ARG(seqs.n >= 0 && seqs.n <= kMaxGridY, "%s: n=%d sequences outside [0, %lld]", fn, seqs.n,
+                 (long long)kMaxGridY);
+    if (seqs.n == 0) return PF_STATUS_OK;
+    PF_CHECK_ARG(seqs.host_rows != nullptr, "%s: host_rows is NULL", fn);
+    int64_t sum = 0, chunks = 0;
+    for (int32_t i = 0; i < seqs.n; ++i) {
+        PF_CHECK_ARG(seqs.host_rows[i] >= 1, "%s: sequence %d has %lld rows (>= 1 each)", fn, i,
+                     (long long)seqs.host_rows[i]);
+        sum += seqs.host_rows[i];
+        chunks += (seqs.host_rows[i] + kC - 1) / kC;
+    }
+    PF_CHECK_ARG(sum <= a.rows, "%s: the sequences hold %lld rows, the views %lld", fn, (long long)sum,
+                 (long long)a.rows);
+    // Grid y of the prep, and the TMA maps' row coordinates ([heads x chunks x 64] rows, int32).
+    const int64_t heads = n_k_heads > n_v_heads ? n_k_heads : n_v_heads;
+    PF_CHECK_ARG(chunks <= kMaxGridY && heads * chunks * kC <= INT32_MAX,
+                 "%s: %lld chunks of %d heads in one call (at most %lld, and heads x chunks x 64 < 2^31): "
+                 "split the call", fn, (long long)chunks, int(heads), (long long)kMaxGridY);
+    PF_CHECK_ARG(a.q.ptr && a.k.ptr && a.v.ptr && a.beta.ptr && a.g.ptr && a.o.ptr, "%s: null pointer", fn);
+    PF_CHECK_ARG(seqs.row0 && seqs.rows && seqs.chunk0 && seqs.state, "%s: null sequence table", fn);
+    const size_t need = gdn_chunk_varlen_workspace_bytes(chunks, n_k_heads, n_v_heads);
+    PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "%s: workspace of %zu bytes, %zu needed",
+                 fn, workspace_bytes, need);
+    ChunkLaunch L;
+    PF_TRY(chunk_launch(fn, a, plan, &L));
+    const int32_t nc = int32_t(chunks);
+    Workspace w{};
+    workspace_layout(nc, n_k_heads, n_v_heads, workspace, &w);
+    const SeqTable t{seqs.row0, seqs.rows, seqs.chunk0, seqs.state, seqs.n};
+    const PrepArgs pa{a.q.ptr, a.q.ld, a.k.ptr, a.k.ld, a.beta.ptr, a.beta.ld, a.g.ptr, a.g.ld, a.rows,
+                      n_k_heads, n_v_heads, nc, w, t};
+    PF_TRY(launch_prep(pa, L.vec_qk, false, stream));
+    const StateArgs sa{a.v.ptr, a.v.ld, nullptr, a.o.ptr, a.o.ld, a.rows, n_k_heads, n_v_heads, nc, w, 0, t};
+    if (L.wg) return launch_state_wg(sa, L.vec_v, L.pdl, stream);
+    return launch_state_warp(sa, L.vec_v, L.sm_count, L.pdl, stream);
 }
 
 }  // namespace pf

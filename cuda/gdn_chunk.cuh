@@ -76,6 +76,17 @@ inline size_t workspace_layout(int64_t nc, int64_t hk, int64_t hv, void *base, W
 
 // ------------------------------------------------------------------------------ prep kernel
 
+// The sequences of a varlen pass (gdn_chunk_scan_rows_varlen; GdnSeqs' device arrays): chunk
+// chunk0[s] + c of the pass is chunk c of sequence s, rows row0[s] + 64 c ... of the operands.
+// n == 0: the pass is one sequence of the args' `rows` rows from row 0 (gdn_chunk_scan_rows).
+struct SeqTable {
+    const int64_t *row0 = nullptr;
+    const int64_t *rows = nullptr;
+    const int64_t *chunk0 = nullptr;
+    float *const *state = nullptr;
+    int32_t n = 0;
+};
+
 struct PrepArgs {
     const float *q;
     int64_t ldq;
@@ -85,9 +96,10 @@ struct PrepArgs {
     int64_t ld_beta;
     const float *g;
     int64_t ld_g;
-    int64_t rows;  // rows of this pass
-    int32_t n_k_heads, n_v_heads, nc;
+    int64_t rows;  // rows of this pass (one sequence)
+    int32_t n_k_heads, n_v_heads, nc;  // nc: chunks of the pass (all sequences')
     Workspace w;
+    SeqTable seqs;
 };
 
 // ----------------------------------------------------------------------------- state kernel
@@ -98,11 +110,65 @@ struct StateArgs {
     float *state;
     float *o;
     int64_t ldo;
-    int64_t rows;  // rows of this pass
-    int32_t n_k_heads, n_v_heads, nc;
+    int64_t rows;  // rows of this pass (one sequence)
+    int32_t n_k_heads, n_v_heads, nc;  // nc: chunks of the pass (all sequences')
     Workspace w;
     int32_t chain;  // chained sub-passes: the state is read only after the prep grid completed
+    SeqTable seqs;  // varlen: sequence blockIdx.y (grid y = seqs.n)
 };
+
+// ------------------------------------------------------------------------------ sequences
+
+// What a state CTA (or a prep CTA) works on: `nc` chunks from the pass's chunk c0 (workspace
+// index), the sequence's rows from row r0 of the operands, `rows` of them, and its state.
+struct SeqSpan {
+    int64_t r0, rows, c0;
+    int32_t nc;
+    float *state;
+};
+
+// The sequence of a state CTA: blockIdx.y's in a varlen pass, else the pass itself.
+__device__ __forceinline__ SeqSpan state_seq(const StateArgs &a) {
+    if (a.seqs.n == 0) return SeqSpan{0, a.rows, 0, a.nc, a.state};
+    const int s = blockIdx.y;
+    const int64_t c0 = a.seqs.chunk0[s];
+    return SeqSpan{a.seqs.row0[s], a.seqs.rows[s], c0, int32_t(a.seqs.chunk0[s + 1] - c0), a.seqs.state[s]};
+}
+
+// The sequence s of global chunk c (chunk0[s] <= c < chunk0[s + 1]; chunk0 strictly increasing,
+// chunk0[0] = 0 <= c < chunk0[n]), found by the whole warp: 32 probes per step (lane l reads
+// chunk0[lo + l stride]), the last probe <= c narrows [lo, hi) 32-fold; 1 step up to 32
+// sequences, 2 up to 1024. Every lane returns the same s.
+__device__ __forceinline__ int warp_find_seq(const int64_t *chunk0, int n, int64_t c) {
+    const int lane = threadIdx.x & 31;
+    int lo = 0, hi = n;  // chunk0[lo] <= c < chunk0[hi]
+    while (hi - lo > 1) {
+        const int stride = (hi - lo + 31) / 32;
+        const int idx = lo + lane * stride;
+        const unsigned le = __ballot_sync(0xffffffffu, idx < hi && chunk0[idx] <= c);
+        lo += (31 - __clz(le)) * stride;  // lane 0 always holds (chunk0[lo] <= c): le != 0
+        hi = min(lo + stride, hi);
+    }
+    return lo;
+}
+
+// A prep CTA's chunk (global chunk c of the pass): its first row t0 in the operands and its rows
+// lim in [1, 64] (rows from t0 + lim on belong to no sequence or to the next one: never read).
+// Called by whole warps (varlen: warp_find_seq).
+struct ChunkRows {
+    int64_t t0;
+    int lim;
+};
+__device__ __forceinline__ ChunkRows prep_chunk_rows(const PrepArgs &a, int c) {
+    int64_t t0 = (int64_t)c * kC, left = a.rows - t0;
+    if (a.seqs.n > 0) {
+        const int s = warp_find_seq(a.seqs.chunk0, a.seqs.n, c);
+        const int64_t local = (int64_t)(c - a.seqs.chunk0[s]) * kC;
+        t0 = a.seqs.row0[s] + local;
+        left = a.seqs.rows[s] - local;
+    }
+    return ChunkRows{t0, left < kC ? int(left) : kC};
+}
 
 // ------------------------------------------------------------------------------ launchers
 

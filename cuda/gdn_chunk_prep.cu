@@ -8,18 +8,18 @@ namespace pf {
 namespace gdnc {
 namespace {
 
-// Gates of value head j for chunk c (one warp): gamma = inclusive scan of g (fp32) and beta, into
-// gam[64], bet[64] and the workspace.
-__device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, int j, float *gam, float *bet) {
+// Gates of value head j for chunk c (one warp; rows cr.t0 .. cr.t0 + cr.lim - 1, zeros after):
+// gamma = inclusive scan of g (fp32) and beta, into gam[64], bet[64] and the workspace.
+__device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, ChunkRows cr, int j, float *gam, float *bet) {
     const int lane = threadIdx.x & 31;
-    const int64_t t0 = (int64_t)c * kC;
+    const int64_t t0 = cr.t0;
     const size_t hc = (size_t)j * a.nc + c;
     float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-    if (t0 + 2 * lane < a.rows) {
+    if (2 * lane < cr.lim) {
         g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
         b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
     }
-    if (t0 + 2 * lane + 1 < a.rows) {
+    if (2 * lane + 1 < cr.lim) {
         g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
         b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
     }
@@ -38,19 +38,19 @@ __device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, int j, floa
     *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
 }
 
-// K and Q rows of key head jk, chunk c, to fp16: into the shared tiles kh, qh and, when
-// `store`, the workspace (rows past the end: zero). NT threads (t: this thread's index), loads
+// K and Q rows of key head jk, chunk c (rows cr.t0 .. cr.t0 + cr.lim - 1), to fp16: into the
+// shared tiles kh, qh and, when `store`, the workspace (rows past the chunk's: zero). NT threads (t: this thread's index), loads
 // in batches of 8 float4 per thread all issued before any store: the compiler may not move a
 // load of q or k above a store to the workspace (they could alias), and one load in flight per
 // thread left the first prep kernel waiting on DRAM latency (ncu: long scoreboard, 40% of the
 // stall samples).
 template <bool VEC, int NT>
-__device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, int jk, int t,
+__device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows cr, int jk, int t,
                                              __half (*kh)[kLdH], __half (*qh)[kLdH], bool store) {
     constexpr int kLoads = 8;
     constexpr int kIters = kC * kDK / 4 / NT;  // float4 per thread and matrix
     static_assert(kIters % kLoads == 0, "batches");
-    const int64_t t0 = (int64_t)c * kC;
+    const int64_t t0 = cr.t0;
     const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
 #pragma unroll 1
     for (int it0 = 0; it0 < kIters; it0 += kLoads) {
@@ -60,7 +60,7 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, int jk, i
             const int e = t + (it0 + u) * NT;
             const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
             kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t0 + i < a.rows) {
+            if (i < cr.lim) {
                 const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
                 const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
                 if (VEC) {
@@ -166,12 +166,15 @@ __global__ void __launch_bounds__(kPrepThreads, 5)
         return (size_t)(jk + (NH * round + h) * a.n_k_heads) * a.nc + c;
     };
 
+    // The chunk's rows (each warp finds them: varlen, a search in the sequence table).
+    const ChunkRows cr = prep_chunk_rows(a, c);
+
     // Gates first (one warp per head), then the K/Q traffic.
-    if (warp < NH) prep_gates(a, c, jk + (NH * round + warp) * a.n_k_heads, s.gam[warp], s.beta[warp]);
+    if (warp < NH) prep_gates(a, c, cr, jk + (NH * round + warp) * a.n_k_heads, s.gam[warp], s.beta[warp]);
     if (tid < NH) s.max_t[tid] = s.max_rs[tid] = 0u;
 
     // K and Q rows to fp16; only round 0 writes them to the workspace.
-    prep_load_kq<VEC, kPrepThreads>(a, c, jk, tid, s.u.in.kh, s.u.in.qh, round == 0);
+    prep_load_kq<VEC, kPrepThreads>(a, c, cr, jk, tid, s.u.in.kh, s.u.in.qh, round == 0);
     __syncthreads();  // K, Q tiles and the gates complete
 
     // K K^T and Q K^T, row strip w of both (k steps 0..7 in order). Only n-tiles nt <= 2w + 1 (the lower

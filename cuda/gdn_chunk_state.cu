@@ -9,13 +9,13 @@ namespace gdnc {
 namespace {
 
 // One chunk's operands into a state kernel's stage buffer `d`: K, Q (fp16 rows of key head jk),
-// Tm, P (fp16, value head j), BV columns of V from vg (fp32; rows past the pass read as zeros),
-// the gates and meta. Issued by NT threads (t: this thread's index among them) as 16-byte
-// cp.async, or 4-byte ones for V when its rows are not 16-byte aligned (VEC false); the caller
-// commits the group.
+// Tm, P (fp16, value head j) of workspace chunk c, BV columns of V from vg (fp32, the chunk's
+// first row; rows from lim on read as zeros: past the sequence, never read), the gates and meta.
+// Issued by NT threads (t: this thread's index among them) as 16-byte cp.async, or 4-byte ones
+// for V when its rows are not 16-byte aligned (VEC false); the caller commits the group.
 template <int BV, bool VEC, int NT, class Stage>
-__device__ __forceinline__ void stage_chunk(Stage &d, const StateArgs &a, const float *vg, int j,
-                                            int jk, int c, int t) {
+__device__ __forceinline__ void stage_chunk(Stage &d, const StateArgs &a, const float *vg, int lim,
+                                            int j, int jk, int64_t c, int t) {
     // Unrolled for a single issuing warp (its loops run 32, 16 and 16 times); with a whole CTA
     // issuing they run once or twice and stay rolled.
     constexpr int kU8 = NT <= 32 ? 8 : 1, kU4 = NT <= 32 ? 4 : 1;
@@ -33,20 +33,19 @@ __device__ __forceinline__ void stage_chunk(Stage &d, const StateArgs &a, const 
         cp_async16_zfill(&d.tm[i][d8], a.w.tm + hc * kC * kC + (size_t)i * kC + d8, true);
         cp_async16_zfill(&d.ph[i][d8], a.w.p + hc * kC * kC + (size_t)i * kC + d8, true);
     }
-    const int64_t t0 = (int64_t)c * kC;
     if (VEC) {
 #pragma unroll kU4
         for (int e = t; e < kC * BV / 4; e += NT) {
             const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
-            const bool ok = t0 + i < a.rows;
-            cp_async16_zfill(&d.vst[i][d4], vg + (ok ? t0 + i : 0) * a.ldv + d4, ok);
+            const bool ok = i < lim;
+            cp_async16_zfill(&d.vst[i][d4], vg + (ok ? i : 0) * a.ldv + d4, ok);
         }
     } else {
 #pragma unroll kU4
         for (int e = t; e < kC * BV; e += NT) {
             const int i = e / BV, d1 = e % BV;
-            const bool ok = t0 + i < a.rows;
-            cp_async4_zfill(&d.vst[i][d1], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+            const bool ok = i < lim;
+            cp_async4_zfill(&d.vst[i][d1], vg + (ok ? i : 0) * a.ldv + d1, ok);
         }
     }
     for (int e = t; e < 2 * kC / 4 + 1; e += NT) {
@@ -97,6 +96,7 @@ struct StateTSmem {
     };
     static constexpr int kStages = NS;  // 3 where the shared memory allows (Hopper), else 2
     Stage st[NS];
+    SeqSpan seq;  // the CTA's sequence (state_seq): read from here, not held in registers
 };
 
 
@@ -110,28 +110,34 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4],
     a[3] = pack_half2(c1[2] * scale, c1[3] * scale);
 }
 
-// The producer warp of a warp-owned state kernel, for every chunk of the pass: chunk
+// The producer warp of a warp-owned state kernel, for every chunk of its sequence: chunk
 // c + NS - 1 into the buffer freed by chunk c - 1 (st[(c + NS - 1) % NS]) once everyone is past
 // chunk c's barrier. It passes the same __syncthreads once per chunk as the compute warps (no
 // early exit), and its wait_group before the barrier publishes chunk c's copies.
 template <int BV, int NS, bool VEC, class Stage>
-__device__ __forceinline__ void produce_state_operands(const StateArgs &a, Stage *st, int j, int jk,
-                                                       int col0) {
+__device__ __forceinline__ void produce_state_operands(const StateArgs &a, Stage *st, const SeqSpan &sq,
+                                                       int j, int jk, int col0) {
     const int lane = threadIdx.x & 31;
-    const float *vg = a.v + (int64_t)j * kDK + col0;
+    const float *vg = a.v + sq.r0 * a.ldv + (int64_t)j * kDK + col0;
+    // Chunk c: workspace chunk sq.c0 + c, V rows from 64 c, valid rows min(64, rows - 64 c).
+    const auto stage = [&](int c) {
+        const int64_t t0 = (int64_t)c * kC;
+        const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;
+        stage_chunk<BV, VEC, 32>(st[c % NS], a, vg + t0 * a.ldv, lim, j, jk, sq.c0 + c, lane);
+    };
     // The workspace is the prep grid's output: wait for that grid when this kernel was launched
     // as its programmatic dependent (returns at once otherwise). The compute warps read only the
     // state (not the prep's) before their first chunk, which reaches them through this warp.
     pdl_wait();
 #pragma unroll
     for (int c = 0; c < NS - 1; ++c) {
-        if (c < a.nc) stage_chunk<BV, VEC, 32>(st[c], a, vg, j, jk, c, lane);
+        if (c < sq.nc) stage(c);
         cp_async_commit();  // empty groups keep the count: group c is chunk c
     }
-    for (int c = 0; c < a.nc; ++c) {
+    for (int c = 0; c < sq.nc; ++c) {
         cp_async_wait<NS - 2>();
         __syncthreads();
-        if (c + NS - 1 < a.nc) stage_chunk<BV, VEC, 32>(st[(c + NS - 1) % NS], a, vg, j, jk, c + NS - 1, lane);
+        if (c + NS - 1 < sq.nc) stage(c + NS - 1);
         cp_async_commit();
     }
     cp_async_wait<0>();
@@ -153,11 +159,14 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     const int col0 = (blockIdx.x % slices) * BV;
     const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
     const int vc = 16 * warp;        // the warp's first column within the CTA's V tile
-    float *og = a.o + (int64_t)j * kDK + col0 + vc;
-    float *state = a.state + (int64_t)j * kDK * kDK + col0 + vc;
+    // The CTA's sequence (varlen: blockIdx.y's) for every warp, through shared memory.
+    if (tid == 0) s.seq = state_seq(a);
+    __syncthreads();
+    float *og = a.o + s.seq.r0 * a.ldo + (int64_t)j * kDK + col0 + vc;
+    float *state = s.seq.state + (int64_t)j * kDK * kDK + col0 + vc;
 
     if (warp == NW) {  // the producer
-        produce_state_operands<BV, NS, VEC>(a, s.st, j, jk, col0);
+        produce_state_operands<BV, NS, VEC>(a, s.st, s.seq, j, jk, col0);
         return;
     }
 
@@ -187,7 +196,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     // state-independent products (S^T Q^T, V'^T P^T) sit between the chain's steps, and the
     // chain (X, R, V', the update) is one dependent line with no barrier: the warp runs alone on
     // its scheduler, so its own instruction-level parallelism is all the latency hiding there is.
-    for (int c = 0; c < a.nc; ++c) {
+    for (int c = 0; c < s.seq.nc; ++c) {
         const int b = c % NS;
         const typename Smem::Stage &d = s.st[b];
         __syncthreads();  // chunk c landed (the producer waited for it); chunk c - 1's buffer is free
@@ -328,8 +337,8 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
                     mma_m16n8k16(op[2 * np], va[kb], bt[f][0], bt[f][1]);
                     mma_m16n8k16(op[2 * np + 1], va[kb], bt[f][2], bt[f][3]);
                 }
-            const int64_t t0 = (int64_t)c * kC;
-            const int lim = a.rows - t0 < kC ? int(a.rows - t0) : kC;  // rows of this chunk
+            const int64_t t0 = (int64_t)c * kC, left = s.seq.rows - t0;
+            const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
             float *orow = og + (t0 + 2 * tig) * a.ldo + g8;              // row 2 tig of the chunk
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
@@ -393,8 +402,10 @@ pf_status launch_state_t_ns(const StateArgs &a, bool pdl, cudaStream_t stream) {
     using Smem = StateTSmem<NW, NS>;
     PF_TRY(set_max_dynamic_smem(gdn_chunk_state_t_kernel<NW, NS, VEC>, int(sizeof(Smem)),
                                 "gdn_chunk_state_t_kernel"));
-    const unsigned grid = unsigned(a.n_v_heads * (kDK / (16 * NW))), block = 32 * (NW + 1);
-    const cudaError_t e = launch_pdl(gdn_chunk_state_t_kernel<NW, NS, VEC>, dim3(grid), block,
+    // x: value heads x column slices; y: the sequences of a varlen pass (else 1).
+    const dim3 grid(unsigned(a.n_v_heads * (kDK / (16 * NW))), unsigned(a.seqs.n > 0 ? a.seqs.n : 1));
+    const unsigned block = 32 * (NW + 1);
+    const cudaError_t e = launch_pdl(gdn_chunk_state_t_kernel<NW, NS, VEC>, grid, block,
                                               sizeof(Smem), pdl, stream, a);
     if (e != cudaSuccess)
         return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_t_kernel<%d, %d, %d> (PDL)", NW,
@@ -415,10 +426,12 @@ pf_status launch_state_t(const StateArgs &a, bool pdl, cudaStream_t stream) {
 
 // The warp-owned state kernel with NW warps (16 value columns each) per CTA: the fewest warps
 // per CTA whose CTAs still fit one wave (Hv = 32 on 132 SMs: 2 warps, 128 CTAs; Hv = 48: 4
-// warps, 96 CTAs). Every warp runs its own chain; the CTA shares the chunk's operands.
+// warps, 96 CTAs; a varlen pass counts the slices of all its sequences). Every warp runs its own
+// chain; the CTA shares the chunk's operands. NW changes no bit of the result (each warp's
+// scales are its own columns').
 template <bool VEC>
 pf_status launch_state_t_fit(const StateArgs &a, int32_t sm_count, bool pdl, cudaStream_t stream) {
-    const int64_t slices = (int64_t)a.n_v_heads * (kDK / 16);
+    const int64_t slices = (int64_t)a.n_v_heads * (kDK / 16) * (a.seqs.n > 0 ? a.seqs.n : 1);
     if (slices <= sm_count) return launch_state_t<1, VEC>(a, pdl, stream);
     if (slices <= 2LL * sm_count) return launch_state_t<2, VEC>(a, pdl, stream);
     if (slices <= 4LL * sm_count) return launch_state_t<4, VEC>(a, pdl, stream);

@@ -48,8 +48,9 @@ struct StateWgSmem {
         float meta[4];
     };
     Stage st[kWgStateStages];
-    uint64_t full[kWgStateStages];   // the stage's copies landed (TMA / bulk transactions)
+    uint64_t full[kWgStateStages];   // the stage's copies landed (TMA / bulk transactions, cp.async)
     uint64_t empty[kWgStateStages];  // the 4 consumer warps are done with the stage
+    SeqSpan seq;                     // the CTA's sequence (state_seq): read from here, not held in registers
 };
 constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte alignment slack
 
@@ -119,11 +120,15 @@ __device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float 
 // Pipeline (FlashAttention-3's producer/consumer form): per stage a `full` mbarrier that the
 // producer arms with the chunk's byte count and the copies complete, and an `empty` one that the
 // 4 consumer warps arrive on when done with it, so that the producer runs up to 3 chunks ahead
-// with no CTA barrier. The producer's lane 0 issues everything: K, Q, Tm, P and V by TMA (V's
-// 64 columns as two 32-float boxes, 128-byte swizzle), the gates and meta by bulk copies; when V's
-// rows are not 16-byte aligned (VEC false) the warp's lanes copy V by 4-byte cp.async into the
-// same swizzled places, each lane's copies completing as an arrival on `full` (its count then
-// 1 + 32).
+// with no CTA barrier. The producer's lane 0 issues K, Q, Tm, P and V by TMA (V's 64 columns as
+// two 32-float boxes, 128-byte swizzle), the gates and meta by bulk copies. V's map spans the
+// rows of the whole pass, so the box of a chunk with fewer than 64 rows of its sequence would
+// bring the next sequence's rows (a varlen pass; after the last sequence TMA fills zeros): such a
+// chunk's V, and every chunk's when V's rows are not 16-byte aligned (VEC false), goes by the
+// warp's lanes instead, cp.async of 16 (4) bytes into the same swizzled places with zero fill
+// from the sequence's end, each lane's copies completing as an arrival on `full`. `full` counts
+// 1 + 32 arrivals: lane 0's arming, then one per lane (its cp.async, or a plain arrival when TMA
+// brought V).
 // The chunk step: X and half of S^T Q^T (which runs while R is computed), V' and the other half
 // of S^T Q^T, the update, P V' (the next chunk's conversion of S runs while P V' does).
 template <bool VEC>
@@ -148,56 +153,74 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     if (tid == 0) {
 #pragma unroll
         for (int b = 0; b < NS; ++b) {
-            mbar_init(smem_addr(&s.full[b]), VEC ? 1 : 33);
+            mbar_init(smem_addr(&s.full[b]), 1 + 32);
             mbar_init(smem_addr(&s.empty[b]), 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        s.seq = state_seq(a);  // the CTA's sequence (varlen: blockIdx.y's)
     }
     __syncthreads();  // the only CTA barrier
 
     if (warp == 4) {  // the producer
-        if (VEC && lane != 0) return;
+        const SeqSpan sq = s.seq;
         pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
         // The next sub-pass's prep may start beside this grid (chained sub-passes): its
         // workspace half was last read by the state grid before the prep just waited for.
         pdl_launch_dependents();
-        for (int c = 0; c < a.nc; ++c) {
+        const float *vseq = a.v + sq.r0 * a.ldv + (int64_t)j * kDK + col0;
+        for (int c = 0; c < sq.nc; ++c) {
             const int b = c % NS;
             StateWgSmem::Stage &d = s.st[b];
             const uint32_t full = smem_addr(&s.full[b]);
+            const int64_t t0 = (int64_t)c * kC;
+            const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;  // rows of the sequence
+            const bool tma_v = VEC && lim == kC;  // else V by cp.async, zeros from row lim
             if (c >= NS) mbar_wait(smem_addr(&s.empty[b]), uint32_t(c / NS - 1) & 1u);
             if (lane == 0) {
-                const int kr = (jk * a.nc + c) * kC, tr = (j * a.nc + c) * kC;
-                const size_t hc = (size_t)j * a.nc + c;
+                // Workspace chunk sq.c0 + c; row coordinates < 2^31 (the launcher checks).
+                const int64_t gc = sq.c0 + c;
+                const int kr = int((jk * a.nc + gc) * kC), tr = int((j * a.nc + gc) * kC);
+                const size_t hc = (size_t)j * a.nc + gc;
                 const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh), vs = smem_addr(d.vst);
-                mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (VEC ? kWgVBytes : 0));
+                mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (tma_v ? kWgVBytes : 0));
                 tma_load_2d(kh, &tm_k, 0, kr, full);
                 tma_load_2d(kh + kC * kSwizzleRow, &tm_k, kSwizzleCols, kr, full);
                 tma_load_2d(qh, &tm_q, 0, kr, full);
                 tma_load_2d(qh + kC * kSwizzleRow, &tm_q, kSwizzleCols, kr, full);
                 tma_load_2d(smem_addr(d.tm), &tm_t, 0, tr, full);
                 tma_load_2d(smem_addr(d.ph), &tm_p, 0, tr, full);
-                if (VEC) {
-                    tma_load_2d(vs, &tm_v, j * kDK + col0, c * kC, full);
-                    tma_load_2d(vs + kC * 32 * 4, &tm_v, j * kDK + col0 + 32, c * kC, full);
+                if (tma_v) {
+                    const int vrow = int(sq.r0 + t0);
+                    tma_load_2d(vs, &tm_v, j * kDK + col0, vrow, full);
+                    tma_load_2d(vs + kC * 32 * 4, &tm_v, j * kDK + col0 + 32, vrow, full);
                 }
                 bulk_load(smem_addr(d.gam), a.w.gam + hc * kC, kC * 4, full);
                 bulk_load(smem_addr(d.beta), a.w.bet + hc * kC, kC * 4, full);
                 bulk_load(smem_addr(d.meta), a.w.meta + hc * 4, 16, full);
             }
-            if (!VEC) {
-                const float *vg = a.v + (int64_t)j * kDK + col0;
-                const int64_t t0 = (int64_t)c * kC;
+            if (tma_v) {
+                mbar_arrive(full);
+            } else {
+                const float *vg = vseq + t0 * a.ldv;
+                if (VEC) {  // 4 columns of a row are 16 contiguous bytes of the swizzled block
 #pragma unroll 4
-                for (int e = lane; e < kC * 64; e += 32) {
-                    const int i = e >> 6, d1 = e & 63;
-                    const bool ok = t0 + i < a.rows;
-                    cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? t0 + i : 0) * a.ldv + d1, ok);
+                    for (int e = lane; e < kC * 16; e += 32) {
+                        const int i = e >> 4, d4 = (e & 15) * 4;
+                        const bool ok = i < lim;
+                        cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * a.ldv + d4, ok);
+                    }
+                } else {
+#pragma unroll 4
+                    for (int e = lane; e < kC * 64; e += 32) {
+                        const int i = e >> 6, d1 = e & 63;
+                        const bool ok = i < lim;
+                        cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * a.ldv + d1, ok);
+                    }
                 }
                 cp_async_arrive_noinc(full);
             }
         }
-        if (!VEC) cp_async_wait_all();
+        cp_async_wait_all();
         return;
     }
 
@@ -205,8 +228,8 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     // 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
     // 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
     const int vr0 = 16 * warp + g8;
-    float *og = a.o + (int64_t)j * kDK + col0 + vr0;
-    float *state = a.state + (int64_t)j * kDK * kDK + col0 + vr0;
+    float *og = a.o + s.seq.r0 * a.ldo + (int64_t)j * kDK + col0 + vr0;
+    float *state = s.seq.state + (int64_t)j * kDK * kDK + col0 + vr0;
 
     // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
     // the prep grid's completion implies its completion (the prep's last wait).
@@ -220,7 +243,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     float ms[2], f[2];
     wg_state_to_a(S, u, sa, ms, f);
 
-    for (int c = 0; c < a.nc; ++c) {
+    for (int c = 0; c < s.seq.nc; ++c) {
         const int b = c % NS;
         const StateWgSmem::Stage &d = s.st[b];
         mbar_wait(smem_addr(&s.full[b]), uint32_t(c / NS) & 1u);
@@ -385,8 +408,8 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
         if (lane == 0) mbar_arrive(smem_addr(&s.empty[b]));  // this warp is done with stage b
 
         // The outputs: this thread's 2 value columns x 16 rows of the chunk.
-        const int64_t t0 = (int64_t)c * kC;
-        const int lim = a.rows - t0 < kC ? int(a.rows - t0) : kC;
+        const int64_t t0 = (int64_t)c * kC, left = s.seq.rows - t0;
+        const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
         float *orow = og + (t0 + 2 * tig) * a.ldo;  // row 2 tig of the chunk
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
@@ -435,9 +458,10 @@ pf_status launch_state_wg_vec(const StateArgs &a, bool pdl, cudaStream_t stream)
     } else {
         maps[4] = maps[0];  // unused: V by cp.async
     }
-    const cudaError_t e = launch_pdl(gdn_chunk_state_wg_kernel<VEC>, dim3(unsigned(a.n_v_heads * 2)),
-                                     kWgStateThreads, kWgStateSmem, pdl, stream, a, maps[0], maps[1],
-                                     maps[2], maps[3], maps[4]);
+    // x: two CTAs per value head; y: the sequences of a varlen pass (else 1).
+    const dim3 grid(unsigned(a.n_v_heads * 2), unsigned(a.seqs.n > 0 ? a.seqs.n : 1));
+    const cudaError_t e = launch_pdl(gdn_chunk_state_wg_kernel<VEC>, grid, kWgStateThreads, kWgStateSmem,
+                                     pdl, stream, a, maps[0], maps[1], maps[2], maps[3], maps[4]);
     if (e != cudaSuccess)
         return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_wg_kernel<%d> (PDL)", int(VEC));
     PF_LAUNCH_CHECK("gdn_chunk_state_wg_kernel<%d>", int(VEC));

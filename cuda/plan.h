@@ -61,6 +61,9 @@ RowForm row_form(const pf_tuning &t);
 // The chunked delta rule's launch choices (gdn_chunk.cu). Rows per pass and the default sub-pass:
 constexpr int64_t kGdnPassRows = 8192;
 constexpr int64_t kGdnSubpassRows = 2048;
+// Chunks of one round of pf_gdn_scan_varlen's chunked path (a varlen call of the internal entry):
+// the memory of one pass of kGdnPassRows rows.
+constexpr int64_t kGdnVarlenRoundChunks = kGdnPassRows / 64;
 enum class GdnStateKernel { Auto, Warp, Warpgroup };
 struct GdnChunkPlan {
     GdnStateKernel state = GdnStateKernel::Auto;  // Auto: warpgroup where it runs and v is aligned
