@@ -112,7 +112,7 @@ size_t attention_ws_bytes(const pf_model *m, const ExecPlan &plan, int64_t T, in
 
 }  // namespace
 
-ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids) {
+ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids, int64_t n_gdn) {
     ChunkLayout L;
     const int64_t T = rows;
     const int64_t Hv = std::max<int64_t>(hp.ssm_hv, 1);
@@ -126,8 +126,15 @@ ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int
     L.k16 = std::max({L.d, hp.n_ff, hp.n_head * hp.head_dim, hp.value_dim()});
     L.max_items = max_items;
     L.ids = ids;
-    if (hp.ssm_hv > 0 && gdn_chunk_supported(int32_t(hp.ssm_dk), int32_t(hp.ssm_dv)))
+    if (hp.ssm_hv > 0 && gdn_chunk_supported(int32_t(hp.ssm_dk), int32_t(hp.ssm_dv))) {
         L.gdn_ws = gdn_chunk_workspace_bytes(T, int32_t(hp.ssm_hk), int32_t(hp.ssm_hv));
+        if (max_items > 1)  // a varlen pass holds every chunk of a step: at most T/64 + items
+            L.gdn_ws = std::max(L.gdn_ws, gdn_chunk_varlen_workspace_bytes((T + 63) / 64 + max_items,
+                                                                           int32_t(hp.ssm_hk), int32_t(hp.ssm_hv)));
+    }
+    // varlen tables: all (row0, rows, windows), chunked (row0, rows, chunk0, states), sequential
+    // (row0, rows, states)
+    if (max_items > 1 && n_gdn > 0) L.tab = 7 * max_items + 1 + 3 * n_gdn * max_items;
     size_t at = 0;
     auto take = [&](size_t bytes) {
         const size_t off = at;
@@ -151,6 +158,7 @@ ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int
     L.off_ids = take(size_t(ids) * sizeof(int32_t));
     L.off_vals = take(size_t(1 + max_items) * sizeof(int64_t));
     L.off_argmax = take(size_t(max_items) * sizeof(int32_t));
+    L.off_tab = take(size_t(L.tab) * sizeof(int64_t));
     L.bytes = at;
     return L;
 }
@@ -189,7 +197,8 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     e->ctx = m->ctx;
     e->plan = plan;
     e->kv_capacity = kv_capacity;
-    e->L = chunk_layout(m->hp, rows, max_items, ids);
+    for (const LayerWeights &Lw : m->layers) e->gdn_slot.push_back(Lw.attn ? -1 : int32_t(e->n_gdn++));
+    e->L = chunk_layout(m->hp, rows, max_items, ids, e->n_gdn);
     const ChunkLayout &L = e->L;
     pf_context *ctx = m->ctx;
     PF_TRY(device_alloc(ctx, L.bytes, &e->ws, "executor workspace"));
@@ -209,6 +218,9 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     e->ids = reinterpret_cast<int32_t *>(base + L.off_ids);
     e->vals = reinterpret_cast<int64_t *>(base + L.off_vals);
     e->argmax = reinterpret_cast<int32_t *>(base + L.off_argmax);
+    e->tab = L.tab ? reinterpret_cast<int64_t *>(base + L.off_tab) : nullptr;
+    e->tab_host.reserve(size_t(L.tab));
+    e->tab_dev_copy.reserve(size_t(L.tab));
     // The cuBLAS attention path's workspace (its size needs aligned cache pointers: the base is).
     e->attn_ws_bytes = attention_ws_bytes(m, plan, rows, kv_capacity, e->ws, e->ws);
     if (e->attn_ws_bytes) PF_TRY(device_alloc(ctx, e->attn_ws_bytes, &e->attn_ws, "attention workspace"));

@@ -32,15 +32,19 @@ struct ChunkLayout {
     int64_t k16 = 0;       // the widest projection input (the f16 leg's fp16 rows)
     int64_t max_items = 0; // sequences per step: their positions on the device
     int64_t ids = 0;       // token ids held on the device (a call's, at their offsets)
-    size_t gdn_ws = 0;     // the chunked delta rule's workspace (one pass of `rows`)
+    size_t gdn_ws = 0;     // the chunked delta rule's workspace (one pass of `rows`; with several
+                           // items, all chunks of a step in one varlen pass)
+    int64_t tab = 0;       // int64 slots of a step's varlen tables (VarlenStep), 0 for one item
     // Byte offsets in the workspace (256-byte aligned), and its size.
     size_t off_x = 0, off_h = 0, off_a = 0, off_b = 0, off_o = 0, off_beta = 0, off_g = 0, off_h16 = 0,
-           off_inv16 = 0, off_logits = 0, off_xg = 0, off_gdn = 0, off_ids = 0, off_vals = 0, off_argmax = 0;
+           off_inv16 = 0, off_logits = 0, off_xg = 0, off_gdn = 0, off_ids = 0, off_vals = 0, off_argmax = 0,
+           off_tab = 0;
     size_t bytes = 0;
     // The bytes that depend on `rows` (what the auto chunk weighs against the free memory).
     size_t row_bytes = 0;
 };
-ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids);
+// n_gdn: the model's GDN layers (the varlen tables hold a pointer per layer and item).
+ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids, int64_t n_gdn = 0);
 
 // The chunk when the options leave it 0: kAutoChunk rows (2048: measured ~20% faster than 512 for
 // qwen35-4b on the H200), capped at `cap`, halved down to 256 while the layout's row bytes would
@@ -51,6 +55,24 @@ pf_status auto_chunk(const Hparams &hp, int32_t cap, size_t state_bytes, int32_t
 struct StepItem {
     Sequence *seq = nullptr;
     int64_t row0 = 0, rows = 0, pos = 0;
+};
+
+// A many-sequence step's GDN work as one launch per layer and kind (tuning.varlen): the items'
+// rows and per-layer state pointers in device tables (e->tab, int64 slots; uploaded before the
+// step when they changed, read by the graphed launches). Offsets in slots; pointer tables are
+// [n_gdn][n] (layer slot gi's n entries at off + gi * n).
+struct VarlenGroup {
+    int32_t n = 0;               // its items
+    int64_t row0 = 0, rows = 0;  // [n] each
+    int64_t chunk0 = 0;          // [n + 1] (the chunked group)
+    int64_t state = 0;           // [n_gdn][n] float * (the GDN states)
+    std::vector<int64_t> host_rows;
+};
+struct VarlenStep {
+    bool on = false;
+    int64_t max_rows = 0;            // of any item
+    VarlenGroup all;                 // every item, in row order: the conv (state = the windows)
+    VarlenGroup chunked, sequential; // the delta rule's two paths (gdn_scan_choose per item)
 };
 
 // The CUDA graphs of one step shape (forward.cu "graphs"), valid while the key holds.
@@ -92,6 +114,14 @@ struct Executor {
     // Per step (set by executor_step): the act16 route and whether every matrix has its cache.
     bool act16 = false, cached = false;
     bool attn_in_graph = false;
+    // Varlen tables (tuning.varlen, steps of several items): the layer's slot among the GDN
+    // layers (-1: attention), the step's groups, its tables on the host (the last uploaded kept).
+    std::vector<int32_t> gdn_slot;
+    int64_t n_gdn = 0;
+    int64_t *tab = nullptr;
+    VarlenStep vstep;
+    bool vstep_exact = false;  // the leg the groups were made for (gdn_scan_choose's exact)
+    std::vector<int64_t> tab_host, tab_dev_copy;
 
     ~Executor();
 };

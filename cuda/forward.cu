@@ -285,6 +285,21 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     });
 }
 
+// An item's delta-rule path: chunked (tensor cores) on the fast legs from kGdnChunkMinRows rows
+// where the executor has the chunked workspace, sequential on the exact f32 leg (the leg the GDN
+// in-projection runs), for decode and for short items (gdn_scan_choose).
+int32_t scan_path(const Executor *e, bool exact, int64_t rows) {
+    const Hparams &hp = e->model->hp;
+    if (e->gdn_ws == nullptr) return PF_GDN_SCAN_SEQUENTIAL;
+    return gdn_scan_choose(PF_GDN_SCAN_AUTO, e->plan.gdn_scan, exact, rows, int32_t(hp.ssm_dk), int32_t(hp.ssm_dv));
+}
+
+// Whether the layer's in-projection runs the exact f32 leg (the delta rule then runs sequential).
+bool gdn_exact(const Executor *e, const LayerWeights &Lw) {
+    int32_t run = PF_GEMM_F32;
+    return resolve_gemm_leg(Lw.qkv, e->plan.leg, &run) != PF_STATUS_OK || run == PF_GEMM_F32;
+}
+
 // Gated DeltaNet mixer (spec.md §3.2 G1-G9): x += GDN(h) . W_out^T.
 pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::vector<StepItem> &items, int64_t T) {
     pf_context *ctx = e->ctx;
@@ -311,54 +326,104 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
     PF_TRY(gdn_gates_rows(ga, st));
     const int32_t kc = int32_t(hp.conv_kernel);
     const float q_scale = float(1.0 / std::sqrt(double(dk)));
-    // The delta rule's path: chunked (tensor cores) on the fast legs from kGdnChunkMinRows rows,
-    // sequential on the exact f32 leg, for decode and for short chunks (gdn_scan_choose).
-    int32_t run = PF_GEMM_F32;
-    PF_TRY(resolve_gemm_leg(Lw.qkv, e->plan.leg, &run));
-    for (const StepItem &it : items) {
-        float *window = it.seq->conv[size_t(il)], *state = it.seq->ssm[size_t(il)];
-        const CMatF mi{m + it.row0 * W, W};
-        const MatF ui{u + it.row0 * cd, cd};
-        // G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
-        if (e->plan.fuse_conv_norm && gdn_conv1d_l2norm_supported(dk, kc)) {  // the three below in one, bitwise
-            GdnConvNormArgs ca;
-            ca.m = mi;
-            ca.window = window;
-            ca.weight = Lw.conv_w;
-            ca.u = ui;
-            ca.rows = it.rows;
-            ca.conv_dim = cd;
-            ca.kc = kc;
-            ca.n_k_heads = Hk;
-            ca.dk = dk;
-            ca.eps = kL2NormEps;
-            ca.q_scale = q_scale;
-            PF_TRY(gdn_conv1d_l2norm_rows(ca, st));
+    // The layer's operands at step row 0 (an item's at its row0)
+    GdnScanArgs base;
+    base.q = CMatF{u, cd};
+    base.k = CMatF{u + kd, cd};
+    base.v = CMatF{u + 2 * kd, cd};
+    base.beta = CMatF{e->beta, Hv};
+    base.g = CMatF{e->g, Hv};
+    base.o = MatF{o, vd};
+    base.rows = T;
+    base.n_k_heads = Hk;
+    base.n_v_heads = int32_t(Hv);
+    base.dk = dk;
+    base.dv = dv;
+    GdnConvNormArgs ca;
+    ca.m = CMatF{m, W};
+    ca.weight = Lw.conv_w;
+    ca.u = MatF{u, cd};
+    ca.rows = T;
+    ca.conv_dim = cd;
+    ca.kc = kc;
+    ca.n_k_heads = Hk;
+    ca.dk = dk;
+    ca.eps = kL2NormEps;
+    ca.q_scale = q_scale;
+    const bool fused = e->plan.fuse_conv_norm && gdn_conv1d_l2norm_supported(dk, kc);
+    const VarlenStep &vs = e->vstep;
+    const bool exact = gdn_exact(e, Lw);
+    // the step's groups were made for the first GDN layer's leg (a layer whose leg differs runs
+    // per item)
+    if (vs.on && exact == e->vstep_exact) {
+        // Every item in one launch per kind (tuning.varlen): bitwise the per-item launches below.
+        const int64_t gi = e->gdn_slot[size_t(il)];
+        auto ptrs = [&](const VarlenGroup &grp) {
+            return reinterpret_cast<float *const *>(e->tab + grp.state + gi * grp.n);
+        };
+        if (fused) {
+            GdnConvSeqs cs;
+            cs.n = vs.all.n;
+            cs.row0 = e->tab + vs.all.row0;
+            cs.rows = e->tab + vs.all.rows;
+            cs.windows = ptrs(vs.all);
+            cs.max_rows = vs.max_rows;
+            PF_TRY(gdn_conv1d_l2norm_rows_varlen(ca, cs, st));
         } else {
-            PF_TRY(gdn_conv1d_rows(mi, window, Lw.conv_w, ui, it.rows, cd, kc, st));
-            PF_TRY(gdn_l2norm_rows(ui, it.rows, Hk, dk, dk, kL2NormEps, q_scale, st));
-            PF_TRY(gdn_l2norm_rows(ui.cols_from(kd), it.rows, Hk, dk, dk, kL2NormEps, 1.0f, st));
+            for (const StepItem &it : items) {
+                const CMatF mi{m + it.row0 * W, W};
+                const MatF ui{u + it.row0 * cd, cd};
+                PF_TRY(gdn_conv1d_rows(mi, it.seq->conv[size_t(il)], Lw.conv_w, ui, it.rows, cd, kc, st));
+                PF_TRY(gdn_l2norm_rows(ui, it.rows, Hk, dk, dk, kL2NormEps, q_scale, st));
+                PF_TRY(gdn_l2norm_rows(ui.cols_from(kd), it.rows, Hk, dk, dk, kL2NormEps, 1.0f, st));
+            }
         }
-        // G6-G7 delta rule (tiled pairing)
-        GdnScanArgs sa;
-        sa.q = CMatF(ui);
-        sa.k = CMatF(ui.cols_from(kd));
-        sa.v = CMatF(ui.cols_from(2 * kd));
-        sa.beta = CMatF{e->beta + it.row0 * Hv, Hv};
-        sa.g = CMatF{e->g + it.row0 * Hv, Hv};
-        sa.state = state;
-        sa.o = MatF{o + it.row0 * vd, vd};
-        sa.rows = it.rows;
-        sa.n_k_heads = Hk;
-        sa.n_v_heads = int32_t(Hv);
-        sa.dk = dk;
-        sa.dv = dv;
-        const int32_t path =
-            gdn_scan_choose(PF_GDN_SCAN_AUTO, e->plan.gdn_scan, run == PF_GEMM_F32, it.rows, dk, dv);
-        if (path == PF_GDN_SCAN_CHUNKED && e->gdn_ws != nullptr)
-            PF_TRY(gdn_chunk_scan_rows(sa, e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
-        else
-            PF_TRY(gdn_scan_rows(sa, st));
+        auto seqs = [&](const VarlenGroup &grp) {
+            GdnSeqs s;
+            s.n = grp.n;
+            s.row0 = e->tab + grp.row0;
+            s.rows = e->tab + grp.rows;
+            s.chunk0 = e->tab + grp.chunk0;
+            s.state = ptrs(grp);
+            s.host_rows = grp.host_rows.data();
+            return s;
+        };
+        if (vs.chunked.n)
+            PF_TRY(gdn_chunk_scan_rows_varlen(base, seqs(vs.chunked), e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
+        if (vs.sequential.n) PF_TRY(gdn_scan_rows_varlen(base, seqs(vs.sequential), st));
+    } else {
+        for (const StepItem &it : items) {
+            float *window = it.seq->conv[size_t(il)], *state = it.seq->ssm[size_t(il)];
+            const CMatF mi{m + it.row0 * W, W};
+            const MatF ui{u + it.row0 * cd, cd};
+            // G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
+            if (fused) {  // the three below in one, bitwise
+                GdnConvNormArgs ci = ca;
+                ci.m = mi;
+                ci.window = window;
+                ci.u = ui;
+                ci.rows = it.rows;
+                PF_TRY(gdn_conv1d_l2norm_rows(ci, st));
+            } else {
+                PF_TRY(gdn_conv1d_rows(mi, window, Lw.conv_w, ui, it.rows, cd, kc, st));
+                PF_TRY(gdn_l2norm_rows(ui, it.rows, Hk, dk, dk, kL2NormEps, q_scale, st));
+                PF_TRY(gdn_l2norm_rows(ui.cols_from(kd), it.rows, Hk, dk, dk, kL2NormEps, 1.0f, st));
+            }
+            // G6-G7 delta rule (tiled pairing)
+            GdnScanArgs sa = base;
+            sa.q = CMatF(ui);
+            sa.k = CMatF(ui.cols_from(kd));
+            sa.v = CMatF(ui.cols_from(2 * kd));
+            sa.beta = CMatF{e->beta + it.row0 * Hv, Hv};
+            sa.g = CMatF{e->g + it.row0 * Hv, Hv};
+            sa.state = state;
+            sa.o = MatF{o + it.row0 * vd, vd};
+            sa.rows = it.rows;
+            if (scan_path(e, exact, it.rows) == PF_GDN_SCAN_CHUNKED)
+                PF_TRY(gdn_chunk_scan_rows(sa, e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
+            else
+                PF_TRY(gdn_scan_rows(sa, st));
+        }
     }
     // G8 gated RMSNorm in place on o (row-local), G9 out-projection into the residual stream
     GdnGatedNormArgs na;
@@ -461,6 +526,68 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
     return &e->graphs.back();
 }
 
+// The step's varlen groups and tables (e->vstep, e->tab): with tuning.varlen, several items and
+// GDN layers. The tables depend on the items (sequences, rows) only, as the step graph's key
+// does; uploaded (one copy, in stream order) when they differ from the last upload.
+pf_status varlen_tables(Executor *e, const std::vector<StepItem> &items) {
+    VarlenStep &vs = e->vstep;
+    vs.on = e->plan.varlen && items.size() > 1 && e->tab != nullptr;
+    if (!vs.on) return PF_STATUS_OK;
+    const pf_model *m = e->model;
+    for (const LayerWeights &Lw : m->layers)
+        if (!Lw.attn) {
+            e->vstep_exact = gdn_exact(e, Lw);
+            break;
+        }
+    std::vector<int64_t> &t = e->tab_host;
+    t.clear();
+    const int64_t G = e->n_gdn;
+    vs.max_rows = 0;
+    std::vector<const StepItem *> ch, sq;
+    for (const StepItem &it : items) {
+        vs.max_rows = std::max(vs.max_rows, it.rows);
+        (scan_path(e, e->vstep_exact, it.rows) == PF_GDN_SCAN_CHUNKED ? ch : sq).push_back(&it);
+    }
+    // One group's slots: row0 [n], rows [n], chunk0 [n + 1] (chunked), pointers [G][n].
+    auto group = [&](VarlenGroup &g, const std::vector<const StepItem *> &its, bool chunks, bool windows) {
+        g.n = int32_t(its.size());
+        g.host_rows.clear();
+        g.row0 = int64_t(t.size());
+        for (const StepItem *it : its) t.push_back(it->row0);
+        g.rows = int64_t(t.size());
+        for (const StepItem *it : its) {
+            t.push_back(it->rows);
+            g.host_rows.push_back(it->rows);
+        }
+        g.chunk0 = int64_t(t.size());
+        if (chunks) {
+            int64_t c = 0;
+            t.push_back(0);
+            for (const StepItem *it : its) t.push_back(c += (it->rows + 63) / 64);
+        }
+        g.state = int64_t(t.size());
+        for (size_t il = 0; il < m->layers.size(); ++il) {
+            if (e->gdn_slot[il] < 0) continue;
+            for (const StepItem *it : its)
+                t.push_back(int64_t(reinterpret_cast<intptr_t>(windows ? it->seq->conv[il] : it->seq->ssm[il])));
+        }
+    };
+    std::vector<const StepItem *> all;
+    for (const StepItem &it : items) all.push_back(&it);
+    group(vs.all, all, false, true);
+    group(vs.chunked, ch, true, false);
+    group(vs.sequential, sq, false, false);
+    PF_CHECK_ARG(int64_t(t.size()) <= e->L.tab, "executor: varlen tables of %zu slots exceed the %lld laid out",
+                 t.size(), (long long)e->L.tab);
+    (void)G;
+    if (t != e->tab_dev_copy) {
+        PF_CUDA_TRY(cudaMemcpyAsync(e->tab, t.data(), t.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                    e->ctx->stream));
+        e->tab_dev_copy = t;
+    }
+    return PF_STATUS_OK;
+}
+
 }  // namespace
 
 // One step: eagerly, or through its graphs (captured first when new). A failed capture (an
@@ -481,6 +608,7 @@ pf_status executor_step(Executor *e, const std::vector<StepItem> &items, int64_t
     v[0] = ids_off;
     for (size_t i = 0; i < items.size(); ++i) v[1 + i] = items[i].pos;
     PF_TRY(store_i64s(e->vals, v.data(), int64_t(v.size()), st));
+    PF_TRY(varlen_tables(e, items));
     e->attn_in_graph = attn_graphable(e, items);  // before step_graph: part of the key
     StepGraph *g = step_graph(e, items, T);
     if (g && g->segs.empty()) {

@@ -104,6 +104,7 @@ struct ExecPlan {
     bool f16_producers = true;   // the act16 route where every matrix has its fp16 copy
     bool fuse_qk_rope = true;    // where qk_norm_rope_kv_supported
     bool fuse_conv_norm = true;  // where gdn_conv1d_l2norm_supported
+    bool varlen = true;          // a many-sequence step's GDN conv and delta rule in one launch each
     bool graphs = true;          // CUDA graphs (the option and PREFILL_GRAPH)
     RowForm rows;
     int32_t gdn_scan = PF_GDN_SCAN_AUTO;  // a session chunk's delta-rule path (gdn_scan_choose)

@@ -212,6 +212,9 @@ typedef struct pf_tuning {
                                    (1-based) fail as out of memory. default 0 (none) */
     int64_t prewarm_piece_bytes; /* the prewarm's first piece (each next twice the last): 0 =
                                     default (256 MiB), -1 = the whole cache in one allocation */
+    int32_t varlen;            /* pf_switch (default on): a step of several sequences (a batch) runs
+                                  each GDN layer's conv1d + L2 norms and delta rule as one launch
+                                  over all of them (off: one launch per sequence; bitwise the same) */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it

@@ -18,25 +18,25 @@
 # that against this script's --list-parts):
 #   1 suite    build; the C tests (ctest without pytest); `pyprefill demo`; pytest on every file
 #              not named in parts 2-4, in PYTEST_JOBS processes (default 3). New files land here.
-#   2 attn     test_kernel_attention.py -k "not in_child", two processes (--pf-shard 0/2, 1/2).
-#   3 children test_kernel_attention.py -k in_child (children that rerun the flash tests with other
-#              key tiles), test_kernel_gdn.py, test_engine.py: three processes.
+#   2 attn     test_kernel_attention.py, two processes (--pf-shard 0/2, 1/2).
+#   3 engine   test_kernel_gdn.py, test_engine.py, test_batch.py: three processes.
 #   4 memory   the files that measure the device's free memory, one after another in one process
-#              and nothing else on the GPU, children included (test_gemm_lt.py's child reruns
-#              test_gemm_path.py's allocation tests): test_gpu_core.py, test_kernel_gemm.py,
-#              test_gemm_path.py, test_memory_faults.py, test_prewarm.py, test_gemm_lt.py,
-#              test_soak.py (50 cycles).
+#              and nothing else on the GPU, children included (test_gemm_lt.py starts a child):
+#              test_gpu_core.py, test_kernel_gemm.py, test_gemm_path.py, test_memory_faults.py,
+#              test_prewarm.py, test_gemm_lt.py, test_soak.py (50 cycles; 100 batch cycles).
 #   5 memcheck-kernels    compute-sanitizer memcheck over test_kernel_{dequant,gemm,qgemm,rows,
 #                         wrappers,gdn}.py (-m gpu -x).
 #   6 memcheck-attention  memcheck over test_kernel_attention.py.
 #   7 sanitize-model-a    memcheck and racecheck over the model-level paths
-#                         (test_model_lifecycle.py: load, chunked prefill, decode, save, restore).
+#                         (test_model_lifecycle.py: load, chunked prefill, decode, save, restore;
+#                         test_batch.py: batches, fork, snapshots, rollback).
 #   8 sanitize-model-b    initcheck (the exact leg: it cannot see cuBLAS's fp16 TMA-store writes)
 #                         and synccheck over them; SANITIZER_BIG=1 adds a qwen35-0.8b shape.
 #   9 bench-kernels-a     pyprefill bench kernels --families gemm rows gdn.
 #  10 bench-kernels-b     pyprefill bench kernels --families attention.
 #  11 bench-model-a       pyprefill bench model --models qwen35-4b (HF peer, plot).
 #  12 bench-model-b       pyprefill bench model --models qwen3-4b (HF peer, plot).
+#  13 bench-batch         pyprefill bench batch (qwen35-4b, qwen3-4b, qwen35-0.8b; HF batched peer).
 #  long (opt-in)          test_long_context.py at 131072 tokens (PF_LONG_CONTEXT=1).
 #  soak (opt-in)          test_soak.py at --soak=N cycles.
 # Times: not yet measured as parts. The split follows the runs in NOTES.md (the whole suite in
@@ -47,7 +47,7 @@
 # Env: OUT, BUILD_DIR (default /tmp/pf-build: a warm machine builds once), PF_CUDA_ARCH (default
 # 90a), PYTEST_JOBS, PART_BUDGET_S (0 = no bound), SANITIZER_TESTS / SANITIZER_MODEL_TESTS /
 # SANITIZER_TOOLS / SANITIZER_INITCHECK_K / SANITIZER_BIG / SANITIZER_BIG_TOOLS,
-# SANITIZER_MODEL_TIMEOUT (per tool, default 300), BENCH_KERNELS / BENCH_MODEL (more arguments
+# SANITIZER_MODEL_TIMEOUT (per tool, default 300), BENCH_KERNELS / BENCH_MODEL / BENCH_BATCH (more arguments
 # for the bench parts, e.g. BENCH_MODEL="--gemm f16 -p 512,2048"), BENCH_GGUF_DIR (synthetic
 # models, default $BUILD_DIR/gguf: reused by a warm machine).
 set -uo pipefail
@@ -57,11 +57,11 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 # ---------------------------------------------------------------------------- the parts
 PART_NAMES=(suite attn children memory memcheck-kernels memcheck-attention sanitize-model-a
-            sanitize-model-b bench-kernels-a bench-kernels-b bench-model-a bench-model-b)
+            sanitize-model-b bench-kernels-a bench-kernels-b bench-model-a bench-model-b bench-batch)
 # The pytest suite's parts 2-4: "FILE;-k EXPRESSION;SHARD K/N" per process (empty = all of it);
 # the entries of one part run as concurrent processes, except part 4's, which run in one.
-SUITE_2=("test_kernel_attention.py;not in_child;0/2" "test_kernel_attention.py;not in_child;1/2")
-SUITE_3=("test_kernel_attention.py;in_child;" "test_kernel_gdn.py;;" "test_engine.py;;")
+SUITE_2=("test_kernel_attention.py;;0/2" "test_kernel_attention.py;;1/2")
+SUITE_3=("test_kernel_gdn.py;;" "test_engine.py;;" "test_batch.py;;")
 SUITE_4=("test_gpu_core.py;;" "test_kernel_gemm.py;;" "test_gemm_path.py;;" "test_memory_faults.py;;"
          "test_prewarm.py;;" "test_gemm_lt.py;;" "test_soak.py;;")
 
@@ -116,13 +116,13 @@ SELECTED=()
 if [ ${#PARTS[@]} -gt 0 ]; then
   for p in "${PARTS[@]}"; do
     n=$(part_number "$p")
-    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-12, a name, long, soak: --help)" >&2; exit 2; }
+    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-13, a name, long, soak: --help)" >&2; exit 2; }
     SELECTED+=("$n")
   done
 else
   [ $TESTS = 1 ] && SELECTED+=(1 2 3 4)
   [ $SANITIZE = 1 ] && SELECTED+=(5 6 7 8)
-  [ $BENCH = 1 ] && SELECTED+=(9 10 11 12)
+  [ $BENCH = 1 ] && SELECTED+=(9 10 11 12 13)
   [ $LONG = 1 ] && SELECTED+=(long)
   [ "$SOAK" != 0 ] && SELECTED+=(soak)
 fi
@@ -292,7 +292,7 @@ run_part() {
       sanitize "$p: memcheck" "$dir/memcheck.log" 100000 memcheck $tests ;;
     7|8)
       command -v compute-sanitizer >/dev/null || { result "$p: sanitizers" "skipped: no compute-sanitizer"; return; }
-      local tools tool model_tests=${SANITIZER_MODEL_TESTS:-tests/python/test_model_lifecycle.py}
+      local tools tool model_tests=${SANITIZER_MODEL_TESTS:-tests/python/test_model_lifecycle.py tests/python/test_batch.py}
       if [ -n "${SANITIZER_TOOLS:-}" ]; then tools=$SANITIZER_TOOLS
       elif [ "$p" = 7 ]; then tools="memcheck racecheck"; else tools="initcheck synccheck"; fi
       for tool in $tools; do
@@ -321,6 +321,10 @@ run_part() {
       # shellcheck disable=SC2086
       bench "$p: bench model ($model)" "$dir/bench_model.log" model --models "$model" --out "$dir" \
         --plot "$dir/bench_model.png" --gguf-dir "${BENCH_GGUF_DIR:-$BUILD_DIR/gguf}" ${BENCH_MODEL:-} ;;
+    13)
+      # shellcheck disable=SC2086
+      bench "13: bench batch" "$dir/bench_batch.log" batch --out "$dir" \
+        --gguf-dir "${BENCH_GGUF_DIR:-$BUILD_DIR/gguf}" ${BENCH_BATCH:-} ;;
     long)
       PT_ENV=(PF_LONG_CONTEXT=1)
       run_pytest_groups "long: pytest" pytest "$dir" "$(printf '%s\n' -s tests/python/test_long_context.py)"

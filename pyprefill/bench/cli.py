@@ -4,11 +4,14 @@
                          [--json] [--plot FILE.png]
     pyprefill bench kernels|model|all [--out DIR] [--quick] [--lengths 512,2048,8192]
                          [--models qwen35-4b,qwen3-4b] [--gemm f16,f32] [--plot FILE.png]
+    pyprefill bench batch [--models ...] [--steps 2048] [--peer hf|none] [--quick]
 
 FILE: prefill tokens/s of one GGUF as a llama-bench style table (test "pp512", t/s ± std),
 with the HF transformers peer alongside when torch and transformers are importable. Suites:
 kernels (the gemm, rows, gdn and attention families, each next to its peer) and whole-model
-prefill on synthetic GGUFs of real shapes; bench_<suite>.json (every repeat) and
+prefill on synthetic GGUFs of real shapes; batch (many prompts in one batch against the same
+prompts one call each and HF transformers batched with padding; decode steps of 64 sessions
+against one; fork and snapshot rollback at 8192 tokens); bench_<suite>.json (every repeat) and
 bench_<suite>.md under --out. --plot draws tok/s against prompt length, ours against each
 peer. `python3 -m pyprefill.bench` takes the same arguments.
 
@@ -35,11 +38,12 @@ from .model import VARIANT_TUNING
 
 LEG_NAMES = ("auto", "f16", "f32", "int8", "default")   # pf_gemm_leg (include/prefill.h)
 
-SUITES = ("kernels", "model", "all")
+SUITES = ("kernels", "model", "all", "batch")
 FAMILIES = ("gemm", "rows", "gdn", "attention")
 LENGTHS = [512, 2048, 8192]
 MODELS = ["qwen35-4b", "qwen3-4b"]
 QUICK_MODELS = ["qwen35-0.8b"]
+BATCH_MODELS = ["qwen35-4b", "qwen3-4b", "qwen35-0.8b"]
 
 
 class UsageError(Exception):
@@ -82,6 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "(default: the temp dir)")
     p.add_argument("--reps", type=int, default=7, help="timed batches per kernel (median)")
     p.add_argument("--model-reps", type=int, default=5, help="timed prefills per model and length")
+    p.add_argument("--steps", nargs="+", metavar="N",
+                   help="batch suite: the batch's step sizes in tokens (default 2048)")
+    p.add_argument("--no-variants", action="store_true",
+                   help="batch suite: skip the tuning variants (varlen off)")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of skipped parts")
 
 
@@ -132,7 +140,14 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
     unknown = [f for f in a.families if f not in FAMILIES]
     if unknown:
         raise UsageError(f"--families: unknown {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
-    a.models = _split(a.models) or (QUICK_MODELS if a.quick else list(MODELS))
+    a.models = _split(a.models) or (QUICK_MODELS if a.quick else
+                                    list(BATCH_MODELS) if a.suite == "batch" else list(MODELS))
+    try:
+        a.steps = _split(a.steps, int) or [2048]
+    except ValueError:
+        raise UsageError(f"--steps: expected integers, got {' '.join(a.steps)}") from None
+    if min(a.steps) < 1:
+        raise UsageError(f"--steps: step sizes must be positive, got {a.steps}")
     unknown = [m for m in a.models if m not in PRESETS]
     if unknown:
         raise UsageError(f"--models: unknown preset(s) {', '.join(unknown)} "
@@ -233,6 +248,12 @@ def run_suites(a) -> int:
         if part == "kernels":
             extra = rec.guard("kernels", run_kernels, a, rec, torch) or {}
             peak = extra.get("peak_fp16_tflops")
+        elif part == "batch":
+            from . import batch
+            variants = [("", None)] + ([] if a.no_variants or a.quick else [("novarlen", {"varlen": False})])
+            extra = rec.guard("batch", batch.run, rec, torch, models=a.models, steps=a.steps,
+                              reps=a.model_reps, peer=a.peer, quick=a.quick, mix=a.mix,
+                              gguf_dir=a.gguf_dir, variants=variants) or {}
         else:
             extra = rec.guard("model", model.run, rec, torch, models=a.models, lengths=a.lengths,
                               legs=a.gemm, chunk=a.chunk, reps=a.model_reps, peer=a.peer,
@@ -241,6 +262,9 @@ def run_suites(a) -> int:
                "wall_s": time.perf_counter() - t0, "args": _settings(a)}
         if part == "kernels":
             table = report.kernels_table(res["rows"])
+        elif part == "batch":
+            from . import batch
+            table = batch.table(res["rows"])
         else:
             table = report.model_table(res["rows"], res.get("peak_fp16_tflops"))
             model_rows = res["rows"]

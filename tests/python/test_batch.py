@@ -91,6 +91,39 @@ def test_items_equal_their_sequence_alone(preset, legs, step, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("step", [2048, 256], ids=["one-step", "cut-in-steps"])
+@pytest.mark.parametrize("legs", ["f32", "default"])
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen35-tiny-hv3"])
+def test_varlen_launches_are_bitwise_the_per_item_launches(preset, legs, step, rng):
+    """tuning.varlen: a step's GDN conv + norms and delta rule as one launch over all items (both
+    delta-rule paths: decode items and short items run sequential, the rest chunked) gives the
+    bits of one launch per item, in the logits and in the states the items continue from."""
+    m = _model(preset, legs)
+    V = m.n_vocab
+    prefixes = [random_tokens(rng, p, V) for _, p in MIX]
+    news = [random_tokens(rng, n, V) for n, _ in MIX]
+    more = [random_tokens(rng, 70, V) for _ in MIX]
+    kw = _skw(legs)
+    runs = []
+    for varlen in (True, False):
+        ss = [m.session(max_tokens=1024, own_executor=False, **kw) for _ in MIX]
+        try:
+            with m.batch(step_tokens=step, tuning={"varlen": varlen}, **_bkw(legs)) as b:
+                b.prefill([dict(session=s, tokens=p, logits="none") for s, p in zip(ss, prefixes) if p.size])
+                out = b.prefill([dict(session=s, tokens=t, logits="all") for s, t in zip(ss, news)])
+                again = b.prefill([dict(session=s, tokens=t, logits="all") for s, t in zip(ss, more)])
+            runs.append([o["logits"] for o in out] + [o["logits"] for o in again])
+        finally:
+            for s in ss:
+                s.close()
+    for i, (a, b) in enumerate(zip(*runs)):
+        assert np.isfinite(a).all(), f"varlen: item {i % len(MIX)} non-finite"
+        assert np.array_equal(a, b), (f"{preset} {legs} step {step}: item {i % len(MIX)} "
+                                      f"({'continued' if i >= len(MIX) else 'first call'}) differs from the "
+                                      f"per-item launches by {np.abs(a - b).max():.3e}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("preset", PRESETS)
 def test_last_none_and_greedy_outputs(preset, rng):
     """LAST gives the last row of ALL, NONE gives no logits, every item its greedy token (the

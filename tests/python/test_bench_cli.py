@@ -432,3 +432,20 @@ def test_build_hf_tiny(tmp_path, preset):
         out = model(ids, use_cache=False, logits_to_keep=1)
     assert out.logits.shape[-2:] == (1, model.config.vocab_size)
     assert torch.isfinite(out.logits.float()).all()
+
+
+def test_batch_table_ratios_against_singles_and_hf():
+    """The batch suite's report is a pure function of its rows: each batch row over the single
+    calls and the HF batch of its case."""
+    from pyprefill.bench import batch
+    t = {"median_ms": 100.0, "reps_ms": [100.0]}
+    rows = [batch._row("m", "16x512", "ours batch step 2048", 8192, t),
+            batch._row("m", "16x512", "ours single calls", 8192, {**t, "median_ms": 150.0}),
+            batch._row("m", "16x512", "HF bf16 batched (padded)", 8192, {**t, "median_ms": 300.0}),
+            batch._row("m", "32 ragged", "ours batch step 2048", 100, error="OutOfMemoryError: x")]
+    batch._ratios(rows)
+    assert rows[0]["ratio_vs_singles"] == pytest.approx(1.5)
+    assert rows[0]["ratio_vs_hf"] == pytest.approx(3.0)
+    text = batch.table(rows)
+    assert "| m | 16x512 | ours batch step 2048 | 100.000 | 81920 | 1.50 | 3.00 |" in text
+    assert "OutOfMemoryError: x" in text

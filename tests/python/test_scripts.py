@@ -47,7 +47,7 @@ def test_device_check_is_bash_clean_and_has_help():
 
 
 @pytest.mark.parametrize("argv, words", [(["--bogus"], "unknown option --bogus"),
-                                         (["--part", "13"], "no part '13'"),
+                                         (["--part", "14"], "no part '14'"),
                                          (["--part"], "--part needs")])
 def test_device_check_rejects_bad_arguments_before_any_work(argv, words):
     r = _bash(DEVICE_CHECK, *argv)
