@@ -23,11 +23,11 @@
 //    S of tile i+1 is issued before O += P_i V_i and its softmax runs while that product is in
 //    flight (FA3's intra-warpgroup pipelining); the two warpgroups take turns issuing their
 //    products (FA3's ping-pong), so one's softmax overlaps the other's products (measured faster
-//    than without in every A/B run; the switch that turned it off was deleted, NOTES.md archive).
+//    than without in every A/B run; the switch that turned it off was deleted, docs/notes-archive-2026-12.md).
 //  - Key tiles: BN = 176 at D = 128 (device run 36, H32/Hkv8, against 128: 0.9536 vs 0.9958 ms
 //    at T = 8192, 1.653 vs 1.769 at 2048 rows on 30720 cached, 0.0905 vs 0.0894 at T = 2048;
 //    96 slower too); at D = 256 BN = 80 (FA3's 128 x 80 tiles at hd256; device run 24: 0.938 vs
-//    0.984 ms for 64 at T = 8192). The other instances were deleted once NOTES.md's archive kept
+//    0.984 ms for 64 at T = 8192). The other instances were deleted once docs/notes-archive-2026-12.md kept
 //    their numbers; one size per head dim keeps a graph's launch (position on the device) bitwise
 //    the host-position launch. Nothing needs BN to be a power of two: BN is a multiple of 16 (whole
 //    k-steps of P V, whole n8 tiles of S) and of 8 (each swizzle block of 64 columns x BN rows

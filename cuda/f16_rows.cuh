@@ -58,7 +58,7 @@ struct F16Out {
 // 48 KB (f16_stage_bytes): each value is then computed once and read back from shared memory for
 // the write, instead of being recomputed from global memory (which doubled the producer's DRAM
 // reads once the rows in flight outgrew L2, and made the act16 route slower than the cast:
-// NOTES.md, archive 2026-11-30 run 12). Wider rows (the 27B shape's n_ff) recompute, and so does
+// docs/notes-archive-2026-12.md, 2026-11-30 run 12). Wider rows (the 27B shape's n_ff) recompute, and so does
 // every row of the form PF_ROW_FORM_RECOMPUTE (form.stage false; the tests run every form: the
 // same bits).
 constexpr size_t kF16StageMaxBytes = 48 * 1024;

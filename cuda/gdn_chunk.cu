@@ -41,7 +41,7 @@
 // 2^15 (fp16: 65504) and no barrier is spent on a reduction; the scale is undone exactly in
 // fp32. q and k must be L2-normalised (|x| <= 1, as G5 produces): they go to fp16 unscaled.
 // Tested at 2e-3 relative against float64 (tests/python/test_kernel_gdn.py); the first build of
-// this form (one kernel, same operand precision and scales) measured 3e-4 to 7e-4 (NOTES.md).
+// this form (one kernel, same operand precision and scales) measured 3e-4 to 7e-4 (docs/notes-archive-2026-12.md).
 //
 // Written for sm_80+ (mma.sync, ldmatrix, cp.async): it runs unchanged on Hopper; the warpgroup
 // state kernel is sm_90a only (wgmma, TMA, mbarriers) and compiles to a trap elsewhere.
@@ -139,7 +139,7 @@ pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t work
     // Chained sub-passes of plan.subpass_rows (default kGdnSubpassRows). Device run s24-1 (H200,
     // same process, ms, one pass -> 2048-row sub-passes): 16/32 heads T 8192 0.3563 -> 0.3135,
     // T 32768 1.4256 -> 1.1618; 16/48 T 8192 0.4052 -> 0.4047, T 32768 1.6186 -> 1.5687 (other
-    // sizes slower or even: NOTES.md, archive, session 24). The warpgroup state kernel leaves SMs
+    // sizes slower or even: docs/notes-archive-2026-12.md,, session 24). The warpgroup state kernel leaves SMs
     // idle (16/32 heads: 64 CTAs on 132 SMs), so the prep of sub-pass p + 1 runs there, beside the
     // state kernel of sub-pass p, into the other half of the workspace; every launch stays in
     // this stream, chained by programmatic dependence: state(p) lets prep(p + 1) start once it has

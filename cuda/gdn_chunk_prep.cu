@@ -96,7 +96,7 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows
 // pass in parallel. The first form of this kernel (v1: value heads in turn, ~19 barriers per CTA,
 // 111 KB of shared memory, 2 CTAs of 4 warps per SM; ncu, H200, qwen35-4b, 8192 rows: 157-194 us,
 // 1.4 TB/s, IPC 1.5) was replaced by this one, which writes the same bytes (every fp32 value from
-// the same operations on the same operands in the same order); v1 was deleted once NOTES.md kept
+// the same operations on the same operands in the same order); v1 was deleted once the NOTES archive kept
 // its numbers (archive, sessions 21-23). Here:
 //  - K K^T and Q K^T stay in the mma accumulators of the warp that owns the row strip (warp w:
 //    rows 16w..16w+15 of both) and A, P are built from there: no kk, qk tiles in shared memory,

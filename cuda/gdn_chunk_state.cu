@@ -72,7 +72,7 @@ __device__ __forceinline__ void stage_chunk(Stage &d, const StateArgs &a, const 
 // columns), staged kStages deep with cp.async by one producer warp (on a scheduler of its own
 // for NW <= 3: the compute warps issue no copy instructions) behind one barrier per chunk.
 // Its predecessor (v2: the state slice spread over 16 warps of a CTA, three tensor-core steps and
-// four barriers per chunk; deleted, numbers in NOTES.md's archive) spent ~3.7 us per chunk on its
+// four barriers per chunk; deleted, numbers in docs/notes-archive-2026-12.md) spent ~3.7 us per chunk on its
 // barriers and dependent shared-memory steps (ncu, runs 4-7); this one ~2.2 us (run 20: 282 us at T = 8192,
 // 16/32 heads), where each compute warp issues ~232 mma.sync, ~116 ldmatrix and ~1500 other
 // instructions per chunk alone on its scheduler: the step is one warp's dependent instruction

@@ -74,7 +74,7 @@ GdnChunkPlan gdn_chunk_plan(const pf_tuning &t);
 
 // Rows from which the chunked delta rule runs (the sessions on the fast legs, PF_GDN_SCAN_AUTO).
 // Measured (H200, 16/32 heads): chunked 0.087 ms against sequential 0.203 at 512 rows and 0.185
-// against 0.798 at 2048 (NOTES.md, archive 2026-11-30); below 512 not measured, so one 64-row chunk.
+// against 0.798 at 2048 (docs/notes-archive-2026-12.md, 2026-11-30); below 512 not measured, so one 64-row chunk.
 constexpr int64_t kGdnChunkMinRows = 64;
 // The delta-rule path (PF_GDN_SCAN_SEQUENTIAL or _CHUNKED) for `rows` rows: `path` as asked
 // (AUTO: `tuned`, the tuning's gdn_scan, first), chunked only where supported (dk = dv = 128) and,

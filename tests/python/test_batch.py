@@ -511,3 +511,34 @@ def test_plan_steps_through_the_fuzz_harness():
     r = subprocess.run([str(bins[-1]), str(root / "tests/fuzz/corpus/batch"), str(root / "tests/fuzz/regressions/batch")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_readme_server_loop(preset, rng):
+    """The README's loop: a shared prefix prefilled once, forked per request, prompts and decode
+    steps in batches. Each request's tokens equal those of one session that ran the prefix and the
+    request alone (greedy, the f32 leg: exact)."""
+    m = _model(preset, "f32")
+    V = m.n_vocab
+    system_ids = random_tokens(rng, 70, V)
+    requests = [random_tokens(rng, n, V) for n in (5, 64, 130)]
+    base = m.session(max_tokens=512, own_executor=False, snapshot_at_end=True, snapshot_slots=1, **_skw("f32"))
+    with m.batch(max_items=64, max_context=512, **_bkw("f32")) as batch:
+        batch.prefill([{"session": base, "tokens": system_ids, "logits": "none"}])
+        live = [base.fork() for _ in requests]
+        out = batch.prefill([{"session": s, "tokens": ids, "logits": "none"} for s, ids in zip(live, requests)])
+        tokens = [[o["token"]] for o in out]
+        for _ in range(4):
+            out = batch.prefill([{"session": s, "tokens": np.array([t[-1]], np.int32), "logits": "none"}
+                                 for s, t in zip(live, tokens)])
+            for t, o in zip(tokens, out):
+                t.append(o["token"])
+        for s in live:
+            s.close()
+    base.close()
+    for ids, got in zip(requests, tokens):
+        with m.session(max_tokens=512, **_skw("f32")) as alone:
+            _, tok = alone.prefill(np.concatenate([system_ids, ids]), "none", return_token=True)
+            want = [tok] + [int(x) for x in alone.generate(4)]
+        assert got == want, f"request of {ids.size} tokens: {got} != alone {want}"
