@@ -725,7 +725,7 @@ def _varlen_strided(ctx, q, k, v, beta, g, states, cu, state_indices=None, path=
         G.gdn_scan_varlen(ctx, View(bu, 0, ld), View(bu, kw, ld), View(bu, 2 * kw, ld),
                           View(bbg, 0, 2 * hv), View(bbg, hv, 2 * hv), bs, out, cu, n_states, hk,
                           hv, dk, dv, state_indices, path, workspace)
-        S = download(ctx, bs, np.float32, states.shape)
+        S = bs.download(np.float32, states.shape)
         if o_in_place:
             return bu.download(np.float32, u.shape)[:, 2 * kw:2 * kw + vw], S
         o = bo.download(np.float32, (T, ldo))
