@@ -62,9 +62,11 @@
  * pf_model_options and pf_session_options, and pf_context_set_tuning / pf_context_get_tuning),
  * which replace the environment switches the library read before (only PREFILL_GEMM,
  * PREFILL_GRAPH, PREFILL_GEMM_LT and PREFILL_LOG remain), and
- * pf_attention_options.position_on_device (the same rule for callers built against 0.4); and
- * the many-sequence API: batches (pf_batch_*), pf_session_copy / _fork, snapshots and
- * pf_session_rollback, with pf_session_options.own_executor and snapshot_* at its end.
+ * pf_attention_options.position_on_device (the same rule for callers built against 0.4); the
+ * delta rule over many sequences in one call (pf_gdn_scan_varlen_args with its _init,
+ * pf_gdn_scan_varlen_plan, pf_gdn_scan_varlen); and the many-sequence API: batches
+ * (pf_batch_*), pf_session_copy / _fork, snapshots and pf_session_rollback, with
+ * pf_session_options.own_executor and snapshot_* at its end.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -666,6 +668,47 @@ PF_API pf_status pf_gdn_scan_args_init(pf_gdn_scan_args *args, size_t struct_siz
 PF_API pf_status pf_gdn_scan_plan(const pf_gdn_scan_args *args, int32_t *out_path,
                                   size_t *out_workspace_bytes);
 PF_API pf_status pf_gdn_scan(pf_context *ctx, const pf_gdn_scan_args *args);
+
+/* The gated delta rule over several sequences in one call ("varlen"): sequence i is rows
+ * [cu_seqlens[i], cu_seqlens[i+1]) of q, k, v, beta, g and o (back to back, each >= 1 row) with
+ * its own state, slot state_indices[i] of the state pool, read and written back. Exactly as if
+ * each sequence ran alone through pf_gdn_scan on its rows and its slot (same path): no sequence
+ * reads another's rows or slot. The sequential path is bitwise those calls; the chunked path
+ * too (its chunks start at each sequence's first row; tested for sequences of up to 8192 rows,
+ * within one pass of pf_gdn_scan). The chunked path runs in rounds of at most 128 chunks of 64
+ * rows (a long sequence continues in the next round, its slot carrying the state), each round
+ * one launch over all its sequences. Asynchronous on ctx's stream; the sequence tables (4 n + 1
+ * int64 per round) go to the device as kernel arguments, or, past 512 values (about 127
+ * sequences), as one copy from host memory that may first wait for the stream's earlier work. */
+typedef struct pf_gdn_scan_varlen_args {
+    size_t struct_size;            /* set by pf_gdn_scan_varlen_args_init; do not change */
+    pf_view q, k, v, beta, g, o;   /* as pf_gdn_scan_args, rows = cu_seqlens[n_seqs]. no default */
+    pf_view state;                 /* float32 [n_states][n_v_heads][dk][dv] pool at element off,
+                                      read and written in place (ld ignored). no default */
+    const int64_t *cu_seqlens;     /* HOST [n_seqs + 1]: cu_seqlens[0] = 0, strictly increasing.
+                                      no default */
+    const int32_t *state_indices;  /* HOST [n_seqs]: pool slot of each sequence, distinct, in
+                                      [0, n_states). default NULL = slot i */
+    int32_t n_seqs;                /* sequences, >= 0 (0: nothing to do). default 0 */
+    int32_t n_states;              /* slots in the pool, >= 1 when n_seqs >= 1. default 0 */
+    int32_t n_k_heads, n_v_heads;  /* as pf_gdn_scan_args. no default (0) */
+    int32_t dk, dv;                /* as pf_gdn_scan_args. no default (0) */
+    int32_t path;                  /* pf_gdn_scan_path. AUTO: the context's tuning.gdn_scan, then
+                                      chunked where supported (dk = dv = 128) and the longest
+                                      sequence has >= 64 rows, every sequence on it; else
+                                      sequential. default PF_GDN_SCAN_AUTO */
+    pf_view workspace;             /* as pf_gdn_scan_args, at least pf_gdn_scan_varlen_plan's
+                                      bytes (the sequence tables, and the chunked path's scratch);
+                                      buf NULL (default): the context's own scratch */
+} pf_gdn_scan_varlen_args;
+
+PF_API pf_status pf_gdn_scan_varlen_args_init(pf_gdn_scan_varlen_args *args, size_t struct_size);
+/* What pf_gdn_scan_varlen would run for `args` (pure; views unread; cu_seqlens and state_indices
+ * read and checked): *out_path and the workspace bytes it needs. The same argument errors as
+ * pf_gdn_scan_varlen for the scalar fields. Out pointers may be NULL. */
+PF_API pf_status pf_gdn_scan_varlen_plan(const pf_gdn_scan_varlen_args *args, int32_t *out_path,
+                                         size_t *out_workspace_bytes);
+PF_API pf_status pf_gdn_scan_varlen(pf_context *ctx, const pf_gdn_scan_varlen_args *args);
 
 /* ---- models and sessions (model level) ----
  * A model is a GGUF file of arch qwen3 or qwen35, validated tensor by tensor and uploaded to a

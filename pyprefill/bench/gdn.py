@@ -2,7 +2,8 @@
 delta-rule scan on both paths ("sequential", "chunked") against flash-linear-attention's
 `chunk_gated_delta_rule` (bf16), at qwen35-4b (16 key / 32 value heads) and qwen35-27b (16 / 48)
 shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one state against one
-call of T (what chunked prefill does)."""
+call of T (what chunked prefill does), and many sequences in one call (varlen: issue 28's
+targets, FLA with cu_seqlens replayed as a CUDA graph)."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,6 +43,11 @@ def _gates(ctx, b, alpha, ssm_a, dt_bias, beta, g, rows, n_v_heads):
 def _scan(ctx, q, k, v, beta, g, state, o, rows, hk, hv, dk, dv, path):
     K.gdn_scan(ctx, q, k, v, beta, g, state, o, rows=rows, n_k_heads=hk, n_v_heads=hv, dk=dk,
                dv=dv, path=path)
+
+
+def _scan_varlen(ctx, q, k, v, beta, g, states, o, cu_seqlens, n_states, hk, hv, dk, dv):
+    K.gdn_scan_varlen(ctx, q, k, v, beta, g, states, o, cu_seqlens, n_states=n_states,
+                      n_k_heads=hk, n_v_heads=hv, dk=dk, dv=dv)
 
 
 def View(buf, off=0, ld=0):
@@ -176,6 +182,72 @@ def scan(b, T: int, d, parts: int = 1) -> None:
         b.rec.guard(f"{op} T={T} {label}", run)
 
 
+# Many sequences in one call (issue 28, "Many sequences at once"): n sequences of L tokens, one
+# pf_gdn_scan_varlen against one FLA chunk_gated_delta_rule(..., cu_seqlens=...) captured and
+# replayed as a CUDA graph (FlashQLA's benchmark form: FLA without graphs is launch-bound). The
+# issue's targets (H200, ms; FlashInfer published 0.425 / 0.431 / 0.111 / 0.119 and 0.637):
+VARLEN_CASES = {"qwen35-4b": ((4, 8192, 0.40), (8, 4096, 0.40), (4, 2048, 0.11), (8, 1024, 0.11)),
+                "qwen35-27b": ((8, 4096, 0.60),)}
+
+
+def fla_varlen(b, fla, d, inputs, cu, states0):
+    """FLA's chunk_gated_delta_rule over the sequences of cu (bf16, q/k expanded to the value
+    heads as in fla_scan; fp32 initial states [N][Hv][dk][dv]) as a replayed CUDA graph: two
+    calls on a side stream first (Triton autotuning, and FLA's tensor_cache of the chunk tables
+    of this cu_seqlens tensor, which the capture then reads without a host sync)."""
+    torch = b.torch
+    idx = torch.arange(d.ssm_hv) % d.ssm_hk
+    q, k, v, beta, g = (torch.from_numpy(a).cuda() for a in inputs)
+    bf = torch.bfloat16
+    q, k = (x[:, idx].to(bf)[None].contiguous() for x in (q, k))
+    v, beta, g = v.to(bf)[None].contiguous(), beta.to(bf)[None].contiguous(), g[None].contiguous()
+    cu_t = torch.tensor(cu, dtype=torch.long, device="cuda")
+    h0 = torch.from_numpy(states0).cuda()
+
+    def once():
+        return fla(q, k, v, g=g, beta=beta, scale=1.0, initial_state=h0, output_final_state=True,
+                   cu_seqlens=cu_t)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            once()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        once()
+    return b.time_torch(lambda i: graph.replay(), warmup=3)
+
+
+def scan_varlen(b, d, n_seqs: int, L: int, target_ms: float) -> None:
+    """Ours (the default path: chunked) and FLA on n_seqs sequences of L tokens in one call."""
+    hk, hv, dk, dv = d.ssm_hk, d.ssm_hv, d.ssm_dk, d.ssm_dv
+    T = n_seqs * L
+    op = f"delta-rule varlen {n_seqs}x{L} {tag(d)}"
+    inputs = scan_inputs(b, T, d)
+    cu = np.arange(n_seqs + 1, dtype=np.int64) * L
+    states0 = b.rand(n_seqs, hv, dk, dv, scale=0.1)
+    note = f"Hk={hk} Hv={hv} dk={dk} dv={dv}, {n_seqs} states, target {target_ms} ms (H200)"
+    peer = None
+    if b.torch is not None:
+        mod = b.rec.optional("fla.ops.gated_delta_rule", "FLA chunk_gated_delta_rule")
+        fla = getattr(mod, "chunk_gated_delta_rule", None) if mod is not None else None
+        if fla is not None:
+            t = b.rec.guard(f"{op} FLA", fla_varlen, b, fla, d, inputs, cu, states0)
+            if t is not None:
+                peer = b.add(op, T, "FLA chunk bf16 graph", t, note=note + ", q/k expanded")
+    if b.ctx is None:
+        return
+    # One input set: a set is far larger than the L2 (8192 rows: 0.4 GB of fp32 rows).
+    q, k, v, beta, g = (b.slab_of(a.reshape(T, -1), 1) for a in inputs)
+    states = b.slab_of(states0.reshape(n_seqs * hv * dk, dv), 1)
+    o = b.out_slab(T, hv * dv)
+    views = [View(s.buf, 0, s.cols) for s in (q, k, v, beta, g)]
+    t = b.time_ours(lambda i: _scan_varlen(b.ctx, *views, View(states.buf), View(o.buf, 0, o.cols),
+                                           cu, n_seqs, hk, hv, dk, dv), target_s=0.01)
+    b.add(op, T, "ours fp32", t, peer=peer, note=note, target_ms=target_ms)
+
+
 def run(b, lengths) -> None:
     for model in SHAPES[:1] if b.quick else SHAPES:
         d = preset_desc(model)
@@ -186,3 +258,6 @@ def run(b, lengths) -> None:
             b.op(f"delta-rule {tag(d)} T={T}", scan, b, T, d)
             if T % 4 == 0:
                 b.op(f"delta-rule {tag(d)} T={T} carried", scan, b, T, d, 4)
+        # the issue's cases whatever the lengths; --quick: the smallest
+        for n_seqs, L, target in VARLEN_CASES[model][-1:] if b.quick else VARLEN_CASES[model]:
+            b.op(f"delta-rule varlen {n_seqs}x{L} {tag(d)}", scan_varlen, b, d, n_seqs, L, target)

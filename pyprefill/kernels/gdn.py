@@ -8,6 +8,9 @@ state) are updated in place so that consecutive calls continue one sequence. Eve
 
 NumPy level (``gdn_scan_np``): arrays in, arrays out (upload, poison outputs with NaN, run,
 download), used by the tests.
+
+Many sequences in one call (``gdn_scan_varlen``, ``gdn_scan_varlen_np``): rows of several
+sequences back to back (cu_seqlens), each with its own slot of a state pool.
 """
 from __future__ import annotations
 
@@ -102,6 +105,70 @@ def gdn_scan_plan(rows: int, n_k_heads: int, n_v_heads: int, dk: int, dv: int,
     return {"path": SCAN_PATH_NAMES[int(p[0])], "workspace_bytes": int(w[0])}
 
 
+def _cu_seqlens_arg(cu_seqlens):
+    """cu_seqlens as a C int64_t[] (kept alive by the caller) and n_seqs; InvalidArgumentError
+    for anything but a 1-D sequence of ints with at least one entry."""
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.size < 1 or not (cu.size == 1 or np.issubdtype(cu.dtype, np.integer)):
+        raise InvalidArgumentError(f"cu_seqlens: expected a 1-D array of n_seqs + 1 ints, got "
+                                   f"{cu.dtype} of shape {cu.shape}")
+    return ffi.new("int64_t[]", [int(x) for x in cu]), cu.size - 1
+
+
+def _varlen_args(q, k, v, beta, g, states, o, cu_seqlens, state_indices, n_states, n_k_heads,
+                 n_v_heads, dk, dv, path, workspace):
+    """(pf_gdn_scan_varlen_args *, the C arrays it points to: keep them alive for the call)."""
+    a = new_args("pf_gdn_scan_varlen_args")
+    for field, arg, name in ((a.q, q, "q"), (a.k, k, "k"), (a.v, v, "v"), (a.beta, beta, "beta"),
+                             (a.g, g, "g"), (a.state, states, "states"), (a.o, o, "o")):
+        if arg is not None:
+            set_view(field, arg, name)
+    if workspace is not None:
+        set_view(a.workspace, workspace, "workspace")
+    cu, n_seqs = _cu_seqlens_arg(cu_seqlens)
+    keep = [cu]
+    a.cu_seqlens, a.n_seqs = cu, n_seqs
+    if state_indices is not None:
+        idx = np.asarray(state_indices)
+        if idx.ndim != 1 or idx.size != n_seqs or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+            raise InvalidArgumentError(f"state_indices: expected {n_seqs} ints (one per sequence), got "
+                                       f"{idx.dtype} of shape {idx.shape}")
+        c_idx = ffi.new("int32_t[]", [int(x) for x in idx] or [0])
+        keep.append(c_idx)
+        a.state_indices = c_idx
+    a.n_states, a.n_k_heads, a.n_v_heads, a.dk, a.dv = n_states, n_k_heads, n_v_heads, dk, dv
+    a.path = scan_path_id(path)
+    return a, keep
+
+
+def gdn_scan_varlen(ctx: Context, q, k, v, beta, g, states, o, cu_seqlens, n_states: int,
+                    n_k_heads: int, n_v_heads: int, dk: int, dv: int, state_indices=None,
+                    path="auto", workspace=None) -> None:
+    """The gated delta rule over several sequences in one call: sequence i is rows
+    [cu_seqlens[i], cu_seqlens[i+1]) of q, k, v, beta, g, o with the state in slot
+    state_indices[i] (None: slot i) of `states`, a pool of n_states states [n_v_heads][dk][dv]
+    (a vector view), updated in place. path: as gdn_scan. workspace: a Buffer or View (byte
+    offset) of at least gdn_scan_varlen_plan()'s bytes; None = the context's own scratch."""
+    a, keep = _varlen_args(q, k, v, beta, g, states, o, cu_seqlens, state_indices, n_states,
+                           n_k_heads, n_v_heads, dk, dv, path, workspace)
+    _check(lib.pf_gdn_scan_varlen(ctx_arg(ctx).ptr, a))
+    del keep
+
+
+def gdn_scan_varlen_plan(cu_seqlens, n_k_heads: int, n_v_heads: int, dk: int, dv: int,
+                         path="auto", state_indices=None, n_states: int | None = None) -> dict:
+    """What gdn_scan_varlen would run (no device needed): {"path": "sequential" | "chunked",
+    "workspace_bytes": int}. n_states None: one slot per sequence."""
+    n = len(cu_seqlens) - 1
+    a, keep = _varlen_args(None, None, None, None, None, None, None, cu_seqlens, state_indices,
+                           n if n_states is None else n_states, n_k_heads, n_v_heads, dk, dv,
+                           path, None)
+    p, w = ffi.new("int32_t *"), ffi.new("size_t *")
+    _check(lib.pf_gdn_scan_varlen_plan(a, p, w))
+    del keep
+    return {"path": SCAN_PATH_NAMES[int(p[0])], "workspace_bytes": int(w[0])}
+
+
 # ----------------------------------------------------------------------------- NumPy level
 
 
@@ -192,6 +259,41 @@ def gdn_scan_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta:
         return download(ctx, bo, np.float32, v.shape), download(ctx, bs, np.float32, state.shape)
 
 
+def gdn_scan_varlen_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                       beta: np.ndarray, g: np.ndarray, states: np.ndarray, cu_seqlens,
+                       state_indices=None, path="auto") -> tuple[np.ndarray, np.ndarray]:
+    """(o, new_states) of the gated delta rule over the sequences of cu_seqlens (rows
+    [cu_seqlens[i], cu_seqlens[i+1]) of q, k, v, beta, g), sequence i on slot state_indices[i]
+    (None: i) of states [n_states][n_v_heads][dk][dv], which fixes the dims; q, k:
+    [rows][n_k_heads*dk], v: [rows][n_v_heads*dv], beta, g: [rows][n_v_heads], rows =
+    cu_seqlens[-1]. Slots no sequence uses come back unchanged."""
+    states = array_arg(states, "states", ndim=4)
+    n_states, hv, dk, dv = states.shape
+    q = array_arg(q, "q", ndim=2)
+    rows = q.shape[0]
+    if dk < 1 or q.shape[1] % dk:
+        raise InvalidArgumentError(f"q: {q.shape[1]} columns is not a multiple of dk={dk}")
+    hk = q.shape[1] // dk
+    k = array_arg(k, "k", ndim=2, cols=hk * dk)
+    v = array_arg(v, "v", ndim=2, cols=hv * dv)
+    beta = array_arg(beta, "beta", ndim=2, cols=hv)
+    g = array_arg(g, "g", ndim=2, cols=hv)
+    for name, a in (("k", k), ("v", v), ("beta", beta), ("g", g)):
+        same_rows(name, a, rows, "q")
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.size < 1 or int(cu[-1]) != rows:
+        raise InvalidArgumentError(f"cu_seqlens: expected n_seqs + 1 offsets ending at q's {rows} rows, "
+                                   f"got {cu_seqlens!r}")
+    path = scan_path_id(path)
+    with upload(ctx, q) as bq, upload(ctx, k) as bk, upload(ctx, v) as bv, \
+            upload(ctx, beta) as bb, upload(ctx, g) as bg, upload(ctx, states) as bs, \
+            poisoned(ctx, v.nbytes) as bo:
+        gdn_scan_varlen(ctx, bq, bk, bv, bb, bg, bs, bo, cu, n_states, hk, hv, dk, dv,
+                        state_indices, path)
+        return download(ctx, bo, np.float32, v.shape), download(ctx, bs, np.float32, states.shape)
+
+
 __all__ = ["SCAN_PATHS", "scan_path_id", "gdn_scan_plan", "gdn_conv1d", "gdn_l2norm", "gdn_gates",
-           "gdn_gated_rms_norm", "gdn_scan", "gdn_conv1d_np", "gdn_l2norm_np", "gdn_gates_np",
-           "gdn_gated_rms_norm_np", "gdn_scan_np"]
+           "gdn_gated_rms_norm", "gdn_scan", "gdn_scan_varlen", "gdn_scan_varlen_plan",
+           "gdn_conv1d_np", "gdn_l2norm_np", "gdn_gates_np", "gdn_gated_rms_norm_np", "gdn_scan_np",
+           "gdn_scan_varlen_np"]

@@ -100,6 +100,8 @@ int main(void) {
     {
         pf_view v0 = {NULL, 0, 0}, bad_off = {NULL, -3, 0}, narrow = {NULL, 0, 4};
         pf_gdn_scan_args sa;
+        pf_gdn_scan_varlen_args va;
+        int64_t cu[3] = {0, 2, 2};
         pf_gdn_gates_args ga;
         pf_gdn_gated_rms_norm_args na;
         pf_rope_neox_args ra;
@@ -142,6 +144,19 @@ int main(void) {
         EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_INVALID_ARGUMENT, "dv=48");
         sa.struct_size = 8;
         EXPECT_STATUS(pf_gdn_scan(NULL, &sa), PF_STATUS_ABI_MISMATCH, "pf_gdn_scan_args_init");
+        EXPECT_STATUS(pf_gdn_scan_varlen(NULL, NULL), PF_STATUS_INVALID_ARGUMENT, "pf_gdn_scan_varlen_args_init");
+        EXPECT_STATUS(pf_gdn_scan_varlen_args_init(&va, sizeof va), PF_STATUS_OK, NULL);
+        if (va.path != PF_GDN_SCAN_AUTO || va.cu_seqlens != NULL || va.state_indices != NULL || va.n_seqs != 0) {
+            fprintf(stderr, "FAIL pf_gdn_scan_varlen_args_init defaults\n");
+            failures++;
+        }
+        va.n_seqs = 2; va.n_states = 2; va.n_k_heads = 2; va.n_v_heads = 4; va.dk = 32; va.dv = 32;
+        va.cu_seqlens = cu;
+        EXPECT_STATUS(pf_gdn_scan_varlen(NULL, &va), PF_STATUS_INVALID_ARGUMENT, "sequence 1 has cu_seqlens[2] = 2");
+        cu[2] = 7;
+        EXPECT_STATUS(pf_gdn_scan_varlen(NULL, &va), PF_STATUS_INVALID_ARGUMENT, "q is NULL");
+        va.path = PF_GDN_SCAN_CHUNKED;
+        EXPECT_STATUS(pf_gdn_scan_varlen(NULL, &va), PF_STATUS_UNSUPPORTED, "built for dk = dv = 128");
         EXPECT_STATUS(pf_gdn_gates_args_init(&ga, sizeof ga), PF_STATUS_OK, NULL);
         EXPECT_STATUS(pf_gdn_gates(NULL, &ga), PF_STATUS_INVALID_ARGUMENT, "n_v_heads=0");
         EXPECT_STATUS(pf_gdn_gated_rms_norm_args_init(&na, sizeof na), PF_STATUS_OK, NULL);

@@ -71,7 +71,7 @@ from pyprefill.kernels import attention as KA, gdn as KD, gemm as KG, rows as KR
 
 API = {"gemm": [KG.project, KG.project_f16x, KG.weight_cache_f16, KG.dequantize],
        "rows": [KR.rms_norm, KR.rope_neox, KR.swiglu],
-       "gdn": [KD.gdn_conv1d, KD.gdn_l2norm, KD.gdn_gates, KD.gdn_scan],
+       "gdn": [KD.gdn_conv1d, KD.gdn_l2norm, KD.gdn_gates, KD.gdn_scan, KD.gdn_scan_varlen],
        "attention": [KA.kv_write, KA.attention]}
 
 
@@ -87,8 +87,10 @@ def fake_module(family, calls):
             for arg, v in a.items():
                 if isinstance(v, View):
                     elems = v.buf.nbytes // (2 if arg == "x16" else 4)   # x16: fp16 elements
-                    need = a["rows"] * v.ld if v.ld else 1
-                    assert 0 <= v.off and v.off + need <= elems, (_name, arg, v, a["rows"])
+                    # rows: the call's, or a varlen call's total (cu_seqlens[-1])
+                    rows = a["cu_seqlens"][-1] if "cu_seqlens" in a else a.get("rows")
+                    need = rows * v.ld if v.ld else 1
+                    assert 0 <= v.off and v.off + need <= elems, (_name, arg, v, rows)
             calls.append((_name, a))
         setattr(mod, name, wrapper)
     return mod
@@ -112,7 +114,8 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
     called = {c[0] for c in calls}
     assert called == {f.__name__.rstrip("_") for f in API[name]}
     ours = [r for r in bench.rec.rows if r["impl"].startswith("ours")]
-    assert ours and all(r["median_ms"] > 0 and r["T"] in (0, 64) for r in ours)
+    varlen = [r for r in ours if r["op"].startswith("delta-rule varlen")]
+    assert ours and all(r["median_ms"] > 0 and r["T"] in (0, 64) for r in ours if r not in varlen)
     assert bench.rec.skipped == []
     if name == "gdn":          # both paths, one call of T and four of T/4 on a carried state
         assert {r["op"] for r in ours} >= {"delta-rule Hk16/Hv32",
@@ -120,6 +123,12 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         scans = [a for n, a in calls if n == "gdn_scan"]
         assert {a["rows"] for a in scans} == {64, 16}
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
+        # --quick: the smallest of the varlen cases, 8 sequences of 1024 tokens
+        assert [(r["op"], r["T"], r["target_ms"]) for r in varlen] == \
+            [("delta-rule varlen 8x1024 Hk16/Hv32", 8192, 0.11)]
+        v = [a for n, a in calls if n == "gdn_scan_varlen"]
+        assert v and all(list(a["cu_seqlens"]) == [1024 * i for i in range(9)] and
+                         a["n_states"] == 8 and a["path"] == "auto" for a in v)
     if name == "attention":    # both flash kernels by name and the cuBLAS path
         assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas"}
         assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {

@@ -651,6 +651,253 @@ def test_gdn_buffer_checks_on_device(ctx):
             G.gdn_scan(ctx, a, a, a, a, a, small, View(a, 2048, 0), 1, 1, 1, 16, 16)
 
 
+# ----------------------------------------------------------------------------- GPU: many sequences
+# pf_gdn_scan_varlen: the rows of several sequences back to back (cu_seqlens), each sequence
+# with its own slot of a state pool, in one call (issue 28). Exactly one pf_gdn_scan per sequence
+# on its rows and its slot: the sequential path always bitwise, the chunked path bitwise for
+# sequences within one pass (<= 8192 rows: the same chunks through the same kernels).
+
+VARLEN_MIXES = {
+    "ragged": [1, 63, 64, 65, 777],
+    "one row beside long ones": [1, 2048, 1, 300],
+    "8x129": [129] * 8,
+}
+
+
+def varlen_inputs(rng, lens, hk, hv, dk, dv, n_states=None):
+    """(q, k, v, beta, g, states, cu_seqlens): scan_inputs over all rows and a pool of n_states
+    random states (default: one per sequence)."""
+    q, k, v, beta, g, _ = scan_inputs(rng, sum(lens), hk, hv, dk, dv)
+    states = randn(rng, n_states or len(lens), hv, dk, dv, scale=0.5)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return q, k, v, beta, g, states, cu
+
+
+def _slots(cu, state_indices):
+    return list(range(len(cu) - 1)) if state_indices is None else [int(s) for s in state_indices]
+
+
+def varlen_per_sequence(ctx, q, k, v, beta, g, states, cu, state_indices=None, path="sequential"):
+    """What a varlen call must give: one pf_gdn_scan per sequence on its rows and its slot."""
+    o = np.full(v.shape, np.nan, np.float32)
+    out = states.copy()
+    for i, s in enumerate(_slots(cu, state_indices)):
+        r = slice(int(cu[i]), int(cu[i + 1]))
+        o[r], out[s] = G.gdn_scan_np(ctx, *(np.ascontiguousarray(x[r]) for x in (q, k, v, beta, g)),
+                                     states[s], path=path)
+    return o, out
+
+
+def varlen_reference(q, k, v, beta, g, states, cu, state_indices=None):
+    """float64 per sequence (the recurrence; its chunked float64 form past 1000 rows)."""
+    o = np.zeros(v.shape, np.float64)
+    out = states.astype(np.float64)
+    for i, s in enumerate(_slots(cu, state_indices)):
+        r = slice(int(cu[i]), int(cu[i + 1]))
+        ref = ref_scan_long if r.stop - r.start > 1000 else ref_scan
+        o[r], out[s] = ref(*(x[r] for x in (q, k, v, beta, g)), states[s])
+    return o, out
+
+
+def assert_bitwise(name, got, want, what=("o", "states")):
+    for a, b, w in zip(got, want, what):
+        assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+            f"{name}: {w} differs bitwise ({int((a.view(np.uint32) != b.view(np.uint32)).sum())} elements)"
+
+
+def _varlen_strided(ctx, q, k, v, beta, g, states, cu, state_indices=None, path="auto", *,
+                    o_in_place=False, workspace=None):
+    """The varlen call with the engine's layout (as _scan_in_calls): q, k, v inside one
+    conv-output matrix [T][q | k | v | pad] of odd row stride (4-byte aligned rows: the kernels'
+    unaligned forms), beta, g inside one [T][beta | g] matrix, o in a wider poisoned matrix (or
+    over v). Returns (o, states); checks that nothing outside o's columns was written."""
+    T = q.shape[0]
+    n_states, hv, dk, dv = states.shape
+    kw, vw = q.shape[1], v.shape[1]
+    hk = kw // dk
+    ld = 2 * kw + vw + 3
+    u = np.concatenate([q, k, v, np.zeros((T, 3), np.float32)], axis=1)
+    bg = np.concatenate([beta, g], axis=1)
+    ldo = vw + 7
+    with upload(ctx, u) as bu, upload(ctx, bg) as bbg, upload(ctx, states) as bs, \
+            poisoned(ctx, T * ldo * 4) as bo:
+        out = View(bu, 2 * kw, ld) if o_in_place else View(bo, 4, ldo)
+        G.gdn_scan_varlen(ctx, View(bu, 0, ld), View(bu, kw, ld), View(bu, 2 * kw, ld),
+                          View(bbg, 0, 2 * hv), View(bbg, hv, 2 * hv), bs, out, cu, n_states, hk,
+                          hv, dk, dv, state_indices, path, workspace)
+        S = bs.download(np.float32, states.shape)
+        if o_in_place:
+            return bu.download(np.float32, u.shape)[:, 2 * kw:2 * kw + vw], S
+        o = bo.download(np.float32, (T, ldo))
+    assert np.isnan(o[:, :4]).all() and np.isnan(o[:, 4 + vw:]).all(), "wrote outside o's columns"
+    return o[:, 4:4 + vw], S
+
+
+@gpu
+@pytest.mark.parametrize("mix", list(VARLEN_MIXES))
+@pytest.mark.parametrize("dims", ["4B", "tiny-16", "mixed"])
+def test_varlen_sequential_bitwise_and_float64(ctx, rng, mix, dims):
+    """The sequential path: bitwise one pf_gdn_scan per sequence (every token's arithmetic is the
+    one-sequence kernel's), within 1e-5 of float64; contiguous and strided operands."""
+    hk, hv, dk, dv = SCAN_DIMS[dims]
+    inp = varlen_inputs(rng, VARLEN_MIXES[mix], hk, hv, dk, dv)
+    out = G.gdn_scan_varlen_np(ctx, *inp, path="sequential")
+    assert_bitwise("sequential varlen", out, varlen_per_sequence(ctx, *inp, path="sequential"))
+    assert_bitwise("sequential varlen (strided)", _varlen_strided(ctx, *inp, path="sequential"), out)
+    assert_scan("sequential varlen", varlen_reference(*inp), out, RTOL)
+
+
+@gpu
+@pytest.mark.parametrize("mix", list(VARLEN_MIXES))
+@pytest.mark.parametrize("heads", list(CHUNK_HEADS))
+def test_varlen_chunked_bitwise_and_float64(ctx, rng, mix, heads, state_kernel):
+    """The chunked path, each state kernel: bitwise one pf_gdn_scan per sequence (each sequence's
+    chunks start at its first row: the same chunks through the same kernels), with contiguous
+    operands (v by TMA, a sequence's last partial chunk by 16-byte cp.async) and strided ones
+    (4-byte rows: 4-byte copies; the form of a copy changes no value); within CHUNK_TOL of
+    float64."""
+    hk, hv = CHUNK_HEADS[heads]
+    inp = varlen_inputs(rng, VARLEN_MIXES[mix], hk, hv, 128, 128)
+    out = G.gdn_scan_varlen_np(ctx, *inp, path="chunked")
+    assert_bitwise("chunked varlen", out, varlen_per_sequence(ctx, *inp, path="chunked"))
+    assert_bitwise("chunked varlen (strided)", _varlen_strided(ctx, *inp, path="chunked"), out)
+    assert_scan("chunked varlen", varlen_reference(*inp), out, CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("hk, hv", [(16, 32), (16, 48)])
+def test_varlen_chunked_real_shapes(ctx, rng, hk, hv, state_kernel):
+    """The qwen35 4b / 27b heads: a ragged mix whose 2100-row sequence runs as chained sub-passes
+    when alone (the same chunks as one pass): bitwise, and within CHUNK_TOL of float64."""
+    inp = varlen_inputs(rng, [1, 65, 777, 2100], hk, hv, 128, 128)
+    out = G.gdn_scan_varlen_np(ctx, *inp, path="chunked")
+    assert_bitwise("chunked varlen", out, varlen_per_sequence(ctx, *inp, path="chunked"))
+    assert_scan("chunked varlen", varlen_reference(*inp), out, CHUNK_TOL)
+
+
+@gpu
+def test_varlen_decode_64_sequences_of_one_row(ctx, rng):
+    """Decode: 64 sequences of one row at 16/32 heads, one launch of the sequential scan (AUTO
+    picks it: the longest sequence has fewer than 64 rows), bitwise the per-sequence calls."""
+    inp = varlen_inputs(rng, [1] * 64, 16, 32, 128, 128)
+    assert G.gdn_scan_varlen_plan(inp[-1], 16, 32, 128, 128)["path"] == "sequential"
+    out = G.gdn_scan_varlen_np(ctx, *inp)
+    assert_bitwise("decode varlen", out, varlen_per_sequence(ctx, *inp, path="sequential"))
+    assert_scan("decode varlen", varlen_reference(*inp), out, RTOL)
+
+
+@gpu
+@pytest.mark.parametrize("path", ["sequential", "chunked"])
+def test_varlen_state_indices_permuted(ctx, rng, path):
+    """Five sequences on five of nine slots, in a shuffled order: each sequence reads and writes
+    only its slot (bitwise the per-sequence calls on those slots), the other four slots come back
+    unchanged, bit for bit."""
+    inp = varlen_inputs(rng, [65, 1, 130, 64, 200], 2, 4, 128, 128, n_states=9)
+    idx = rng.permutation(9)[:5].astype(np.int32)
+    out = G.gdn_scan_varlen_np(ctx, *inp, state_indices=idx, path=path)
+    assert_bitwise(f"{path} varlen (slots)", out,
+                   varlen_per_sequence(ctx, *inp, state_indices=idx, path=path))
+    unused = sorted(set(range(9)) - set(idx.tolist()))
+    assert np.array_equal(out[1][unused].view(np.uint32), inp[5][unused].view(np.uint32)), \
+        "a slot no sequence uses changed"
+    tol = RTOL if path == "sequential" else CHUNK_TOL
+    assert_scan(f"{path} varlen (slots)", varlen_reference(*inp, state_indices=idx), out, tol)
+
+
+def _neighbours_do_not_leak(ctx, rng, poison, path):
+    """Sequences 1 (65 rows: its last chunk has one row, the next 63 rows of its tile belong to
+    sequence 2) and 3 (one row) beside neighbours 0, 2 and 4 whose rows (q, k, v, beta, g) and
+    slots hold `poison`: the targets' outputs and states are bitwise those of the same call with
+    clean neighbours, finite, and the per-sequence calls'."""
+    lens = [70, 65, 130, 1, 64]
+    q, k, v, beta, g, states, cu = varlen_inputs(rng, lens, 2, 4, 128, 128)
+    clean = G.gdn_scan_varlen_np(ctx, q, k, v, beta, g, states, cu, path=path)
+    bad = [x.copy() for x in (q, k, v, beta, g, states)]
+    for i in (0, 2, 4):
+        for x in bad[:5]:
+            x[int(cu[i]):int(cu[i + 1])] = poison
+        bad[5][i] = poison
+    dirty = G.gdn_scan_varlen_np(ctx, *bad, cu, path=path)
+    for t in (1, 3):
+        r = slice(int(cu[t]), int(cu[t + 1]))
+        assert_bitwise(f"{path} varlen, sequence {t} beside {poison}", (dirty[0][r], dirty[1][t]),
+                       (clean[0][r], clean[1][t]))
+        assert np.isfinite(dirty[0][r]).all() and np.isfinite(dirty[1][t]).all()
+    per = varlen_per_sequence(ctx, q, k, v, beta, g, states, cu, path=path)
+    assert_bitwise(f"{path} varlen (clean)", clean, per)
+
+
+@gpu
+@pytest.mark.parametrize("poison", [np.nan, 1e30])
+def test_varlen_chunked_neighbours_do_not_leak(ctx, rng, poison, state_kernel):
+    _neighbours_do_not_leak(ctx, rng, np.float32(poison), "chunked")
+
+
+@gpu
+@pytest.mark.parametrize("poison", [np.nan, 1e30])
+def test_varlen_sequential_neighbours_do_not_leak(ctx, rng, poison):
+    _neighbours_do_not_leak(ctx, rng, np.float32(poison), "sequential")
+
+
+@gpu
+@pytest.mark.parametrize("lens", [[4000, 100, 4000, 100, 4000], [2048] * 12])
+def test_varlen_chunked_rounds(ctx, rng, lens, state_kernel):
+    """Calls of more chunks than one round holds (kGdnVarlenRoundChunks = 128, cuda/plan.h): 3 x
+    4000 + 2 x 100 rows (two rounds, the long sequences continuing in their slots), and 12 x
+    2048 (three rounds of 8 x 16 or 4 x 32 chunks: the first sequences finish before the last
+    start). A piece of a sequence starts at a multiple of 64 rows, so the chunks are the
+    per-sequence call's and the state carries as between sub-passes: bitwise the per-sequence
+    calls, within CHUNK_TOL of float64; the caller's workspace at a byte offset (strided
+    operands)."""
+    inp = varlen_inputs(rng, lens, 1, 2, 128, 128)
+    need = G.gdn_scan_varlen_plan(inp[-1], 1, 2, 128, 128, path="chunked")["workspace_bytes"]
+    one_round = G.gdn_scan_plan(8192, 1, 2, 128, 128, path="chunked")["workspace_bytes"]
+    assert need <= one_round + 4096, "at most a round's scratch (128 chunks) and the tables"
+    with ctx.buffer(need + 512) as ws:
+        ws.poison()
+        out = _varlen_strided(ctx, *inp, path="chunked", workspace=View(ws, 256, 0))
+    assert_bitwise("chunked varlen (rounds)", out, varlen_per_sequence(ctx, *inp, path="chunked"))
+    assert_scan("chunked varlen (rounds)", varlen_reference(*inp), out, CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("path", ["sequential", "chunked"])
+def test_varlen_output_in_place_over_v(ctx, rng, path, state_kernel):
+    inp = varlen_inputs(rng, [65, 130, 1], 2, 4, 128, 128)
+    out = _varlen_strided(ctx, *inp, path=path, o_in_place=True)
+    assert_bitwise(f"{path} varlen (o over v)", out, _varlen_strided(ctx, *inp, path=path))
+    tol = RTOL if path == "sequential" else CHUNK_TOL
+    assert_scan(f"{path} varlen (o over v)", varlen_reference(*inp), out, tol)
+
+
+@gpu
+def test_varlen_auto_path(ctx, rng):
+    """AUTO: chunked for dk = dv = 128 once the longest sequence has 64 rows (every sequence on
+    it, a one-row sequence too), bitwise an explicit CHUNKED; sequential for other dims and for
+    sequences all shorter than 64 rows, bitwise an explicit SEQUENTIAL."""
+    for lens, dims, want in (([1, 64, 3], (2, 4, 128, 128), "chunked"),
+                             ([63, 1, 5], (2, 4, 128, 128), "sequential"),
+                             ([1, 200], (2, 6, 32, 32), "sequential")):
+        inp = varlen_inputs(rng, lens, *dims)
+        assert G.gdn_scan_varlen_plan(inp[-1], *dims)["path"] == want
+        assert_bitwise(f"auto varlen {lens}", G.gdn_scan_varlen_np(ctx, *inp),
+                       G.gdn_scan_varlen_np(ctx, *inp, path=want))
+
+
+@gpu
+def test_varlen_buffer_checks_on_device(ctx):
+    cu = np.array([0, 1, 3], np.int64)
+    with ctx.buffer(8192 * 4) as a, ctx.buffer(1024 * 4) as small, ctx.buffer(256) as tiny:
+        with pytest.raises(errors.InvalidArgumentError, match="state holds"):
+            G.gdn_scan_varlen(ctx, a, a, a, a, a, small, View(a, 4096, 0), cu, 2, 1, 1, 32, 32)
+        with pytest.raises(errors.InvalidArgumentError, match="o overlaps q"):
+            G.gdn_scan_varlen(ctx, View(a, 0, 64), View(a, 16, 64), View(a, 32, 64), View(a, 4000, 0),
+                              View(a, 4100, 0), small, View(a, 0, 64), cu, 2, 1, 1, 16, 16)
+        with pytest.raises(errors.InvalidArgumentError, match="workspace holds"):
+            G.gdn_scan_varlen(ctx, a, a, a, a, a, View(small, 0), View(a, 4096, 0), cu, 2, 1, 1, 16,
+                              16, workspace=View(tiny, 256))
+
+
 # ----------------------------------------------------------------------------- CPU: checks
 
 
@@ -750,3 +997,96 @@ def test_python_wrappers_check_shapes():
                        np.zeros(4, np.float32), np.zeros(4, np.float32))
     assert G.SCAN_PATHS == {"auto": 0, "sequential": 1, "chunked": 2}
     assert G.scan_path_id("Sequential") == lib.PF_GDN_SCAN_SEQUENTIAL and G.scan_path_id(2) == 2
+
+
+def test_c_api_scan_varlen_checks():
+    """pf_gdn_scan_varlen's argument checks, in the header's order (the struct, the scalars, the
+    host arrays naming the sequence, then the views), before any device work (CPU)."""
+    cu3 = ffi.new("int64_t[]", [0, 5, 9, 70])
+
+    def varlen(cu=cu3, n=3, n_states=3, hk=2, hv=4, dk=128, dv=128, path=0, idx=None, ldq=0):
+        a = c_args("pf_gdn_scan_varlen_args", n_seqs=n, n_states=n_states, n_k_heads=hk,
+                   n_v_heads=hv, dk=dk, dv=dv, path=path, q={"ld": ldq})
+        a.cu_seqlens = cu if cu is not None else NULL
+        if idx is not None:
+            keep = ffi.new("int32_t[]", idx)
+            a.state_indices = keep
+        return lib.pf_gdn_scan_varlen(NULL, a)
+
+    a = c_args("pf_gdn_scan_varlen_args")
+    assert (a.struct_size, a.path, a.n_seqs, a.n_states, a.n_k_heads, a.n_v_heads, a.dk, a.dv) == \
+        (ffi.sizeof("pf_gdn_scan_varlen_args"), lib.PF_GDN_SCAN_AUTO, 0, 0, 0, 0, 0, 0)
+    assert a.cu_seqlens == NULL and a.state_indices == NULL
+    assert all((getattr(a, f).buf, getattr(a, f).off, getattr(a, f).ld) == (NULL, 0, 0)
+               for f in ("q", "k", "v", "beta", "g", "state", "o", "workspace"))
+    _err(lib.pf_gdn_scan_varlen(NULL, NULL), "args is NULL")
+    bad = c_args("pf_gdn_scan_varlen_args")
+    bad.struct_size = 16
+    with pytest.raises(errors.AbiMismatchError, match="pf_gdn_scan_varlen_args_init"):
+        _check(lib.pf_gdn_scan_varlen(NULL, bad))
+    with pytest.raises(errors.AbiMismatchError, match="struct_size"):
+        _check(lib.pf_gdn_scan_varlen_args_init(a, ffi.sizeof("pf_gdn_scan_varlen_args") - 8))
+    _err(varlen(n=-1), "n_seqs=-1")
+    _err(varlen(n_states=-2), "n_states=-2")
+    _err(varlen(hv=6, hk=4), "n_v_heads=6 must be a multiple of n_k_heads=4")
+    _err(varlen(dk=96), "dk=96")
+    _err(varlen(path=3), "path=3")
+    with pytest.raises(errors.UnsupportedError, match="built for dk = dv = 128, got dk=64"):
+        _check(varlen(path=lib.PF_GDN_SCAN_CHUNKED, dk=64, dv=64))
+    _err(varlen(cu=None), r"cu_seqlens is NULL \(n_seqs \+ 1 = 4 offsets\)")
+    _err(varlen(cu=ffi.new("int64_t[]", [1, 5, 9, 70])), r"cu_seqlens\[0\] = 1 must be 0")
+    _err(varlen(cu=ffi.new("int64_t[]", [0, 5, 5, 70])),
+         r"sequence 1 has cu_seqlens\[2\] = 5 <= cu_seqlens\[1\] = 5")
+    _err(varlen(cu=ffi.new("int64_t[]", [0, 5, 9, 2])), r"sequence 2 has cu_seqlens\[3\] = 2")
+    _err(varlen(cu=ffi.new("int64_t[]", [0, 5, 9, 1 << 31])), r"cu_seqlens\[3\] = 2147483648")
+    _err(varlen(n_states=2), r"n_states=2 < n_seqs=3 \(state_indices NULL")
+    _err(varlen(n_states=5, idx=[0, 5, 1]), r"state_indices\[1\] = 5 is outside \[0, n_states=5\)")
+    _err(varlen(n_states=5, idx=[4, -1, 1]), r"state_indices\[1\] = -1 is outside")
+    _err(varlen(n_states=5, idx=[4, 2, 4]), r"state_indices\[2\] = 4 repeats state_indices\[0\]")
+    _err(varlen(ldq=200), "q row stride ld=200")
+    _err(varlen(), "q is NULL")
+    _err(varlen(n_states=5, idx=[4, 2, 0], path=lib.PF_GDN_SCAN_SEQUENTIAL), "q is NULL")
+    _err(varlen(cu=ffi.new("int64_t[]", [0]), n=0, n_states=0), "q is NULL")  # no-op only after the checks
+
+
+def test_scan_varlen_plan():
+    """The path AUTO picks and the workspace: the tables (4 n + 1 int64 per round, 256-aligned)
+    and the chunked path's scratch of its largest round, rounds of at most 128 chunks (CPU)."""
+    plan = G.gdn_scan_varlen_plan
+    one = G.gdn_scan_plan(64, 16, 32, 128, 128)["workspace_bytes"]     # one chunk
+    full = G.gdn_scan_plan(8192, 16, 32, 128, 128)["workspace_bytes"]  # 128 chunks
+    assert plan([0, 64], 16, 32, 128, 128) == {"path": "chunked", "workspace_bytes": 256 + one}
+    assert plan([0, 1, 65], 16, 32, 128, 128)["path"] == "chunked"    # every sequence on it
+    assert plan([0, 1, 64], 16, 32, 128, 128)["path"] == "sequential"  # the longest has 63 rows
+    assert plan(list(range(65)), 16, 32, 128, 128) == \
+        {"path": "sequential", "workspace_bytes": (4 * 64 + 1) * 8 // 256 * 256 + 256}
+    assert plan([0, 100], 2, 4, 64, 64)["path"] == "sequential"
+    assert plan([0, 5], 2, 4, 128, 128, path="chunked")["path"] == "chunked"
+    assert plan([0], 2, 4, 128, 128) == {"path": "sequential", "workspace_bytes": 0}
+    # 4 x 8192: four rounds of 4 x 32 chunks; the tables 4 x (4 x 4 + 1) values = 544 bytes
+    assert plan([0, 8192, 16384, 24576, 32768], 16, 32, 128, 128)["workspace_bytes"] == 768 + full
+    # 8 x 129 rows: one round of 24 chunks
+    w24 = plan([0] + [129 * (i + 1) for i in range(8)], 16, 32, 128, 128)["workspace_bytes"]
+    assert one < w24 < full
+    with pytest.raises(errors.UnsupportedError, match="dk = dv = 128"):
+        plan([0, 64], 2, 4, 64, 64, path="chunked")
+    with pytest.raises(errors.InvalidArgumentError, match="repeats"):
+        plan([0, 1, 2], 2, 4, 128, 128, state_indices=[1, 1], n_states=2)
+
+
+def test_python_varlen_wrappers_check_shapes():
+    s = np.zeros((2, 4, 16, 16), np.float32)
+    q = np.zeros((3, 32), np.float32)
+    v, hv = np.zeros((3, 64), np.float32), np.zeros((3, 4), np.float32)
+    with pytest.raises(errors.InvalidArgumentError, match="states: expected a 4-D array"):
+        G.gdn_scan_varlen_np(None, q, q, v, hv, hv, s[0], [0, 3])
+    with pytest.raises(errors.InvalidArgumentError, match="cu_seqlens: expected n_seqs \\+ 1 offsets"):
+        G.gdn_scan_varlen_np(None, q, q, v, hv, hv, s, [0, 2])
+    with pytest.raises(errors.InvalidArgumentError, match="v: expected 64 columns"):
+        G.gdn_scan_varlen_np(None, q, q, q, hv, hv, s, [0, 3])
+    with pytest.raises(errors.InvalidArgumentError, match="cu_seqlens: expected a 1-D array"):
+        G.gdn_scan_varlen_plan(np.zeros((2, 2)), 1, 1, 16, 16)
+    with pytest.raises(errors.InvalidArgumentError, match="state_indices: expected 2 ints"):
+        G.gdn_scan_varlen_plan([0, 1, 2], 1, 1, 16, 16, state_indices=[0])
+    with pytest.raises(errors.InvalidArgumentError, match="ctx: expected a pyprefill Context"):
+        G.gdn_scan_varlen_np(None, q, q, v, hv, hv, s, [0, 1, 3])

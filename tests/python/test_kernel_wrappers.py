@@ -191,6 +191,43 @@ def test_gdn_wrappers(rec):
     assert _only(rec)[1]["args"]["path"] == lib.PF_GDN_SCAN_AUTO
 
 
+def test_gdn_varlen_wrapper(monkeypatch):
+    """gdn_scan_varlen: the views, the scalars and the host arrays (read during the call: the
+    wrapper keeps them alive only that long)."""
+    seen = []
+
+    class Lib:
+        def __getattr__(self, name):
+            if name != "pf_gdn_scan_varlen":
+                return getattr(lib, name)
+
+            def call(ctx, a):
+                n = a.n_seqs
+                seen.append({"ctx": _plain(ctx), **_plain(a),
+                             "cu": [a.cu_seqlens[i] for i in range(n + 1)],
+                             "idx": None if a.state_indices == ffi.NULL else
+                             [a.state_indices[i] for i in range(n)]})
+                return lib.PF_STATUS_OK
+            return call
+
+    monkeypatch.setattr(G, "lib", Lib())
+    G.gdn_scan_varlen(CTX, View(B[0], 1, 1000), View(B[1], 2, 1001), View(B[2], 3, 1002),
+                      View(B[3], 4, 50), View(B[4], 5, 51), View(B[5], 6), View(B[6], 7, 1003),
+                      np.array([0, 3, 10, 12]), 9, 2, 6, 64, 32, state_indices=[8, 0, 4],
+                      path="chunked", workspace=View(B[7], 512))
+    G.gdn_scan_varlen(CTX, *B[:7], [0, 5], 1, 1, 1, 16, 16)
+    a, b = seen
+    assert a["ctx"] == 0x10 and a["struct_size"] == ffi.sizeof("pf_gdn_scan_varlen_args")
+    assert (a["q"], a["k"], a["v"], a["beta"], a["g"], a["state"], a["o"], a["workspace"]) == \
+        (vt(0, 1, 1000), vt(1, 2, 1001), vt(2, 3, 1002), vt(3, 4, 50), vt(4, 5, 51), vt(5, 6),
+         vt(6, 7, 1003), vt(7, 512))
+    assert (a["n_seqs"], a["n_states"], a["n_k_heads"], a["n_v_heads"], a["dk"], a["dv"], a["path"]) == \
+        (3, 9, 2, 6, 64, 32, lib.PF_GDN_SCAN_CHUNKED)
+    assert a["cu"] == [0, 3, 10, 12] and a["idx"] == [8, 0, 4]
+    assert (b["n_seqs"], b["n_states"], b["cu"], b["idx"], b["path"], b["workspace"]) == \
+        (1, 1, [0, 5], None, lib.PF_GDN_SCAN_AUTO, (0, 0, 0))
+
+
 # ----------------------------------------------------------------------------- gemm
 
 
