@@ -78,11 +78,12 @@ struct VarlenStep {
 // The CUDA graphs of one step shape (forward.cu "graphs"), valid while the key holds.
 struct StepGraph {
     int64_t rows = 0;
-    std::vector<std::pair<const Sequence *, int64_t>> items;  // (sequence, rows) in row order
+    std::vector<std::pair<uint64_t, int64_t>> items;  // (Sequence::id, rows) in row order
     bool attn = false;  // attention inside (the whole step one graph)
     bool act16 = false, cached = false;
     const void *scratch[3] = {nullptr, nullptr, nullptr};  // the projection scratch the launches use
     std::vector<cudaGraphExec_t> segs;
+    uint64_t used = 0;  // the executor's step count at its last replay (the least recent goes first)
 };
 
 struct Executor {
@@ -109,7 +110,8 @@ struct Executor {
     std::unique_ptr<GemmPlan> gemm_plan;  // the f16 leg's cuBLASLt choices; empty: GemmEx
     // CUDA graphs per step shape; a shape is captured when it comes back (seen).
     std::vector<StepGraph> graphs;
-    std::vector<std::vector<std::pair<const Sequence *, int64_t>>> seen;
+    std::vector<std::vector<std::pair<uint64_t, int64_t>>> seen;
+    uint64_t steps = 0;        // steps run (the graphs' recency)
     bool graph_off = false;    // a capture failed: eager from then on
     // Per step (set by executor_step): the act16 route and whether every matrix has its cache.
     bool act16 = false, cached = false;

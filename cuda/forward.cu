@@ -478,7 +478,7 @@ pf_status run_step(Executor *e, const std::vector<StepItem> &items, int64_t T, R
 
 // ---------------------------------------------------------------------------- graphs
 
-constexpr size_t kMaxGraphs = 8;   // step shapes with graphs per executor (then eager)
+constexpr size_t kMaxGraphs = 8;   // step shapes with graphs per executor (LRU beyond)
 constexpr size_t kSeenShapes = 16; // recent step shapes remembered (capture on the 2nd sighting)
 
 void destroy_graph(StepGraph &g) {
@@ -488,8 +488,10 @@ void destroy_graph(StepGraph &g) {
 
 // The graphs for a step of this shape now, or nullptr (run eagerly): a shape is captured when it
 // comes back (among the last kSeenShapes shapes), so that one-off tails do not pay a capture, and
-// only while the executor holds fewer than kMaxGraphs (the full chunk and the decode step, the
-// shapes that recur, come first in practice; no eviction, so no churn). A graph whose key no
+// at most kMaxGraphs per executor, the least recently replayed evicted for a new one (a batch's
+// item sets change as requests come and go; a capture needs a second sighting, so a stream of
+// one-off shapes captures nothing). Sequences are keyed by id, never by address: a destroyed
+// session's memory is never replayed into. A graph whose key no
 // longer holds (the act16 route or the caches changed, the projection scratch moved) is dropped
 // and captured anew. A shape may hold two graphs, one with attention inside and one in segments
 // (AUTO's cuBLAS chunks deep into the cache): a decode that crosses that line, then a new prompt
@@ -498,7 +500,8 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
     if (!e->plan.graphs || e->graph_off) return nullptr;
     StepGraph key;
     key.rows = T;
-    for (const StepItem &it : items) key.items.emplace_back(it.seq, it.rows);
+    for (const StepItem &it : items) key.items.emplace_back(it.seq->id, it.rows);
+    key.used = ++e->steps;
     key.attn = e->attn_in_graph;
     key.act16 = e->act16;
     key.cached = e->cached;
@@ -511,7 +514,10 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
     for (size_t i = 0; i < e->graphs.size(); ++i) {
         StepGraph &g = e->graphs[i];
         if (g.rows != T || g.attn != key.attn || g.items != key.items) continue;
-        if (same(g)) return &g;
+        if (same(g)) {
+            g.used = key.used;
+            return &g;
+        }
         destroy_graph(g);
         e->graphs.erase(e->graphs.begin() + std::ptrdiff_t(i));
         break;
@@ -521,7 +527,12 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
         e->seen.push_back(key.items);
         return nullptr;
     }
-    if (e->graphs.size() == kMaxGraphs) return nullptr;  // full: no churn of captures
+    if (e->graphs.size() == kMaxGraphs) {  // full: the least recently replayed goes
+        auto lru = std::min_element(e->graphs.begin(), e->graphs.end(),
+                                    [](const StepGraph &a, const StepGraph &b) { return a.used < b.used; });
+        destroy_graph(*lru);
+        e->graphs.erase(lru);
+    }
     e->graphs.push_back(key);
     return &e->graphs.back();
 }

@@ -2,6 +2,7 @@
 // resolved, the session's executor), chunked prefill that continues from the position, greedy
 // tokens, and the state save/restore format.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -40,7 +41,9 @@ void sequence_free(pf_context *ctx, Sequence &q) {
 pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype, int32_t snap_slots, Sequence *q) {
     const Hparams &hp = m->hp;
     pf_context *ctx = m->ctx;
+    static std::atomic<uint64_t> next_id{1};
     q->model = m;
+    q->id = next_id++;
     q->max_tokens = max_tokens;
     q->kv_dtype = kv_dtype;
     q->k_cache.assign(size_t(m->n_attn_layers), nullptr);

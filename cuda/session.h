@@ -23,6 +23,8 @@ struct Snapshot {
 // One sequence's state, and nothing else.
 struct Sequence {
     const pf_model *model = nullptr;
+    uint64_t id = 0;                      // unique in the process: the step graphs' key (a freed
+                                          // sequence's address can come back with new memory)
     int32_t max_tokens = 0;               // capacity in positions
     int32_t kv_dtype = PF_KV_F16;
     int64_t pos = 0;

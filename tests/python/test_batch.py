@@ -542,3 +542,29 @@ def test_readme_server_loop(preset, rng):
             _, tok = alone.prefill(np.concatenate([system_ids, ids]), "none", return_token=True)
             want = [tok] + [int(x) for x in alone.generate(4)]
         assert got == want, f"request of {ids.size} tokens: {got} != alone {want}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_step_graphs_follow_sessions_not_addresses(preset, rng):
+    """Sessions destroyed and made anew (their host objects, even their device memory, may come
+    back at the same addresses) and more step shapes than an executor keeps graphs for: every
+    batch call, first sighting, capture or replay, gives what the sequence gives alone."""
+    m = _model(preset, "default")
+    V = m.n_vocab
+    keep = m.session(max_tokens=256, own_executor=False)
+    try:
+        with m.batch(step_tokens=256) as b:
+            for round_ in range(12):
+                n = 3 + round_ % 10            # 10 shapes: more than the 8 graphs kept
+                for _ in range(3):             # seen, captured, replayed
+                    s = m.session(max_tokens=256, own_executor=False)
+                    keep.reset()
+                    ids, other = random_tokens(rng, n, V), random_tokens(rng, 9, V)
+                    out = b.prefill([dict(session=s, tokens=ids), dict(session=keep, tokens=other)])
+                    s.close()
+                    with m.session(max_tokens=256) as alone:
+                        want = alone.prefill(ids, "last")
+                    _close(out[0]["logits"][None], want[None], "default", f"round {round_} ({n} tokens)")
+    finally:
+        keep.close()
