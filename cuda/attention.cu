@@ -576,10 +576,10 @@ pf_status attention(pf_context *ctx, const attention_args &a) {
                 return fail(PF_STATUS_UNSUPPORTED,
                             "attention: kernel=PF_ATTN_KERNEL_WGMMA needs a compute capability 9.0 "
                             "device and a library built with sm_90a (CMAKE_CUDA_ARCHITECTURES 90a)");
-            return attention_flash_wgmma(a, ctx->stream);
+            return attention_flash_wgmma(a, a.stream ? a.stream : ctx->stream);
         }
-        if (a.head_dim == 128) return launch_flash<128, 64>(a, ctx->stream);
-        return launch_flash<256, 32>(a, ctx->stream);
+        if (a.head_dim == 128) return launch_flash<128, 64>(a, a.stream ? a.stream : ctx->stream);
+        return launch_flash<256, 32>(a, a.stream ? a.stream : ctx->stream);
     }
     return attention_cublas(ctx, a);
 }

@@ -85,6 +85,9 @@ struct attention_args {
     // rows). The cuBLAS path ignores both and runs at a.pos0.
     const int64_t *pos0_dev = nullptr;
     int64_t kv_capacity = 0;
+    // The flash path's stream (nullptr: the context's); the cuBLAS path always runs on the
+    // context's stream (its handle is bound to it).
+    cudaStream_t stream = nullptr;
 };
 
 constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-path workspace

@@ -19,6 +19,8 @@ constexpr int32_t kAutoChunk = 2048;
 constexpr int32_t kMinAutoChunk = 256;
 constexpr size_t kAutoChunkShare = 4;  // the chunk's scratch takes at most 1/4 of the free memory
 constexpr int64_t kLmRows = 32;        // LM-head rows per pass for PF_LOGITS_ALL: [32][n_vocab] fp32
+constexpr int64_t kSideStreams = 16;   // streams for the items' attention (a decode item's flash
+                                       // grid is a few blocks: 16 of them side by side fill more SMs)
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
@@ -179,6 +181,8 @@ Executor::~Executor() {
     (void)cudaStreamSynchronize(ctx->stream);
     for (StepGraph &g : graphs)
         for (cudaGraphExec_t x : g.segs) (void)cudaGraphExecDestroy(x);
+    for (cudaStream_t s : side) (void)cudaStreamDestroy(s);
+    for (cudaEvent_t ev : side_ev) (void)cudaEventDestroy(ev);
     gemm_plan.reset();
     scratch_release(ctx, w32);
     scratch_release(ctx, w16);
@@ -224,6 +228,19 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     // The cuBLAS attention path's workspace (its size needs aligned cache pointers: the base is).
     e->attn_ws_bytes = attention_ws_bytes(m, plan, rows, kv_capacity, e->ws, e->ws);
     if (e->attn_ws_bytes) PF_TRY(device_alloc(ctx, e->attn_ws_bytes, &e->attn_ws, "attention workspace"));
+    if (max_items > 1 && m->n_attn_layers > 0) {  // the items' attention side by side
+        const int64_t k = std::min<int64_t>(max_items, kSideStreams);
+        for (int64_t j = 0; j < k; ++j) {
+            cudaStream_t s = nullptr;
+            PF_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+            e->side.push_back(s);
+        }
+        for (int64_t j = 0; j <= k; ++j) {
+            cudaEvent_t ev = nullptr;
+            PF_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+            e->side_ev.push_back(ev);
+        }
+    }
     // The projection scratch for the legs and caches of now: a step then allocates nothing (as long
     // as the weights' caches stay as they are now; else the scratch grows on the call).
     ProjScratchBytes need;

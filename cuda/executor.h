@@ -124,6 +124,11 @@ struct Executor {
     VarlenStep vstep;
     bool vstep_exact = false;  // the leg the groups were made for (gdn_scan_choose's exact)
     std::vector<int64_t> tab_host, tab_dev_copy;
+    // Steps of several items: each item's q/k RoPE + KV write and flash attention run on one of
+    // these streams (forked from and joined to the context's stream by events; a step graph
+    // captures the branches), so that the items' small launches run side by side.
+    std::vector<cudaStream_t> side;
+    std::vector<cudaEvent_t> side_ev;  // [0]: the fork; [1 + j]: side stream j's join
 
     ~Executor();
 };

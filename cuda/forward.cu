@@ -209,66 +209,92 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     float *q = e->a, *k = e->a + qd, *v = e->a + qd + kvd, *o = e->o;
     const float eps = float(hp.eps);
     const bool fused_rope = e->plan.fuse_qk_rope && qk_norm_rope_kv_supported(int32_t(D), int32_t(hp.rope_dim));
+    // An item's q/k norms, RoPE (at its position on the device) and KV-cache write, on `s`.
+    auto rope = [&](size_t i, cudaStream_t s) -> pf_status {
+        const StepItem &it = items[i];
+        const KvCache cache{it.seq->k_cache[size_t(Lw.attn_index)], it.seq->v_cache[size_t(Lw.attn_index)],
+                            it.seq->kv_dtype};
+        float *qi = q + it.row0 * W, *ki = k + it.row0 * W;
+        const float *vi = v + it.row0 * W;
+        if (fused_rope) {  // the five launches below in one, bitwise the same (qk_rope.cu)
+            QkRopeKvArgs a;
+            a.q = qi;
+            a.ldq = W;
+            a.q_head_stride = q_head_stride;
+            a.k = ki;
+            a.ldk = W;
+            a.v = vi;
+            a.ldv = W;
+            a.rows = it.rows;
+            a.n_heads = int32_t(H);
+            a.n_kv_heads = int32_t(hp.n_head_kv);
+            a.head_dim = int32_t(D);
+            a.rot_dim = int32_t(hp.rope_dim);
+            a.rope_base = float(hp.rope_base);
+            a.q_norm = Lw.q_norm;
+            a.k_norm = Lw.k_norm;
+            a.eps = eps;
+            a.pos0_dev = pos_dev(e, i);
+            a.k_cache = cache.k;
+            a.v_cache = cache.v;
+            a.kv_dtype = cache.dtype;
+            a.regs = e->plan.rows.regs;
+            return qk_norm_rope_kv_at(a, s);
+        }
+        const HeadLayout qh{int32_t(H), q_head_stride, int32_t(D)}, kh{int32_t(hp.n_head_kv), D, int32_t(D)};
+        PF_TRY(head_rms_norm_rows(MatF{qi, W}, it.rows, qh, Lw.q_norm, eps, s));
+        PF_TRY(head_rms_norm_rows(MatF{ki, W}, it.rows, kh, Lw.k_norm, eps, s));
+        // RoPE reads the item's position from device memory: the same launch at any position
+        PF_TRY(rope_neox_rows_at(MatF{qi, W}, it.rows, qh, int32_t(hp.rope_dim), pos_dev(e, i), float(hp.rope_base), s));
+        PF_TRY(rope_neox_rows_at(MatF{ki, W}, it.rows, kh, int32_t(hp.rope_dim), pos_dev(e, i), float(hp.rope_base), s));
+        return kv_write_at(CMatF{ki, W}, CMatF{vi, W}, it.rows, kvd, cache, pos_dev(e, i), s);
+    };
+    // The flash kernels with the position on the device: the same launch at any position (grid
+    // over query tiles x heads, the key loop bounded in the kernel, the wgmma maps over the whole
+    // capacity), so they join the graph segment.
+    auto flash = [&](size_t i, cudaStream_t s) {
+        attention_args a = attn_args(e, items[i], Lw.attn_index);
+        a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this step
+        a.pos0_dev = pos_dev(e, i);
+        a.kv_capacity = items[i].seq->max_tokens;
+        a.stream = s;
+        return attention(ctx, a);
+    };
+    // Several items on the flash path: each item's RoPE + attention on a side stream, forked
+    // from st and joined back (a step graph captures the branches): the items' small grids run
+    // side by side instead of one after another. Same launches, same bits.
+    const bool fork = e->attn_in_graph && items.size() > 1 && !e->side.empty();
     PF_TRY(R.graphed([&]() -> pf_status {
         PF_TRY(project_group(e, {Lw.wq, Lw.wk, Lw.wv}, {q, k, v}, T, W));
-        for (size_t i = 0; i < items.size(); ++i) {
-            const StepItem &it = items[i];
-            const KvCache cache{it.seq->k_cache[size_t(Lw.attn_index)], it.seq->v_cache[size_t(Lw.attn_index)],
-                                it.seq->kv_dtype};
-            float *qi = q + it.row0 * W, *ki = k + it.row0 * W;
-            const float *vi = v + it.row0 * W;
-            if (fused_rope) {  // the five launches below in one, bitwise the same (qk_rope.cu)
-                QkRopeKvArgs a;
-                a.q = qi;
-                a.ldq = W;
-                a.q_head_stride = q_head_stride;
-                a.k = ki;
-                a.ldk = W;
-                a.v = vi;
-                a.ldv = W;
-                a.rows = it.rows;
-                a.n_heads = int32_t(H);
-                a.n_kv_heads = int32_t(hp.n_head_kv);
-                a.head_dim = int32_t(D);
-                a.rot_dim = int32_t(hp.rope_dim);
-                a.rope_base = float(hp.rope_base);
-                a.q_norm = Lw.q_norm;
-                a.k_norm = Lw.k_norm;
-                a.eps = eps;
-                a.pos0_dev = pos_dev(e, i);
-                a.k_cache = cache.k;
-                a.v_cache = cache.v;
-                a.kv_dtype = cache.dtype;
-                a.regs = e->plan.rows.regs;
-                PF_TRY(qk_norm_rope_kv_at(a, st));
-                continue;
-            }
-            const HeadLayout qh{int32_t(H), q_head_stride, int32_t(D)}, kh{int32_t(hp.n_head_kv), D, int32_t(D)};
-            PF_TRY(head_rms_norm_rows(MatF{qi, W}, it.rows, qh, Lw.q_norm, eps, st));
-            PF_TRY(head_rms_norm_rows(MatF{ki, W}, it.rows, kh, Lw.k_norm, eps, st));
-            // RoPE reads the item's position from device memory: the same launch at any position
-            PF_TRY(rope_neox_rows_at(MatF{qi, W}, it.rows, qh, int32_t(hp.rope_dim), pos_dev(e, i),
-                                     float(hp.rope_base), st));
-            PF_TRY(rope_neox_rows_at(MatF{ki, W}, it.rows, kh, int32_t(hp.rope_dim), pos_dev(e, i),
-                                     float(hp.rope_base), st));
-            PF_TRY(kv_write_at(CMatF{ki, W}, CMatF{vi, W}, it.rows, kvd, cache, pos_dev(e, i), st));
-        }
+        if (!fork)
+            for (size_t i = 0; i < items.size(); ++i) PF_TRY(rope(i, st));
         return PF_STATUS_OK;
     }));
-    for (size_t i = 0; i < items.size(); ++i) {
-        attention_args a = attn_args(e, items[i], Lw.attn_index);
-        if (e->attn_in_graph) {
-            // The flash kernels with the position on the device: the same launch at any position
-            // (grid over query tiles x heads, the key loop bounded in the kernel, the wgmma maps
-            // over the whole capacity), so it joins the graph segment.
-            a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this step
-            a.pos0_dev = pos_dev(e, i);
-            a.kv_capacity = items[i].seq->max_tokens;
-            PF_TRY(R.graphed([&] { return attention(ctx, a); }));
-        } else {
-            // The cuBLAS path's launches (and AUTO's choice) depend on the position: run eagerly
-            // between the graph segments.
-            PF_TRY(R.eager([&] { return attention(ctx, a); }));
+    if (fork) {
+        PF_TRY(R.graphed([&]() -> pf_status {
+            const size_t n = std::min(items.size(), e->side.size());
+            PF_CUDA_TRY(cudaEventRecord(e->side_ev[0], st));
+            for (size_t j = 0; j < n; ++j) PF_CUDA_TRY(cudaStreamWaitEvent(e->side[j], e->side_ev[0], 0));
+            for (size_t i = 0; i < items.size(); ++i) {
+                PF_TRY(rope(i, e->side[i % n]));
+                PF_TRY(flash(i, e->side[i % n]));
+            }
+            for (size_t j = 0; j < n; ++j) {
+                PF_CUDA_TRY(cudaEventRecord(e->side_ev[1 + j], e->side[j]));
+                PF_CUDA_TRY(cudaStreamWaitEvent(st, e->side_ev[1 + j], 0));
+            }
+            return PF_STATUS_OK;
+        }));
+    } else {
+        for (size_t i = 0; i < items.size(); ++i) {
+            if (e->attn_in_graph) {
+                PF_TRY(R.graphed([&] { return flash(i, st); }));
+            } else {
+                // The cuBLAS path's launches (and AUTO's choice) depend on the position: run
+                // eagerly between the graph segments.
+                attention_args a = attn_args(e, items[i], Lw.attn_index);
+                PF_TRY(R.eager([&] { return attention(ctx, a); }));
+            }
         }
     }
     // A8: o *= sigmoid(gate), the gate half of each head's [q | gate] row; on the act16 route
