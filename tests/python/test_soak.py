@@ -30,6 +30,27 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _measure(ctx):
+    """(host RSS, device free bytes, the context's bytes) after the device is drained."""
+    ctx.synchronize()
+    return _rss(), ctx.memory()[0], ctx.allocated()
+
+
+def _report_and_check(before, after, report: dict, cycles: int) -> None:
+    """Print the soak's figures (and add them to $OUT/soak.json), then check that nothing grew."""
+    (rss0, free0, alloc0), (rss1, free1, alloc1) = before, after
+    report.update(rss_delta_mib=round((rss1 - rss0) / MiB, 3),
+                  device_free_delta_mib=round((free1 - free0) / MiB, 3), context_bytes_delta=alloc1 - alloc0)
+    print(f"soak: {report}")
+    if os.environ.get("OUT"):
+        path = os.path.join(os.environ["OUT"], "soak.json")
+        prior = json.load(open(path)) if os.path.exists(path) else []
+        json.dump(prior + [report], open(path, "w"), indent=1)
+    assert alloc1 == alloc0, f"the context holds {alloc1 - alloc0:+d} bytes more after {cycles} cycles"
+    assert abs(free1 - free0) <= DEVICE_SLACK, f"device free memory moved by {(free1 - free0) / MiB:+.2f} MiB"
+    assert rss1 - rss0 <= RSS_SLACK, f"host RSS grew by {(rss1 - rss0) / MiB:.1f} MiB in {cycles} cycles"
+
+
 def _schedule(rng, n: int) -> list[int]:
     """n split into 1..6 random pieces."""
     cuts = np.sort(rng.choice(np.arange(1, n), size=min(int(rng.integers(0, 6)), n - 1), replace=False))
@@ -69,25 +90,13 @@ def test_soak_create_prefill_save_restore_destroy(preset, rng):
                 _cycle(m, rng, cfg, chunk, n=MAX_PROMPT, pieces=[MAX_PROMPT])
                 _cycle(m, rng, cfg, chunk, n=2, pieces=[1, 1])
                 _cycle(m, rng, cfg, chunk)
-        ctx.synchronize()
-        rss0, free0, alloc0 = _rss(), ctx.memory()[0], ctx.allocated()
+        before = _measure(ctx)
         t0 = time.perf_counter()
         for i in range(CYCLES):
             _cycle(m, rng, CONFIGS[i % len(CONFIGS)], int(rng.choice(CHUNKS)))
-        ctx.synchronize()
-        rss1, free1, alloc1 = _rss(), ctx.memory()[0], ctx.allocated()
-        report = {"preset": preset, "cycles": CYCLES, "seconds": round(time.perf_counter() - t0, 2),
-                  "rss_delta_mib": round((rss1 - rss0) / MiB, 3),
-                  "device_free_delta_mib": round((free1 - free0) / MiB, 3),
-                  "context_bytes_delta": alloc1 - alloc0}
-        print(f"soak: {report}")
-        if os.environ.get("OUT"):
-            path = os.path.join(os.environ["OUT"], "soak.json")
-            prior = json.load(open(path)) if os.path.exists(path) else []
-            json.dump(prior + [report], open(path, "w"), indent=1)
-        assert alloc1 == alloc0, f"the context holds {alloc1 - alloc0:+d} bytes more after {CYCLES} cycles"
-        assert abs(free1 - free0) <= DEVICE_SLACK, f"device free memory moved by {(free1 - free0) / MiB:+.2f} MiB"
-        assert rss1 - rss0 <= RSS_SLACK, f"host RSS grew by {(rss1 - rss0) / MiB:.1f} MiB in {CYCLES} cycles"
+        after = _measure(ctx)
+        _report_and_check(before, after, {"preset": preset, "cycles": CYCLES,
+                                          "seconds": round(time.perf_counter() - t0, 2)}, CYCLES)
 
 
 BATCH_CYCLES = int(os.environ.get("PF_SOAK_BATCH_CYCLES", "100"))
@@ -136,25 +145,12 @@ def test_soak_batches_forks_snapshots(preset, rng):
         stats = {"items": 0, "forks": 0, "rollbacks": 0}
         for _ in range(10):                      # warm-up: graphs and grow-on-demand scratch
             _batch_cycle(m, b, rng, stats)
-        ctx.synchronize()
-        rss0, free0, alloc0 = _rss(), ctx.memory()[0], ctx.allocated()
+        before = _measure(ctx)
         t0 = time.perf_counter()
         for _ in range(BATCH_CYCLES):
             _batch_cycle(m, b, rng, stats)
-        ctx.synchronize()
-        rss1, free1, alloc1 = _rss(), ctx.memory()[0], ctx.allocated()
-        report = {"preset": preset, "batch_cycles": BATCH_CYCLES, **stats,
-                  "seconds": round(time.perf_counter() - t0, 2),
-                  "rss_delta_mib": round((rss1 - rss0) / MiB, 3),
-                  "device_free_delta_mib": round((free1 - free0) / MiB, 3),
-                  "context_bytes_delta": alloc1 - alloc0}
-        print(f"soak: {report}")
-        if os.environ.get("OUT"):
-            path = os.path.join(os.environ["OUT"], "soak.json")
-            prior = json.load(open(path)) if os.path.exists(path) else []
-            json.dump(prior + [report], open(path, "w"), indent=1)
+        after = _measure(ctx)
         b.close()
         assert stats["forks"] and stats["items"]
-        assert alloc1 == alloc0, f"the context holds {alloc1 - alloc0:+d} bytes more after {BATCH_CYCLES} cycles"
-        assert abs(free1 - free0) <= DEVICE_SLACK, f"device free memory moved by {(free1 - free0) / MiB:+.2f} MiB"
-        assert rss1 - rss0 <= RSS_SLACK, f"host RSS grew by {(rss1 - rss0) / MiB:.1f} MiB in {BATCH_CYCLES} cycles"
+        _report_and_check(before, after, {"preset": preset, "batch_cycles": BATCH_CYCLES, **stats,
+                                          "seconds": round(time.perf_counter() - t0, 2)}, BATCH_CYCLES)
