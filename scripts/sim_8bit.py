@@ -32,7 +32,9 @@ GROUPS = {
     "table": ["bf16", "int8-g32", "int8-g128", "e4m3-g128", "fp8-qwen"],
     "candidates": ["q8_1-llama", "int8-g32", "int8-g32-xs", "int8-g64", "int8-g128",
                    "int8-g128-xs", "int8-row", "int8-g32-w32", "int8-g128-w128",
-                   "int8-g128-w128b", "int8-g128-had", "int8x2-g128"],
+                   "int8-g128-w128b", "int8-g128-had", "int8-g128-w128-had",
+                   "int8-g128-w128-mix", "int8x2-g128"],
+    "long": ["q8_1-llama", "int8-g32", "int8-g128-w128", "int8-g128-w128-mix"],
 }
 
 

@@ -48,7 +48,7 @@ from .model import empty_layer_state, layer_forward, layer_tensor_names
 # Number formats
 # ---------------------------------------------------------------------------------------------
 
-E4M3_MAX = 448.0        # largest finite e4m3 (OCP FP8 "e4m3fn": no infinities, S.1111.111 = NaN)
+E4M3_MAX = 448.0        # largest finite e4m3 (OCP "e4m3fn": no infinities, S.1111.111 is NaN)
 INT8_MAX = 127          # symmetric int8: codes in [-127, 127], scale = amax / 127
 
 
@@ -64,7 +64,7 @@ def round_to_float(x: np.ndarray, mant_bits: int, emin: int, max_finite: float) 
     smallest normal exponent `emin` (subnormals below it) and largest finite value `max_finite`;
     magnitudes beyond it saturate to ±max_finite. Exact in float64 for the 8/16-bit formats."""
     x = np.asarray(x, dtype=np.float64)
-    _, e = np.frexp(x)                              # |x| = m·2^e, m in [0.5, 1): leading bit 2^(e-1)
+    _, e = np.frexp(x)                              # |x| = m·2^e, m in [0.5, 1): top bit 2^(e-1)
     quantum = np.ldexp(1.0, np.maximum(e - 1, emin) - mant_bits)
     y = np.rint(x / quantum) * quantum              # division by a power of two: exact
     return np.clip(y, -max_finite, max_finite)
@@ -384,15 +384,26 @@ EXACT_LEG = Leg()
 @dataclass(frozen=True)
 class Recipe:
     """A named rule giving each projection its Leg: `leg` by default, `roles` overriding it per
-    role (GGUF short name), `gates` for the GDN β/α projections (16-bit by default). Weights
-    stored as F32/F16/BF16 have no blocks: with `float_weights_f16` an 8-bit leg falls back to
-    the f16 leg for them (llama.cpp runs such matrices through cuBLAS, not MMQ)."""
+    role (GGUF short name), `arch_roles` adding overrides for one architecture only
+    ((arch, roles) pairs, applied by `for_arch`), `gates` for the GDN β/α projections (16-bit by
+    default). Weights stored as F32/F16/BF16 have no blocks: with `float_weights_f16` an 8-bit
+    leg falls back to the f16 leg for them (llama.cpp runs such matrices through cuBLAS, not
+    MMQ)."""
     name: str
     leg: Leg
     roles: tuple[tuple[str, Leg], ...] = ()
     gates: Leg | None = F16_LEG
     float_weights_f16: bool = True
     note: str = ""
+    arch_roles: tuple[tuple[str, tuple[tuple[str, Leg], ...]], ...] = ()
+
+    def for_arch(self, arch: str) -> "Recipe":
+        """This recipe with the overrides of `arch` merged into `roles`."""
+        extra = dict(dict(self.arch_roles).get(arch, ()))
+        if not extra and not self.arch_roles:
+            return self
+        return replace(self, roles=tuple(sorted({**dict(self.roles), **extra}.items())),
+                       arch_roles=())
 
     def leg_for(self, role: str, qtype: int) -> Leg:
         leg = dict(self.roles).get(role, self.leg)
@@ -403,6 +414,14 @@ class Recipe:
         if eight_bit and qtype in FLOAT_QTYPES and self.float_weights_f16:
             return F16_LEG
         return leg
+
+
+# Projections whose input is a product/normalised output with a wide range (SwiGLU, the
+# gated norm, attention), and the f16 roles of the chosen mix (docs/int8-recipe.md: the
+# projections that carry the most whole-model error per FLOP on the synthetic models).
+WIDE_INPUT_ROLES = ("ffn_down", "ssm_out", "attn_output")
+MIX_F16_ROLES = {"qwen3": ("attn_v", "attn_output", "ffn_down"),
+                 "qwen35": ("attn_qkv", "ssm_out")}
 
 
 def _int8(group: int, weight: str = "blocks", **kw) -> Leg:
@@ -438,6 +457,15 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
            note="two int8 passes (x and its residual), g128, weights from the blocks"),
     Recipe("int8-g128-had", _int8(128, "int8", wblock=(1, 128), rotate=128),
            note="128-wide Hadamard on x and W, int8 g128 activations, int8 1x128 weights"),
+    Recipe("int8-g128-w128-had", _int8(128, "int8", wblock=(1, 128)),
+           roles=tuple((r, _int8(128, "int8", wblock=(1, 128), rotate=128))
+                       for r in WIDE_INPUT_ROLES),
+           note="int8-g128-w128, the wide-input projections rotated by a 128-wide Hadamard"),
+    Recipe("int8-g128-w128-mix", _int8(128, "int8", wblock=(1, 128)),
+           arch_roles=tuple((a, tuple((r, F16_LEG) for r in rs))
+                            for a, rs in MIX_F16_ROLES.items()),
+           note="int8-g128-w128 with the most sensitive projections per FLOP on the f16 leg "
+                "(qwen3: attn_v, attn_output, ffn_down; qwen35: attn_qkv, ssm_out)"),
     Recipe("e4m3-g128", Leg("e4m3", 128, "exact"),
            note="e4m3 activations 1x128, exact weights"),
     Recipe("fp8-qwen", Leg("e4m3", 128, "e4m3", wblock=(128, 128)),
@@ -609,6 +637,7 @@ def _hook(recipe: Recipe, forms: dict[str, WeightForms], stats: dict | None) -> 
 def model_projector(desc: ModelDesc, recipe: Recipe) -> ops.LayerProjector:
     """A ReferenceModel(project=...) hook running `recipe` (block codes read from desc's file)."""
     cache: dict[tuple[int, str], WeightForms] = {}
+    recipe = recipe.for_arch(desc.arch)
 
     def hook(i: int, role: str, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         key = (i, role)
@@ -656,7 +685,8 @@ def simulate(path: str, tokens: Sequence[int], recipes: Iterable[Recipe], *,
     names = ["exact"] + [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"duplicate recipe names in {names}")
-    by_name = {"exact": RECIPES["exact"], **{r.name: r for r in recipes}}
+    by_name = {"exact": RECIPES["exact"],
+               **{r.name: r.for_arch(desc.arch) for r in recipes}}
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if ids.size == 0 or ids.min() < 0 or ids.max() >= desc.n_vocab:
         raise InvalidArgumentError(f"tokens must be non-empty ids in [0, {desc.n_vocab})")

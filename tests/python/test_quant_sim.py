@@ -281,3 +281,13 @@ def test_simulate_chunked_vocab_and_role_stats(tmp_path):
     roles = a.metrics["int8-g128"].roles
     assert set(roles) >= {"attn_qkv", "ssm_out", "attn_q", "ffn_down", "ssm_beta"}
     assert roles["ssm_beta"] < 1e-3 < roles["ffn_up"] < 2e-2       # gates on the f16 leg
+
+
+def test_arch_roles():
+    r = qs.RECIPES["int8-g128-w128-mix"]
+    q35, q3 = r.for_arch("qwen35"), r.for_arch("qwen3")
+    assert q35.leg_for("attn_qkv", QTYPE_Q5_K) == qs.F16_LEG
+    assert q35.leg_for("ffn_down", QTYPE_Q6_K) == r.leg
+    assert q3.leg_for("ffn_down", QTYPE_Q6_K) == qs.F16_LEG
+    assert q3.leg_for("attn_q", QTYPE_Q4_K) == r.leg
+    assert qs.RECIPES["int8-g32"].for_arch("qwen3") is qs.RECIPES["int8-g32"]
