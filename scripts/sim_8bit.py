@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -104,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                           log=lambda s: print(f"  {label(path)}: {s}", end="\r",
                                               file=sys.stderr, flush=True))
         wall = time.perf_counter() - t0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # KiB -> GiB
         print(f"{label(path)}: {args.tokens} tokens, {len(recipes)} recipes + reference in "
-              f"{wall:.0f} s (reference forward {res.metrics['exact'].seconds:.1f} s)",
-              file=sys.stderr)
+              f"{wall:.0f} s (reference forward {res.metrics['exact'].seconds:.1f} s), peak RSS "
+              f"so far {rss:.2f} GiB", file=sys.stderr)
         results.append((label(path), res, wall))
     names = [r.name for r in recipes]
     cols = [m for m, _, _ in results]

@@ -416,12 +416,12 @@ class Recipe:
         return leg
 
 
-# Projections whose input is a product/normalised output with a wide range (SwiGLU, the
-# gated norm, attention), and the f16 roles of the chosen mix (docs/int8-recipe.md: the
-# projections that carry the most whole-model error per FLOP on the synthetic models).
+# Projections whose input has a wide range (the outputs of SwiGLU, of the gated norm and of
+# attention), and the projections the chosen mix keeps on the f16 leg: those inputs plus the
+# projections that write carried state (V rows of the KV cache; the GDN q/k/v that feed the
+# recurrence). docs/int8-recipe.md has the measurements behind the list.
 WIDE_INPUT_ROLES = ("ffn_down", "ssm_out", "attn_output")
-MIX_F16_ROLES = {"qwen3": ("attn_v", "attn_output", "ffn_down"),
-                 "qwen35": ("attn_qkv", "ssm_out")}
+MIX_F16_ROLES = WIDE_INPUT_ROLES + ("attn_v", "attn_qkv")
 
 
 def _int8(group: int, weight: str = "blocks", **kw) -> Leg:
@@ -462,10 +462,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
                        for r in WIDE_INPUT_ROLES),
            note="int8-g128-w128, the wide-input projections rotated by a 128-wide Hadamard"),
     Recipe("int8-g128-w128-mix", _int8(128, "int8", wblock=(1, 128)),
-           arch_roles=tuple((a, tuple((r, F16_LEG) for r in rs))
-                            for a, rs in MIX_F16_ROLES.items()),
-           note="int8-g128-w128 with the most sensitive projections per FLOP on the f16 leg "
-                "(qwen3: attn_v, attn_output, ffn_down; qwen35: attn_qkv, ssm_out)"),
+           roles=tuple((r, F16_LEG) for r in sorted(MIX_F16_ROLES)),
+           note="int8-g128-w128 with ffn_down, ssm_out, attn_output, attn_v, attn_qkv on the "
+                "f16 leg (the chosen recipe)"),
     Recipe("e4m3-g128", Leg("e4m3", 128, "exact"),
            note="e4m3 activations 1x128, exact weights"),
     Recipe("fp8-qwen", Leg("e4m3", 128, "e4m3", wblock=(128, 128)),

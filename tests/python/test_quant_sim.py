@@ -284,10 +284,15 @@ def test_simulate_chunked_vocab_and_role_stats(tmp_path):
 
 
 def test_arch_roles():
-    r = qs.RECIPES["int8-g128-w128-mix"]
+    leg = qs.Leg("int8", 128, "int8", (1, 128))
+    r = qs.Recipe("t", leg, arch_roles=(("qwen35", (("attn_qkv", qs.F16_LEG),)),
+                                        ("qwen3", (("ffn_down", qs.F16_LEG),))))
     q35, q3 = r.for_arch("qwen35"), r.for_arch("qwen3")
     assert q35.leg_for("attn_qkv", QTYPE_Q5_K) == qs.F16_LEG
-    assert q35.leg_for("ffn_down", QTYPE_Q6_K) == r.leg
+    assert q35.leg_for("ffn_down", QTYPE_Q6_K) == leg
     assert q3.leg_for("ffn_down", QTYPE_Q6_K) == qs.F16_LEG
-    assert q3.leg_for("attn_q", QTYPE_Q4_K) == r.leg
+    assert q3.leg_for("attn_q", QTYPE_Q4_K) == leg
     assert qs.RECIPES["int8-g32"].for_arch("qwen3") is qs.RECIPES["int8-g32"]
+    mix = qs.RECIPES["int8-g128-w128-mix"]
+    assert {r for r, _ in mix.roles} == set(qs.MIX_F16_ROLES)
+    assert mix.leg_for("ffn_up", QTYPE_Q4_K).weight == "int8"
