@@ -77,7 +77,7 @@ def label(path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="+", help="GGUF paths or synth presets (preset[:mix])")
+    ap.add_argument("models", nargs="*", help="GGUF paths or synth presets (preset[:mix])")
     ap.add_argument("--recipes", default="table",
                     help="comma list of recipe names or groups (table, candidates, all)")
     ap.add_argument("--tokens", type=int, default=48, help="prompt length (random ids)")
@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in qs.RECIPES.values():
             print(f"{r.name:18s} {r.note}")
         return 0
+    if not args.models:
+        ap.error("give at least one model (a GGUF path or a synth preset)")
     recipes = resolve_recipes(args.recipes)
     results = []
     for spec in args.models:

@@ -418,10 +418,11 @@ class Recipe:
 
 # Projections whose input has a wide range (the outputs of SwiGLU, of the gated norm and of
 # attention), and the projections the chosen mix keeps on the f16 leg: those inputs plus the
-# projections that write carried state (V rows of the KV cache; the GDN q/k/v that feed the
-# recurrence). docs/int8-recipe.md has the measurements behind the list.
+# projections that write carried state (K and V rows of the KV cache; the GDN q/k/v that feed
+# the recurrence). docs/int8-recipe.md has the measurements behind the list.
 WIDE_INPUT_ROLES = ("ffn_down", "ssm_out", "attn_output")
-MIX_F16_ROLES = WIDE_INPUT_ROLES + ("attn_v", "attn_qkv")
+STATE_WRITER_ROLES = ("attn_k", "attn_v", "attn_qkv")
+MIX_F16_ROLES = WIDE_INPUT_ROLES + STATE_WRITER_ROLES
 
 
 def _int8(group: int, weight: str = "blocks", **kw) -> Leg:
@@ -463,8 +464,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
            note="int8-g128-w128, the wide-input projections rotated by a 128-wide Hadamard"),
     Recipe("int8-g128-w128-mix", _int8(128, "int8", wblock=(1, 128)),
            roles=tuple((r, F16_LEG) for r in sorted(MIX_F16_ROLES)),
-           note="int8-g128-w128 with ffn_down, ssm_out, attn_output, attn_v, attn_qkv on the "
-                "f16 leg (the chosen recipe)"),
+           note="int8-g128-w128 with ffn_down, ssm_out, attn_output, attn_k, attn_v, attn_qkv "
+                "on the f16 leg (the chosen recipe)"),
     Recipe("e4m3-g128", Leg("e4m3", 128, "exact"),
            note="e4m3 activations 1x128, exact weights"),
     Recipe("fp8-qwen", Leg("e4m3", 128, "e4m3", wblock=(128, 128)),
