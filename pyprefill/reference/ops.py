@@ -9,9 +9,18 @@ chunk are `pos0 + t`.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 DType = type[np.floating] | np.dtype
+# A projection hook: project(role, x, w) -> x @ w.T computed some other way (e.g. with the inputs
+# rounded as an 8-bit leg would round them, reference/quant_sim.py). `role` is the GGUF tensor's
+# short name ("attn_q", "ffn_down", "ssm_beta", ...); x is (T, in) and w (out, in) in the
+# function's dtype. None (the default everywhere) means the plain product.
+Projector = Callable[[str, np.ndarray, np.ndarray], np.ndarray]
+# The model-level form: project(layer_index, role, x, w).
+LayerProjector = Callable[[int, str, np.ndarray, np.ndarray], np.ndarray]
 
 
 def _f(x: np.ndarray, dtype: DType) -> np.ndarray:
@@ -36,6 +45,14 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, dtype: DType = np.float64
 def project(x: np.ndarray, w: np.ndarray, dtype: DType = np.float64) -> np.ndarray:
     """A projection (spec.md §0): `x @ W.T`, W in NumPy (out, in) order; (..., in) -> (..., out)."""
     return _f(x, dtype) @ _f(w, dtype).T
+
+
+def _proj(hook: Projector | None, role: str, x: np.ndarray, w: np.ndarray,
+          dtype: DType) -> np.ndarray:
+    """`x @ w.T` (x already of `dtype`), or the hook's version of it for projection `role`."""
+    if hook is None:
+        return x @ _f(w, dtype).T
+    return hook(role, x, _f(w, dtype))
 
 
 def _head_columns(n_heads: int, head_dim: int, head_stride: int, col0: int) -> np.ndarray:
@@ -152,15 +169,16 @@ def attention_gqa(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0:
 
 
 def swiglu(h: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
-           dtype: DType = np.float64) -> np.ndarray:
+           dtype: DType = np.float64, *, project: Projector | None = None) -> np.ndarray:
     """SwiGLU FFN (spec.md §0.1 B3): (silu(h Wg^T) ⊙ (h Wu^T)) Wd^T.
 
-    h: (T, d); w_gate, w_up: (n_ff, d); w_down: (d, n_ff). Returns (T, d).
+    h: (T, d); w_gate, w_up: (n_ff, d); w_down: (d, n_ff). Returns (T, d). project: optional
+    hook for the three products (roles ffn_gate, ffn_up, ffn_down).
     """
     h = _f(h, dtype)
-    g = h @ _f(w_gate, dtype).T
-    u = h @ _f(w_up, dtype).T
-    return (silu(g) * u) @ _f(w_down, dtype).T
+    g = _proj(project, "ffn_gate", h, w_gate, dtype)
+    u = _proj(project, "ffn_up", h, w_up, dtype)
+    return _proj(project, "ffn_down", silu(g) * u, w_down, dtype)
 
 
 def lm_head(x: np.ndarray, norm_w: np.ndarray, w_out: np.ndarray, eps: float,
@@ -186,7 +204,7 @@ def attention_mixer(h: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarra
                     wo: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray,
                     k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, *, n_head: int,
                     n_head_kv: int, head_dim: int, rope_dim: int, rope_base: float, eps: float,
-                    gated: bool, dtype: DType = np.float64
+                    gated: bool, dtype: DType = np.float64, project: Projector | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Full-attention mixer: qwen3 §1.3 steps 2-7 (gated=False) or qwen35 §3.1 A1-A9 (gated=True).
 
@@ -194,18 +212,19 @@ def attention_mixer(h: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarra
     (§7.3: head h owns rows [2hD, 2hD+D) = query, [2hD+D, 2hD+2D) = gate); wk, wv: (Hkv·D, d);
     wo: (d, H·D); q_norm, k_norm: (D,). k_cache, v_cache: (pos0, Hkv, D).
     Returns (out (T, d), new k_cache, new v_cache) with the caches grown to pos0 + T rows.
+    project: optional hook for the four products (roles attn_q, attn_k, attn_v, attn_output).
     """
     h = _f(h, dtype)
     T = h.shape[0]
     H, Hkv, D = n_head, n_head_kv, head_dim
-    qg = h @ _f(wq, dtype).T
+    qg = _proj(project, "attn_q", h, wq, dtype)
     if gated:
         qg = qg.reshape(T, H, 2 * D)                                     # A1
         q, gate = qg[:, :, :D], qg[:, :, D:].reshape(T, H * D)           # A2
     else:
         q, gate = qg.reshape(T, H, D), None
-    k = (h @ _f(wk, dtype).T).reshape(T, Hkv, D)                         # A3
-    v = (h @ _f(wv, dtype).T).reshape(T, Hkv, D)
+    k = _proj(project, "attn_k", h, wk, dtype).reshape(T, Hkv, D)       # A3
+    v = _proj(project, "attn_v", h, wv, dtype).reshape(T, Hkv, D)
     q = rms_norm(q, q_norm, eps, dtype)                                  # A4 (per head over D)
     k = rms_norm(k, k_norm, eps, dtype)
     q = rope_neox_partial(q, pos0, rope_dim, rope_base, dtype)           # A5
@@ -214,7 +233,7 @@ def attention_mixer(h: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarra
     o = attention_gqa(q, k_cache, v_cache, pos0, 1.0 / np.sqrt(D), dtype).reshape(T, H * D)  # A7
     if gate is not None:
         o = o * sigmoid(gate)                                            # A8: sigmoid gate
-    return o @ _f(wo, dtype).T, k_cache, v_cache                         # A9
+    return _proj(project, "attn_output", o, wo, dtype), k_cache, v_cache  # A9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,22 +446,24 @@ def gdn_mixer(h: np.ndarray, w_qkv: np.ndarray, w_gate: np.ndarray, w_beta: np.n
               w_alpha: np.ndarray, w_conv: np.ndarray, dt_bias: np.ndarray, ssm_a: np.ndarray,
               w_norm: np.ndarray, w_out: np.ndarray, conv_window: np.ndarray, state: np.ndarray,
               *, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int, eps: float,
-              chunked: bool = False, chunk: int = 64, dtype: DType = np.float64
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              chunked: bool = False, chunk: int = 64, dtype: DType = np.float64,
+              project: Projector | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Gated DeltaNet mixer G1-G9 of spec.md §3.2 on GGUF (tiled V-head order) tensors.
 
     h: (T, d) normed input; w_qkv: (2·Hk·dk + Hv·dv, d); w_gate: (Hv·dv, d); w_beta, w_alpha:
     (Hv, d); w_conv: (conv_dim, Kc); dt_bias, ssm_a: (Hv,); w_norm: (dv,); w_out: (d, Hv·dv);
     conv_window: (Kc−1, conv_dim); state: (Hv, dk, dv).
-    Returns (out (T, d), new conv_window, new state).
+    Returns (out (T, d), new conv_window, new state). project: optional hook for the five
+    products (roles attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_out).
     """
     h = _f(h, dtype)
     T = h.shape[0]
     Hk, Hv, dk, dv = n_k_heads, n_v_heads, head_k_dim, head_v_dim
     key_dim = Hk * dk
-    m = h @ _f(w_qkv, dtype).T                                           # G1
-    z = (h @ _f(w_gate, dtype).T).reshape(T, Hv, dv)
-    beta, g = gdn_gates(h @ _f(w_beta, dtype).T, h @ _f(w_alpha, dtype).T, ssm_a, dt_bias,
+    m = _proj(project, "attn_qkv", h, w_qkv, dtype)                      # G1
+    z = _proj(project, "attn_gate", h, w_gate, dtype).reshape(T, Hv, dv)
+    beta, g = gdn_gates(_proj(project, "ssm_beta", h, w_beta, dtype),
+                        _proj(project, "ssm_alpha", h, w_alpha, dtype), ssm_a, dt_bias,
                         dtype)                                           # G2
     u, conv_window = causal_conv1d_silu(m, conv_window, w_conv, dtype)   # G3
     q = u[:, :key_dim].reshape(T, Hk, dk)                                # G4
@@ -455,4 +476,4 @@ def gdn_mixer(h: np.ndarray, w_qkv: np.ndarray, w_gate: np.ndarray, w_beta: np.n
     else:
         o, state = delta_rule_recurrent(q, k, v, g, beta, state, dtype)
     y = gated_rms_norm(o, w_norm, z, eps, dtype).reshape(T, Hv * dv)     # G8
-    return y @ _f(w_out, dtype).T, conv_window, state                    # G9
+    return _proj(project, "ssm_out", y, w_out, dtype), conv_window, state  # G9
