@@ -105,23 +105,12 @@ std::vector<bool> schedule(const GgufFile &f, const Hparams &hp) {
 
 }  // namespace
 
-pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
-    const char *path = f.path().c_str();
-    Hparams &hp = plan->hp;
-    PF_TRY(read_hparams(f, &hp));
-    const std::vector<bool> attn = schedule(f, hp);
-
-    const GgufTensor *emb = f.tensor("token_embd.weight");
-    if (!emb) return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight is missing", path);
-    if (emb->ne.size() != 2 || emb->ne[0] != hp.n_embd)
-        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight: expected ne [%lld, n_vocab], found %s",
-                    path, (long long)hp.n_embd, ne_str(emb->ne).c_str());
-    hp.n_vocab = emb->ne[1];
-    if (hp.n_vocab > INT32_MAX)  // token ids are int32 across the API
-        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight has %lld rows: more tokens than int32 ids",
-                    path, (long long)hp.n_vocab);
+void plan_tensor_table(const Hparams &hp, const std::vector<bool> &attn, bool tied, ModelPlan *plan) {
+    plan->hp = hp;
     plan->layers.assign(size_t(hp.n_layer), LayerWeights());
-
+    plan->tied = tied;
+    plan->arena_floats = 0;
+    plan->tensor_bytes = 0;
     const int64_t d = hp.n_embd, D = hp.head_dim;
     std::vector<PlannedTensor> &ex = plan->tensors;
     ex.clear();
@@ -146,8 +135,7 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
     };
     top("token_embd.weight", {d, hp.n_vocab}, TensorKind::Matrix, TensorSlot::TokEmbd);
     top("output_norm.weight", {d}, TensorKind::Vector, TensorSlot::OutputNorm);
-    plan->tied = f.tensor("output.weight") == nullptr;
-    if (!plan->tied) top("output.weight", {d, hp.n_vocab}, TensorKind::Matrix, TensorSlot::Output);
+    if (!tied) top("output.weight", {d, hp.n_vocab}, TensorKind::Matrix, TensorSlot::Output);
     int32_t n_attn = 0;
     for (int64_t il = 0; il < hp.n_layer; il++) {
         LayerWeights &L = plan->layers[size_t(il)];
@@ -159,21 +147,6 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
             in_layer(il, n, {k, rows}, TensorKind::Matrix, dst, nullptr);
         };
         L.attn = attn[size_t(il)];
-        // The tensor set must match the schedule (spec.md §3.3 warning): fail loudly otherwise.
-        if (hp.arch == PF_ARCH_QWEN35) {
-            const bool has_q = f.tensor(b + "attn_q.weight") != nullptr;
-            const bool has_qkv = f.tensor(b + "attn_qkv.weight") != nullptr;
-            if (L.attn && !has_q)
-                return fail(PF_STATUS_IO_ERROR,
-                            "%s: layer %lld should be an attention layer (full_attention_interval=%lld) "
-                            "but tensor %sattn_q.weight is missing%s", path, (long long)il,
-                            (long long)hp.interval, b.c_str(), has_qkv ? " (it has attn_qkv: a GDN layer)" : "");
-            if (!L.attn && !has_qkv)
-                return fail(PF_STATUS_IO_ERROR,
-                            "%s: layer %lld should be a Gated DeltaNet layer (full_attention_interval=%lld) "
-                            "but tensor %sattn_qkv.weight is missing%s", path, (long long)il,
-                            (long long)hp.interval, b.c_str(), has_q ? " (it has attn_q: an attention layer)" : "");
-        }
         vec(b + "attn_norm.weight", d, &LayerWeights::attn_norm);
         vec(b + (hp.arch == PF_ARCH_QWEN35 ? "post_attention_norm.weight" : "ffn_norm.weight"), d,
             &LayerWeights::post_norm);
@@ -202,10 +175,43 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
         }
     }
     plan->n_attn_layers = n_attn;
+}
+
+pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
+    const char *path = f.path().c_str();
+    Hparams hp;
+    PF_TRY(read_hparams(f, &hp));
+    const std::vector<bool> attn = schedule(f, hp);
+
+    const GgufTensor *emb = f.tensor("token_embd.weight");
+    if (!emb) return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight is missing", path);
+    if (emb->ne.size() != 2 || emb->ne[0] != hp.n_embd)
+        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight: expected ne [%lld, n_vocab], found %s",
+                    path, (long long)hp.n_embd, ne_str(emb->ne).c_str());
+    hp.n_vocab = emb->ne[1];
+    if (hp.n_vocab > INT32_MAX)  // token ids are int32 across the API
+        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight has %lld rows: more tokens than int32 ids",
+                    path, (long long)hp.n_vocab);
+    // The tensor set must match the schedule (spec.md §3.3 warning): fail loudly otherwise.
+    for (int64_t il = 0; hp.arch == PF_ARCH_QWEN35 && il < hp.n_layer; il++) {
+        const std::string b = "blk." + std::to_string(il) + ".";
+        const bool has_q = f.tensor(b + "attn_q.weight") != nullptr;
+        const bool has_qkv = f.tensor(b + "attn_qkv.weight") != nullptr;
+        if (attn[size_t(il)] && !has_q)
+            return fail(PF_STATUS_IO_ERROR,
+                        "%s: layer %lld should be an attention layer (full_attention_interval=%lld) "
+                        "but tensor %sattn_q.weight is missing%s", path, (long long)il,
+                        (long long)hp.interval, b.c_str(), has_qkv ? " (it has attn_qkv: a GDN layer)" : "");
+        if (!attn[size_t(il)] && !has_qkv)
+            return fail(PF_STATUS_IO_ERROR,
+                        "%s: layer %lld should be a Gated DeltaNet layer (full_attention_interval=%lld) "
+                        "but tensor %sattn_qkv.weight is missing%s", path, (long long)il,
+                        (long long)hp.interval, b.c_str(), has_q ? " (it has attn_q: an attention layer)" : "");
+    }
+    plan_tensor_table(hp, attn, f.tensor("output.weight") == nullptr, plan);
+    std::vector<PlannedTensor> &ex = plan->tensors;
 
     // Validate everything before any device work.
-    plan->arena_floats = 0;
-    plan->tensor_bytes = 0;
     for (PlannedTensor &e : ex) {
         const GgufTensor *t = f.tensor(e.name);
         if (!t)

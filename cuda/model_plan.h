@@ -77,6 +77,11 @@ struct ModelPlan {
 // Reads the metadata of an opened file, checks every expected tensor (name, shape, type) and
 // fills *plan. IO_ERROR / UNSUPPORTED naming the fault, as pf_model_load reports them.
 pf_status model_plan(const GgufFile &f, ModelPlan *plan);
+// The expected tensor table of a model with these hyper-parameters (n_vocab set), layer schedule
+// (attn[il]: an attention layer) and output (tied: no output.weight): sets plan->hp, layers,
+// n_attn_layers, tied and tensors, every `t` null and the byte counts 0. model_plan checks a file
+// against it; the shard plan's tests and fuzz target run it on hyper-parameters alone.
+void plan_tensor_table(const Hparams &hp, const std::vector<bool> &attn, bool tied, ModelPlan *plan);
 // The pf_model_info fields every model has (dims, layer counts, tied output); the rest zero.
 void hparam_info(const Hparams &hp, int32_t n_attn_layers, bool tied, pf_model_info *out);
 // What pf_model_inspect reports for a valid plan (no device: f16 fields and times 0).

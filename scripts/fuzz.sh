@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing (libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer, clang, no
 # GPU) of every byte the library parses: the GGUF reader and model validation (fuzz_gguf) and
-# the session-state check and copy plan of a restore (fuzz_state), and the checks and step cutting
-# of a batch plan (fuzz_batch). Sources: tests/fuzz/.
-#   bash scripts/fuzz.sh [SECONDS] [TARGET...]     default 60 s for each of: gguf state batch
+# the session-state check and copy plan of a restore (fuzz_state), the checks and step cutting
+# of a batch plan (fuzz_batch), and the tensor-parallel plan of a model over ranks (fuzz_shard).
+# Sources: tests/fuzz/.
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]     default 60 s for each of: gguf state batch shard
 # Builds the targets under $FUZZ_DIR (default build-fuzz), replays the committed regressions
 # (tests/fuzz/regressions/TARGET), then fuzzes each target for SECONDS from the committed seeds
 # (tests/fuzz/corpus/TARGET, never modified) and the corpus grown by earlier runs
@@ -18,15 +19,17 @@ cd "$(dirname "$0")/.."
 SECS=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} = 0 ] && TARGETS=(gguf state batch)
+[ ${#TARGETS[@]} = 0 ] && TARGETS=(gguf state batch shard)
 FUZZ_DIR=${FUZZ_DIR:-build-fuzz}
 CXX=${FUZZ_CXX:-clang++}
 JOBS=${FUZZ_JOBS:-1}
-HOST_SOURCES=(cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp cuda/error.cpp cuda/session_state.cpp cuda/batch_plan.cpp)
+HOST_SOURCES=(cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp cuda/error.cpp cuda/session_state.cpp cuda/batch_plan.cpp
+              cuda/shard_plan.cpp)
 FLAGS=(-std=c++17 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -Iinclude -Icuda)
-declare -A MAX_LEN=([gguf]=131072 [state]=4096 [batch]=4096)
-declare -A PARSES=([gguf]="cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp" [state]="cuda/session_state.cpp" [batch]="cuda/batch_plan.cpp")
+declare -A MAX_LEN=([gguf]=131072 [state]=4096 [batch]=4096 [shard]=64)
+declare -A PARSES=([gguf]="cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp" [state]="cuda/session_state.cpp"
+                   [batch]="cuda/batch_plan.cpp" [shard]="cuda/shard_plan.cpp")
 
 if ! command -v "$CXX" >/dev/null; then
   echo "fuzz.sh: $CXX not found (libFuzzer needs clang)" >&2

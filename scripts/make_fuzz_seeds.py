@@ -9,6 +9,8 @@ tokenizer arrays; the tensor data cut off, so those seeds are truncated files).
 state/: a saved state of each layout of tests/fuzz/fuzz_state.cpp at a few positions.
 batch/: batches of tests/fuzz/fuzz_batch.cpp's byte encoding (valid ones: ragged lengths,
 snapshot cuts, a decode item; and one per rejection class).
+shard/: models and rank counts in tests/fuzz/fuzz_shard.cpp's byte encoding (splits of both
+archs: tiled GDN heads, replicated KV heads, an uneven FFN, K-quant mixes; and one per refusal).
 
     python scripts/make_fuzz_seeds.py          (deterministic; rewrites the corpus)
 """
@@ -138,6 +140,53 @@ def batch_seeds() -> dict[str, bytes]:
     }
 
 
+# fuzz_shard.cpp's types, by index, and the roles its bytes 16-29 give a type to
+SHARD_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+SHARD_ROLES = ("token_embd", "output", "ffn_gate", "ffn_up", "ffn_down", "attn_q", "attn_k", "attn_v",
+               "attn_output", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out")
+
+
+def shard_seed(*, qwen35=False, tied=False, floats=False, untyped=False, alternate=False, ranks=2,
+               layers=4, attn_bits=0b1000, kv=2, group=2, head_dim=128, embd=256, ff=512, vocab=1024,
+               hk=2, ratio=2, dk=128, kc=4, types=None, drop=0) -> bytes:
+    """One input of fuzz_shard.cpp's decoder (its header comment has the layout). `types` maps
+    roles to type names; the rest are Q8_0."""
+    u16 = lambda v: bytes((v & 255, v >> 8))
+    flags = qwen35 | tied << 1 | floats << 2 | untyped << 3 | alternate << 4
+    out = bytes((flags, ranks + 1, layers - 1, attn_bits, kv - 1, group - 1, head_dim.bit_length() - 5,
+                 embd // 32 - 1))
+    out += u16(ff // 32 - 1) + u16(vocab - 1)
+    out += bytes((hk - 1, ratio - 1, dk.bit_length() - 5, kc - 2))
+    types = types or {}
+    out += bytes(SHARD_TYPES.index(types.get(role, "Q8_0")) for role in SHARD_ROLES)
+    return out + bytes((drop,))
+
+
+def shard_seeds() -> dict[str, bytes]:
+    q4_k_m = {role: "Q4_K" for role in SHARD_ROLES} | {"token_embd": "Q6_K", "output": "Q6_K",
+                                                       "attn_qkv": "Q5_K"}
+    ud = {role: "Q5_K" for role in SHARD_ROLES} | {r: "IQ4_XS" for r in ("ffn_gate", "ffn_up", "ffn_down")} | \
+        {r: "Q6_K" for r in ("token_embd", "output", "attn_v", "attn_qkv")} | \
+        {"ssm_beta": "Q8_0", "ssm_alpha": "Q8_0"}
+    return {
+        "qwen3-f32-2": shard_seed(floats=True, tied=True),
+        "qwen3-q4k-4-replicated-kv": shard_seed(kv=2, group=4, ranks=4, ff=1024, types=q4_k_m, alternate=True),
+        "qwen35-tiled-q8-4": shard_seed(qwen35=True, hk=4, ratio=2, kv=1, group=4, ranks=4, head_dim=256),
+        "qwen35-27b-like-8": shard_seed(qwen35=True, layers=8, attn_bits=0b10001000, hk=16, ratio=3, kv=4,
+                                        group=6, ranks=8, head_dim=256, embd=512, ff=4352, vocab=4096,
+                                        types=q4_k_m, alternate=True),
+        "one-rank-mixed": shard_seed(qwen35=True, ranks=1, hk=3, ratio=3, types=ud, kc=3, dk=64),
+        "reject-ssm-out-block-cut": shard_seed(qwen35=True, hk=2, ratio=1, kv=1, group=2, head_dim=256,
+                                               types=ud),
+        "reject-heads-3": shard_seed(kv=2, group=4, ranks=3),
+        "reject-kv-3": shard_seed(kv=4, group=3, ranks=3),
+        "reject-gdn-key-heads-3": shard_seed(qwen35=True, hk=16, ratio=1, kv=3, group=4, ranks=3),
+        "reject-ranks-0": shard_seed(ranks=0),
+        "reject-ranks-9": shard_seed(ranks=9),
+        "reject-untyped": shard_seed(untyped=True, drop=7),
+    }
+
+
 def main() -> None:
     rng = np.random.default_rng(2026)
     g = CORPUS / "gguf"
@@ -173,8 +222,14 @@ def main() -> None:
         f.unlink()
     for name, data in batch_seeds().items():
         (bd / name).write_bytes(data)
-    total = sum(f.stat().st_size for d in (g, s, bd) for f in d.iterdir())
-    print(f"wrote {sum(1 for d in (g, s, bd) for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
+    sd = CORPUS / "shard"
+    sd.mkdir(parents=True, exist_ok=True)
+    for f in sd.iterdir():
+        f.unlink()
+    for name, data in shard_seeds().items():
+        (sd / name).write_bytes(data)
+    total = sum(f.stat().st_size for d in (g, s, bd, sd) for f in d.iterdir())
+    print(f"wrote {sum(1 for d in (g, s, bd, sd) for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
 
 
 if __name__ == "__main__":
