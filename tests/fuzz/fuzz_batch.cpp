@@ -16,22 +16,10 @@
 
 #include "batch_plan.h"
 #include "error.h"
+#define PF_FUZZ_TARGET "fuzz_batch"
+#include "fuzz_common.h"
 
 namespace {
-
-[[noreturn]] void broken(const char *what) {
-    std::fprintf(stderr, "fuzz_batch: contract violated: %s (last error: %s)\n", what, pf_last_error());
-    std::abort();
-}
-
-// Reads the input as a little stream of bytes (zeros past its end).
-struct Reader {
-    const uint8_t *p;
-    size_t n, at = 0;
-    uint8_t u8() { return at < n ? p[at++] : 0; }
-    uint16_t u16() { return uint16_t(u8() | (u8() << 8)); }
-    bool more() const { return at < n; }
-};
 
 int dummy_sessions[8], dummy_models[2];  // identities the items point at
 

@@ -9,15 +9,12 @@
 #include <cstring>
 
 #include "error.h"
+#define PF_FUZZ_TARGET "fuzz_gguf"
+#include "fuzz_common.h"
 #include "gguf.h"
 #include "model_plan.h"
 
 namespace {
-
-[[noreturn]] void broken(const char *what) {
-    std::fprintf(stderr, "fuzz_gguf: contract violated: %s (last error: %s)\n", what, pf_last_error());
-    std::abort();
-}
 
 void check_failure(pf_status s) {
     if (s != PF_STATUS_IO_ERROR && s != PF_STATUS_UNSUPPORTED) broken(pf_status_name(s));

@@ -30,23 +30,13 @@
 #include <vector>
 
 #include "error.h"
+#define PF_FUZZ_TARGET "fuzz_shard"
+#include "fuzz_common.h"
 #include "model_plan.h"
 #include "qtype.h"
 #include "shard_plan.h"
 
 namespace {
-
-[[noreturn]] void broken(const char *what) {
-    std::fprintf(stderr, "fuzz_shard: contract violated: %s (last error: %s)\n", what, pf_last_error());
-    std::abort();
-}
-
-struct Reader {
-    const uint8_t *p;
-    size_t n, at = 0;
-    uint8_t u8() { return at < n ? p[at++] : 0; }
-    uint16_t u16() { return uint16_t(u8() | (u8() << 8)); }
-};
 
 const int32_t kTypes[9] = {PF_QTYPE_F32,  PF_QTYPE_F16,  PF_QTYPE_BF16, PF_QTYPE_Q4_0,  PF_QTYPE_Q8_0,
                            PF_QTYPE_Q4_K, PF_QTYPE_Q5_K, PF_QTYPE_Q6_K, PF_QTYPE_IQ4_XS};

@@ -13,14 +13,11 @@
 #include <vector>
 
 #include "error.h"
+#define PF_FUZZ_TARGET "fuzz_state"
+#include "fuzz_common.h"
 #include "session_state.h"
 
 namespace {
-
-[[noreturn]] void broken(const char *what) {
-    std::fprintf(stderr, "fuzz_state: contract violated: %s (last error: %s)\n", what, pf_last_error());
-    std::abort();
-}
 
 // Small stand-ins for the tiny test models: (fingerprint, kv dtype, capacity, attention
 // layers, GDN layers, kv_dim, conv floats, ssm floats, vocabulary). Seeds are states of these.
