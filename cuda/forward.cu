@@ -578,7 +578,6 @@ pf_status varlen_tables(Executor *e, const std::vector<StepItem> &items) {
         }
     std::vector<int64_t> &t = e->tab_host;
     t.clear();
-    const int64_t G = e->n_gdn;
     vs.max_rows = 0;
     std::vector<const StepItem *> ch, sq;
     for (const StepItem &it : items) {
@@ -616,7 +615,6 @@ pf_status varlen_tables(Executor *e, const std::vector<StepItem> &items) {
     group(vs.sequential, sq, false, false);
     PF_CHECK_ARG(int64_t(t.size()) <= e->L.tab, "executor: varlen tables of %zu slots exceed the %lld laid out",
                  t.size(), (long long)e->L.tab);
-    (void)G;
     if (t != e->tab_dev_copy) {
         PF_CUDA_TRY(cudaMemcpyAsync(e->tab, t.data(), t.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
                                     e->ctx->stream));
