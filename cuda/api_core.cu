@@ -24,6 +24,10 @@ pf_status context_teardown(pf_context *ctx) {
     if (ctx->blas_tc) cublasDestroy(ctx->blas_tc);
     if (ctx->blas_f32) cublasDestroy(ctx->blas_f32);
     pf::device_free(ctx, ctx->workspace, ctx->workspace_bytes);
+    if (ctx->seq_pool) {
+        if (ctx->stream) (void)cudaStreamSynchronize(ctx->stream);
+        (void)cudaMemPoolDestroy(ctx->seq_pool);
+    }
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     return PF_STATUS_OK;
 }
@@ -31,6 +35,7 @@ pf_status context_teardown(pf_context *ctx) {
 pf_status context_init(pf_context *ctx, const pf_context_options &o) {
     ctx->device = o.device;
     ctx->flags = o.flags;
+    ctx->budget = o.memory_budget_bytes;
     ctx->workspace_bytes = o.workspace_bytes ? o.workspace_bytes : kDefaultWorkspaceBytes;
     PF_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     PF_TRY(pf::device_alloc(ctx, ctx->workspace_bytes, &ctx->workspace, "cuBLAS workspace"));
@@ -153,12 +158,21 @@ extern "C" PF_API pf_status pf_context_create(pf_context **out, const pf_context
     });
 }
 
-extern "C" PF_API void pf_context_destroy(pf_context *ctx) {
-    if (!ctx) return;
-    pf::DeviceGuard dg(ctx->device);
+namespace pf {
+void context_retain(pf_context *ctx) { ctx->refs.fetch_add(1, std::memory_order_relaxed); }
+
+void context_release(pf_context *ctx) {
+    if (ctx->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    DeviceGuard dg(ctx->device);
     (void)cudaStreamSynchronize(ctx->stream);
     context_teardown(ctx);
     delete ctx;
+}
+}  // namespace pf
+
+extern "C" PF_API void pf_context_destroy(pf_context *ctx) {
+    if (!ctx) return;
+    pf::context_release(ctx);  // the user's reference: the children still alive keep the rest
 }
 
 extern "C" PF_API pf_status pf_context_set_tuning(pf_context *ctx, const pf_tuning *tuning) {
@@ -197,7 +211,7 @@ extern "C" PF_API pf_status pf_context_memory(pf_context *ctx, size_t *free_byte
         PF_CHECK_ARG(free_bytes && total_bytes, "pf_context_memory: free_bytes/total_bytes is NULL");
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        PF_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+        PF_TRY(pf::device_free_bytes(ctx, free_bytes, total_bytes));
         return PF_STATUS_OK;
     });
 }
@@ -229,6 +243,7 @@ extern "C" PF_API pf_status pf_buffer_create(pf_buffer **out, pf_context *ctx, s
             pf::device_free(ctx, p, bytes);
             return pf::fail(PF_STATUS_OUT_OF_MEMORY, "pf_buffer_create: host allocation failed");
         }
+        b->ref.reset(ctx);
         b->ctx = ctx;
         b->ptr = p;
         b->bytes = bytes;
@@ -357,6 +372,7 @@ extern "C" PF_API pf_status pf_weight_create(pf_weight **out, pf_context *ctx, i
             pf::device_free(ctx, p, bytes);
             return pf::fail(PF_STATUS_OUT_OF_MEMORY, "pf_weight_create: host allocation failed");
         }
+        w->ref.reset(ctx);
         w->ctx = ctx;
         w->qtype = qtype;
         w->n = n;

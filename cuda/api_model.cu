@@ -41,8 +41,13 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     std::memset(&rep, 0, sizeof rep);
     rep.struct_size = sizeof rep;
     const pf_tuning t = tuning_over(m->tuning, m->ctx->tuning);
+    PrewarmPlan plan = prewarm_plan(t);
+    plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
+    for (pf_weight *w : m->weights) w->f16_stream = false;
     PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, switch_on(t.fuse_groups, true)),
-                              headroom ? headroom : kDefaultPrewarmHeadroom, prewarm_plan(t), &rep));
+                              headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));
+    if (rep.partial)  // the matrices left uncached stream on the f16 leg, AUTO included
+        for (pf_weight *w : m->weights) w->f16_stream = w->f16 == nullptr;
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     m->prewarm_report = rep;
     *armed = rep.armed;
@@ -277,7 +282,7 @@ extern "C" PF_API pf_status pf_session_fork(pf_session **out, const pf_session *
         pf::DeviceGuard dg(src->ctx->device);
         PF_TRY(dg.status());
         pf_session *s = nullptr;
-        PF_TRY(pf::session_create(src->model, src->opts, &s));
+        PF_TRY(pf::session_create(src->model, src->opts, &s, src));
         const pf_status st = pf::session_copy(s, src);
         if (st != PF_STATUS_OK) {
             pf::session_destroy(s);

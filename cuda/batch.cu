@@ -130,6 +130,7 @@ constexpr int32_t kDefaultMaxContext = 4096;
 pf_status batch_create(pf_model *m, const pf_batch_options &o, pf_batch **out) {
     std::unique_ptr<pf_batch> b(new pf_batch());
     b->model = m;
+    b->ref.reset(m->ctx);
     b->ctx = m->ctx;
     b->opts = o;
     const int32_t step = o.step_tokens ? o.step_tokens : kDefaultStepTokens;

@@ -42,6 +42,7 @@ pf_status run_execute(Executor *e, RunPlan &plan);
 }  // namespace pf
 
 struct pf_batch {
+    pf::CtxRef ref;                       // first: the last member to go
     pf_model *model = nullptr;
     pf_context *ctx = nullptr;
     pf_batch_options opts{};

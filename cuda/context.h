@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -51,6 +52,10 @@ class DeviceGuard {
 }  // namespace pf
 
 struct pf_context {
+    // The user's handle (pf_context_destroy) and each live child (buffer, weight, model, session,
+    // batch: pf::CtxRef) hold a reference; the context goes with the last one, so that a child
+    // destroyed after pf_context_destroy still finds its stream and pool.
+    std::atomic<int32_t> refs{1};
     int32_t device = 0;
     uint32_t flags = 0;                 // pf_context_options.flags (PF_CONTEXT_POISON)
     cudaStream_t stream = nullptr;
@@ -60,6 +65,13 @@ struct pf_context {
     void *workspace = nullptr;  // cuBLAS workspace, shared by the three handles (one stream)
     size_t workspace_bytes = 0;
     size_t allocated = 0;       // device bytes held by this context (buffers, weights, scratch)
+    size_t budget = 0;          // pf_context_options.memory_budget_bytes (0: none)
+    // Sequences' state (session KV rows, conv windows, recurrent states, snapshots) comes from
+    // this stream-ordered pool, which keeps what destroyed sessions freed (no release threshold),
+    // so that a fork or a new session of a size seen before costs no cudaMalloc. Created at the
+    // first sequence; trimmed when a cudaMalloc runs out of memory and before a free-memory query
+    // decides a size (device_free_bytes).
+    cudaMemPool_t seq_pool = nullptr;
     pf::Scratch scratch_f32;    // f32 leg: dequantized weight (kernel-level calls)
     pf::Scratch scratch_f16_w;  // f16 streaming leg: dequantized weight (kernel-level calls)
     pf::Scratch scratch_f16_x;  // f16 leg: activations rounded to fp16 (kernel-level calls)
@@ -71,13 +83,37 @@ struct pf_context {
     pf_tuning tuning{};
 };
 
+namespace pf {
+// Takes a reference to a context (pf_context::refs); drops it when destroyed.
+void context_retain(pf_context *ctx);
+void context_release(pf_context *ctx);
+class CtxRef {
+  public:
+    CtxRef() = default;
+    CtxRef(const CtxRef &) = delete;
+    CtxRef &operator=(const CtxRef &) = delete;
+    ~CtxRef() { reset(nullptr); }
+    void reset(pf_context *ctx) {
+        if (ctx) context_retain(ctx);
+        if (c_) context_release(c_);
+        c_ = ctx;
+    }
+
+  private:
+    pf_context *c_ = nullptr;
+};
+}  // namespace pf
+
+// Each child below declares its CtxRef first: members go in reverse order, so it is the last.
 struct pf_buffer {
+    pf::CtxRef ref;
     pf_context *ctx = nullptr;
     void *ptr = nullptr;
     size_t bytes = 0;
 };
 
 struct pf_weight {
+    pf::CtxRef ref;
     pf_context *ctx = nullptr;
     int32_t qtype = 0;
     int64_t n = 0, k = 0;
@@ -91,6 +127,9 @@ struct pf_weight {
     // when uncached.
     pf::F16Arena *f16_arena = nullptr;
     const pf_weight *f16_block = nullptr;
+    // A model's partial prewarm left this matrix uncached: PF_GEMM_AUTO runs it on the f16 leg by
+    // streaming (a per-call dequantized copy), as it runs the cached ones, not on the f32 leg.
+    bool f16_stream = false;
 };
 
 namespace pf {
@@ -99,6 +138,15 @@ namespace pf {
 // the new bytes are set to 0xFF (NaN as fp16 and fp32) on ctx's stream before any use.
 pf_status device_alloc(pf_context *ctx, size_t bytes, void **out, const char *what);
 void device_free(pf_context *ctx, void *ptr, size_t bytes);
+// The same from the context's sequence pool (seq_pool), in the order of ctx's stream; the bytes
+// freed stay in the pool for the next sequence.
+pf_status device_alloc_pooled(pf_context *ctx, size_t bytes, void **out, const char *what);
+void device_free_pooled(pf_context *ctx, void *ptr, size_t bytes);
+// Gives the pool's unused bytes back to the device (after ctx's stream drains).
+void seq_pool_trim(pf_context *ctx);
+// cudaMemGetInfo's free bytes plus the sequence pool's unused ones (device_alloc trims the pool
+// when it needs them).
+pf_status device_free_bytes(const pf_context *ctx, size_t *free_b, size_t *total_b);
 // Ensures scratch `s` holds at least `bytes` (reallocating, contents lost).
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what);
 void scratch_release(pf_context *ctx, Scratch &s);

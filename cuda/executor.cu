@@ -165,9 +165,9 @@ ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int
     return L;
 }
 
-pf_status auto_chunk(const Hparams &hp, int32_t cap, size_t state_bytes, int32_t *out) {
+pf_status auto_chunk(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, int32_t *out) {
     size_t free_b = 0, total_b = 0;
-    PF_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    PF_TRY(device_free_bytes(ctx, &free_b, &total_b));
     const size_t avail = free_b > state_bytes ? free_b - state_bytes : 0;
     int32_t c = std::min(kAutoChunk, cap);
     while (c > kMinAutoChunk && chunk_layout(hp, c, 1, 0).row_bytes > avail / kAutoChunkShare) c /= 2;

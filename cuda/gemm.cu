@@ -227,7 +227,7 @@ size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * size
 pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
     if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
     switch (leg) {
-        case PF_GEMM_AUTO: *out = w->f16 ? PF_GEMM_F16 : PF_GEMM_F32; return PF_STATUS_OK;
+        case PF_GEMM_AUTO: *out = w->f16 || w->f16_stream ? PF_GEMM_F16 : PF_GEMM_F32; return PF_STATUS_OK;
         case PF_GEMM_F32: *out = PF_GEMM_F32; return PF_STATUS_OK;
         case PF_GEMM_F16: *out = PF_GEMM_F16; return PF_STATUS_OK;
         case PF_GEMM_INT8:
@@ -427,7 +427,9 @@ bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weig
         next += w->n * w->k;
         n += w->n;
     }
-    *view = pf_weight{};
+    // A view: no reference of its own to the context (view->ref stays empty).
+    view->f16_arena = nullptr;
+    view->f16_block = nullptr;
     view->ctx = first->ctx;
     view->qtype = PF_QTYPE_F16;
     view->n = n;
@@ -548,13 +550,34 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
     rep.bytes_needed = need;
 
     size_t free_b = 0, total_b = 0;
-    PF_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    PF_TRY(device_free_bytes(ctx, &free_b, &total_b));
     rep.free_bytes = free_b;
     if (need > free_b || headroom_bytes > free_b - need) {
         std::snprintf(rep.reason, sizeof rep.reason,
                       "does not fit: %zu bytes to cache + %zu headroom > %zu free", need,
                       headroom_bytes, free_b);
-        return finish(PF_STATUS_OK);
+        if (!plan.partial || free_b <= headroom_bytes) return finish(PF_STATUS_OK);
+        // Partial: whole units (a fused group stays whole), largest first, while they fit. Every
+        // uncached byte costs the same to stream, so the order only sets how many launches
+        // stream (fewer, larger GEMMs from the cache).
+        const size_t room = free_b - headroom_bytes;
+        std::vector<size_t> order(units.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return units[a].bytes > units[b].bytes; });
+        std::vector<bool> take(units.size(), false);
+        size_t fit = 0;
+        for (size_t i : order)
+            if (fit + units[i].bytes <= room) {
+                take[i] = true;
+                fit += units[i].bytes;
+            }
+        std::vector<F16Unit> kept;
+        for (size_t i = 0; i < units.size(); ++i)
+            if (take[i]) kept.push_back(units[i]);
+        units.swap(kept);
+        need = fit;
+        rep.partial = 1;
+        if (units.empty()) return finish(PF_STATUS_OK);
     }
 
     size_t read = 0;  // GGUF bytes the dequantization reads
@@ -584,9 +607,16 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
     rep.device_ms = events.elapsed_ms();
     rep.bytes_read = read;
     rep.bytes_added = need;
-    rep.armed = 1;
     rep.weights_added = weights_added;
-    rep.weights_cached = rep.weights_total;
+    rep.weights_cached += weights_added;
+    rep.armed = rep.weights_cached == rep.weights_total;
+    if (rep.armed) {
+        rep.reason[0] = '\0';
+    } else {
+        std::snprintf(rep.reason, sizeof rep.reason,
+                      "partial: %d of %d weights cached (%zu bytes); the rest stream on the f16 leg "
+                      "(%zu headroom, %zu free)", rep.weights_cached, rep.weights_total, need, headroom_bytes, free_b);
+    }
     return finish(PF_STATUS_OK);
 }
 

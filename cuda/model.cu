@@ -44,6 +44,7 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
     const Hparams &hp = plan.hp;
 
     std::unique_ptr<pf_model> m(new pf_model());
+    m->ref.reset(ctx);
     m->ctx = ctx;
     m->path = path;
     m->hp = hp;
@@ -109,7 +110,7 @@ pf_status model_load(pf_context *ctx, const char *path, const pf_model_options &
             cleanup();
             return s;
         }
-        (void)armed;  // not armed = the model keeps the f32 leg; the info struct reports it
+        (void)armed;  // not armed: partly cached (the rest streams) or not at all; the report says
     }
     *out = m.release();
     return PF_STATUS_OK;

@@ -12,6 +12,7 @@
 #include "prefill.h"
 
 struct pf_model {
+    pf::CtxRef ref;                       // first: the last member to go
     pf_context *ctx = nullptr;
     std::string path;
     pf::Hparams hp;

@@ -87,6 +87,7 @@ int32_t gdn_scan_choose(int32_t path, int32_t tuned, bool exact, int64_t rows, i
 struct PrewarmPlan {
     size_t first_piece_bytes = size_t(256) << 20;
     int fail_piece = -1;
+    bool partial = false;  // a set that does not fit: cache what fits (a model's prewarm)
 };
 PrewarmPlan prewarm_plan(const pf_tuning &t);
 

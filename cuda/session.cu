@@ -32,12 +32,15 @@ size_t sequence_bytes(const pf_model *m, int32_t max_tokens, int32_t kv_dtype) {
 }
 
 void sequence_free(pf_context *ctx, Sequence &q) {
-    for (auto &a : q.allocs) device_free(ctx, a.first, a.second);
-    q.allocs.clear();
+    device_free_pooled(ctx, q.mem, q.mem_bytes);
+    q.mem = nullptr;
+    q.mem_bytes = 0;
 }
 
 // The state of one sequence of `max_tokens` positions: KV caches per attention layer, conv
-// window and recurrent state per GDN layer. On failure nothing stays allocated.
+// window and recurrent state per GDN layer, the snapshot slots; one allocation from the
+// context's sequence pool (so that a new session or fork of a size seen before takes no
+// cudaMalloc). On failure nothing stays allocated.
 pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype, int32_t snap_slots, Sequence *q) {
     const Hparams &hp = m->hp;
     pf_context *ctx = m->ctx;
@@ -50,34 +53,36 @@ pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype
     q->v_cache.assign(size_t(m->n_attn_layers), nullptr);
     q->conv.assign(size_t(hp.n_layer), nullptr);
     q->ssm.assign(size_t(hp.n_layer), nullptr);
-    pf_status st = PF_STATUS_OK;
-    auto A = [&](size_t bytes, void **p, const char *what) {
-        if (st != PF_STATUS_OK) return;
-        st = device_alloc(ctx, bytes, p, what);
-        if (st == PF_STATUS_OK) q->allocs.emplace_back(*p, bytes);
-    };
-    const size_t kv_bytes = size_t(max_tokens) * size_t(hp.kv_dim()) * kv_elem(kv_dtype);
-    for (int32_t i = 0; i < m->n_attn_layers; i++) {
-        A(kv_bytes, &q->k_cache[size_t(i)], "KV cache K");
-        A(kv_bytes, &q->v_cache[size_t(i)], "KV cache V");
-    }
-    for (int64_t il = 0; il < hp.n_layer; il++) {
-        if (m->layers[size_t(il)].attn) continue;
-        void *c = nullptr, *s = nullptr;
-        A(size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, &c, "conv window");
-        A(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4, &s, "recurrent state");
-        q->conv[size_t(il)] = static_cast<float *>(c);
-        q->ssm[size_t(il)] = static_cast<float *>(s);
-    }
     q->snap_bytes = snapshot_bytes(m);
     q->snap_slots = q->snap_bytes ? snap_slots : 0;
-    if (q->snap_slots) {
-        void *mem = nullptr;
-        A(q->snap_bytes * size_t(q->snap_slots), &mem, "session snapshots");
-        q->snap_mem = static_cast<char *>(mem);
-    }
-    if (st != PF_STATUS_OK) sequence_free(ctx, *q);
-    return st;
+    // Two passes over the same walk: the offsets (base nullptr), then the pointers.
+    auto carve = [&](char *base) {
+        size_t at = 0;
+        auto take = [&](size_t bytes) {
+            char *p = base ? base + at : nullptr;
+            at += (bytes + 255) & ~size_t(255);
+            return p;
+        };
+        const size_t kv_bytes = size_t(max_tokens) * size_t(hp.kv_dim()) * kv_elem(kv_dtype);
+        for (int32_t i = 0; i < m->n_attn_layers; i++) {
+            q->k_cache[size_t(i)] = take(kv_bytes);
+            q->v_cache[size_t(i)] = take(kv_bytes);
+        }
+        for (int64_t il = 0; il < hp.n_layer; il++) {
+            if (m->layers[size_t(il)].attn) continue;
+            q->conv[size_t(il)] = reinterpret_cast<float *>(take(size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4));
+            q->ssm[size_t(il)] = reinterpret_cast<float *>(take(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4));
+        }
+        q->snap_mem = q->snap_slots ? take(q->snap_bytes * size_t(q->snap_slots)) : nullptr;
+        return at;
+    };
+    const size_t bytes = carve(nullptr);
+    void *mem = nullptr;
+    PF_TRY(device_alloc_pooled(ctx, bytes, &mem, "session state (KV caches, recurrent states, snapshots)"));
+    q->mem = mem;
+    q->mem_bytes = bytes;
+    carve(static_cast<char *>(mem));
+    return PF_STATUS_OK;
 }
 
 // Each GDN layer's (conv window, recurrent state): the spans a snapshot keeps, in layer order.
@@ -166,36 +171,39 @@ pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t st) {
 
 // ---------------------------------------------------------------------------- lifecycle
 
-pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out) {
+pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out, const pf_session *like) {
     const Hparams &hp = m->hp;
     std::unique_ptr<pf_session> s(new pf_session());
     s->model = m;
+    s->ref.reset(m->ctx);
     s->ctx = m->ctx;
     s->opts = o;
     const int32_t max_tokens = o.max_tokens ? o.max_tokens : kDefaultMaxTokens;
     // The execution plan: the session's tuning over its model's over its context's, the options,
     // the device and the environment, resolved once.
     const pf_tuning t = tuning_over(o.tuning, tuning_over(m->tuning, m->ctx->tuning));
-    s->plan = exec_plan(o.gemm_leg ? o.gemm_leg : m->gemm_leg, t, o.attn_path, o.kv_dtype, o.cuda_graphs == 1);
-    if (log_enabled(kLogPlan)) {
+    s->plan = like ? like->plan : exec_plan(o.gemm_leg ? o.gemm_leg : m->gemm_leg, t, o.attn_path, o.kv_dtype, o.cuda_graphs == 1);
+    if (log_enabled(kLogPlan) && !like) {
         char buf[512];
         exec_plan_describe(s->plan, buf, sizeof buf);
         std::fprintf(stderr, "libprefill: session plan: %s\n", buf);
     }
     int32_t chunk = 0;
     if (o.chunk_tokens) chunk = std::min(o.chunk_tokens, max_tokens);
-    else if (o.own_executor) PF_TRY(auto_chunk(hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), &chunk));
+    else if (o.own_executor && !(like && like->exec)) PF_TRY(auto_chunk(m->ctx, hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), &chunk));
     PF_TRY(sequence_alloc(m, max_tokens, o.kv_dtype, o.snapshot_slots, &s->seq));
     s->seq.snap_every = o.snapshot_every;
     s->seq.snap_at_end = o.snapshot_at_end == 1;
     pf_status st = PF_STATUS_OK;
-    if (o.own_executor) {
+    if (like && like->exec) {
+        s->exec = like->exec;
+    } else if (o.own_executor) {
         // One sequence, one item per step: a call's ids (at most max_tokens) back to back.
         Executor *e = nullptr;
         st = executor_create(m, s->plan, chunk, max_tokens, 1, max_tokens, &e);
         s->exec.reset(e);
     }
-    if (st == PF_STATUS_OK) st = session_reset(s.get());
+    if (st == PF_STATUS_OK && !like) st = session_reset(s.get());
     if (st != PF_STATUS_OK) {
         session_destroy(s.release());
         return st;

@@ -32,7 +32,8 @@ struct Sequence {
     bool broken = false;                  // a device fault mid-step: state unknown until reset
     std::vector<void *> k_cache, v_cache; // per attention layer [max_tokens][kv_dim]
     std::vector<float *> conv, ssm;       // per layer (GDN layers only; nullptr otherwise)
-    std::vector<std::pair<void *, size_t>> allocs;
+    void *mem = nullptr;                  // the one allocation all of the above lie in (the
+    size_t mem_bytes = 0;                 // context's sequence pool)
     // Snapshots (pf_session_options.snapshot_*): every snap_every positions (0: never), at the
     // end of a call, in snap_slots slots of snap_bytes (one allocation), oldest first.
     int64_t snap_every = 0;
@@ -54,16 +55,22 @@ pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t stream)
 }  // namespace pf
 
 struct pf_session {
+    pf::CtxRef ref;                       // first: the last member to go
     pf_model *model = nullptr;
     pf_context *ctx = nullptr;
     pf_session_options opts{};            // as created (pf_session_fork makes another)
     pf::Sequence seq;
     pf::ExecPlan plan;                    // resolved at creation from the options (plan.h)
-    std::unique_ptr<pf::Executor> exec;   // pf_session_prefill's executor (owned; none with own_executor 0)
+    // pf_session_prefill's executor (none with own_executor 0); a fork shares its source's, as
+    // both run on the context's one stream and a step graph is keyed by its sequence.
+    std::shared_ptr<pf::Executor> exec;
 };
 
 namespace pf {
-pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out);
+// A new session of m with options o; `like` (optional, a session of m made with the same options):
+// share its executor instead of making one, and leave the state unzeroed (the caller copies
+// into it: pf_session_fork).
+pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **out, const pf_session *like = nullptr);
 void session_destroy(pf_session *s);
 pf_status session_prefill(pf_session *s, const int32_t *tokens, int32_t n, int32_t mode,
                           float *logits, size_t logits_len, int32_t *out_token);

@@ -66,7 +66,8 @@
  * delta rule over many sequences in one call (pf_gdn_scan_varlen_args with its _init,
  * pf_gdn_scan_varlen_plan, pf_gdn_scan_varlen); and the many-sequence API: batches
  * (pf_batch_*), pf_session_copy / _fork, snapshots and pf_session_rollback, with
- * pf_session_options.own_executor and snapshot_* at its end.
+ * pf_session_options.own_executor and snapshot_* at its end; pf_context_options.memory_budget_bytes
+ * and pf_prewarm_report.partial at their ends.
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -148,6 +149,12 @@ typedef struct pf_context_options {
     int32_t device;         /* CUDA ordinal. default 0 */
     uint32_t flags;         /* pf_context_flag values, or-ed; other bits INVALID_ARGUMENT. default 0 */
     size_t workspace_bytes; /* cuBLAS workspace. 0 = library default (32 MiB) */
+    size_t memory_budget_bytes; /* the most device bytes the context's allocations may hold, to run
+                                   as a smaller card would (a 24 GiB card on an H200): an
+                                   allocation past it is OUT_OF_MEMORY, and the free memory the
+                                   library plans with (prewarm, auto chunk, pf_context_memory) is
+                                   at most budget - held. The CUDA context's own memory is not
+                                   counted. default 0 = no budget: the device's memory */
 } pf_context_options;
 
 PF_API pf_status pf_context_options_init(pf_context_options *opts, size_t struct_size);
@@ -225,11 +232,17 @@ PF_API pf_status pf_context_set_tuning(pf_context *ctx, const pf_tuning *tuning)
 PF_API pf_status pf_context_get_tuning(const pf_context *ctx, pf_tuning *out);
 /* opts NULL = defaults. NO_DEVICE when there is no usable device of that ordinal. */
 PF_API pf_status pf_context_create(pf_context **out, const pf_context_options *opts);
+/* Drops the caller's handle. The models, sessions, batches, buffers and weights made on ctx may
+ * be destroyed before or after it (each holds the context): the stream, handles and device memory
+ * go with the last of them. */
 PF_API void pf_context_destroy(pf_context *ctx);
 PF_API pf_status pf_context_synchronize(pf_context *ctx); /* waits for the context's stream */
-/* Free and total bytes of the context's device, as the driver reports them now. */
+/* Free and total bytes of the context's device, as the driver reports them now, plus the bytes
+ * that destroyed sessions gave back to the context's session pool (kept there so that the next
+ * session or fork takes no cudaMalloc; any allocation of the library that runs short takes them
+ * back first, and pf_context_destroy releases them). */
 PF_API pf_status pf_context_memory(pf_context *ctx, size_t *free_bytes, size_t *total_bytes);
-/* Bytes this context holds on the device: buffers, weights, caches, scratch. */
+/* Bytes this context holds on the device: buffers, weights, caches, scratch, live sessions. */
 PF_API pf_status pf_context_allocated(pf_context *ctx, size_t *out_bytes);
 
 /* ---------------------------------------------------------------- device buffers */
@@ -474,6 +487,11 @@ typedef struct pf_prewarm_report {
                                 later piece's allocation; not the first allocation. 0 when
                                 nothing was dequantized */
     size_t bytes_read;       /* GGUF bytes read by the dequantization (bytes_added were written) */
+    int32_t partial;         /* 1: a model's prewarm that did not fit whole cached what fitted
+                                (whole fused groups, largest first: weights_cached of
+                                weights_total, bytes_added bytes); the model's other matrices
+                                run the f16 leg by streaming (dequantized per call into the
+                                session's scratch), also under PF_GEMM_AUTO. 0 otherwise */
 } pf_prewarm_report;
 
 PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size);
@@ -728,7 +746,10 @@ typedef void (*pf_progress_fn)(void *user, const char *stage, int64_t done, int6
 typedef struct pf_model_options {
     size_t struct_size;            /* set by pf_model_options_init; do not change */
     int32_t gemm_leg;              /* PF_GEMM_* of sessions that do not choose. default 0 = process default */
-    int32_t prewarm;               /* 1: cache every matrix as fp16 at load when the whole set fits. default 1 */
+    int32_t prewarm;               /* 1: cache every matrix as fp16 at load; when the whole set does
+                                      not fit in the free memory (less the headroom), cache what
+                                      fits and stream the rest on the f16 leg (the prewarm report
+                                      says which: partial = 1). default 1 */
     size_t prewarm_headroom_bytes; /* free VRAM left after the prewarm. default 0 = 2 GiB */
     pf_progress_fn progress;       /* NULL = no progress reports. default NULL */
     void *progress_user;           /* passed to progress. default NULL */
@@ -762,7 +783,8 @@ PF_API void pf_model_destroy(pf_model *model);
  * weight_bytes = tensor bytes). The same errors as pf_model_load. */
 PF_API pf_status pf_model_inspect(const char *path, pf_model_info *out);
 PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out);
-/* Caches every matrix as fp16 now (all or nothing); *armed = 1 on success, 0 when it did not fit. */
+/* Caches every matrix as fp16 now; *armed = 1 when all are cached, 0 when the set did not fit
+ * (then what fits is cached and the rest streams: pf_model_prewarm_report). */
 PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_bytes, int32_t *armed);
 /* The report of the model's last prewarm (at load or pf_model_prewarm); armed = 0 and
  * reason "not run" when there was none. report must come from pf_prewarm_report_init. */

@@ -98,13 +98,19 @@ class Context(_Owner):
     ...     buf = ctx.upload(np.arange(10, dtype=np.float32))
     """
 
-    def __init__(self, device: int = 0, *, workspace_bytes: int = 0, poison: bool = False):
+    def __init__(self, device: int = 0, *, workspace_bytes: int = 0, poison: bool = False,
+                 memory_budget: int = 0):
         """poison: every device allocation starts as 0xFF bytes (NaN), so that an element a
-        kernel leaves unwritten shows (PF_CONTEXT_POISON; for tests)."""
+        kernel leaves unwritten shows (PF_CONTEXT_POISON; for tests). memory_budget: the most
+        device bytes the context may hold (0: the device's memory), to run as a smaller card
+        would: the prewarm caches what fits in it and streams the rest."""
+        if not isinstance(memory_budget, int) or memory_budget < 0:
+            raise InvalidArgumentError(f"memory_budget: {memory_budget!r} must be an int >= 0 (bytes)")
         opts = ffi.new("pf_context_options *")
         _check(lib.pf_context_options_init(opts, ffi.sizeof("pf_context_options")))
         opts.device = device
         opts.workspace_bytes = workspace_bytes
+        opts.memory_budget_bytes = memory_budget
         opts.flags = lib.PF_CONTEXT_POISON if poison else 0
         out = ffi.new("pf_context **")
         _check(lib.pf_context_create(out, opts))
@@ -138,7 +144,8 @@ class Context(_Owner):
         return _tuning.as_dict(t)
 
     def memory(self) -> tuple[int, int]:
-        """(free, total) bytes of the device now."""
+        """(free, total) bytes of the device now; free counts what closed sessions gave back to
+        the context's session pool (kept for the next session or fork)."""
         f, t = ffi.new("size_t *"), ffi.new("size_t *")
         _check(lib.pf_context_memory(self.ptr, f, t))
         return int(f[0]), int(t[0])

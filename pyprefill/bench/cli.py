@@ -90,6 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch suite: the batch's step sizes in tokens (default 2048)")
     p.add_argument("--no-variants", action="store_true",
                    help="batch suite: skip the tuning variants (varlen off)")
+    p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=float, default=[],
+                   help="model suite and FILE: also run ours on a context with each memory budget "
+                        "(GiB: a smaller card; the prewarm caches what fits, the rest streams), "
+                        "with the ratio to the unbudgeted run")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of skipped parts")
 
 
@@ -257,7 +261,8 @@ def run_suites(a) -> int:
         else:
             extra = rec.guard("model", model.run, rec, torch, models=a.models, lengths=a.lengths,
                               legs=a.gemm, chunk=a.chunk, reps=a.model_reps, peer=a.peer,
-                              mix=a.mix, gguf_dir=a.gguf_dir, peak_tflops=peak) or {}
+                              mix=a.mix, gguf_dir=a.gguf_dir, peak_tflops=peak,
+                              budgets=a.memory_budget) or {}
         res = {**extra, "rows": rec.rows[r0:], "skipped": rec.skipped[s0:], "meta": m,
                "wall_s": time.perf_counter() - t0, "args": _settings(a)}
         if part == "kernels":
@@ -284,7 +289,8 @@ def run_file(a) -> int:
     torch = rec.optional("torch", "HF peer and roofline") if a.peer == "hf" else None
     peak = rec.guard("roofline (torch fp16 peak)", gemm.fp16_peak_tflops, torch) if torch else None
     rows = model.bench_gguf(rec, a.target, Path(a.target).stem, a.lengths, a.gemm, chunk=a.chunk,
-                            reps=a.model_reps, peer=a.peer, torch=torch, peak_tflops=peak)
+                            reps=a.model_reps, peer=a.peer, torch=torch, peak_tflops=peak,
+                            budgets=a.memory_budget)
     res = {"rows": rows, "skipped": rec.skipped, "peak_fp16_tflops": peak, "meta": meta(torch),
            "args": _settings(a)}
     table = report.llama_table(rows)

@@ -192,24 +192,33 @@ def split_leg(leg: str) -> tuple[str, dict, bool]:
 
 
 def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: int,
-               rng) -> list[dict]:
+               rng, budget_gib: float = 0) -> list[dict]:
+    """budget_gib > 0: on a context with that memory budget (a smaller card: the prewarm caches
+    what fits and the rest streams); its rows' impl ends with " @<budget>GiB"."""
     from ..core import Context
     from ..model import Model
     rows: list[dict] = []
     bases = [split_leg(g)[0] for g in legs]
-    with Context(0) as ctx:
+    at = f" @{budget_gib:g}GiB" if budget_gib else ""
+    with Context(0, **({"memory_budget": int(budget_gib * 2**30)} if budget_gib else {})) as ctx:
         free0, _ = ctx.memory()
         try:
             model = Model.load(path, gemm=bases[0], prewarm=any(g in ("f16", "auto") for g in bases),
                                progress=False, context=ctx)
         except Exception as exc:   # noqa: BLE001  one row per wanted number says why
             rec.skip(f"ours {label}", f"load: {type(exc).__name__}: {first_line(exc)}")
-            return [_row(label, f"ours {leg}", T, error=f"load: {first_line(exc)}")
+            return [_row(label, f"ours {leg}{at}", T, error=f"load: {first_line(exc)}")
                     for leg in legs for T in lengths]
         info = model.info
         base = {"load_ms": info.get("load_ms"), "prewarm_ms": info.get("prewarm_ms"),
                 "f16_armed": bool(info.get("f16_armed")), "weight_bytes": info.get("weight_bytes"),
                 "f16_bytes": info.get("f16_bytes"), "chunk": chunk}
+        if budget_gib:
+            rep = rec.guard(f"ours {label}{at}: prewarm report", model.prewarm_report) or {}
+            base.update(budget_gib=budget_gib, prewarm_partial=bool(rep.get("partial")),
+                        cached_fraction=(rep.get("bytes_added", 0) / rep["bytes_total"]
+                                         if rep.get("bytes_total") else None))
+            rec.say(f"  {label}{at}: prewarm {rep.get('reason') or 'armed'}")
         if base["f16_armed"] and base["prewarm_ms"]:
             report = rec.guard(f"ours {label}: prewarm report", model.prewarm_report)
             moved = (base["weight_bytes"] or 0) + (base["f16_bytes"] or 0)
@@ -220,7 +229,7 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
         with model:
             for leg in legs:
                 for T in lengths:
-                    row = _row(label, f"ours {leg}", T, **base)
+                    row = _row(label, f"ours {leg}{at}", T, **base)
                     try:
                         base_leg, tuning, graphs = split_leg(leg)
                         t_session = time.perf_counter()
@@ -239,13 +248,13 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                             if not np.isfinite(logits["last"]).all():
                                 raise RuntimeError("non-finite logits")
                             free1, _ = ctx.memory()
-                        row = _row(label, f"ours {leg}", T, t, **base,
+                        row = _row(label, f"ours {leg}{at}", T, t, **base,
                                    allocated_bytes=ctx.allocated(), device_used_bytes=free0 - free1,
                                    session_ms=session_ms)
                         _say(rec, row)
                     except Exception as exc:   # noqa: BLE001
                         row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
-                        rec.skip(f"ours {label} {leg} T={T}", row["error"])
+                        rec.skip(f"ours {label} {leg}{at} T={T}", row["error"])
                     rows.append(row)
     return rows
 
@@ -296,14 +305,26 @@ def bench_hf(rec, torch, path: str, label: str, lengths, *, reps: int, rng) -> l
 
 def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = 2048, reps: int = 5,
                peer: str = "hf", torch=None, peak_tflops: float | None = None,
-               seed: int = 99) -> list[dict]:
+               seed: int = 99, budgets=()) -> list[dict]:
     """Ours on each leg, then the HF peer, on one GGUF; every row carries the file's size and
-    parameter counts, the roofline, % of it, and ours / HF at the same length."""
+    parameter counts, the roofline, % of it, and ours / HF at the same length. budgets: memory
+    budgets in GiB to run ours under as well (each row's vs_unbudgeted: its tok/s over the same
+    leg and length without a budget)."""
     rng = np.random.default_rng(seed)
     desc = load_model_desc(path)
     params, non_embd = param_counts(desc)
     roof = peak_tflops * 1e12 / (2 * non_embd) if peak_tflops else None
     rows = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng)
+    for b in budgets or ():
+        more = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng, budget_gib=b)
+        for r in more:
+            free = next((x for x in rows if x["T"] == r["T"] and x.get("tok_s")
+                         and x["impl"] == r["impl"].rsplit(" @", 1)[0]), None)
+            if free and r.get("tok_s"):
+                r["vs_unbudgeted"] = r["tok_s"] / free["tok_s"]
+                rec.say(f"  {label} {r['impl']} T={r['T']}: {r['vs_unbudgeted']:.3f}x the unbudgeted tok/s "
+                        f"(cached {100 * (r.get('cached_fraction') or 0):.0f}% of the fp16 bytes)")
+        rows += more
     hf = []
     if peer == "hf" and torch is not None:
         hf = rec.guard(f"HF {label}", bench_hf, rec, torch, path, label, lengths, reps=reps,
@@ -337,7 +358,7 @@ def synthetic_gguf(rec, preset: str, mix: str, directory: str) -> str:
 
 
 def run(rec, torch, *, models, lengths, legs, chunk: int, reps: int, peer: str, mix: str = "q4_k_m",
-        gguf_dir: str | None = None, peak_tflops: float | None = None) -> dict:
+        gguf_dir: str | None = None, peak_tflops: float | None = None, budgets=()) -> dict:
     """The model suite: each preset's synthetic GGUF through bench_gguf."""
     from . import gemm
     if peak_tflops is None and torch is not None:
@@ -347,5 +368,5 @@ def run(rec, torch, *, models, lengths, legs, chunk: int, reps: int, peer: str, 
                          gguf_dir or tempfile.gettempdir())
         if path is not None:
             rec.rows += bench_gguf(rec, path, preset, lengths, legs, chunk=chunk, reps=reps,
-                                   peer=peer, torch=torch, peak_tflops=peak_tflops)
+                                   peer=peer, torch=torch, peak_tflops=peak_tflops, budgets=budgets)
     return {"peak_fp16_tflops": peak_tflops}

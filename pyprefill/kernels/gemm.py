@@ -130,6 +130,7 @@ def prewarm_report_dict(rep) -> dict:
         "free_bytes": rep.free_bytes, "headroom_bytes": rep.headroom_bytes,
         "elapsed_ms": rep.elapsed_ms, "device_ms": rep.device_ms,
         "reason": ffi.string(rep.reason).decode("utf-8", "replace"),
+        "partial": bool(rep.partial),
     }
 
 

@@ -239,6 +239,62 @@ def test_new_and_reset_sessions_start_from_zero(preset, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fork_outlives_its_source_and_reuses_the_pool(preset, rng):
+    """A fork shares its source's executor and takes its state from the context's session pool:
+    it runs on after the source is closed (bitwise a fresh run), and what the context holds goes
+    down when both close (the pool's reuse shows in the fork rows of pyprefill bench batch)."""
+    m = _model(preset, "default")
+    V = m.n_vocab
+    first, cont = random_tokens(rng, 200, V), random_tokens(rng, 77, V)
+    kw = dict(max_tokens=512, chunk=128)
+    a = m.session(**kw)
+    a.prefill(first, "none")
+    ctx = m.ctx
+    f = a.fork()
+    f.close()
+    ctx.synchronize()
+    held0 = ctx.allocated()
+    f = a.fork()
+    assert ctx.allocated() > held0, "a fork holds its own state"
+    a.close()
+    got = f.prefill(cont, "all")
+    f.close()
+    ctx.synchronize()
+    assert ctx.allocated() < held0, "closing the source and the fork gave their state back"
+    with m.session(**kw) as r:
+        r.prefill(first, "none")
+        want = r.prefill(cont, "all")
+    assert np.array_equal(got, want), f"{preset}: a fork run after its source closed differs from a fresh run"
+
+
+@pytest.mark.gpu
+def test_context_closed_before_its_children(rng):
+    """pf_context_destroy before the model, sessions, forks, batches and buffers made on it: each
+    still runs and closes cleanly (the context goes with the last of them; before, a session
+    freed after its context read freed memory)."""
+    from pyprefill.core import Context
+    from pyprefill.model import Model
+    ctx = Context(0)
+    m = Model.load(synth_model("qwen35-tiny", "q4_k_m"), progress=False, context=ctx)
+    s = m.session(max_tokens=128)
+    s.prefill(random_tokens(rng, 70, m.n_vocab), "none")
+    f = s.fork()
+    b = m.batch()
+    buf = ctx.upload(np.arange(16, dtype=np.float32))
+    from pyprefill._ffi import ffi, lib
+    raw = ffi.gc(ctx.ptr, None)   # the wrapper's destructor removed: the C call below is the one
+    lib.pf_context_destroy(raw)   # the C order under test (the children's wrappers hold ctx alive)
+    out = f.prefill(random_tokens(rng, 9, m.n_vocab), "last")
+    assert np.isfinite(out).all()
+    b.prefill([dict(session=s, tokens=random_tokens(rng, 3, m.n_vocab))])
+    assert np.array_equal(buf.download(np.float32, (16,)), np.arange(16, dtype=np.float32))
+    for x in (s, b, f, buf, m):
+        x.close()
+    ctx._ptr = None   # destroyed above: nothing left for the wrapper to do
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("legs", ["f32", "default"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_fork_continues_bitwise(preset, legs, rng):

@@ -36,25 +36,48 @@ def _assert_back(ctx, free0: int, alloc0: int, what: str):
 
 @pytest.mark.parametrize("what", ["kv_cache", "chunk_scratch"])
 def test_session_that_does_not_fit(what, rng):
-    """A capacity (or chunk) of 2^31-1 positions asks for terabytes: OUT_OF_MEMORY naming the
-    buffer and its bytes, 100 times, and nothing leaks."""
+    """kv_cache: a capacity of 2^31-1 positions asks for terabytes of session state (one
+    allocation from the context's session pool): OUT_OF_MEMORY naming it and its bytes.
+    chunk_scratch: on a context with a memory budget that holds the session's state but not its
+    executor's workspace: OUT_OF_MEMORY naming the workspace and the budget. 100 times each, and
+    nothing leaks."""
+    from pyprefill.core import Context
     from pyprefill.model import Model
-    with Model.load(without_context_limit("qwen3-tiny"), gemm="f32", prewarm=False, progress=False) as m:
+    path = without_context_limit("qwen3-tiny")
+    big = 2**31 - 1
+    budget = 0
+    if what == "chunk_scratch":   # the bytes the model and one small session leave held
+        with Model.load(path, gemm="f32", prewarm=False, progress=False) as probe:
+            with probe.session(max_tokens=64, chunk=32, **EXACT):
+                pass
+            budget = probe.ctx.allocated()
+    from pyprefill.model import inspect
+    info = inspect(path)
+    kv_dim, n_attn = info["n_head_kv"] * info["head_dim"], info["n_attn_layers"]
+
+    def state_bytes(max_tokens: int) -> int:   # every layer's K and V rows, each 256-aligned
+        return 2 * n_attn * (-(-max_tokens * kv_dim * 4 // 256) * 256)
+    if what == "kv_cache":
+        opts = dict(max_tokens=big, chunk=512)
+        needle = (f"session state (KV caches, recurrent states, snapshots): cudaMallocFromPoolAsync of "
+                  f"{state_bytes(big)} bytes failed (out of device memory)")
+    else:
+        opts = dict(max_tokens=8192, chunk=8192)
+        budget += state_bytes(8192) + MiB   # the state fits; the 8192-row workspace does not
+        needle = "executor workspace: "
+    with Context(0, memory_budget=budget) as ctx, \
+            Model(path, context=ctx, gemm="f32", prewarm=False, progress=False) as m:
         toks = random_tokens(rng, 48, m.n_vocab)
         with m.session(max_tokens=64, chunk=32, **EXACT) as s:
             want = s.prefill(toks, "all")
-        ctx = m.ctx
-        big = 2**31 - 1
-        kv_dim, d = m.info["n_head_kv"] * m.info["head_dim"], m.info["n_embd"]
-        if what == "kv_cache":
-            opts, needle = dict(max_tokens=big, chunk=512), f"KV cache K: cudaMalloc of {big * kv_dim * 4} bytes"
-        else:
-            opts, needle = dict(max_tokens=big, chunk=big), f"session scratch x: cudaMalloc of {big * d * 4} bytes"
 
         def fail_once():
             with pytest.raises(errors.OutOfMemoryError) as info:
                 m.session(**opts, **EXACT)
-            assert needle in str(info.value) and "out of device memory" in str(info.value), str(info.value)
+            msg = str(info.value)
+            assert needle in msg, msg
+            if budget:
+                assert f"past its memory budget of {budget} bytes" in msg, msg
 
         free_start, alloc0 = _free(ctx), ctx.allocated()
         fail_once()      # the first failure may grow the driver's own structures (a fresh process)
@@ -101,9 +124,9 @@ def test_model_and_sessions_on_a_full_device(rng):
         ballast = _fill_device(ctx, leave=big_bytes // 2)
         try:
             def fail_once():
-                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc of \d+ bytes failed"):
+                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc(FromPoolAsync)? of \d+ bytes failed"):
                     Model(big_path, context=ctx, gemm="f32", prewarm=False, progress=False)
-                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc of \d+ bytes failed"):
+                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc(FromPoolAsync)? of \d+ bytes failed"):
                     small.session(max_tokens=40960, chunk=512, **EXACT)
             alloc_full = ctx.allocated()
             fail_once()  # the first failures may grow the driver's own structures
@@ -111,9 +134,9 @@ def test_model_and_sessions_on_a_full_device(rng):
             assert ctx.allocated() == alloc_full
             assert free_full < big_bytes, f"could not fill the device ({free_full / MiB:.1f} MiB free)"
             for _ in range(CYCLES):
-                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc of \d+ bytes failed"):
+                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc(FromPoolAsync)? of \d+ bytes failed"):
                     Model(big_path, context=ctx, gemm="f32", prewarm=False, progress=False)
-                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc of \d+ bytes failed"):
+                with pytest.raises(errors.OutOfMemoryError, match=r"cudaMalloc(FromPoolAsync)? of \d+ bytes failed"):
                     small.session(max_tokens=40960, chunk=512, **EXACT)
             _assert_back(ctx, free_full, alloc_full, f"{CYCLES} failed loads and sessions on a full device")
         finally:

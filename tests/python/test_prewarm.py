@@ -428,6 +428,49 @@ def test_model_prewarm_failing_piece_leaves_the_exact_leg(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_partial_prewarm_under_a_memory_budget_streams_the_rest(preset, rng):
+    """Issue 29 item 2: a context whose memory budget holds the model and half of its fp16 cache
+    (plus the headroom): the prewarm caches whole groups, largest first, up to what fits, reports
+    partial, and the leg auto runs every matrix on the f16 leg (the uncached ones streamed): with
+    fused groups off (so that a cached and a streamed matrix take the same GEMM), bitwise the
+    fully cached model's logits, and not the f32 leg's. Allocations past the budget fail with
+    OUT_OF_MEMORY naming it."""
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    nofuse = dict(fuse_groups=False)
+    toks = random_tokens(rng, 70, 1024)
+    kw = dict(max_tokens=128, chunk=64, kv="f32", attention="cublas")
+    with Model.load(path, gemm="auto", prewarm=True, progress=False, tuning=nofuse) as full:
+        assert full.info["f16_armed"] == 1
+        f16_total = full.info["f16_bytes"]
+        held_weights = full.ctx.allocated() - f16_total
+        with full.session(gemm="auto", **kw) as s:
+            want = s.prefill(toks, "all")
+        with full.session(gemm="f32", **kw) as s:
+            exact = s.prefill(toks, "all")
+    headroom = 64 << 20
+    budget = held_weights + f16_total // 2 + headroom
+    with core.Context(0, memory_budget=budget) as ctx:
+        with Model(path, context=ctx, gemm="auto", prewarm=True, prewarm_headroom=headroom,
+                   progress=False, tuning=nofuse) as m:
+            rep = m.prewarm_report()
+            assert rep["partial"] and not rep["armed"], rep
+            assert 0 < rep["weights_cached"] < rep["weights_total"], rep
+            assert 0 < rep["bytes_added"] <= f16_total // 2, rep
+            assert rep["reason"].startswith("partial: "), rep
+            assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == rep["bytes_added"]
+            assert ctx.allocated() <= budget
+            with m.session(gemm="auto", **kw) as s:
+                got = s.prefill(toks, "all")
+            assert np.array_equal(got, want), "a partly cached model differs from the fully cached one"
+            assert not np.array_equal(got, exact), "the streamed matrices ran the f32 leg"
+            with pytest.raises(errors.OutOfMemoryError, match=f"past its memory budget of {budget} bytes"):
+                core.Buffer(ctx, budget)
+            assert ctx.memory()[0] <= budget - ctx.allocated()
+
+
+@pytest.mark.gpu
 def test_model_prewarm_report_before_any_prewarm():
     from pyprefill.model import Model
     with Model(synth_model("qwen3-tiny"), prewarm=False, progress=False) as m:
