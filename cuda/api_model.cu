@@ -43,6 +43,7 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     const pf_tuning t = tuning_over(m->tuning, m->ctx->tuning);
     PrewarmPlan plan = prewarm_plan(t);
     plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
+    plan.last = m->output;  // the LM head: last (the last-token logits take the GEMV)
     for (pf_weight *w : m->weights) w->f16_stream = false;
     PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, switch_on(t.fuse_groups, true)),
                               headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));

@@ -49,7 +49,10 @@ ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int
 // The chunk when the options leave it 0: kAutoChunk rows (2048: measured ~20% faster than 512 for
 // qwen35-4b on the H200), capped at `cap`, halved down to 256 while the layout's row bytes would
 // take more than a quarter of the device memory free after `state_bytes` (KV caches and states).
-pf_status auto_chunk(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, int32_t *out);
+// streaming (a model with matrices its prewarm left to stream): the chunk may take all the free
+// memory after the state and the streaming scratch instead.
+pf_status auto_chunk(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
+                     int32_t *out);
 
 // One sequence's rows in a step: rows [row0, row0 + rows) of the step, at position pos.
 struct StepItem {

@@ -210,8 +210,11 @@ pf_status project_f16(const ProjEnv &env, pf_weight *w, const float *x, int64_t 
         const int64_t rb = row_bytes(w);
         for (int64_t n0 = 0; n0 < n; n0 += slab) {
             const int64_t nc = std::min(slab, n - n0);
-            PF_TRY(dequantize(static_cast<const uint8_t *>(w->data) + n0 * rb, w->qtype, nc, k, ws,
-                              true, ctx->stream));
+            // The prewarm's kernel (persistent CTAs over 8192-element tiles): bitwise dequantize()'s
+            // fp16, at ~2x its bandwidth on a whole matrix (issue 29: a partly cached model).
+            PF_TRY(prewarm_dequantize({prewarm_job{static_cast<const uint8_t *>(w->data) + n0 * rb, ws, nc * k,
+                                                   w->qtype}},
+                                      ctx->stream));
             PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, xh, rows, MatF{y + n0, ldy}, beta}));
         }
     }
@@ -557,13 +560,19 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
                       "does not fit: %zu bytes to cache + %zu headroom > %zu free", need,
                       headroom_bytes, free_b);
         if (!plan.partial || free_b <= headroom_bytes) return finish(PF_STATUS_OK);
-        // Partial: whole units (a fused group stays whole), largest first, while they fit. Every
-        // uncached byte costs the same to stream, so the order only sets how many launches
-        // stream (fewer, larger GEMMs from the cache).
+        // Partial: whole units (a fused group stays whole), largest first, while they fit; plan.last
+        // after all others. Every uncached byte of a layer costs the same to stream, so the order
+        // only sets how many launches stream (fewer, larger GEMMs from the cache).
         const size_t room = free_b - headroom_bytes;
         std::vector<size_t> order(units.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return units[a].bytes > units[b].bytes; });
+        auto is_last = [&](size_t i) {
+            return std::find(units[i].parts.begin(), units[i].parts.end(), plan.last) != units[i].parts.end();
+        };
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            if (is_last(a) != is_last(b)) return is_last(b);
+            return units[a].bytes > units[b].bytes;
+        });
         std::vector<bool> take(units.size(), false);
         size_t fit = 0;
         for (size_t i : order)

@@ -88,6 +88,9 @@ struct PrewarmPlan {
     size_t first_piece_bytes = size_t(256) << 20;
     int fail_piece = -1;
     bool partial = false;  // a set that does not fit: cache what fits (a model's prewarm)
+    // Partial: the weight cached only when everything else fits (the LM head: a prefill asking
+    // for the last token's logits runs it as a GEMV on the GGUF blocks, never from the cache).
+    const pf_weight *last = nullptr;
 };
 PrewarmPlan prewarm_plan(const pf_tuning &t);
 

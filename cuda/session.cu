@@ -190,7 +190,11 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     }
     int32_t chunk = 0;
     if (o.chunk_tokens) chunk = std::min(o.chunk_tokens, max_tokens);
-    else if (o.own_executor && !(like && like->exec)) PF_TRY(auto_chunk(m->ctx, hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), &chunk));
+    else if (o.own_executor && !(like && like->exec)) {
+        bool streaming = false;
+        for (const pf_weight *w : m->weights) streaming = streaming || w->f16_stream;
+        PF_TRY(auto_chunk(m->ctx, hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), streaming, &chunk));
+    }
     PF_TRY(sequence_alloc(m, max_tokens, o.kv_dtype, o.snapshot_slots, &s->seq));
     s->seq.snap_every = o.snapshot_every;
     s->seq.snap_at_end = o.snapshot_at_end == 1;

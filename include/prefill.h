@@ -488,7 +488,7 @@ typedef struct pf_prewarm_report {
                                 nothing was dequantized */
     size_t bytes_read;       /* GGUF bytes read by the dequantization (bytes_added were written) */
     int32_t partial;         /* 1: a model's prewarm that did not fit whole cached what fitted
-                                (whole fused groups, largest first: weights_cached of
+                                (whole fused groups, largest first, the LM head last: weights_cached of
                                 weights_total, bytes_added bytes); the model's other matrices
                                 run the f16 leg by streaming (dequantized per call into the
                                 session's scratch), also under PF_GEMM_AUTO. 0 otherwise */
@@ -801,7 +801,8 @@ typedef struct pf_session_options {
                               2048 rows (measured ~20% faster than 512 on qwen35-4b, H200),
                               capped at max_tokens and halved (down to 256) while the chunk's
                               scratch would take more than 1/4 of the device memory left free
-                              after the KV caches and states */
+                              after the KV caches and states (a model whose prewarm was partial:
+                              more than all of it, less 768 MiB for the streaming scratch) */
     int32_t kv_dtype;      /* 0 = fp16 KV cache (default), 1 = fp32 */
     int32_t gemm_leg;      /* PF_GEMM_*; 0 = the model's. The exact f32 leg also runs the delta
                               rule token by token; the fast legs run it chunked

@@ -283,7 +283,8 @@ def test_context_closed_before_its_children(rng):
     b = m.batch()
     buf = ctx.upload(np.arange(16, dtype=np.float32))
     from pyprefill._ffi import ffi, lib
-    raw = ffi.gc(ctx.ptr, None)   # the wrapper's destructor removed: the C call below is the one
+    raw = ctx.ptr
+    ffi.gc(raw, None)             # the wrapper's destructor removed: the C call below is the one
     lib.pf_context_destroy(raw)   # the C order under test (the children's wrappers hold ctx alive)
     out = f.prefill(random_tokens(rng, 9, m.n_vocab), "last")
     assert np.isfinite(out).all()

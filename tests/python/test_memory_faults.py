@@ -26,11 +26,15 @@ def _free(ctx) -> int:
     return ctx.memory()[0]
 
 
-def _assert_back(ctx, free0: int, alloc0: int, what: str):
+def _assert_back(ctx, free0: int, alloc0: int, what: str, pool_trimmed: bool = False):
+    """pool_trimmed: an out-of-memory in between gave the session pool's unused bytes back to the
+    device (device_alloc trims it), which can free up to one more 2 MiB pool block than the pool
+    reported unused: more free memory by that much is not a leak."""
     free1 = _free(ctx)
     print(f"{what}: free device memory moved by {(free1 - free0) / MiB:+.3f} MiB, the context's "
           f"bytes by {ctx.allocated() - alloc0:+d}")  # the issue's table (pytest -s)
-    assert abs(free1 - free0) <= MiB, f"free device memory moved by {(free1 - free0) / MiB:+.2f} MiB after {what}"
+    up = 3 * MiB if pool_trimmed else MiB
+    assert -MiB <= free1 - free0 <= up, f"free device memory moved by {(free1 - free0) / MiB:+.2f} MiB after {what}"
     assert ctx.allocated() == alloc0, f"the context holds {ctx.allocated() - alloc0:+d} bytes more after {what}"
 
 
@@ -142,7 +146,7 @@ def test_model_and_sessions_on_a_full_device(rng):
         finally:
             for b in ballast:
                 b.close()
-        _assert_back(ctx, free0, alloc0, "after the ballast is freed")
+        _assert_back(ctx, free0, alloc0, "after the ballast is freed", pool_trimmed=True)
         with small.session(max_tokens=64, chunk=32, **EXACT) as s:
             assert np.array_equal(s.prefill(toks, "all"), want)
         with Model(big_path, context=ctx, gemm="f32", prewarm=False, progress=False) as m:
