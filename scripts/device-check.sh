@@ -37,6 +37,9 @@
 #  11 bench-model-a       pyprefill bench model --models qwen35-4b (HF peer, plot).
 #  12 bench-model-b       pyprefill bench model --models qwen3-4b (HF peer, plot).
 #  13 bench-batch         pyprefill bench batch (qwen35-4b, qwen3-4b, qwen35-0.8b; HF batched peer).
+#  tests (opt-in)         parts 1-4 in one call: the build, the C tests and the demo, then the
+#                         pytest processes of parts 1-3 all at once, then part 4's alone (one
+#                         H200, 2026-12-02, with a carried library: 178 s + 36 s).
 #  long (opt-in)          test_long_context.py at 131072 tokens (PF_LONG_CONTEXT=1).
 #  soak (opt-in)          test_soak.py at --soak=N cycles.
 # Times: not yet measured as parts. The split follows the runs in NOTES.md (the whole suite in
@@ -107,7 +110,7 @@ while [ $# -gt 0 ]; do
 done
 part_number() {  # a part's number from its number or name, or nothing
   local i
-  case "$1" in long|soak) echo "$1"; return ;; esac
+  case "$1" in long|soak|tests) echo "$1"; return ;; esac
   for i in "${!PART_NAMES[@]}"; do
     [ "$1" = "$((i + 1))" ] || [ "$1" = "${PART_NAMES[$i]}" ] && { echo $((i + 1)); return; }
   done
@@ -116,7 +119,7 @@ SELECTED=()
 if [ ${#PARTS[@]} -gt 0 ]; then
   for p in "${PARTS[@]}"; do
     n=$(part_number "$p")
-    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-13, a name, long, soak: --help)" >&2; exit 2; }
+    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-13, a name, tests, long, soak: --help)" >&2; exit 2; }
     SELECTED+=("$n")
   done
 else
@@ -248,13 +251,13 @@ bench() {  # NAME LOG ARGS...: one pyprefill bench run
 
 run_part() {
   local p=$1 name dir
-  case $p in long|soak) name=$p ;; *) name=${PART_NAMES[$((p - 1))]} ;; esac
+  case $p in long|soak|tests) name=$p ;; *) name=${PART_NAMES[$((p - 1))]} ;; esac
   dir=$OUT/part-$p-$name
   mkdir -p "$dir"
   part_t0=$SECONDS
   echo "== part $p ($name): logs in $dir, budget ${BUDGET} s"
   # every part needs the library: built once per machine (a no-op when up to date)
-  if [ "$p" = 1 ]; then
+  if [ "$p" = 1 ] || [ "$p" = tests ]; then
     build "$dir/build-and-c-tests.log" -j 1 -V -E '^pytest$'
     result "$p: build + C tests" "$([ $? = 0 ] && echo pass || echo FAIL): $(grep -E "tests passed|tests failed" "$dir/build-and-c-tests.log" | tail -n 1)"
   else
@@ -263,15 +266,23 @@ run_part() {
   local -a groups=()
   local e f
   case $p in
-    1)
+    1|tests)
       "$PYTHON" -m pyprefill demo > "$dir/demo.log" 2>&1
-      result "1: demo" "$([ $? = 0 ] && echo ok || echo FAIL) (demo.log)"
+      result "$p: demo" "$([ $? = 0 ] && echo ok || echo FAIL) (demo.log)"
       local jobs=${PYTEST_JOBS:-3} i=0 g
       local -a files=() bins=()
       mapfile -t files < <(suite1_files)
       for f in "${files[@]}"; do g=$((i % jobs)); bins[$g]+="tests/python/$f"$'\n'; i=$((i + 1)); done
       for g in "${!bins[@]}"; do groups+=("${bins[$g]%$'\n'}"); done
-      run_pytest_groups "1: pytest" pytest "$dir" "${groups[@]}" ;;
+      if [ "$p" = tests ]; then  # parts 2 and 3 beside part 1, then part 4 alone
+        while IFS= read -r e; do groups+=("$(pytest_args "$e")"); done < <(suite_entries 2; suite_entries 3)
+        run_pytest_groups "tests: pytest, parts 1-3" pytest "$dir" "${groups[@]}"
+        local all=""
+        while IFS= read -r e; do all+="$(pytest_args "$e")"$'\n'; done < <(suite_entries 4)
+        run_pytest_groups "tests: pytest, part 4 alone on the GPU" pytest-alone "$dir" "${all%$'\n'}"
+      else
+        run_pytest_groups "1: pytest" pytest "$dir" "${groups[@]}"
+      fi ;;
     2|3)
       while IFS= read -r e; do groups+=("$(pytest_args "$e")"); done < <(suite_entries "$p")
       run_pytest_groups "$p: pytest" pytest "$dir" "${groups[@]}" ;;
