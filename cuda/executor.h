@@ -114,6 +114,8 @@ struct Executor {
     // CUDA graphs per step shape; a shape is captured when it comes back (seen).
     std::vector<StepGraph> graphs;
     std::vector<std::vector<std::pair<uint64_t, int64_t>>> seen;
+    int32_t sharers = 1;       // sessions running on it (pf_session_fork shares one): the graph
+                               // and seen-shape limits scale with them (forward.cu step_graph)
     uint64_t steps = 0;        // steps run (the graphs' recency)
     bool graph_off = false;    // a capture failed: eager from then on
     // Per step (set by executor_step): the act16 route and whether every matrix has its cache.

@@ -504,8 +504,8 @@ pf_status run_step(Executor *e, const std::vector<StepItem> &items, int64_t T, R
 
 // ---------------------------------------------------------------------------- graphs
 
-constexpr size_t kMaxGraphs = 8;   // step shapes with graphs per executor (LRU beyond)
-constexpr size_t kSeenShapes = 16; // recent step shapes remembered (capture on the 2nd sighting)
+constexpr size_t kMaxGraphs = 8;   // step shapes with graphs per executor and session (LRU beyond)
+constexpr size_t kSeenShapes = 16; // recent step shapes remembered per session (capture on the 2nd sighting)
 
 void destroy_graph(StepGraph &g) {
     for (cudaGraphExec_t x : g.segs) (void)cudaGraphExecDestroy(x);
@@ -548,12 +548,15 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
         e->graphs.erase(e->graphs.begin() + std::ptrdiff_t(i));
         break;
     }
+    // Forks sharing the executor each keep what a session of its own would (else a dozen forks
+    // decoding in turn would evict each other's graphs and capture at every step).
+    const size_t sharers = size_t(std::max(1, e->sharers));
     if (std::find(e->seen.begin(), e->seen.end(), key.items) == e->seen.end()) {
-        if (e->seen.size() == kSeenShapes) e->seen.erase(e->seen.begin());
+        while (e->seen.size() >= kSeenShapes * sharers) e->seen.erase(e->seen.begin());
         e->seen.push_back(key.items);
         return nullptr;
     }
-    if (e->graphs.size() == kMaxGraphs) {  // full: the least recently replayed goes
+    while (e->graphs.size() >= kMaxGraphs * sharers) {  // full: the least recently replayed goes
         auto lru = std::min_element(e->graphs.begin(), e->graphs.end(),
                                     [](const StepGraph &a, const StepGraph &b) { return a.used < b.used; });
         destroy_graph(*lru);

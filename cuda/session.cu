@@ -201,6 +201,7 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     pf_status st = PF_STATUS_OK;
     if (like && like->exec) {
         s->exec = like->exec;
+        ++s->exec->sharers;
     } else if (o.own_executor) {
         // One sequence, one item per step: a call's ids (at most max_tokens) back to back.
         Executor *e = nullptr;
@@ -220,6 +221,7 @@ void session_destroy(pf_session *s) {
     if (!s) return;
     DeviceGuard dg(s->ctx->device);
     (void)cudaStreamSynchronize(s->ctx->stream);
+    if (s->exec) --s->exec->sharers;
     s->exec.reset();
     sequence_free(s->ctx, s->seq);
     delete s;
