@@ -240,7 +240,7 @@ PF_API pf_status pf_context_synchronize(pf_context *ctx); /* waits for the conte
 /* Free and total bytes of the context's device, as the driver reports them now, plus the bytes
  * that destroyed sessions gave back to the context's session pool (kept there so that the next
  * session or fork takes no cudaMalloc; any allocation of the library that runs short takes them
- * back first, and pf_context_destroy releases them). */
+ * back first, and pf_context_destroy releases them); with a memory budget, at most budget - held. */
 PF_API pf_status pf_context_memory(pf_context *ctx, size_t *free_bytes, size_t *total_bytes);
 /* Bytes this context holds on the device: buffers, weights, caches, scratch, live sessions. */
 PF_API pf_status pf_context_allocated(pf_context *ctx, size_t *out_bytes);

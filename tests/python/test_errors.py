@@ -69,6 +69,14 @@ def test_no_device_context_error():
         core.Context(0)
 
 
+def test_memory_budget_argument_is_checked_before_the_device():
+    """Context(memory_budget=) refuses a negative or non-integer budget, naming the argument,
+    before it asks for a device (so this runs on any machine)."""
+    for bad in (-1, 2.5, "24G"):
+        with pytest.raises(errors.InvalidArgumentError, match="memory_budget"):
+            core.Context(0, memory_budget=bad)
+
+
 def test_cli_check_runs(capsys):
     from pyprefill.cli import main
     assert main(["check"]) == 0
