@@ -234,12 +234,9 @@ def gdn_gated_rms_norm_np(ctx: Context, o: np.ndarray, z: np.ndarray, w: np.ndar
         return download(ctx, by, np.float32, o.shape)
 
 
-def gdn_scan_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray,
-                g: np.ndarray, state: np.ndarray, path="auto") -> tuple[np.ndarray, np.ndarray]:
-    """(o, new_state) of the gated delta rule. state [n_v_heads][dk][dv] fixes the dims;
-    q, k: [rows][n_k_heads*dk], v: [rows][n_v_heads*dv], beta, g: [rows][n_v_heads]."""
-    state = array_arg(state, "state", ndim=3)
-    hv, dk, dv = state.shape
+def _scan_operands(q, k, v, beta, g, hv: int, dk: int, dv: int):
+    """The delta rule's row operands checked against the state's dims (q's columns fix the key
+    heads): (q, k, v, beta, g, rows, n_k_heads)."""
     q = array_arg(q, "q", ndim=2)
     rows = q.shape[0]
     if dk < 1 or q.shape[1] % dk:
@@ -251,6 +248,16 @@ def gdn_scan_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta:
     g = array_arg(g, "g", ndim=2, cols=hv)
     for name, a in (("k", k), ("v", v), ("beta", beta), ("g", g)):
         same_rows(name, a, rows, "q")
+    return q, k, v, beta, g, rows, hk
+
+
+def gdn_scan_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray,
+                g: np.ndarray, state: np.ndarray, path="auto") -> tuple[np.ndarray, np.ndarray]:
+    """(o, new_state) of the gated delta rule. state [n_v_heads][dk][dv] fixes the dims;
+    q, k: [rows][n_k_heads*dk], v: [rows][n_v_heads*dv], beta, g: [rows][n_v_heads]."""
+    state = array_arg(state, "state", ndim=3)
+    hv, dk, dv = state.shape
+    q, k, v, beta, g, rows, hk = _scan_operands(q, k, v, beta, g, hv, dk, dv)
     path = scan_path_id(path)
     with upload(ctx, q) as bq, upload(ctx, k) as bk, upload(ctx, v) as bv, \
             upload(ctx, beta) as bb, upload(ctx, g) as bg, upload(ctx, state) as bs, \
@@ -269,17 +276,7 @@ def gdn_scan_varlen_np(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray
     cu_seqlens[-1]. Slots no sequence uses come back unchanged."""
     states = array_arg(states, "states", ndim=4)
     n_states, hv, dk, dv = states.shape
-    q = array_arg(q, "q", ndim=2)
-    rows = q.shape[0]
-    if dk < 1 or q.shape[1] % dk:
-        raise InvalidArgumentError(f"q: {q.shape[1]} columns is not a multiple of dk={dk}")
-    hk = q.shape[1] // dk
-    k = array_arg(k, "k", ndim=2, cols=hk * dk)
-    v = array_arg(v, "v", ndim=2, cols=hv * dv)
-    beta = array_arg(beta, "beta", ndim=2, cols=hv)
-    g = array_arg(g, "g", ndim=2, cols=hv)
-    for name, a in (("k", k), ("v", v), ("beta", beta), ("g", g)):
-        same_rows(name, a, rows, "q")
+    q, k, v, beta, g, rows, hk = _scan_operands(q, k, v, beta, g, hv, dk, dv)
     cu = np.asarray(cu_seqlens)
     if cu.ndim != 1 or cu.size < 1 or int(cu[-1]) != rows:
         raise InvalidArgumentError(f"cu_seqlens: expected n_seqs + 1 offsets ending at q's {rows} rows, "
