@@ -32,6 +32,15 @@ def _leg_id(gemm) -> int:
     return enum_value(gemm, _LEGS, "gemm", any_int=True)
 
 
+def _kv_attention_ids(kv: str, attention: str) -> tuple[int, int]:
+    """A session's or batch's KV dtype and attention path as their C values, named when wrong."""
+    if kv not in _KV:
+        raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
+    if attention not in _ATTN:
+        raise InvalidArgumentError(f"attention: {attention!r} is not one of {list(_ATTN)}")
+    return _KV[kv], _ATTN[attention]
+
+
 def _info_dict(i) -> dict:
     d = {name: getattr(i, name) for name in dir(i)}
     d["arch"] = ARCH_NAMES.get(i.arch, str(i.arch))
@@ -231,17 +240,14 @@ class Session(_Owner):
             self._adopt(_handle, lib.pf_session_destroy, model)
             model._sessions.add(self)
             return
-        if kv not in _KV:
-            raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
-        if attention not in _ATTN:
-            raise InvalidArgumentError(f"attention: {attention!r} is not one of {list(_ATTN)}")
+        kv_id, attn_id = _kv_attention_ids(kv, attention)
         opts = ffi.new("pf_session_options *")
         _check(lib.pf_session_options_init(opts, ffi.sizeof("pf_session_options")))
         opts.max_tokens = max_tokens
         opts.chunk_tokens = chunk
-        opts.kv_dtype = _KV[kv]
+        opts.kv_dtype = kv_id
         opts.gemm_leg = _leg_id(gemm)
-        opts.attn_path = _ATTN[attention]
+        opts.attn_path = attn_id
         opts.cuda_graphs = 1 if graphs else 0
         _tuning.fill(opts.tuning, tuning)
         opts.own_executor = 1 if own_executor else 0
@@ -346,15 +352,12 @@ class Batch(_Owner):
     def __init__(self, model: Model, *, max_items: int = 64, step_tokens: int = 0,
                  max_tokens: int = 0, max_context: int = 0, kv: str = "f16", gemm="default",
                  attention: str = "auto", graphs: bool = True, tuning: dict | None = None):
-        if kv not in _KV:
-            raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
-        if attention not in _ATTN:
-            raise InvalidArgumentError(f"attention: {attention!r} is not one of {list(_ATTN)}")
+        kv_id, attn_id = _kv_attention_ids(kv, attention)
         opts = ffi.new("pf_batch_options *")
         _check(lib.pf_batch_options_init(opts, ffi.sizeof("pf_batch_options")))
         opts.max_items, opts.step_tokens, opts.max_tokens = max_items, step_tokens, max_tokens
-        opts.max_context, opts.kv_dtype, opts.gemm_leg = max_context, _KV[kv], _leg_id(gemm)
-        opts.attn_path, opts.cuda_graphs = _ATTN[attention], 1 if graphs else 0
+        opts.max_context, opts.kv_dtype, opts.gemm_leg = max_context, kv_id, _leg_id(gemm)
+        opts.attn_path, opts.cuda_graphs = attn_id, 1 if graphs else 0
         _tuning.fill(opts.tuning, tuning)
         out = ffi.new("pf_batch **")
         _check(lib.pf_batch_create(out, model.ptr, opts))
