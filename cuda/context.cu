@@ -56,10 +56,14 @@ size_t pool_unused(const pf_context *ctx) {
 pf_status budget_check(pf_context *ctx, size_t bytes, const char *what, bool pooled) {
     if (!ctx->budget) return PF_STATUS_OK;
     size_t held = ctx->allocated;
-    if (!pooled && held + bytes <= ctx->budget && held + pool_unused(ctx) + bytes > ctx->budget) {
-        seq_pool_trim(ctx);  // the pool's unused bytes count against the budget until given back
+    if (!pooled) {  // the pool's unused bytes count against the budget until given back
+        size_t unused = pool_unused(ctx);
+        if (unused && held + bytes <= ctx->budget && held + unused + bytes > ctx->budget) {
+            seq_pool_trim(ctx);
+            unused = pool_unused(ctx);
+        }
+        held += unused;
     }
-    if (!pooled) held += pool_unused(ctx);
     if (held + bytes > ctx->budget)
         return fail(PF_STATUS_OUT_OF_MEMORY, "%s: %zu bytes would take the context past its memory budget of %zu "
                     "bytes (%zu held)", what, bytes, ctx->budget, held);
