@@ -22,13 +22,39 @@ constexpr int32_t kDefaultMaxTokens = 4096;
 
 size_t kv_elem(int32_t kv_dtype) { return state_kv_elem(kv_dtype); }
 
-// Device bytes of a sequence's state: the KV caches and the GDN conv windows and states.
-size_t sequence_bytes(const pf_model *m, int32_t max_tokens, int32_t kv_dtype) {
+// The layout of a sequence's state in its one allocation (256-byte aligned pieces, in this
+// order): the K and V rows per attention layer, the conv window and recurrent state per GDN
+// layer, the snapshot slots. Returns the bytes; with q, also points q's views into `base`.
+size_t sequence_layout(const pf_model *m, int32_t max_tokens, int32_t kv_dtype, int32_t snap_slots, char *base,
+                       Sequence *q) {
     const Hparams &hp = m->hp;
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+        char *p = base ? base + at : nullptr;
+        at += (bytes + 255) & ~size_t(255);
+        return p;
+    };
     const size_t kv_bytes = size_t(max_tokens) * size_t(hp.kv_dim()) * kv_elem(kv_dtype);
-    return 2 * kv_bytes * size_t(m->n_attn_layers) +
-           size_t(hp.n_layer - m->n_attn_layers) * 4 *
-               size_t((hp.conv_kernel - 1) * hp.conv_dim() + hp.ssm_hv * hp.ssm_dk * hp.ssm_dv);
+    for (int32_t i = 0; i < m->n_attn_layers; i++) {
+        void *k = take(kv_bytes), *v = take(kv_bytes);
+        if (q) {
+            q->k_cache[size_t(i)] = k;
+            q->v_cache[size_t(i)] = v;
+        }
+    }
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+        if (m->layers[size_t(il)].attn) continue;
+        float *c = reinterpret_cast<float *>(take(size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4));
+        float *h = reinterpret_cast<float *>(take(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4));
+        if (q) {
+            q->conv[size_t(il)] = c;
+            q->ssm[size_t(il)] = h;
+        }
+    }
+    const size_t snap = snapshot_bytes(m);
+    char *slots = snap && snap_slots ? take(snap * size_t(snap_slots)) : nullptr;
+    if (q) q->snap_mem = slots;
+    return at;
 }
 
 void sequence_free(pf_context *ctx, Sequence &q) {
@@ -55,33 +81,12 @@ pf_status sequence_alloc(const pf_model *m, int32_t max_tokens, int32_t kv_dtype
     q->ssm.assign(size_t(hp.n_layer), nullptr);
     q->snap_bytes = snapshot_bytes(m);
     q->snap_slots = q->snap_bytes ? snap_slots : 0;
-    // Two passes over the same walk: the offsets (base nullptr), then the pointers.
-    auto carve = [&](char *base) {
-        size_t at = 0;
-        auto take = [&](size_t bytes) {
-            char *p = base ? base + at : nullptr;
-            at += (bytes + 255) & ~size_t(255);
-            return p;
-        };
-        const size_t kv_bytes = size_t(max_tokens) * size_t(hp.kv_dim()) * kv_elem(kv_dtype);
-        for (int32_t i = 0; i < m->n_attn_layers; i++) {
-            q->k_cache[size_t(i)] = take(kv_bytes);
-            q->v_cache[size_t(i)] = take(kv_bytes);
-        }
-        for (int64_t il = 0; il < hp.n_layer; il++) {
-            if (m->layers[size_t(il)].attn) continue;
-            q->conv[size_t(il)] = reinterpret_cast<float *>(take(size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4));
-            q->ssm[size_t(il)] = reinterpret_cast<float *>(take(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4));
-        }
-        q->snap_mem = q->snap_slots ? take(q->snap_bytes * size_t(q->snap_slots)) : nullptr;
-        return at;
-    };
-    const size_t bytes = carve(nullptr);
+    const size_t bytes = sequence_layout(m, max_tokens, kv_dtype, q->snap_slots, nullptr, nullptr);
     void *mem = nullptr;
     PF_TRY(device_alloc_pooled(ctx, bytes, &mem, "session state (KV caches, recurrent states, snapshots)"));
     q->mem = mem;
     q->mem_bytes = bytes;
-    carve(static_cast<char *>(mem));
+    sequence_layout(m, max_tokens, kv_dtype, q->snap_slots, static_cast<char *>(mem), q);
     return PF_STATUS_OK;
 }
 
@@ -193,7 +198,8 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     else if (o.own_executor && !(like && like->exec)) {
         bool streaming = false;
         for (const pf_weight *w : m->weights) streaming = streaming || w->f16_stream;
-        PF_TRY(auto_chunk(m->ctx, hp, max_tokens, sequence_bytes(m, max_tokens, o.kv_dtype), streaming, &chunk));
+        const size_t state = sequence_layout(m, max_tokens, o.kv_dtype, o.snapshot_slots, nullptr, nullptr);
+        PF_TRY(auto_chunk(m->ctx, hp, max_tokens, state, streaming, &chunk));
     }
     PF_TRY(sequence_alloc(m, max_tokens, o.kv_dtype, o.snapshot_slots, &s->seq));
     s->seq.snap_every = o.snapshot_every;
