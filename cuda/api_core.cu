@@ -6,6 +6,7 @@
 
 #include "attention.cuh"
 #include "context.h"
+#include "gemm.cuh"  // weight_drop_i8
 #include "plan.h"
 #include "prewarm.cuh"
 #include "cuda_check.cuh"
@@ -389,6 +390,7 @@ extern "C" PF_API void pf_weight_destroy(pf_weight *w) {
     pf::DeviceGuard dg(w->ctx->device);
     (void)cudaStreamSynchronize(w->ctx->stream);
     pf::f16_release(w);  // the arena goes with its last cached weight
+    pf::weight_drop_i8(w);
     pf::device_free(w->ctx, w->data, w->bytes);
     delete w;
 }

@@ -218,6 +218,27 @@ extern "C" PF_API pf_status pf_weight_drop_f16(pf_weight *w) {
     });
 }
 
+extern "C" PF_API pf_status pf_weight_cache_i8(pf_weight *w) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(w != nullptr, "pf_weight_cache_i8: w is NULL");
+        pf::DeviceGuard dg(w->ctx->device);
+        PF_TRY(dg.status());
+        int32_t run = 0;
+        PF_TRY(pf::resolve_gemm_leg(w, PF_GEMM_INT8, &run));  // Hopper and k % 16 == 0
+        return pf::weight_cache_i8(w);
+    });
+}
+
+extern "C" PF_API pf_status pf_weight_drop_i8(pf_weight *w) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(w != nullptr, "pf_weight_drop_i8: w is NULL");
+        pf::DeviceGuard dg(w->ctx->device);
+        PF_TRY(dg.status());
+        pf::weight_drop_i8(w);
+        return PF_STATUS_OK;
+    });
+}
+
 extern "C" PF_API pf_status pf_weight_copy_f16(pf_context *ctx, const pf_weight *w, const pf_view *out) {
     const char *fn = __func__;
     return pf::guard(fn, [&]() -> pf_status {

@@ -189,8 +189,6 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
             PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,
                          "pf_session_create: max_tokens=%d exceeds the model's context_length %lld",
                          o.max_tokens, (long long)model->hp.context_length);
-        if (o.gemm_leg == PF_GEMM_INT8)
-            return pf::fail(PF_STATUS_UNSUPPORTED, "pf_session_create: the int8 leg is not built yet");
         pf::DeviceGuard dg(model->ctx->device);
         PF_TRY(dg.status());
         return pf::session_create(model, o, out);
@@ -349,7 +347,6 @@ extern "C" PF_API pf_status pf_batch_create(pf_batch **out, pf_model *model, con
         PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "%s: cuda_graphs=%d must be 0 or 1", fn, o.cuda_graphs);
         PF_TRY(pf::tuning_check(o.tuning, fn));
         PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
-        if (o.gemm_leg == PF_GEMM_INT8) return pf::fail(PF_STATUS_UNSUPPORTED, "%s: the int8 leg is not built yet", fn);
         pf::DeviceGuard dg(model->ctx->device);
         PF_TRY(dg.status());
         return pf::batch_create(model, o, out);

@@ -130,6 +130,15 @@ struct pf_weight {
     // A model's partial prewarm left this matrix uncached: PF_GEMM_AUTO runs it on the f16 leg by
     // streaming (a per-call dequantized copy), as it runs the cached ones, not on the f32 leg.
     bool f16_stream = false;
+    // The 8-bit leg's copy (gemm_i8.cuh, the rank-1 weight form): int8 codes [n][i8_code_ld(k)],
+    // row factors i8_r [n] and block factors i8_b ([groups][i8_ldb], this weight's blocks of 128
+    // rows from column 0), in an arena shared by a fused group (weight_cache_i8_groups: the
+    // members' rows back to back, i8_block = the group's first weight). nullptr when uncached.
+    int8_t *i8 = nullptr;
+    float *i8_r = nullptr, *i8_b = nullptr;
+    int64_t i8_ldb = 0;
+    pf::F16Arena *i8_arena = nullptr;
+    const pf_weight *i8_block = nullptr;
 };
 
 namespace pf {

@@ -7,6 +7,7 @@
 #include "attention.cuh"
 #include "cuda_check.cuh"
 #include "executor.h"
+#include "model.h"  // model_i8_groups
 #include "gdn.cuh"
 #include "gemm.cuh"
 #include "gemm_lt.cuh"
@@ -39,7 +40,7 @@ pf_status plan_gemms(Executor *e) {
     std::vector<GemmTuneJob> jobs;
     auto add = [&](pf_weight *w, int64_t ldy, bool accumulate) {
         int32_t run = PF_GEMM_F32;
-        if (!w || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK || run != PF_GEMM_F16) return;
+        if (!w || resolve_gemm_leg(w, session_leg(leg, w), &run) != PF_STATUS_OK || run != PF_GEMM_F16) return;
         const __half *whole = w->f16 ? w->f16
                               : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
                                                          : nullptr;
@@ -49,11 +50,22 @@ pf_status plan_gemms(Executor *e) {
         j.w = whole;
         jobs.push_back(j);
     };
+    // A group's runs of one leg, as project_group (forward.cu) runs them.
     auto group = [&](std::initializer_list<pf_weight *> parts, int64_t ldy) {
-        pf_weight view;
-        if (e->plan.fuse_groups && fused_f16_view(parts.begin(), int32_t(parts.size()), leg, &view))
-            return add(&view, ldy, false);
-        for (pf_weight *w : parts) add(w, ldy, false);
+        pf_weight *const *ps = parts.begin();
+        const size_t n = parts.size();
+        for (size_t i = 0; i < n;) {
+            const int32_t run_leg = ps[i] ? session_leg(leg, ps[i]) : leg;
+            size_t j = i + 1;
+            while (j < n && ps[j] && session_leg(leg, ps[j]) == run_leg) ++j;
+            pf_weight view;
+            if (e->plan.fuse_groups && j - i > 1 && run_leg != PF_GEMM_INT8 &&
+                fused_f16_view(ps + i, int32_t(j - i), run_leg, &view))
+                add(&view, ldy, false);
+            else
+                for (size_t k = i; k < j; ++k) add(ps[k], ldy, false);
+            i = j;
+        }
     };
     for (const LayerWeights &Lw : m->layers) {
         if (Lw.attn) {
@@ -251,9 +263,16 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     }
     // The projection scratch for the legs and caches of now: a step then allocates nothing (as long
     // as the weights' caches stay as they are now; else the scratch grows on the call).
+    // The 8-bit leg: the int8 copies of the recipe's matrices (kept by the model's weights, shared
+    // by its later sessions); a device it cannot run on is UNSUPPORTED here, before any step.
+    if (plan.leg == PF_GEMM_INT8) {
+        int32_t run = 0;
+        PF_TRY(resolve_gemm_leg(m->output, PF_GEMM_INT8, &run));
+        PF_TRY(weight_cache_i8_groups(ctx, model_i8_groups(m, plan.fuse_groups)));
+    }
     ProjScratchBytes need;
     auto grow = [&](const pf_weight *w, int64_t r) {
-        const ProjScratchBytes b = project_scratch_bytes(w, r, plan.leg);
+        const ProjScratchBytes b = project_scratch_bytes(w, r, session_leg(plan.leg, w));
         need.w32 = std::max(need.w32, b.w32);
         need.w16 = std::max(need.w16, b.w16);
         need.x16 = std::max(need.x16, b.x16);

@@ -135,21 +135,37 @@ pf_status norm_input(Executor *e, const float *x, const float *w, int64_t rows) 
 // act16 route, project() on fp32 `x` otherwise.
 pf_status project_in(Executor *e, pf_weight *w, CMatF x, int64_t rows, MatF y, bool accumulate) {
     if (e->act16) return project_f16_rows(proj(e), w, e->h16, e->inv16, rows, y, accumulate);
-    return project(proj(e), w, x, y, rows, accumulate, e->plan.leg);
+    return project(proj(e), w, x, y, rows, accumulate, session_leg(e->plan.leg, w));
 }
 
 // Projects e->h through weights that share it as input into column slices of one [T][ldy]
 // output (out[i] = the first column of part i's slice). One GEMM through the fused fp16 block
 // when the parts run the f16 leg and were prewarmed as a group (model_f16_groups), else one
 // projection per part: the same values within the f16 leg's tolerance, the same layout.
+// Under the 8-bit leg the parts split into runs of one leg (Q | K | V: Q int8, K | V f16), each
+// run one GEMM where its members are one fused block of that leg (fused_i8_view, fused_f16_view).
 pf_status project_group(Executor *e, std::initializer_list<pf_weight *> parts, std::initializer_list<float *> out,
                         int64_t T, int64_t ldy) {
     const CMatF h{e->h, e->model->hp.n_embd};
-    pf_weight view;
-    if (e->plan.fuse_groups && fused_f16_view(parts.begin(), int32_t(parts.size()), e->plan.leg, &view))
-        return project_in(e, &view, h, T, MatF{*out.begin(), ldy}, false);
-    float *const *y = out.begin();
-    for (pf_weight *w : parts) PF_TRY(project_in(e, w, h, T, MatF{*y++, ldy}, false));
+    pf_weight *const *ps = parts.begin();
+    float *const *ys = out.begin();
+    const size_t n = parts.size();
+    for (size_t i = 0; i < n;) {
+        const int32_t leg = session_leg(e->plan.leg, ps[i]);
+        size_t j = i + 1;
+        while (j < n && session_leg(e->plan.leg, ps[j]) == leg) ++j;
+        pf_weight view;
+        const int32_t cnt = int32_t(j - i);
+        const bool fused = e->plan.fuse_groups && cnt > 1 &&
+                           (leg == PF_GEMM_INT8 ? fused_i8_view(ps + i, cnt, &view)
+                                                : fused_f16_view(ps + i, cnt, leg, &view));
+        if (fused) {
+            PF_TRY(project_in(e, &view, h, T, MatF{ys[i], ldy}, false));
+        } else {
+            for (size_t k = i; k < j; ++k) PF_TRY(project_in(e, ps[k], h, T, MatF{ys[k], ldy}, false));
+        }
+        i = j;
+    }
     return PF_STATUS_OK;
 }
 
@@ -307,7 +323,8 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
         }
         if (gated) PF_TRY(sigmoid_gate_rows(MatF{o, H * D}, CMatF{q + D, W}, gh, T, st));
         // qwen3: fp32 o, cast there
-        return project(proj(e), Lw.wo, CMatF{o, H * D}, MatF{e->x, hp.n_embd}, T, true, e->plan.leg);
+        return project(proj(e), Lw.wo, CMatF{o, H * D}, MatF{e->x, hp.n_embd}, T, true,
+                       session_leg(e->plan.leg, Lw.wo));
     });
 }
 
@@ -323,7 +340,7 @@ int32_t scan_path(const Executor *e, bool exact, int64_t rows) {
 // Whether the layer's in-projection runs the exact f32 leg (the delta rule then runs sequential).
 bool gdn_exact(const Executor *e, const LayerWeights &Lw) {
     int32_t run = PF_GEMM_F32;
-    return resolve_gemm_leg(Lw.qkv, e->plan.leg, &run) != PF_STATUS_OK || run == PF_GEMM_F32;
+    return resolve_gemm_leg(Lw.qkv, session_leg(e->plan.leg, Lw.qkv), &run) != PF_STATUS_OK || run == PF_GEMM_F32;
 }
 
 // Gated DeltaNet mixer (spec.md §3.2 G1-G9): x += GDN(h) . W_out^T.
@@ -465,7 +482,8 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
         return project_f16_rows(proj(e), Lw.ssm_out, e->h16, e->inv16, T, MatF{e->x, hp.n_embd}, true);
     }
     PF_TRY(gdn_gated_rms_norm_rows(na, MatF{o, vd}, st));
-    return project(proj(e), Lw.ssm_out, CMatF{o, vd}, MatF{e->x, hp.n_embd}, T, true, e->plan.leg);
+    return project(proj(e), Lw.ssm_out, CMatF{o, vd}, MatF{e->x, hp.n_embd}, T, true,
+                   session_leg(e->plan.leg, Lw.ssm_out));
 }
 
 // FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T, h2 = RMSNorm(x).

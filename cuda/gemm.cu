@@ -23,6 +23,7 @@
 #include "dequant.cuh"
 #include "f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "gemm.cuh"
+#include "gemm_i8.cuh"  // the 8-bit leg (project_i8)
 #include "gemm_lt.cuh"  // gemm_f16: the f16 leg's GEMM and its per-shape algorithm
 #include "prewarm.cuh"
 #include "qgemm.cuh"
@@ -227,6 +228,8 @@ size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * size
 
 // ------------------------------------------------------------------ entry points
 
+int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
+
 pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
     if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
     switch (leg) {
@@ -234,8 +237,16 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
         case PF_GEMM_F32: *out = PF_GEMM_F32; return PF_STATUS_OK;
         case PF_GEMM_F16: *out = PF_GEMM_F16; return PF_STATUS_OK;
         case PF_GEMM_INT8:
-            return fail(PF_STATUS_UNSUPPORTED, "project: the int8 leg (PF_GEMM_INT8) is not built "
-                                               "in this library; use PF_GEMM_F16 or PF_GEMM_F32");
+            if (!gemm_i8_available())
+                return fail(PF_STATUS_UNSUPPORTED,
+                            "project: the 8-bit leg (PF_GEMM_INT8) runs on Hopper only (an sm_90a "
+                            "build on a compute capability 9.0 device); use PF_GEMM_F16 or PF_GEMM_F32");
+            if (w->k % 16 != 0)
+                return fail(PF_STATUS_UNSUPPORTED,
+                            "project: the 8-bit leg needs k %% 16 == 0 (weight n=%lld k=%lld)",
+                            (long long)w->n, (long long)w->k);
+            *out = PF_GEMM_INT8;
+            return PF_STATUS_OK;
         default:
             return fail(PF_STATUS_INVALID_ARGUMENT, "project: leg=%d is not a pf_gemm_leg", int(leg));
     }
@@ -256,6 +267,7 @@ pf_status project(const ProjEnv &env, pf_weight *w, CMatF xm, MatF ym, int64_t r
                  "project: rows=%lld n=%lld k=%lld ldx=%lld ldy=%lld must each fit in int32 (cuBLAS)",
                  (long long)rows, (long long)w->n, (long long)w->k, (long long)ldx, (long long)ldy);
     if (rows == 0) return PF_STATUS_OK;
+    if (run == PF_GEMM_INT8) return project_i8(env, w, x, rows, ldx, y, ldy, accumulate);
     return run == PF_GEMM_F16 ? project_f16(env, w, x, rows, ldx, y, ldy, accumulate)
                               : project_f32(env, w, x, rows, ldx, y, ldy, accumulate);
 }
@@ -449,6 +461,14 @@ ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t
     // A leg this file does not serve needs nothing here (the call itself reports or serves it).
     if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return b;
     const int64_t k = w->k;
+    if (run == PF_GEMM_INT8) {
+        b.x16 = i8_activation_bytes(rows, k);
+        if (!w->i8) {
+            if (w->qtype != PF_QTYPE_F32) b.w32 = size_t(i8_weight_slab_rows(w->n, k)) * size_t(k) * sizeof(float);
+            b.w16 = i8_streaming_bytes(w->n, k);
+        }
+        return b;
+    }
     if (run == PF_GEMM_F16) {
         const bool whole = w->f16 || w->qtype == PF_QTYPE_F16;
         if (rows == 1 && !whole) return b;  // the GEMV

@@ -108,6 +108,42 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
 pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
                              size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report);
 
+// The leg a session on `plan_leg` runs w on: under PF_GEMM_INT8 the 8-bit leg for the matrices
+// that have their int8 copy (the recipe's, made when the executor is created: model_i8_groups)
+// and AUTO's f16 / f32 choice for the others; plan_leg itself otherwise.
+inline int32_t session_leg(int32_t plan_leg, const pf_weight *w) {
+    if (plan_leg != PF_GEMM_INT8) return plan_leg;
+    return w->i8 ? PF_GEMM_INT8 : PF_GEMM_AUTO;
+}
+
+// Weight rows per dequantized slab of `elem_bytes` elements (the bound every leg's slabs keep).
+int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes);
+
+// The 8-bit leg (gemm_i8.cu; recipe in docs/int8-recipe.md): X quantized per row and 128
+// columns into env.x16 (codes, then scales), W from its int8 copy (w->i8) or, without one,
+// dequantized to fp32 slabs in env.w32 and put in the rank-1 form in env.w16 slab by slab; the
+// product on the int8 tensor cores (gemm_i8), fp32 output. UNSUPPORTED off sm_90a / compute
+// capability 9.0 and for k % 16 != 0 (resolve_gemm_leg). Called by project() for PF_GEMM_INT8.
+pf_status project_i8(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                     float *y, int64_t ldy, bool accumulate);
+// Scratch of project_i8: activations (env.x16), a streamed weight's slab form (env.w16; its
+// fp32 slab in env.w32 is i8_weight_slab_rows(n, k) rows).
+size_t i8_activation_bytes(int64_t rows, int64_t k);
+size_t i8_streaming_bytes(int64_t n, int64_t k);
+int64_t i8_weight_slab_rows(int64_t n, int64_t k);
+// Fills the int8 copies (rank-1 form) of groups of weights that share an input: a group whose
+// members all need one and whose rows are whole 128-row blocks (the last may be ragged) gets one
+// arena with its members back to back, so that one GEMM runs them all (fused_i8_view); others
+// are cached member by member. Already cached weights are skipped. OUT_OF_MEMORY leaves the
+// group uncached. Synchronizes the stream.
+pf_status weight_cache_i8_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups);
+pf_status weight_cache_i8(pf_weight *w);
+// Drops w's int8 copy; its arena is freed (after the stream drains) with the last member.
+void weight_drop_i8(pf_weight *w);
+// When parts (in order) are the consecutive members of one int8 group: *view = a weight of
+// n = sum of n whose int8 copy is the group's (as fused_f16_view for the f16 leg).
+bool fused_i8_view(pf_weight *const *parts, int32_t count, pf_weight *view);
+
 // When every weight of `parts` (in order) runs the f16 leg under `leg` and their caches are
 // consecutive slices of one fused block (prewarm_f16_groups), fills *view with a weight of
 // n = sum of n, the same k, whose fp16 cache is the block: project() through it writes the

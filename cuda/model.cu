@@ -145,6 +145,25 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
     return groups;
 }
 
+std::vector<std::vector<pf_weight *>> model_i8_groups(const pf_model *m, bool fuse) {
+    auto eight_bit = [](const pf_weight *w) {
+        return w && w->k % 16 == 0 && w->qtype != PF_QTYPE_F32 && w->qtype != PF_QTYPE_F16 &&
+               w->qtype != PF_QTYPE_BF16;
+    };
+    std::vector<std::vector<pf_weight *>> groups;
+    for (const LayerWeights &L : m->layers) {
+        for (pf_weight *w : {L.attn ? L.wq : L.z})
+            if (eight_bit(w)) groups.push_back({w});
+        if (fuse && eight_bit(L.gate) && eight_bit(L.up)) {
+            groups.push_back({L.gate, L.up});
+        } else {
+            for (pf_weight *w : {L.gate, L.up})
+                if (eight_bit(w)) groups.push_back({w});
+        }
+    }
+    return groups;
+}
+
 void model_info(const pf_model *m, pf_model_info *o) {
     hparam_info(m->hp, m->n_attn_layers, m->output == m->tok_embd, o);
     bool armed = !m->weights.empty();

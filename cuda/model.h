@@ -43,5 +43,12 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed);
 // column order the session reads their fused output — Q|K|V, GDN qkv|z|beta|alpha, FFN
 // gate|up — when `fuse`, then every other matrix alone (each weight once).
 std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool fuse);
+// The matrices the 8-bit leg runs (recipe int8-g128-w128r-mix, docs/int8-recipe.md): attn_q, the
+// GDN attn_gate (z), ffn_gate | ffn_up (one group, fused when `fuse`), those of them with GGUF
+// blocks (a float-typed matrix stays on the f16 leg, as llama.cpp runs such matrices through
+// cuBLAS) and k % 16 == 0. The others (the wide-input projections ffn_down, ssm_out,
+// attn_output; the writers of carried state attn_k, attn_v, the GDN attn_qkv; beta, alpha, the
+// LM head) stay on the f16 leg.
+std::vector<std::vector<pf_weight *>> model_i8_groups(const pf_model *m, bool fuse);
 void model_info(const pf_model *m, pf_model_info *out);
 }  // namespace pf

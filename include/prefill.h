@@ -411,7 +411,14 @@ typedef enum pf_gemm_leg {
     PF_GEMM_F32 = 2,     /* fp32 dequantized weight, SGEMM in pedantic fp32 (no TF32): bound 1e-5 */
     PF_GEMM_F16 = 3,     /* fp16 weight (cache, or dequantized per call) and fp16 activations on
                             tensor cores, fp32 accumulation and output: bound 3e-3 */
-    PF_GEMM_INT8 = 4     /* reserved: UNSUPPORTED in this build */
+    PF_GEMM_INT8 = 4     /* the 8-bit leg (Hopper, compute capability 9.0; UNSUPPORTED elsewhere
+                            and for k % 16 != 0): X quantized to int8 per row and 128 columns
+                            (scale amax/127, round to nearest even), W to int8 per output row and
+                            128 columns from its dequantized values (its pf_weight_cache_i8 copy,
+                            else per call), int8 tensor cores with one fp32 promotion per 128
+                            columns, fp32 output. Never the default: accuracy of the recipe
+                            int8-g128-w128 (docs/int8-recipe.md), ~1e-2 relative per
+                            projection, not a bound of the f16 kind */
 } pf_gemm_leg;
 
 /* The process default leg, resolved to PF_GEMM_AUTO, _F32 or _F16. The env variable is read
@@ -463,6 +470,12 @@ PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const pf_view *x
  * already cached. pf_weight_drop_f16 frees the cache (waits for ctx's stream); no-op if none. */
 PF_API pf_status pf_weight_cache_f16(pf_weight *w);
 PF_API pf_status pf_weight_drop_f16(pf_weight *w);
+/* The 8-bit leg's copy of w (PF_GEMM_INT8): int8 codes per output row and 128 columns and their
+ * fp32 scales, n*k + 4*n*ceil(k/128) bytes (about half the fp16 cache). Made from w's dequantized
+ * fp32 values; a no-op when already cached; UNSUPPORTED where that leg cannot run. Synchronizes
+ * ctx's stream. pf_weight_drop_i8 frees it (a no-op when none). */
+PF_API pf_status pf_weight_cache_i8(pf_weight *w);
+PF_API pf_status pf_weight_drop_i8(pf_weight *w);
 /* Copies w's fp16 cache into out: fp16 elements [n][k], packed (out.off counts fp16 elements,
  * out.ld 0 or k, else UNSUPPORTED). INVALID_ARGUMENT when w has no cache. For tests and tools. */
 PF_API pf_status pf_weight_copy_f16(pf_context *ctx, const pf_weight *w, const pf_view *out);

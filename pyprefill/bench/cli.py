@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "few repeats")
     p.add_argument("--families", nargs="+", metavar="NAME",
                    help=f"kernel suite: the families to run (default {','.join(FAMILIES)})")
+    p.add_argument("--shapes", default="qwen35-4b", metavar="PRESET",
+                   help="kernel suite: the synth preset whose projection shapes gemm runs "
+                        "(default qwen35-4b)")
     p.add_argument("--models", nargs="+", metavar="PRESET",
                    help=f"model suite: formats.synth presets (default {','.join(MODELS)})")
     p.add_argument("--quant", dest="mix", default="q4_k_m",
@@ -227,7 +230,8 @@ def run_kernels(a, rec: Recorder, torch) -> dict:
         return Context(0)
     ctx = rec.guard("libprefill kernels", open_context)
     b = Bench(rec, ctx, torch, reps=a.reps, quick=a.quick,
-              legs=[g for g in a.gemm if "/" not in g])  # LEG/variant: whole-model only
+              legs=[g for g in a.gemm if "/" not in g],  # LEG/variant: whole-model only
+              shapes=a.shapes)
     try:
         for fam in a.families:
             mod = rec.guard(f"{fam} benchmarks", importlib.import_module, f".{fam}", __package__)

@@ -1,7 +1,10 @@
 """Projections on each leg against torch fp16 `x @ w.T` (TF/s), from fp32 x (the leg's cast
 included) and, on the f16 leg, from fp16 x as the engine's producers write it; Q4_K -> fp16
 dequantization against the device copy bandwidth (GB/s), and the two ceilings: the torch fp16
-GEMM peak and the device-to-device copy. Shapes: qwen35-4b's attn_qkv, ffn_gate and ffn_down."""
+GEMM peak and the device-to-device copy. Shapes: a preset's attn_qkv, ffn_gate, the fused
+gate|up and ffn_down (qwen35-4b; `--shapes` picks another). With the 8-bit leg, torch's FP8
+`_scaled_mm` (row-wise scales) and int8 `_int_mm` run beside it as its GEMM peers (operands
+already 8-bit: no quantization in their time; ours includes the activations' quantization)."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +29,10 @@ def _cache_f16(w):
     K.weight_cache_f16(w)
 
 
+def _cache_i8(w):
+    K.weight_cache_i8(w)
+
+
 def _dequantize_f16(ctx, w, out):
     K.dequantize(ctx, w, out, f16=True)
 
@@ -38,8 +45,8 @@ def View(buf, off=0, ld=0):
 def projections(model: str = SHAPES) -> list[tuple[str, int, int]]:
     """(name, n, k) of the benchmarked weights of a preset."""
     d = preset_desc(model)
-    return [("attn_qkv", d.conv_dim, d.n_embd),
-            ("ffn_gate", d.n_ff, d.n_embd), ("ffn_down", d.n_embd, d.n_ff)]
+    return [("attn_qkv", d.conv_dim, d.n_embd), ("ffn_gate", d.n_ff, d.n_embd),
+            ("ffn_gate_up", 2 * d.n_ff, d.n_embd), ("ffn_down", d.n_embd, d.n_ff)]
 
 
 def _peak(torch, n: int, reps: int) -> tuple[float, dict]:
@@ -84,6 +91,8 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
         t = b.time_torch(lambda i: xs[i % sets] @ ws[i % sets].T)
         peer = b.add(op, T, "torch fp16 x@w.T", t, flops=flops)
         del xs, ws
+        if "int8" in legs:
+            b.rec.guard(f"{op} T={T} torch 8-bit peers", _torch_8bit, b, op, T, n, k, peer)
     if b.ctx is None:
         return
     sets = b.sets(4 * (T * k + T * n) + 2 * n * k, max_sets=8)
@@ -94,6 +103,9 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
         if leg in ("f16", "auto"):
             for w in ws:
                 _cache_f16(w)
+        if leg == "int8":
+            for w in ws:
+                _cache_i8(w)
         t = b.time_ours(lambda i: _project(b.ctx, ws[i % sets], View(xs.buf, xs.off(i), k),
                                            View(ys.buf, ys.off(i), n), T, leg),
                         reps=b.reps if leg != "f32" else max(2, b.reps // 2))
@@ -120,6 +132,26 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
         b.rec.guard(f"{op} T={T} f16 leg, fp16 x", run_f16x)
 
 
+def _torch_8bit(b, op: str, T: int, n: int, k: int, peer) -> None:
+    """torch's FP8 GEMM (e4m3 x e4m3 -> bf16, one scale per row of x and of w) and int8 GEMM
+    (int8 x int8 -> int32) on the same shape."""
+    torch = b.torch
+    flops = 2 * T * n * k
+    sets = b.sets(T * k + n * k + 4 * T * n, max_sets=8)
+    xs = [torch.randn(T, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(sets)]
+    ws = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(sets)]
+    sa = torch.ones(T, 1, device="cuda", dtype=torch.float32)
+    sb = torch.ones(1, n, device="cuda", dtype=torch.float32)
+    t = b.time_torch(lambda i: torch._scaled_mm(xs[i % sets], ws[i % sets].T, scale_a=sa,
+                                                scale_b=sb, out_dtype=torch.bfloat16))
+    b.add(op, T, "torch fp8 _scaled_mm", t, flops=flops, peer=peer, note="row-wise scales, bf16 out")
+    del xs, ws
+    xi = [torch.randint(-127, 128, (T, k), device="cuda", dtype=torch.int8) for _ in range(sets)]
+    wi = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8) for _ in range(sets)]
+    t = b.time_torch(lambda i: torch._int_mm(xi[i % sets], wi[i % sets].T))
+    b.add(op, T, "torch int8 _int_mm", t, flops=flops, peer=peer, note="int32 out, no scales")
+
+
 def dequant(b, qtype: str = "Q4_K") -> None:
     from ..core import matrix_bytes
     if b.ctx is None:
@@ -140,5 +172,5 @@ def run(b, lengths) -> None:
         b.op("device copy", copy_bandwidth, b)
     b.op("dequant Q4_K", dequant, b)
     for T in lengths:
-        for name, n, k in projections():
+        for name, n, k in projections(b.shapes):
             b.op(f"proj {name} T={T}", projection, b, name, T, n, k, b.legs)

@@ -106,6 +106,17 @@ def weight_drop_f16(weight: Weight) -> None:
     _check(lib.pf_weight_drop_f16(weight_arg(weight).ptr))
 
 
+def weight_cache_i8(weight: Weight) -> None:
+    """Make the weight's copy for the 8-bit leg (int8 per output row and 128 columns; no-op when
+    made). UnsupportedError where that leg cannot run (it needs Hopper, compute capability 9.0)."""
+    _check(lib.pf_weight_cache_i8(weight_arg(weight).ptr))
+
+
+def weight_drop_i8(weight: Weight) -> None:
+    """Free the weight's 8-bit copy (no-op when none)."""
+    _check(lib.pf_weight_drop_i8(weight_arg(weight).ptr))
+
+
 def weight_copy_f16(ctx: Context, weight: Weight, out) -> None:
     """out = the weight's fp16 cache, packed [n][k] (out's offset counts fp16 elements)."""
     w, vo = weight_arg(weight), c_view(out, "out")
@@ -268,6 +279,7 @@ def qgemv_np(ctx: Context, weight: Weight, x: np.ndarray, *, accumulate: bool = 
 
 __all__ = ["LEGS", "leg_id", "gemm_default_leg", "gemm_set_default_leg", "dequantize", "embed",
            "project", "project_f16x", "qgemm", "qgemm_swiglu", "qgemv", "weight_cache_f16", "weight_drop_f16",
+           "weight_cache_i8", "weight_drop_i8",
            "weight_copy_f16", "new_prewarm_report", "prewarm_report_dict", "prewarm_f16",
            "weight_f16_np", "dequantize_np", "embed_np", "project_np", "project_f16x_np", "qgemm_np",
            "qgemm_swiglu_np", "qgemv_np"]

@@ -50,6 +50,7 @@ from .model import empty_layer_state, layer_forward, layer_tensor_names
 
 E4M3_MAX = 448.0        # largest finite e4m3 (OCP "e4m3fn": no infinities, S.1111.111 is NaN)
 INT8_MAX = 127          # symmetric int8: codes in [-127, 127], scale = amax / 127
+I8_GROUP = 128          # the 8-bit leg's group along K (cuda/gemm_i8.cuh kI8Group)
 
 
 def round_half_away(x: np.ndarray) -> np.ndarray:
@@ -109,6 +110,58 @@ def quantize_int8(x: np.ndarray, group: int, rounding: str = "even"
     q = np.rint(r) if rounding == "even" else round_half_away(r)
     q = np.clip(q, -INT8_MAX, INT8_MAX).astype(np.int8)
     return q.reshape(x.shape[0], -1)[:, :x.shape[1]], scale
+
+
+def quantize_i8_rows_f32(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-bit leg's quantizer as the GPU computes it (cuda/gemm_i8.cuh), bit for bit: float32
+    x (T, K) in groups of 128, amax = max|x| over the group, s = float32(amax / 127), q =
+    rint(float32(x / s)) (float32 division, ties to even), q = 0 where s = 0; a group holding a
+    NaN gets s = NaN, one holding an Inf s = Inf, both with codes 0; a short last group is padded
+    with zeros. Returns (q int8 (T, K), s float32 (T, ceil(K/128)))."""
+    x = np.asarray(x, dtype=np.float32)
+    xg = _groups(x, I8_GROUP)
+    amax = np.abs(xg).max(axis=-1).astype(np.float32)   # NaN where the group holds one
+    scale = (amax / np.float32(INT8_MAX)).astype(np.float32)
+    ok = np.isfinite(scale) & (scale > 0)
+    safe = np.where(ok, scale, np.float32(1.0))[..., None]
+    r = (np.where(ok[..., None], xg, np.float32(0.0)) / safe).astype(np.float32)
+    q = np.clip(np.rint(r), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q.reshape(x.shape[0], -1)[:, :x.shape[1]], scale
+
+
+def quantize_i8_weight_f32(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The 8-bit leg's rank-1 weight form as the GPU computes it (cuda/gemm_i8.cuh), bit for
+    bit: float32 w (N, K); a = the per-(row, group) scales of quantize_i8_rows_f32; r[c] = max
+    over groups of a; b[blk, g] = max over the block's 128 rows of float32(a / r) (0 where r =
+    0); s = float32(r * b); q = rint(float32(w / s)), 0 where s = 0. Returns (q int8 (N, K),
+    r float32 (N,), b float32 (ceil(N/128), G))."""
+    w = np.asarray(w, dtype=np.float32)
+    N, K = w.shape
+    _, a = quantize_i8_rows_f32(w)
+    r = a.max(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(r[:, None] > 0, a / np.where(r > 0, r, np.float32(1))[:, None], np.float32(0))
+    ratio = np.pad(ratio.astype(np.float32), ((0, -N % I8_GROUP), (0, 0)))
+    b = ratio.reshape(-1, I8_GROUP, a.shape[1]).max(axis=1)
+    s = (r[:, None] * np.repeat(b, I8_GROUP, axis=0)[:N]).astype(np.float32)   # (N, G)
+    wg = _groups(w, I8_GROUP)
+    ok = s > 0
+    qv = (np.where(ok[..., None], wg, np.float32(0)) / np.where(ok, s, np.float32(1))[..., None])
+    q = np.clip(np.rint(qv.astype(np.float32)), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q.reshape(N, -1)[:, :K], r, b
+
+
+def gemm_i8_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What the 8-bit leg computes for y = x . w^T (x float32 (T, K) activations, w float32
+    (N, K) dequantized weights), in float64: x by quantize_i8_rows_f32, w by
+    quantize_i8_weight_f32, the exact product of the dequantized operands (the GPU's int32 sums
+    are exact; only its fp32 promotion and accumulation differ, ~1e-7 relative)."""
+    qx, sx = quantize_i8_rows_f32(x)
+    qw, r, b = quantize_i8_weight_f32(w)
+    N = w.shape[0]
+    sw = (r[:, None] * np.repeat(b, I8_GROUP, axis=0)[:N]).astype(np.float32)
+    return (dequantize_groups(qx, sx.astype(np.float64), I8_GROUP)
+            @ dequantize_groups(qw, sw.astype(np.float64), I8_GROUP).T)
 
 
 def dequantize_groups(q: np.ndarray, scale: np.ndarray, group: int = 0) -> np.ndarray:
@@ -337,7 +390,7 @@ def dequantize_raw(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 ACTS = ("exact", "f16", "bf16", "int8", "q8_1", "e4m3", "int8x2")
-WEIGHTS = ("exact", "f16", "bf16", "blocks", "blocks_llama", "int8", "e4m3")
+WEIGHTS = ("exact", "f16", "bf16", "blocks", "blocks_llama", "int8", "int8r", "e4m3")
 GDN_GATE_ROLES = ("ssm_beta", "ssm_alpha")      # stay on the 16-bit leg in every 8-bit recipe
 
 
@@ -352,7 +405,9 @@ class Leg:
     weight: exact (the dequantized GGUF value) | f16 | bf16 | blocks (the GGUF block codes and
       sub-block scales, mins handled through activation sums) | blocks_llama (blocks with
       Q4_K/Q5_K scales and mins rounded to fp16, as llama.cpp's tiles) | int8 / e4m3 (the
-      dequantized value re-quantized in blocks of `wblock` = (rows, cols along K)).
+      dequantized value re-quantized in blocks of `wblock` = (rows, cols along K)) | int8r
+      (int8 with a rank-1 scale: one factor per output row times one per block of `wblock`,
+      see weight_scales_rank1).
     min_sums: for weights with mins: "exact" (sums of the unrounded x, as llama.cpp) or
       "rounded" (sums of the rounded x, as a kernel that folds the min into the int8 product).
     rounding: int8 ties, "even" or "away".
@@ -410,7 +465,7 @@ class Recipe:
         if role in GDN_GATE_ROLES and self.gates is not None and role not in dict(self.roles):
             leg = self.gates
         eight_bit = leg.act in ("int8", "q8_1", "e4m3", "int8x2") or leg.weight in (
-            "blocks", "blocks_llama", "int8", "e4m3")
+            "blocks", "blocks_llama", "int8", "int8r", "e4m3")
         if eight_bit and qtype in FLOAT_QTYPES and self.float_weights_f16:
             return F16_LEG
         return leg
@@ -466,6 +521,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
            roles=tuple((r, F16_LEG) for r in sorted(MIX_F16_ROLES)),
            note="int8-g128-w128 with ffn_down, ssm_out, attn_output, attn_k, attn_v, attn_qkv "
                 "on the f16 leg (the chosen recipe)"),
+    Recipe("int8-g128-w128r-mix", _int8(128, "int8r", wblock=(128, 128)),
+           roles=tuple((r, F16_LEG) for r in sorted(MIX_F16_ROLES)),
+           note="the mix with rank-1 weight scales: per output row x per 128 rows and 128 "
+                "columns (one fp32 multiply per promotion instead of one per element)"),
+    Recipe("int8-g128-w128r", _int8(128, "int8r", wblock=(128, 128)),
+           note="int8 g128 activations, int8 weights with rank-1 scales, every projection"),
     Recipe("e4m3-g128", Leg("e4m3", 128, "exact"),
            note="e4m3 activations 1x128, exact weights"),
     Recipe("fp8-qwen", Leg("e4m3", 128, "e4m3", wblock=(128, 128)),
@@ -524,10 +585,34 @@ def round_activations(leg: Leg, x: np.ndarray, qtype: int) -> np.ndarray:
     return dequantize_groups(q, d.astype(np.float64), 32)
 
 
+def weight_scales_rank1(amax: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank-1 weight scales for the ideal per-(row, group) scales a = amax / 127 (N, G): a factor
+    per output row r = max over groups of a, and one per block of `rows` output rows and group,
+    b = max over the block's rows of a / r (<= 1), so that r * b >= a everywhere (no clipping).
+    Returns (r (N,), b (ceil(N/rows), G)); an all-zero row gets r = 0 (and counts as 0 in b)."""
+    a = amax / INT8_MAX
+    N, G = a.shape
+    r = a.max(axis=1)
+    ratio = a / np.where(r > 0, r, 1.0)[:, None]
+    ratio = np.pad(ratio, ((0, -N % rows), (0, 0)))
+    b = ratio.reshape(-1, rows, G).max(axis=1)
+    return r, b
+
+
 def round_weight(leg: Leg, w: np.ndarray) -> np.ndarray:
-    """A re-quantized weight (float64 (N, K)) for weight kinds exact / f16 / bf16 / int8 / e4m3."""
+    """A re-quantized weight (float64 (N, K)) for weight kinds exact / f16 / bf16 / int8 / int8r /
+    e4m3."""
     if leg.weight == "exact":
         return w
+    if leg.weight == "int8r":   # one scale per (row, group) = r[row] * b[row block, group]
+        N, K = w.shape
+        br, bc = leg.wblock
+        wp = np.pad(w, ((0, 0), (0, -K % bc)))
+        wg = wp.reshape(N, -1, bc)
+        r, b = weight_scales_rank1(np.abs(wg).max(axis=2), br)
+        scale = r[:, None] * np.repeat(b, br, axis=0)[:N]
+        q = np.clip(np.rint(wg / np.where(scale > 0, scale, 1.0)[..., None]), -INT8_MAX, INT8_MAX)
+        return (q * scale[..., None]).reshape(N, -1)[:, :K]
     if leg.weight == "f16":
         return to_fp16(w)
     if leg.weight == "bf16":
@@ -560,7 +645,7 @@ class WeightForms:
 
     def get(self, leg: Leg):
         """(W used in x̂ W^T (N, K) float64, mins (N, K/sub) float64 or None, sub)."""
-        key = (leg.weight, leg.wblock if leg.weight in ("int8", "e4m3") else None, leg.rotate)
+        key = (leg.weight, leg.wblock if leg.weight in ("int8", "int8r", "e4m3") else None, leg.rotate)
         if key not in self._cache:
             if leg.weight in ("blocks", "blocks_llama"):
                 b = self.blocks()

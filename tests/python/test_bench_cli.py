@@ -393,7 +393,10 @@ def test_shapes_come_from_the_presets():
     from pyprefill.formats.synth import preset_desc
     d = preset_desc("qwen35-4b")
     assert gemm.projections() == [("attn_qkv", 8192, 2560), ("ffn_gate", 9216, 2560),
-                                   ("ffn_down", 2560, 9216)]
+                                   ("ffn_gate_up", 18432, 2560), ("ffn_down", 2560, 9216)]
+    # the issue-31 shapes: qwen35-27b's fused gate|up and its down projection
+    big = dict((name, (n, k)) for name, n, k in gemm.projections("qwen35-27b"))
+    assert big["ffn_gate_up"] == (34816, 5120) and big["ffn_down"] == (5120, 17408)
     assert gemm.projections()[0] == ("attn_qkv", d.conv_dim, d.n_embd)
     heads = [(preset_desc(m).ssm_hk, preset_desc(m).ssm_hv, preset_desc(m).ssm_dk)
              for m in gdn.SHAPES]

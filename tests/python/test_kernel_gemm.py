@@ -308,12 +308,11 @@ def test_auto_and_default_legs(ctx, rng):
 
 
 @pytest.mark.gpu
-def test_int8_leg_unsupported_and_bad_calls(ctx, rng):
+def test_project_bad_calls(ctx, rng):
+    """(The 8-bit leg's own checks: test_kernel_gemm_i8.py.)"""
     w, _ = make_weight(ctx, rng, "Q8_0", 64, 128)
     with w:
         x = randn(rng, 3, 128)
-        with pytest.raises(errors.UnsupportedError, match="int8 leg"):
-            gemm.project_np(ctx, w, x, leg="int8")
         with pytest.raises(errors.InvalidArgumentError, match="fewer than 128 columns"):
             gemm.project_np(ctx, w, x[:, :64].copy())
         with ctx.upload(x) as xb:
