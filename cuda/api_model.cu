@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <unordered_set>
 
 #include "batch.h"
 #include "cuda_check.cuh"
@@ -45,10 +46,33 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
     plan.last = m->output;  // the LM head: last (the last-token logits take the GEMV)
     for (pf_weight *w : m->weights) w->f16_stream = false;
-    PF_TRY(prewarm_f16_groups(m->ctx, model_f16_groups(m, switch_on(t.fuse_groups, true)),
-                              headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));
-    if (rep.partial)  // the matrices left uncached stream on the f16 leg, AUTO included
-        for (pf_weight *w : m->weights) w->f16_stream = w->f16 == nullptr;
+    const bool fuse = switch_on(t.fuse_groups, true);
+    // A model whose sessions run the 8-bit leg by default: the recipe's matrices get their int8
+    // copy instead of an fp16 one (about half the bytes), the others their fp16 copy.
+    std::vector<std::vector<pf_weight *>> f16_groups = model_f16_groups(m, fuse);
+    if (m->gemm_leg == PF_GEMM_INT8) {
+        int32_t run = 0;
+        PF_TRY(resolve_gemm_leg(m->output, PF_GEMM_INT8, &run));  // Hopper, else UNSUPPORTED
+        const std::vector<std::vector<pf_weight *>> i8 = model_i8_groups(m, fuse);
+        std::unordered_set<const pf_weight *> eight;
+        for (const auto &g : i8) eight.insert(g.begin(), g.end());
+        std::vector<std::vector<pf_weight *>> rest;
+        for (const auto &g : f16_groups) {
+            std::vector<pf_weight *> keep;
+            for (pf_weight *w : g)
+                if (!eight.count(w)) keep.push_back(w);
+            if (keep.size() == g.size()) rest.push_back(keep);
+            else for (pf_weight *w : keep) rest.push_back({w});  // no longer one block
+        }
+        f16_groups = std::move(rest);
+        for (pf_weight *w : m->weights)
+            if (eight.count(w)) weight_drop_f16(w);
+        PF_TRY(weight_cache_i8_groups(m->ctx, i8));
+    }
+    PF_TRY(prewarm_f16_groups(m->ctx, f16_groups, headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));
+    if (rep.partial || m->gemm_leg == PF_GEMM_INT8)  // matrices without an fp16 copy stream on the
+        for (pf_weight *w : m->weights)                // f16 leg under AUTO / F16
+            w->f16_stream = w->f16 == nullptr;
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     m->prewarm_report = rep;
     *armed = rep.armed;

@@ -300,13 +300,17 @@ pf_status executor_upload_ids(Executor *e, const int32_t *tokens, int64_t n, int
 }
 
 void executor_begin(Executor *e) {
+    // Every matrix has the copy its leg reads: its int8 copy where the session runs it on the 8-bit
+    // leg, its fp16 copy otherwise.
     bool cached = true;
     for (const pf_weight *w : e->model->weights)
-        if (!w->f16) cached = false;
+        if (session_leg(e->plan.leg, w) == PF_GEMM_INT8 ? !w->i8 : !w->f16) cached = false;
     e->cached = cached;
     // The act16 route: on, every matrix cached (project_f16_rows needs an fp16 copy; AUTO without
-    // one would be the f32 leg), the leg f16 or auto.
-    e->act16 = e->plan.f16_producers && cached && (e->plan.leg == PF_GEMM_F16 || e->plan.leg == PF_GEMM_AUTO);
+    // one would be the f32 leg), the leg f16, auto or int8 (whose matrices quantize the fp16 rows
+    // the producers write: project_i8_rows).
+    e->act16 = e->plan.f16_producers && cached &&
+               (e->plan.leg == PF_GEMM_F16 || e->plan.leg == PF_GEMM_AUTO || e->plan.leg == PF_GEMM_INT8);
 }
 
 }  // namespace pf

@@ -134,7 +134,11 @@ pf_status norm_input(Executor *e, const float *x, const float *w, int64_t rows) 
 // y (+)= input . W^T for the input norm_input or a producer left: project_f16_rows on the
 // act16 route, project() on fp32 `x` otherwise.
 pf_status project_in(Executor *e, pf_weight *w, CMatF x, int64_t rows, MatF y, bool accumulate) {
-    if (e->act16) return project_f16_rows(proj(e), w, e->h16, e->inv16, rows, y, accumulate);
+    if (e->act16) {
+        if (session_leg(e->plan.leg, w) == PF_GEMM_INT8 && !accumulate)  // the recipe's int8 inputs
+            return project_i8_rows(proj(e), w, e->h16, e->inv16, rows, y);
+        return project_f16_rows(proj(e), w, e->h16, e->inv16, rows, y, accumulate);
+    }
     return project(proj(e), w, x, y, rows, accumulate, session_leg(e->plan.leg, w));
 }
 

@@ -126,6 +126,11 @@ int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes);
 // capability 9.0 and for k % 16 != 0 (resolve_gemm_leg). Called by project() for PF_GEMM_INT8.
 pf_status project_i8(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                      float *y, int64_t ldy, bool accumulate);
+// The 8-bit leg on the f16 leg's input form (x16 [rows][k] fp16, inverse row scales inv): the
+// producers' fp16 rows quantized to int8 (x = x16 * inv; the fp16 rounding, 2^-11, is far below
+// an int8 step), no accumulate. w must have its int8 copy. For sessions on the act16 route.
+pf_status project_i8_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                          int64_t rows, MatF y);
 // Scratch of project_i8: activations (env.x16), a streamed weight's slab form (env.w16; its
 // fp32 slab in env.w32 is i8_weight_slab_rows(n, k) rows).
 size_t i8_activation_bytes(int64_t rows, int64_t k);

@@ -20,23 +20,39 @@ namespace {
 constexpr int kQuantWarps = 8;  // warps per block; one warp per (row, group)
 
 // One warp per (row, group of 128): lane l holds columns 4l .. 4l + 3 of the group.
-__global__ void quantize_i8_kernel(const float *__restrict__ x, int64_t ldx, int64_t rows, int64_t k,
-                                   int8_t *__restrict__ q, int64_t ldq, float *__restrict__ s,
-                                   int64_t lds, int vec) {
+// T = float: fp32 rows; T = __half: the f16 leg's input form (fp16 rows times their inverse row
+// scale inv[r], a power of two: exact in fp32).
+template <typename T>
+__global__ void quantize_i8_kernel(const T *__restrict__ x, int64_t ldx, const float *__restrict__ inv,
+                                   int64_t rows, int64_t k, int8_t *__restrict__ q, int64_t ldq,
+                                   float *__restrict__ s, int64_t lds, int vec) {
     const int64_t groups = (k + kI8Group - 1) / kI8Group;
     const int64_t item = int64_t(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
     if (item >= rows * groups) return;
     const int lane = threadIdx.x & 31;
     const int64_t r = item / groups, g = item - r * groups;
     const int64_t c0 = g * kI8Group + 4 * lane;
-    const float *xr = x + r * ldx;
+    const T *xr = x + r * ldx;
     float v[4];
-    if (vec && c0 + 3 < k) {
-        const float4 t = *reinterpret_cast<const float4 *>(xr + c0);
-        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-    } else {
+    if constexpr (sizeof(T) == 4) {
+        if (vec && c0 + 3 < k) {
+            const float4 t = *reinterpret_cast<const float4 *>(xr + c0);
+            v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = c0 + e < k ? xr[c0 + e] : 0.f;
+            for (int e = 0; e < 4; ++e) v[e] = c0 + e < k ? float(xr[c0 + e]) : 0.f;
+        }
+    } else {
+        const float sc = inv ? inv[r] : 1.f;
+        if (vec && c0 + 3 < k) {
+            const uint2 t = *reinterpret_cast<const uint2 *>(xr + c0);
+            const float2 lo = __half22float2(*reinterpret_cast<const __half2 *>(&t.x));
+            const float2 hi = __half22float2(*reinterpret_cast<const __half2 *>(&t.y));
+            v[0] = lo.x * sc, v[1] = lo.y * sc, v[2] = hi.x * sc, v[3] = hi.y * sc;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = c0 + e < k ? __half2float(xr[c0 + e]) * sc : 0.f;
+        }
     }
     float m = 0.f;
     bool nan = false;
@@ -122,16 +138,17 @@ __global__ void quantize_i8_r1_kernel(const float *__restrict__ x, int64_t ldx, 
     }
 }
 
-pf_status launch_quantize(const float *x, int64_t ldx, int64_t rows, int64_t k, I8Mat out,
-                          cudaStream_t st, const char *name) {
+template <typename T>
+pf_status launch_quantize(const T *x, int64_t ldx, const float *inv, int64_t rows, int64_t k,
+                          I8Mat out, cudaStream_t st, const char *name) {
     if (rows == 0) return PF_STATUS_OK;
     const int64_t items = rows * i8_groups(k);
     const int64_t blocks = ceil_div(items, kQuantWarps);
     if (blocks > kMaxGridX)
         return fail(PF_STATUS_UNSUPPORTED, "%s: %lld rows x %lld columns exceed one grid", name,
                     (long long)rows, (long long)k);
-    const int vec = (reinterpret_cast<uintptr_t>(x) % 16) == 0 && ldx % 4 == 0;
-    quantize_i8_kernel<<<unsigned(blocks), 32 * kQuantWarps, 0, st>>>(x, ldx, rows, k, out.q,
+    const int vec = (reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T))) == 0 && ldx % 4 == 0;
+    quantize_i8_kernel<T><<<unsigned(blocks), 32 * kQuantWarps, 0, st>>>(x, ldx, inv, rows, k, out.q,
                                                                           out.ldq, out.s, out.lds, vec);
     PF_LAUNCH_CHECK("%s", name);
     return PF_STATUS_OK;
@@ -164,7 +181,12 @@ pf_status launch_gemm_i8(I8Mat a, I8Mat w, int64_t rows, int64_t n, int64_t k, f
 
 pf_status quantize_i8_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, I8Mat out,
                            cudaStream_t st) {
-    return launch_quantize(x, ldx, rows, k, out, st, "quantize_i8_kernel");
+    return launch_quantize<float>(x, ldx, nullptr, rows, k, out, st, "quantize_i8_kernel<float>");
+}
+
+pf_status quantize_i8_rows_f16(const __half *x16, int64_t ldx, const float *inv, int64_t rows,
+                               int64_t k, I8Mat out, cudaStream_t st) {
+    return launch_quantize<__half>(x16, ldx, inv, rows, k, out, st, "quantize_i8_kernel<half>");
 }
 
 pf_status i8_weight_factors(const float *tmp, int64_t n, int64_t k, I8Mat out, cudaStream_t st) {
@@ -360,6 +382,18 @@ pf_status project_i8(const ProjEnv &env, pf_weight *w, const float *x, int64_t r
         PF_TRY(gemm_i8(xa, wm, rows, nc, k, y + n0, ldy, accumulate, ctx->stream));
     }
     return PF_STATUS_OK;
+}
+
+pf_status project_i8_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                          int64_t rows, MatF y) {
+    pf_context *ctx = env.ctx;
+    PF_CHECK_ARG(w->i8 != nullptr, "project_i8_rows: the weight (n=%lld k=%lld) has no int8 copy",
+                 (long long)w->n, (long long)w->k);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_TRY(scratch_reserve(ctx, *env.x16, act_bytes(rows, w->k), "project (8-bit leg): activation scratch"));
+    const I8Mat xa = act_layout(env.x16->ptr, rows, w->k);
+    PF_TRY(quantize_i8_rows_f16(x16, w->k, inv, rows, w->k, xa, ctx->stream));
+    return gemm_i8(xa, weight_mat(w), rows, w->n, w->k, y.ptr, y.ld, false, ctx->stream);
 }
 
 pf_status weight_cache_i8_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups) {

@@ -23,6 +23,7 @@
 // need a second multiply: measured 0.88 against 1.00 PF/s, NOTES.md).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -64,6 +65,11 @@ struct I8Mat {
 // loads where x and ldx allow). Asynchronous on st.
 pf_status quantize_i8_rows(const float *x, int64_t ldx, int64_t rows, int64_t k, I8Mat out,
                            cudaStream_t st);
+
+// The same from the f16 leg's input form (f16_rows.cuh): fp16 rows x16 [rows][ldx] times their
+// inverse row scales inv [rows] (nullptr: 1).
+pf_status quantize_i8_rows_f16(const __half *x16, int64_t ldx, const float *inv, int64_t rows,
+                               int64_t k, I8Mat out, cudaStream_t st);
 
 // The rank-1 weight form of a matrix dequantized (to fp32) slab by slab, in three steps:
 // (1) quantize_i8_rows of each slab into a scratch tmp (the per-(row, group) scales [g][row],

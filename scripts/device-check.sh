@@ -40,6 +40,11 @@
 #  tests (opt-in)         parts 1-4 in one call: the build, the C tests and the demo, then the
 #                         pytest processes of parts 1-3 all at once, then part 4's alone (one
 #                         H200, 2026-12-02, with a carried library: 178 s + 36 s).
+#  int8 (opt-in)          the 8-bit leg's figures (issue 31): its GEMM variants (bench_gemm_i8),
+#                         pyprefill bench kernels --families gemm --gemm f16 int8 --shapes
+#                         qwen35-27b (torch FP8 / int8 peers), bench model qwen35-4b / qwen3-4b
+#                         f16 vs int8, scripts/int8_accuracy.py at 48 tokens with HF bf16.
+#                         Its tests run in part 1 (test_kernel_gemm_i8.py, test_int8_model.py).
 #  long (opt-in)          test_long_context.py at 131072 tokens (PF_LONG_CONTEXT=1).
 #  soak (opt-in)          test_soak.py at --soak=N cycles.
 # Times: not yet measured as parts. The split follows the runs in NOTES.md (the whole suite in
@@ -110,7 +115,7 @@ while [ $# -gt 0 ]; do
 done
 part_number() {  # a part's number from its number or name, or nothing
   local i
-  case "$1" in long|soak|tests) echo "$1"; return ;; esac
+  case "$1" in long|soak|tests|int8) echo "$1"; return ;; esac
   for i in "${!PART_NAMES[@]}"; do
     [ "$1" = "$((i + 1))" ] || [ "$1" = "${PART_NAMES[$i]}" ] && { echo $((i + 1)); return; }
   done
@@ -119,7 +124,7 @@ SELECTED=()
 if [ ${#PARTS[@]} -gt 0 ]; then
   for p in "${PARTS[@]}"; do
     n=$(part_number "$p")
-    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-13, a name, tests, long, soak: --help)" >&2; exit 2; }
+    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-13, a name, tests, int8, long, soak: --help)" >&2; exit 2; }
     SELECTED+=("$n")
   done
 else
@@ -251,7 +256,7 @@ bench() {  # NAME LOG ARGS...: one pyprefill bench run
 
 run_part() {
   local p=$1 name dir
-  case $p in long|soak|tests) name=$p ;; *) name=${PART_NAMES[$((p - 1))]} ;; esac
+  case $p in long|soak|tests|int8) name=$p ;; *) name=${PART_NAMES[$((p - 1))]} ;; esac
   dir=$OUT/part-$p-$name
   mkdir -p "$dir"
   part_t0=$SECONDS
@@ -336,6 +341,21 @@ run_part() {
       # shellcheck disable=SC2086
       bench "13: bench batch" "$dir/bench_batch.log" batch --out "$dir" \
         --gguf-dir "${BENCH_GGUF_DIR:-$BUILD_DIR/gguf}" ${BENCH_BATCH:-} ;;
+    int8)
+      local g8=${BENCH_GGUF_DIR:-$BUILD_DIR/gguf} t
+      mkdir -p "$g8"
+      t=$(cap 150)
+      timeout "$t" "$BUILD_DIR/tests/bench_gemm_i8" > "$dir/bench_gemm_i8.log" 2>&1
+      case $? in 0) result "int8: GEMM variants" "ok (bench_gemm_i8.log)" ;; 77) result "int8: GEMM variants" "skipped: not a compute capability 9.0 device" ;;
+                 *) result "int8: GEMM variants" "FAIL (bench_gemm_i8.log)" ;; esac
+      bench "int8: bench kernels (gemm, 27B shapes)" "$dir/bench_kernels.log" kernels --out "$dir" \
+        --families gemm --gemm f16 int8 --shapes qwen35-27b -p 2048 8192
+      bench "int8: bench model (4B)" "$dir/bench_model.log" model --models qwen35-4b qwen3-4b --gemm f16 int8 \
+        --peer none -p 2048 8192 --out "$dir" --gguf-dir "$g8"
+      t=$(cap 300)
+      timeout "$t" "$PYTHON" scripts/int8_accuracy.py qwen35-0.8b qwen3-0.6b --tokens 48 --hf \
+        --gguf-dir "$g8" --json "$dir/int8_accuracy.json" > "$dir/int8_accuracy.log" 2>&1
+      result "int8: accuracy (48 tokens)" "$([ $? = 0 ] && echo ok || echo "FAIL or timed out") (int8_accuracy.log)" ;;
     long)
       PT_ENV=(PF_LONG_CONTEXT=1)
       run_pytest_groups "long: pytest" pytest "$dir" "$(printf '%s\n' -s tests/python/test_long_context.py)"

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pyprefill.formats.gguf_model import load_model_desc  # noqa: E402
 from pyprefill.formats.synth import PRESETS, write_synthetic  # noqa: E402
+from pyprefill.bench.accuracy import file_sha256  # noqa: E402
 from pyprefill.reference import quant_sim as qs  # noqa: E402
 
 GROUPS = {
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also print each projection role's own relative error")
     ap.add_argument("--work", default="out", help="where synthesized models are written")
     ap.add_argument("--json", help="write every number to this JSON file")
+    ap.add_argument("--save-hidden", metavar="DIR",
+                    help="write DIR/<model>.<tokens>.npz: the tokens, each recipe's normed final "
+                         "hidden states and metrics, the GGUF's sha256 (scripts/int8_accuracy.py "
+                         "--hidden compares the GPU against them)")
     ap.add_argument("--list", action="store_true", help="list the recipes and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -104,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         toks = np.random.default_rng(args.seed).integers(0, desc.n_vocab, args.tokens)
         t0 = time.perf_counter()
         res = qs.simulate(path, toks, recipes, chunked=args.chunked, role_stats=args.roles,
+                          keep_hidden=bool(args.save_hidden),
                           log=lambda s: print(f"  {label(path)}: {s}", end="\r",
                                               file=sys.stderr, flush=True))
         wall = time.perf_counter() - t0
@@ -112,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{wall:.0f} s (reference forward {res.metrics['exact'].seconds:.1f} s), peak RSS "
               f"so far {rss:.2f} GiB", file=sys.stderr)
         results.append((label(path), res, wall))
+        if args.save_hidden:
+            os.makedirs(args.save_hidden, exist_ok=True)
+            out = os.path.join(args.save_hidden, f"{label(path)}.{args.tokens}.npz")
+            np.savez(out, tokens=toks, sha256=file_sha256(path), gguf=os.path.basename(path),
+                     recipes=np.array(list(res.hidden)),
+                     **{f"hidden_{n}": h for n, h in res.hidden.items()},
+                     **{f"rel_{n}": m.rel for n, m in res.metrics.items()},
+                     **{f"argmax_{n}": m.argmax for n, m in res.metrics.items()})
+            print(f"{label(path)}: hidden states in {out}", file=sys.stderr)
     names = [r.name for r in recipes]
     cols = [m for m, _, _ in results]
     print(f"\nRelative logits error ||out-ref||/||ref|| over all {args.tokens} positions, argmax "

@@ -753,17 +753,21 @@ class SimResult:
     tokens: int
     metrics: dict[str, Metrics]
     logits: dict[str, np.ndarray] | None = None
+    hidden: dict[str, np.ndarray] | None = None   # the LM head's input (T, d), per recipe
 
 
 def simulate(path: str, tokens: Sequence[int], recipes: Iterable[Recipe], *,
              chunked: bool = False, vocab_chunk: int = 32768, role_stats: bool = False,
-             keep_logits: bool = False, log: Callable[[str], None] | None = None) -> SimResult:
+             keep_logits: bool = False, keep_hidden: bool = False,
+             log: Callable[[str], None] | None = None) -> SimResult:
     """Run the float64 forward of `tokens` once per recipe (plus the unrounded reference) over
     the GGUF at `path`, layer by layer, and compare the logits of every position.
 
     chunked: the chunked delta rule instead of the recurrence (GDN layers). vocab_chunk: LM-head
     rows dequantized at a time. role_stats: also measure each projection's own error.
     keep_logits: return the logits (T, V) of every recipe (small models only).
+    keep_hidden: return the normed final hidden states (T, d) of every recipe (the LM head's
+    input: the logits of any model size, computed later in vocabulary chunks; lm_head_errors).
     """
     desc = load_model_desc(str(path))
     recipes = [r for r in recipes if r.name != "exact"]
@@ -830,4 +834,32 @@ def simulate(path: str, tokens: Sequence[int], recipes: Iterable[Recipe], *,
                              argmax=float(np.mean(arg[n] == arg["exact"])),
                              seconds=secs[n], roles=roles)
     logits = {n: np.concatenate(kept[n], axis=1) for n in names} if kept is not None else None
-    return SimResult(str(path), T, metrics, logits)
+    return SimResult(str(path), T, metrics, logits, hs if keep_hidden else None)
+
+
+def lm_head_errors(path: str, hidden: np.ndarray, others: dict[str, np.ndarray], *,
+                   vocab_chunk: int = 32768) -> dict[str, tuple[float, float]]:
+    """(||out - ref|| / ||ref||, argmax agreement) over all positions of each logits array in
+    `others` (name -> (T, V)) against the float64 logits of `hidden` (T, d: the normed final
+    hidden states, SimResult.hidden) through the GGUF's LM head, in vocabulary chunks."""
+    desc = load_model_desc(str(path))
+    out_name = "token_embd.weight" if desc.tied_output else "output.weight"
+    qo, raw_o = read_raw(desc, out_name)
+    T = hidden.shape[0]
+    diff2 = {n: 0.0 for n in others}
+    ref2 = 0.0
+    best = {n: np.full(T, -np.inf) for n in ["ref", *others]}
+    arg = {n: np.zeros(T, np.int64) for n in ["ref", *others]}
+    for v0 in range(0, desc.n_vocab, vocab_chunk):
+        wc = dequantize_raw(raw_o[v0:v0 + vocab_chunk], qo, desc.n_embd).astype(np.float64)
+        ref = hidden @ wc.T
+        ref2 += float(np.sum(ref * ref))
+        for n, lg in [("ref", ref)] + [(n, np.asarray(o[:, v0:v0 + wc.shape[0]], np.float64))
+                                        for n, o in others.items()]:
+            if n != "ref":
+                diff2[n] += float(np.sum((lg - ref) ** 2))
+            m = lg.max(axis=1)
+            better = m > best[n]
+            arg[n] = np.where(better, v0 + lg.argmax(axis=1), arg[n])
+            best[n] = np.maximum(best[n], m)
+    return {n: (float(np.sqrt(diff2[n] / ref2)), float(np.mean(arg[n] == arg["ref"]))) for n in others}

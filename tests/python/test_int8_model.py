@@ -45,12 +45,16 @@ def test_int8_sessions_against_float64(name, rng):
     assert r["gpu_int8"] <= 1.1 * r["sim_bar"], (
         f"{name}: the int8 leg's logits error {r['gpu_int8']:.3g} exceeds 1.1 x the llama.cpp bar "
         f"{r['sim_bar']:.3g}")
-    # the GPU runs the recipe: its distance to the simulated recipe is the GPU's other rounding
-    # (fp16 KV, the f16 leg's fp32 sums, the chunked delta rule), not the recipe's error
-    bound = max(0.25 * r["sim_recipe"], 2 * r["gpu_f16"])
-    assert r["gpu_vs_recipe"] <= bound, (
-        f"{name}: GPU int8 is {r['gpu_vs_recipe']:.3g} from the simulated recipe (bound {bound:.3g}; "
-        f"recipe error {r['sim_recipe']:.3g}, f16 leg {r['gpu_f16']:.3g})")
+    # The GPU runs the recipe: its error is the simulated recipe's (within 10%, plus the GPU's
+    # own f16-level rounding). Pointwise the two differ: the GPU's other rounding (fp16 KV, fp32
+    # sums) moves some codes across their rounding boundaries, so part of the two int8 errors
+    # are independent draws (accuracy.measure); two unrelated errors of size e would be ~1.4 e
+    # apart, the same recipe well under e.
+    assert abs(r["gpu_int8"] - r["sim_recipe"]) <= 0.1 * r["sim_recipe"] + r["gpu_f16"], (
+        f"{name}: the int8 leg's error {r['gpu_int8']:.3g} is not its recipe's {r['sim_recipe']:.3g}")
+    assert r["gpu_vs_recipe"] <= 0.8 * r["sim_recipe"], (
+        f"{name}: GPU int8 is {r['gpu_vs_recipe']:.3g} from the simulated recipe, whose own error is "
+        f"{r['sim_recipe']:.3g}")
     assert r["gpu_int8"] > r["gpu_f16"], "the int8 leg is as exact as the f16 leg: is it running?"
 
 
@@ -77,3 +81,24 @@ def test_int8_batch_items_equal_their_sessions(rng):
             assert np.isfinite(lg).all()
             err = np.linalg.norm(lg - want) / np.linalg.norm(want)
             assert err <= 5e-3, f"item {i}: {err:.2e} from its sequence alone"
+
+
+def test_int8_model_holds_int8_copies_instead_of_fp16(rng):
+    """A model loaded with gemm="int8": the recipe's matrices get their int8 copy and no fp16 one
+    (fewer bytes); its sessions (int8 by default) equal, bit for bit, an int8 session on a model
+    prewarmed in fp16 (the same int8 copies, the same fp16 ones for the other matrices)."""
+    path = _path("qwen35-tiny-hv3")
+    _skip_unless_int8(path)
+    with Model.load(path, progress=False) as m16:
+        toks = random_tokens(rng, 40, m16.n_vocab)
+        with m16.session(max_tokens=64, chunk=32, gemm="int8") as s:
+            want = s.prefill(toks, "all")
+        f16_bytes = m16.info["f16_bytes"]
+    with Model.load(path, gemm="int8", progress=False) as m8:
+        assert m8.info["f16_bytes"] < f16_bytes
+        with m8.session(max_tokens=64, chunk=32) as s:
+            got = s.prefill(toks, "all")
+        assert np.array_equal(got, want)
+        with m8.session(max_tokens=64, chunk=32, gemm="f16") as s:  # streams the int8 ones' fp16
+            f16 = s.prefill(toks, "all")
+        assert np.isfinite(f16).all() and not np.array_equal(f16, got)

@@ -296,3 +296,19 @@ def test_arch_roles():
     mix = qs.RECIPES["int8-g128-w128-mix"]
     assert {r for r, _ in mix.roles} == set(qs.MIX_F16_ROLES)
     assert mix.leg_for("ffn_up", QTYPE_Q4_K).weight == "int8"
+
+
+def test_hidden_states_give_the_simulated_logits_errors():
+    """simulate(keep_hidden=True) and lm_head_errors: the errors of a recipe's logits computed
+    from the float64 hidden states through the LM head in vocabulary chunks equal the
+    simulation's own metrics (the path that compares the GPU against a saved simulation)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen35_hv1.mix.gguf")
+    toks = np.random.default_rng(0).integers(0, 128, 20)
+    res = qs.simulate(path, toks, [qs.RECIPES["int8-g128-w128r-mix"]], keep_logits=True,
+                      keep_hidden=True)
+    assert set(res.hidden) == {"exact", "int8-g128-w128r-mix"} and res.hidden["exact"].shape[0] == 20
+    got = qs.lm_head_errors(path, res.hidden["exact"], {"mix": res.logits["int8-g128-w128r-mix"]},
+                            vocab_chunk=50)
+    m = res.metrics["int8-g128-w128r-mix"]
+    assert got["mix"][0] == pytest.approx(m.rel, rel=1e-9) and got["mix"][1] == m.argmax
+    assert m.rel > 0
