@@ -161,15 +161,19 @@ pf_status f16_arena_create(pf_context *ctx, size_t bytes, F16Arena **out, const 
     return PF_STATUS_OK;
 }
 
+void arena_release(pf_context *ctx, F16Arena *a) {
+    if (!a || --a->refs > 0) return;
+    (void)cudaStreamSynchronize(ctx->stream);  // no queued GEMM may still read it
+    device_free(ctx, a->ptr, a->bytes);
+    delete a;
+}
+
 void f16_release(pf_weight *w) {
     F16Arena *a = w->f16_arena;
     w->f16 = nullptr;
     w->f16_arena = nullptr;
     w->f16_block = nullptr;
-    if (!a || --a->refs > 0) return;
-    (void)cudaStreamSynchronize(w->ctx->stream);  // no queued GEMM may still read it
-    device_free(w->ctx, a->ptr, a->bytes);
-    delete a;
+    arena_release(w->ctx, a);
 }
 
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what) {

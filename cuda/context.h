@@ -160,6 +160,8 @@ pf_status device_free_bytes(const pf_context *ctx, size_t *free_b, size_t *total
 pf_status scratch_reserve(pf_context *ctx, Scratch &s, size_t bytes, const char *what);
 void scratch_release(pf_context *ctx, Scratch &s);
 
+// Drops one reference to arena a (nullptr: nothing); the last frees it once ctx's stream drains.
+void arena_release(pf_context *ctx, F16Arena *a);
 // A new arena of `bytes` (device_alloc) with no reference yet; nullptr and a status on failure.
 pf_status f16_arena_create(pf_context *ctx, size_t bytes, F16Arena **out, const char *what);
 // Drops w's fp16 cache: clears its fields and releases its reference to the arena, freeing

@@ -332,10 +332,7 @@ void i8_release(pf_weight *w) {
     w->i8_ldb = 0;
     w->i8_arena = nullptr;
     w->i8_block = nullptr;
-    if (!a || --a->refs > 0) return;
-    (void)cudaStreamSynchronize(w->ctx->stream);  // no queued GEMM may still read it
-    device_free(w->ctx, a->ptr, a->bytes);
-    delete a;
+    arena_release(w->ctx, a);
 }
 }  // namespace
 

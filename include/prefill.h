@@ -413,12 +413,14 @@ typedef enum pf_gemm_leg {
                             tensor cores, fp32 accumulation and output: bound 3e-3 */
     PF_GEMM_INT8 = 4     /* the 8-bit leg (Hopper, compute capability 9.0; UNSUPPORTED elsewhere
                             and for k % 16 != 0): X quantized to int8 per row and 128 columns
-                            (scale amax/127, round to nearest even), W to int8 per output row and
-                            128 columns from its dequantized values (its pf_weight_cache_i8 copy,
-                            else per call), int8 tensor cores with one fp32 promotion per 128
-                            columns, fp32 output. Never the default: accuracy of the recipe
-                            int8-g128-w128 (docs/int8-recipe.md), ~1e-2 relative per
-                            projection, not a bound of the f16 kind */
+                            (scale amax/127, round to nearest even), W to int8 from its
+                            dequantized values with rank-1 scales (a factor per output row times
+                            one per 128 rows and 128 columns), int8 tensor cores with one fp32
+                            promotion per 128 columns, fp32 output. About 1e-2 relative per
+                            projection: not a bound of the f16 kind. Sessions and batches on it
+                            run only the recipe's matrices (attn_q, the GDN attn_gate, ffn_gate,
+                            ffn_up) on this leg and the others on the f16 leg
+                            (docs/int8-recipe.md, recipe int8-g128-w128r-mix); never the default */
 } pf_gemm_leg;
 
 /* The process default leg, resolved to PF_GEMM_AUTO, _F32 or _F16. The env variable is read
@@ -470,10 +472,12 @@ PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const pf_view *x
  * already cached. pf_weight_drop_f16 frees the cache (waits for ctx's stream); no-op if none. */
 PF_API pf_status pf_weight_cache_f16(pf_weight *w);
 PF_API pf_status pf_weight_drop_f16(pf_weight *w);
-/* The 8-bit leg's copy of w (PF_GEMM_INT8): int8 codes per output row and 128 columns and their
- * fp32 scales, n*k + 4*n*ceil(k/128) bytes (about half the fp16 cache). Made from w's dequantized
- * fp32 values; a no-op when already cached; UNSUPPORTED where that leg cannot run. Synchronizes
- * ctx's stream. pf_weight_drop_i8 frees it (a no-op when none). */
+/* The 8-bit leg's copy of w (PF_GEMM_INT8): int8 codes [n][k] and the rank-1 scales' factors
+ * (about n*k bytes: half the fp16 cache). Made from w's dequantized fp32 values; a no-op when
+ * already cached; UNSUPPORTED where that leg cannot run. pf_project on PF_GEMM_INT8 uses it, or
+ * without it quantizes w per call (the same bits). Synchronizes ctx's stream. pf_weight_drop_i8
+ * frees it (a no-op when none). A model loaded with gemm_leg PF_GEMM_INT8 gives the recipe's
+ * matrices this copy instead of the fp16 one. */
 PF_API pf_status pf_weight_cache_i8(pf_weight *w);
 PF_API pf_status pf_weight_drop_i8(pf_weight *w);
 /* Copies w's fp16 cache into out: fp16 elements [n][k], packed (out.off counts fp16 elements,
@@ -758,7 +762,10 @@ typedef void (*pf_progress_fn)(void *user, const char *stage, int64_t done, int6
 
 typedef struct pf_model_options {
     size_t struct_size;            /* set by pf_model_options_init; do not change */
-    int32_t gemm_leg;              /* PF_GEMM_* of sessions that do not choose. default 0 = process default */
+    int32_t gemm_leg;              /* PF_GEMM_* of sessions that do not choose. default 0 = process
+                                      default. PF_GEMM_INT8: the prewarm gives the 8-bit leg's
+                                      matrices their int8 copy instead of the fp16 one
+                                      (UNSUPPORTED off Hopper) */
     int32_t prewarm;               /* 1: cache every matrix as fp16 at load; when the whole set does
                                       not fit in the free memory (less the headroom), cache what
                                       fits and stream the rest on the f16 leg (the prewarm report

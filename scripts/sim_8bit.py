@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="out", help="where synthesized models are written")
     ap.add_argument("--json", help="write every number to this JSON file")
     ap.add_argument("--save-hidden", metavar="DIR",
-                    help="write DIR/<model>.<tokens>.npz: the tokens, each recipe's normed final "
-                         "hidden states and metrics, the GGUF's sha256 (scripts/int8_accuracy.py "
-                         "--hidden compares the GPU against them)")
+                    help="write DIR/<model>.<tokens>.npz: the tokens, the float64 forward's normed "
+                         "final hidden states, each recipe's metrics, the GGUF's sha256 "
+                         "(scripts/int8_accuracy.py --hidden compares the GPU against them)")
     ap.add_argument("--list", action="store_true", help="list the recipes and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(args.save_hidden, exist_ok=True)
             out = os.path.join(args.save_hidden, f"{label(path)}.{args.tokens}.npz")
             np.savez(out, tokens=toks, sha256=file_sha256(path), gguf=os.path.basename(path),
-                     recipes=np.array(list(res.hidden)),
-                     **{f"hidden_{n}": h for n, h in res.hidden.items()},
+                     recipes=np.array(list(res.hidden)), hidden_exact=res.hidden["exact"],
                      **{f"rel_{n}": m.rel for n, m in res.metrics.items()},
                      **{f"argmax_{n}": m.argmax for n, m in res.metrics.items()})
             print(f"{label(path)}: hidden states in {out}", file=sys.stderr)

@@ -121,12 +121,8 @@ def session_reference(ref, ids: np.ndarray, positions, piece: int = 8192) -> np.
 
 
 def _sha256(path: str) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
+    from pyprefill.bench.accuracy import file_sha256
+    return file_sha256(path)
 
 
 def reference_logits(name: str) -> tuple[np.ndarray, np.ndarray, float]:
