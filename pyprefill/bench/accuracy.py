@@ -70,10 +70,11 @@ def measure(path: str, tokens: np.ndarray, *, hf: bool = False, chunked: bool | 
     """One model's row: the simulated bar and recipe, the GPU legs (and HF), each against the
     float64 forward; `gpu_vs_recipe` = ||GPU int8 - simulated recipe|| / ||float64|| (and the
     same for the fp32-KV run). The GPU's inputs to each quantization differ from the float64
-    ones by its other rounding (fp16 KV cache, fp32 sums), which moves codes across their
-    rounding boundaries: the two int8 errors are then partly independent draws of the same
-    size, so the pointwise distance is a fraction of the recipe's error while the errors
-    themselves agree (gpu_int8 ~ sim_recipe)."""
+    ones by its other rounding (chiefly the fp16 form of the normed rows the int8 quantization
+    reads on the act16 route, 2^-11 relative; an fp32 KV cache changes the distance by 1%,
+    session 34), which moves codes across their rounding boundaries: the two int8 errors are
+    then partly independent draws of the same size, so the pointwise distance is a fraction of
+    the recipe's error while the errors themselves agree (gpu_int8 ~ sim_recipe)."""
     tokens = np.asarray(tokens, np.int32)
     chunked = len(tokens) > 64 if chunked is None else chunked
     sim = qs.simulate(path, tokens, [qs.RECIPES[BAR], qs.RECIPES[RECIPE]], keep_logits=True,

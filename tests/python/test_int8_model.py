@@ -46,10 +46,10 @@ def test_int8_sessions_against_float64(name, rng):
         f"{name}: the int8 leg's logits error {r['gpu_int8']:.3g} exceeds 1.1 x the llama.cpp bar "
         f"{r['sim_bar']:.3g}")
     # The GPU runs the recipe: its error is the simulated recipe's (within 10%, plus the GPU's
-    # own f16-level rounding). Pointwise the two differ: the GPU's other rounding (fp16 KV, fp32
-    # sums) moves some codes across their rounding boundaries, so part of the two int8 errors
-    # are independent draws (accuracy.measure); two unrelated errors of size e would be ~1.4 e
-    # apart, the same recipe well under e.
+    # own f16-level rounding). Pointwise the two differ: the GPU's other rounding (the fp16 rows
+    # the quantization reads, fp32 sums) moves some codes across their rounding boundaries, so
+    # part of the two int8 errors are independent draws (accuracy.measure); two unrelated errors
+    # of size e would be ~1.4 e apart, the same recipe well under e.
     assert abs(r["gpu_int8"] - r["sim_recipe"]) <= 0.1 * r["sim_recipe"] + r["gpu_f16"], (
         f"{name}: the int8 leg's error {r['gpu_int8']:.3g} is not its recipe's {r['sim_recipe']:.3g}")
     assert r["gpu_vs_recipe"] <= 0.8 * r["sim_recipe"], (
