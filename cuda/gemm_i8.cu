@@ -310,7 +310,7 @@ pf_status quantize_weight(pf_weight *w, float *w32, float *tmp, I8Mat dst, cudaS
     for (int64_t n0 = 0; n0 < n; n0 += slab) {  // pass 2: the codes
         const int64_t nc = std::min(slab, n - n0);
         PF_TRY(weight_rows_f32(w, n0, nc, w32, &src, st));
-        PF_TRY(quantize_i8_rows_r1(src - 0, k, n0, nc, k, dst, st));
+        PF_TRY(quantize_i8_rows_r1(src, k, n0, nc, k, dst, st));
     }
     return PF_STATUS_OK;
 }
@@ -403,7 +403,8 @@ pf_status weight_cache_i8_groups(pf_context *ctx, const std::vector<std::vector<
         // 128-row blocks would share a block of factors with the next: the group is then cached
         // member by member (fused_i8_view needs one arena).
         bool fuse = parts.size() == grp.size();
-        for (size_t i = 0; i + 1 < parts.size(); ++i) fuse = fuse && parts[i]->n % kI8Group == 0 && parts[i]->k == parts[0]->k;
+        for (size_t i = 0; i < parts.size(); ++i)
+            fuse = fuse && parts[i]->k == parts[0]->k && (i + 1 == parts.size() || parts[i]->n % kI8Group == 0);
         if (!fuse && parts.size() > 1) {
             for (pf_weight *w : parts) PF_TRY(weight_cache_i8_groups(ctx, {{w}}));
             continue;
