@@ -3,18 +3,23 @@
 // micro-benchmark (tests/cpp/bench_gemm_i8.cu) build the same code. Operand forms: gemm_i8.cuh.
 //
 // The GEMM (the structure of DeepGEMM's FP8 GEMM, DeepSeek 2025, written here for int8 with
-// per-row-and-group scales on both operands):
+// per-(row, group) scales on the activations and, on the weights, either per-(row, group) scales
+// or the rank-1 form of gemm_i8.cuh; the library runs <128, kI8Cvt, true, true>, the others are
+// the micro-benchmark's measured alternatives):
 //  - A block owns a 128-row x BN-column output tile. Warp specialisation: a producer warpgroup
 //    (one thread issues the TMA loads, then gives its registers away with setmaxnreg) and two
 //    consumer warpgroups of 64 rows each (the M of one wgmma.m64nNk32).
 //  - K runs in groups of 128: one pipeline stage holds the group's A tile (128 x 128 int8 = one
-//    128-byte swizzled row per matrix row), the W tile (BN x 128) and the two scale vectors
-//    (128 + BN fp32, group-major in global memory, so one 1-row TMA box each).
+//    128-byte swizzled row per matrix row), the W tile (BN x 128) and the scales (the A tile's
+//    128 fp32, group-major in global memory, so one 1-row TMA box; the W tile's BN, or with the
+//    rank-1 form a box of block factors holding the tile's one).
 //  - Per group a consumer issues four wgmma.m64nBNk32.s32.s8.s8 into a fresh int32 fragment
-//    (the first with scale-d = 0), then promotes: acc += float(P) * sw[col] * sa[row] in fp32.
-//    The int32 -> fp32 conversion is the 1.5 * 2^23 trick (IADD + FADD; exact for |P| < 2^22,
-//    and a 128-deep int8 dot is at most 2 064 512) instead of I2F, whose rate is a quarter of
-//    the FP32 pipe's (docs/int8-recipe.md, "Speed: why 128").
+//    (the first with scale-d = 0), then promotes in fp32: acc += float(P) * (sa[row] * b) with
+//    the rank-1 form (one FFMA per element; the rows' factors r multiply the tile once, in the
+//    epilogue), acc += float(P) * sw[col] * sa[row] otherwise (FMUL + FFMA). The int32 -> fp32
+//    conversion: kI8Cvt (I2FP.F32.S32 on sm_90, one instruction on the ALU pipe) or kI8Magic
+//    (the 1.5 * 2^23 trick, IADD + FADD; exact for |P| < 2^22, and a 128-deep int8 dot is at
+//    most 2 064 512). Measured (NOTES.md, the 8-bit leg): I2FP faster, rank-1 faster.
 //  - Two int32 fragments per consumer at BN = 128: group g+1's products are issued before
 //    group g's promotion, so the promotion overlaps the tensor cores' work of the same warpgroup
 //    (and the other warpgroup's products keep them busy too). At BN = 192 two would not fit the
