@@ -107,8 +107,9 @@ def weight_drop_f16(weight: Weight) -> None:
 
 
 def weight_cache_i8(weight: Weight) -> None:
-    """Make the weight's copy for the 8-bit leg (int8 per output row and 128 columns; no-op when
-    made). UnsupportedError where that leg cannot run (it needs Hopper, compute capability 9.0)."""
+    """Make the weight's copy for the 8-bit leg (int8 codes with rank-1 scales: a factor per
+    output row times one per 128 rows and 128 columns; no-op when made). UnsupportedError where
+    that leg cannot run (it needs Hopper, compute capability 9.0)."""
     _check(lib.pf_weight_cache_i8(weight_arg(weight).ptr))
 
 
