@@ -114,9 +114,9 @@ __global__ void i8_block_factor_kernel(const float *__restrict__ tmp, int64_t ld
     if ((threadIdx.x & 31) == 0) b[g * ldb + blk] = m;
 }
 
-// The codes of rows [n0, n0 + rows) (n0 % 128 == 0) of a rank-1 weight: s = r[c] * b[g][c / 128]
-// (fp32), q = rint(w / s), 0 where s = 0. One warp per (row, group) as quantize_i8_kernel.
-__global__ void quantize_i8_r1_kernel(const float *__restrict__ x, int64_t ldx, int64_t n0,
+// The codes of a rank-1 weight's rows: s = r[c] * b[g][c / 128] (fp32), q = rint(w / s), 0 where
+// s = 0. One warp per (row, group) as quantize_i8_kernel.
+__global__ void quantize_i8_r1_kernel(const float *__restrict__ x, int64_t ldx,
                                       int64_t rows, int64_t k, const float *__restrict__ r,
                                       const float *__restrict__ b, int64_t ldb,
                                       int8_t *__restrict__ q, int64_t ldq) {
@@ -124,10 +124,10 @@ __global__ void quantize_i8_r1_kernel(const float *__restrict__ x, int64_t ldx, 
     const int64_t item = int64_t(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
     if (item >= rows * groups) return;
     const int lane = threadIdx.x & 31;
-    const int64_t i = item / groups, g = item - i * groups, c = n0 + i;
+    const int64_t c = item / groups, g = item - c * groups;
     const float sc = r[c] * b[g * ldb + c / kI8Group];
     const int64_t c0 = g * kI8Group + 4 * lane;
-    const float *xr = x + i * ldx;
+    const float *xr = x + c * ldx;
     int8_t *qr = q + c * ldq;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -189,24 +189,23 @@ pf_status quantize_i8_rows_f16(const __half *x16, int64_t ldx, const float *inv,
     return launch_quantize<__half>(x16, ldx, inv, rows, k, out, st, "quantize_i8_kernel<half>");
 }
 
-pf_status i8_weight_factors(const float *tmp, int64_t n, int64_t k, I8Mat out, cudaStream_t st) {
-    if (n == 0) return PF_STATUS_OK;
-    const int64_t groups = i8_groups(k), ldt = i8_scale_ld(n);
-    i8_row_factor_kernel<<<unsigned(ceil_div(n, 256)), 256, 0, st>>>(tmp, ldt, n, groups, out.r);
-    PF_LAUNCH_CHECK("i8_row_factor_kernel");
-    const int64_t items = groups * i8_blocks(n);
-    i8_block_factor_kernel<<<unsigned(ceil_div(items, kQuantWarps)), 32 * kQuantWarps, 0, st>>>(
-        tmp, ldt, n, groups, out.r, out.s, out.lds);
-    PF_LAUNCH_CHECK("i8_block_factor_kernel");
-    return PF_STATUS_OK;
-}
-
-pf_status quantize_i8_rows_r1(const float *w32, int64_t ldw, int64_t n0, int64_t rows, int64_t k,
-                              I8Mat out, cudaStream_t st) {
+pf_status quantize_i8_weight_rows(const float *w32, int64_t ldw, int64_t rows, int64_t k, I8Mat out,
+                                 float *tmp, cudaStream_t st) {
     if (rows == 0) return PF_STATUS_OK;
-    const int64_t items = rows * i8_groups(k);
+    const int64_t groups = i8_groups(k), ldt = i8_scale_ld(rows);
+    I8Mat t = out;  // the per-(row, group) scales into tmp; these codes are overwritten below
+    t.s = tmp;
+    t.lds = ldt;
+    PF_TRY(quantize_i8_rows(w32, ldw, rows, k, t, st));
+    i8_row_factor_kernel<<<unsigned(ceil_div(rows, 256)), 256, 0, st>>>(tmp, ldt, rows, groups, out.r);
+    PF_LAUNCH_CHECK("i8_row_factor_kernel");
+    const int64_t blocks = groups * i8_blocks(rows);
+    i8_block_factor_kernel<<<unsigned(ceil_div(blocks, kQuantWarps)), 32 * kQuantWarps, 0, st>>>(
+        tmp, ldt, rows, groups, out.r, out.s, out.lds);
+    PF_LAUNCH_CHECK("i8_block_factor_kernel");
+    const int64_t items = rows * groups;
     quantize_i8_r1_kernel<<<unsigned(ceil_div(items, kQuantWarps)), 32 * kQuantWarps, 0, st>>>(
-        w32, ldw, n0, rows, k, out.r, out.s, out.lds, out.q, out.ldq);
+        w32, ldw, rows, k, out.r, out.s, out.lds, out.q, out.ldq);
     PF_LAUNCH_CHECK("quantize_i8_r1_kernel");
     return PF_STATUS_OK;
 }
@@ -288,29 +287,24 @@ int64_t i8_slab_rows(int64_t n, int64_t k) {
     return s >= n ? n : std::max<int64_t>(kI8Group, s / kI8Group * kI8Group);
 }
 
+// Scratch floats of the per-(row, group) scales of one slab (quantize_i8_weight_rows's tmp).
+size_t slab_tmp_floats(int64_t slab, int64_t k) { return size_t(i8_groups(k)) * size_t(i8_scale_ld(slab)); }
+
 // The rank-1 form of the whole of w into dst (dst.r and dst.s sized for w->n rows), slab by slab
-// through w32 (slab rows x k floats; unused for F32 weights) and tmp (i8_groups(k) *
-// i8_scale_ld(n) floats).
+// through w32 (slab rows x k floats; unused for F32 weights) and tmp (slab_tmp_floats): a slab is
+// whole 128-row blocks, so its factors are the whole matrix's (r per row, b per block) and each
+// slab is dequantized once.
 pf_status quantize_weight(pf_weight *w, float *w32, float *tmp, I8Mat dst, cudaStream_t st) {
     const int64_t n = w->n, k = w->k, slab = i8_slab_rows(n, k);
-    I8Mat t = dst;
-    t.s = tmp;
-    t.lds = i8_scale_ld(n);
-    const float *src = nullptr;
-    for (int64_t n0 = 0; n0 < n; n0 += slab) {  // pass 1: the per-(row, group) scales
+    for (int64_t n0 = 0; n0 < n; n0 += slab) {
         const int64_t nc = std::min(slab, n - n0);
-        I8Mat part = t;
-        part.q += n0 * t.ldq;
-        part.s += n0;
+        I8Mat part = dst;
+        part.q += n0 * dst.ldq;
+        part.r += n0;
+        part.s += n0 / kI8Group;
+        const float *src = nullptr;
         PF_TRY(weight_rows_f32(w, n0, nc, w32, &src, st));
-        PF_TRY(quantize_i8_rows(src, k, nc, k, part, st));
-    }
-    PF_TRY(i8_weight_factors(tmp, n, k, dst, st));
-    if (slab >= n) return quantize_i8_rows_r1(src, k, 0, n, k, dst, st);  // the slab still in w32
-    for (int64_t n0 = 0; n0 < n; n0 += slab) {  // pass 2: the codes
-        const int64_t nc = std::min(slab, n - n0);
-        PF_TRY(weight_rows_f32(w, n0, nc, w32, &src, st));
-        PF_TRY(quantize_i8_rows_r1(src, k, n0, nc, k, dst, st));
+        PF_TRY(quantize_i8_weight_rows(src, k, nc, k, part, tmp, st));
     }
     return PF_STATUS_OK;
 }
@@ -338,7 +332,7 @@ void i8_release(pf_weight *w) {
 
 size_t i8_streaming_bytes(int64_t n, int64_t k) {
     const int64_t slab = i8_slab_rows(n, k);
-    return i8_weight_bytes(slab, k) + i8_align(size_t(i8_groups(k)) * size_t(i8_scale_ld(slab)) * sizeof(float));
+    return i8_weight_bytes(slab, k) + i8_align(slab_tmp_floats(slab, k) * sizeof(float));
 }
 
 size_t i8_activation_bytes(int64_t rows, int64_t k) { return act_bytes(rows, k); }
@@ -370,12 +364,7 @@ pf_status project_i8(const ProjEnv &env, pf_weight *w, const float *x, int64_t r
         float *tmp = reinterpret_cast<float *>(static_cast<char *>(env.w16->ptr) + i8_weight_bytes(nc, k));
         const float *src = nullptr;
         PF_TRY(weight_rows_f32(w, n0, nc, w32, &src, ctx->stream));
-        I8Mat t = wm;
-        t.s = tmp;
-        t.lds = i8_scale_ld(nc);
-        PF_TRY(quantize_i8_rows(src, k, nc, k, t, ctx->stream));
-        PF_TRY(i8_weight_factors(tmp, nc, k, wm, ctx->stream));
-        PF_TRY(quantize_i8_rows_r1(src, k, 0, nc, k, wm, ctx->stream));
+        PF_TRY(quantize_i8_weight_rows(src, k, nc, k, wm, tmp, ctx->stream));
         PF_TRY(gemm_i8(xa, wm, rows, nc, k, y + n0, ldy, accumulate, ctx->stream));
     }
     return PF_STATUS_OK;
@@ -416,11 +405,16 @@ pf_status weight_cache_i8_groups(pf_context *ctx, const std::vector<std::vector<
         PF_TRY(f16_arena_create(ctx, i8_weight_bytes(n, k), &arena, "the 8-bit leg's weight copy"));
         const I8Mat all = weight_layout(arena->ptr, n, k);
         int64_t slab_max = 0;
-        for (pf_weight *w : parts) slab_max = std::max(slab_max, w->qtype == PF_QTYPE_F32 ? 0 : i8_slab_rows(w->n, k));
-        pf_status s = scratch_reserve(ctx, ctx->scratch_f32, size_t(slab_max) * size_t(k) * sizeof(float),
+        bool dequant = false;
+        for (pf_weight *w : parts) {
+            slab_max = std::max(slab_max, i8_slab_rows(w->n, k));
+            dequant = dequant || w->qtype != PF_QTYPE_F32;
+        }
+        pf_status s = scratch_reserve(ctx, ctx->scratch_f32,
+                                      dequant ? size_t(slab_max) * size_t(k) * sizeof(float) : 0,
                                       "pf_weight_cache_i8: weight scratch");
         if (s == PF_STATUS_OK)
-            s = scratch_reserve(ctx, ctx->scratch_f16_x, size_t(i8_groups(k)) * size_t(i8_scale_ld(n)) * sizeof(float),
+            s = scratch_reserve(ctx, ctx->scratch_f16_x, slab_tmp_floats(slab_max, k) * sizeof(float),
                                 "pf_weight_cache_i8: scale scratch");
         int64_t row0 = 0;
         for (pf_weight *w : parts) {

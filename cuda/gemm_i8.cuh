@@ -71,14 +71,12 @@ pf_status quantize_i8_rows(const float *x, int64_t ldx, int64_t rows, int64_t k,
 pf_status quantize_i8_rows_f16(const __half *x16, int64_t ldx, const float *inv, int64_t rows,
                                int64_t k, I8Mat out, cudaStream_t st);
 
-// The rank-1 weight form of a matrix dequantized (to fp32) slab by slab, in three steps:
-// (1) quantize_i8_rows of each slab into a scratch tmp (the per-(row, group) scales [g][row],
-// lds = i8_scale_ld(n); its codes are overwritten later); (2) the factors of all n rows from tmp
-// into out.r [n] and out.s = b [groups][out.lds >= i8_blocks(n)]; (3) the codes of each slab
-// (rows n0.., n0 % 128 == 0, w32 its first row) from the factors. Asynchronous on st.
-pf_status i8_weight_factors(const float *tmp, int64_t n, int64_t k, I8Mat out, cudaStream_t st);
-pf_status quantize_i8_rows_r1(const float *w32, int64_t ldw, int64_t n0, int64_t rows, int64_t k,
-                              I8Mat out, cudaStream_t st);
+// The rank-1 weight form of w32 [rows][ldw] fp32 (a whole matrix, or a run of whole 128-row
+// blocks of one, whose factors are then the matrix's) into out (codes, out.r [rows], out.s = b
+// [groups][out.lds >= i8_blocks(rows)]): the per-(row, group) scales into tmp (groups *
+// i8_scale_ld(rows) floats), the row and block factors, then the codes. Asynchronous on st.
+pf_status quantize_i8_weight_rows(const float *w32, int64_t ldw, int64_t rows, int64_t k, I8Mat out,
+                                 float *tmp, cudaStream_t st);
 
 // Y[r][j] (+)= X . W^T over the quantized forms: a [rows][k] (per-(row, group) scales), w [n][k]
 // in the rank-1 form; y fp32 [rows][ldy] (columns [n, ldy) untouched). UNSUPPORTED where the
