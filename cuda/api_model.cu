@@ -51,8 +51,7 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     // copy instead of an fp16 one (about half the bytes), the others their fp16 copy.
     std::vector<std::vector<pf_weight *>> f16_groups = model_f16_groups(m, fuse);
     if (m->gemm_leg == PF_GEMM_INT8) {
-        int32_t run = 0;
-        PF_TRY(resolve_gemm_leg(m->output, PF_GEMM_INT8, &run));  // Hopper, else UNSUPPORTED
+        PF_TRY(int8_leg_check("model prewarm (gemm_leg PF_GEMM_INT8)"));
         const std::vector<std::vector<pf_weight *>> i8 = model_i8_groups(m, fuse);
         std::unordered_set<const pf_weight *> eight;
         for (const auto &g : i8) eight.insert(g.begin(), g.end());

@@ -266,8 +266,7 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     // The 8-bit leg: the int8 copies of the recipe's matrices (kept by the model's weights, shared
     // by its later sessions); a device it cannot run on is UNSUPPORTED here, before any step.
     if (plan.leg == PF_GEMM_INT8) {
-        int32_t run = 0;
-        PF_TRY(resolve_gemm_leg(m->output, PF_GEMM_INT8, &run));
+        PF_TRY(int8_leg_check("session (gemm_leg PF_GEMM_INT8)"));
         PF_TRY(weight_cache_i8_groups(ctx, model_i8_groups(m, plan.fuse_groups)));
     }
     ProjScratchBytes need;

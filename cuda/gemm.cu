@@ -230,6 +230,13 @@ size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * size
 
 int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
 
+pf_status int8_leg_check(const char *who) {
+    if (gemm_i8_available()) return PF_STATUS_OK;
+    return fail(PF_STATUS_UNSUPPORTED,
+                "%s: the 8-bit leg (PF_GEMM_INT8) runs on Hopper only (an sm_90a build on a compute "
+                "capability 9.0 device); use PF_GEMM_F16 or PF_GEMM_F32", who);
+}
+
 pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
     if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
     switch (leg) {
@@ -237,10 +244,7 @@ pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
         case PF_GEMM_F32: *out = PF_GEMM_F32; return PF_STATUS_OK;
         case PF_GEMM_F16: *out = PF_GEMM_F16; return PF_STATUS_OK;
         case PF_GEMM_INT8:
-            if (!gemm_i8_available())
-                return fail(PF_STATUS_UNSUPPORTED,
-                            "project: the 8-bit leg (PF_GEMM_INT8) runs on Hopper only (an sm_90a "
-                            "build on a compute capability 9.0 device); use PF_GEMM_F16 or PF_GEMM_F32");
+            PF_TRY(int8_leg_check("project"));
             if (w->k % 16 != 0)
                 return fail(PF_STATUS_UNSUPPORTED,
                             "project: the 8-bit leg needs k %% 16 == 0 (weight n=%lld k=%lld)",

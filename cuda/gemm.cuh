@@ -108,6 +108,9 @@ pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
 pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
                              size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report);
 
+// OK where the 8-bit leg can run (gemm_i8_available), else UNSUPPORTED naming `who` and Hopper.
+pf_status int8_leg_check(const char *who);
+
 // The leg a session on `plan_leg` runs w on: under PF_GEMM_INT8 the 8-bit leg for the matrices
 // that have their int8 copy (the recipe's, made when the executor is created: model_i8_groups)
 // and AUTO's f16 / f32 choice for the others; plan_leg itself otherwise.
