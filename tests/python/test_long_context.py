@@ -120,20 +120,16 @@ def session_reference(ref, ids: np.ndarray, positions, piece: int = 8192) -> np.
     return np.stack(out)
 
 
-def _sha256(path: str) -> str:
-    from pyprefill.bench.accuracy import file_sha256
-    return file_sha256(path)
-
-
 def reference_logits(name: str) -> tuple[np.ndarray, np.ndarray, float]:
     """(tokens, float64 reference logits at POSITIONS, seconds it took) for a shortened model.
     Cached in $PF_LONG_REF_DIR (default the test directory) as float32, keyed by the GGUF's
     sha256, the length and the positions: the GDN reference takes minutes of CPU, so it can be
     computed once on any machine and carried to the GPU one (the synthetic file is the same
     bytes everywhere: same seed)."""
+    from pyprefill.bench.accuracy import file_sha256
     from pyprefill.reference.model import ReferenceModel
     path = short_model(name)
-    digest = _sha256(path)
+    digest = file_sha256(path)
     cache = os.path.join(os.environ.get("PF_LONG_REF_DIR") or _test_dir(),
                          f"long-{name}-{TOKENS}.npz")
     if os.path.exists(cache):
