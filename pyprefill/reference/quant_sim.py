@@ -138,11 +138,7 @@ def quantize_i8_weight_f32(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     w = np.asarray(w, dtype=np.float32)
     N, K = w.shape
     _, a = quantize_i8_rows_f32(w)
-    r = a.max(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(r[:, None] > 0, a / np.where(r > 0, r, np.float32(1))[:, None], np.float32(0))
-    ratio = np.pad(ratio.astype(np.float32), ((0, -N % I8_GROUP), (0, 0)))
-    b = ratio.reshape(-1, I8_GROUP, a.shape[1]).max(axis=1)
+    r, b = weight_scales_rank1(a, I8_GROUP)
     s = (r[:, None] * np.repeat(b, I8_GROUP, axis=0)[:N]).astype(np.float32)   # (N, G)
     wg = _groups(w, I8_GROUP)
     ok = s > 0
@@ -585,15 +581,15 @@ def round_activations(leg: Leg, x: np.ndarray, qtype: int) -> np.ndarray:
     return dequantize_groups(q, d.astype(np.float64), 32)
 
 
-def weight_scales_rank1(amax: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank-1 weight scales for the ideal per-(row, group) scales a = amax / 127 (N, G): a factor
+def weight_scales_rank1(a: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank-1 weight scales for the ideal per-(row, group) scales a = amax / 127 (N, G), computed
+    in a's precision (float64 for the simulation, float32 for the GPU's arithmetic): a factor
     per output row r = max over groups of a, and one per block of `rows` output rows and group,
     b = max over the block's rows of a / r (<= 1), so that r * b >= a everywhere (no clipping).
     Returns (r (N,), b (ceil(N/rows), G)); an all-zero row gets r = 0 (and counts as 0 in b)."""
-    a = amax / INT8_MAX
     N, G = a.shape
     r = a.max(axis=1)
-    ratio = a / np.where(r > 0, r, 1.0)[:, None]
+    ratio = np.where(r[:, None] > 0, a / np.where(r > 0, r, 1)[:, None], 0).astype(a.dtype)
     ratio = np.pad(ratio, ((0, -N % rows), (0, 0)))
     b = ratio.reshape(-1, rows, G).max(axis=1)
     return r, b
@@ -609,7 +605,7 @@ def round_weight(leg: Leg, w: np.ndarray) -> np.ndarray:
         br, bc = leg.wblock
         wp = np.pad(w, ((0, 0), (0, -K % bc)))
         wg = wp.reshape(N, -1, bc)
-        r, b = weight_scales_rank1(np.abs(wg).max(axis=2), br)
+        r, b = weight_scales_rank1(np.abs(wg).max(axis=2) / INT8_MAX, br)
         scale = r[:, None] * np.repeat(b, br, axis=0)[:N]
         q = np.clip(np.rint(wg / np.where(scale > 0, scale, 1.0)[..., None]), -INT8_MAX, INT8_MAX)
         return (q * scale[..., None]).reshape(N, -1)[:, :K]
