@@ -15,23 +15,23 @@ import json
 import os
 import sys
 import tempfile
+import types
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from pyprefill.bench import accuracy  # noqa: E402
-from pyprefill.formats.synth import write_synthetic  # noqa: E402
+from pyprefill.bench.model import synthetic_gguf  # noqa: E402
 from pyprefill.model import inspect  # noqa: E402
 
 
 def model_path(m: str, gguf_dir: str) -> str:
+    """A GGUF path, or the synth preset's file as the model bench writes and reuses it."""
     if os.path.exists(m):
         return m
-    path = os.path.join(gguf_dir, f"bench-{m}-q4_k_m.gguf")
-    if not os.path.exists(path):
-        write_synthetic(m, "q4_k_m", path, seed=0, progress=False)
-    return path
+    log = types.SimpleNamespace(say=lambda line: print(line, file=sys.stderr))
+    return synthetic_gguf(log, m, "q4_k_m", gguf_dir)
 
 
 def main() -> int:
