@@ -792,45 +792,66 @@ def simulate(path: str, tokens: Sequence[int], recipes: Iterable[Recipe], *,
         if log:
             log(f"layer {i + 1}/{len(desc.layer_kinds)} ({kind})")
         del w, forms
-    # LM head in vocabulary chunks: accumulate ||diff||², ||ref||² and the running argmax per row
+    # LM head in vocabulary chunks: ||diff||², ||ref||² and the running argmax per row
     qn, raw_n = read_raw(desc, "output_norm.weight")
     onorm = dequantize_raw(raw_n, qn, desc.n_embd).reshape(-1).astype(np.float64)
-    out_name = "token_embd.weight" if desc.tied_output else "output.weight"
-    qo, raw_o = read_raw(desc, out_name)
     hs = {n: ops.rms_norm(xs[n], onorm, desc.eps) for n in names}
-    T, V = ids.size, desc.n_vocab
-    diff2 = {n: np.zeros(T) for n in names}
-    ref2 = np.zeros(T)
-    best = {n: np.full(T, -np.inf) for n in names}
-    arg = {n: np.zeros(T, np.int64) for n in names}
+    T = ids.size
+    acc = _LogitErrors(T, names)
     kept = {n: [] for n in names} if keep_logits else None
-    for v0 in range(0, V, vocab_chunk):
-        wc = dequantize_raw(raw_o[v0:v0 + vocab_chunk], qo, desc.n_embd).astype(np.float64)
+    for v0, wc in _head_chunks(desc, vocab_chunk):
         ref = None
         for n in names:
             t0 = time.perf_counter()
             lg = hs[n] @ wc.T
-            if ref is None:
-                ref = lg
-                ref2 += np.sum(ref * ref, axis=1)
-            else:
-                diff2[n] += np.sum((lg - ref) ** 2, axis=1)
-            m = lg.max(axis=1)
-            better = m > best[n]
-            arg[n] = np.where(better, v0 + lg.argmax(axis=1), arg[n])
-            best[n] = np.maximum(best[n], m)
+            acc.add(n, v0, lg, ref)
+            ref = lg if ref is None else ref
             if kept is not None:
                 kept[n].append(lg)
             secs[n] += time.perf_counter() - t0
     metrics = {}
     for n in names:
         roles = {r: float(np.sqrt(a / b)) if b > 0 else 0.0 for r, (a, b) in stats[n].items()}
-        metrics[n] = Metrics(rel=float(np.sqrt(diff2[n].sum() / ref2.sum())),
-                             worst=float(np.sqrt(np.max(diff2[n] / ref2))),
-                             argmax=float(np.mean(arg[n] == arg["exact"])),
-                             seconds=secs[n], roles=roles)
+        rel, worst, agree = acc.metrics(n, "exact")
+        metrics[n] = Metrics(rel=rel, worst=worst, argmax=agree, seconds=secs[n], roles=roles)
     logits = {n: np.concatenate(kept[n], axis=1) for n in names} if kept is not None else None
     return SimResult(str(path), T, metrics, logits, hs if keep_hidden else None)
+
+
+class _LogitErrors:
+    """Logits met vocabulary chunk by chunk: per position ||out - ref||² and ||ref||², and each
+    array's running argmax."""
+
+    def __init__(self, T: int, names: Iterable[str]):
+        names = list(names)
+        self.ref2 = np.zeros(T)
+        self.diff2 = {n: np.zeros(T) for n in names}
+        self.best = {n: np.full(T, -np.inf) for n in names}
+        self.arg = {n: np.zeros(T, np.int64) for n in names}
+
+    def add(self, name: str, v0: int, lg: np.ndarray, ref: np.ndarray | None) -> None:
+        """Columns v0.. of `name`'s logits; ref None: they are the reference's."""
+        if ref is None:
+            self.ref2 += np.sum(lg * lg, axis=1)
+        else:
+            self.diff2[name] += np.sum((lg - ref) ** 2, axis=1)
+        m = lg.max(axis=1)
+        self.arg[name] = np.where(m > self.best[name], v0 + lg.argmax(axis=1), self.arg[name])
+        self.best[name] = np.maximum(self.best[name], m)
+
+    def metrics(self, name: str, ref_name: str) -> tuple[float, float, float]:
+        """(whole-array relative error, worst position's, argmax agreement with ref_name)."""
+        d = self.diff2[name]
+        return (float(np.sqrt(d.sum() / self.ref2.sum())), float(np.sqrt(np.max(d / self.ref2))),
+                float(np.mean(self.arg[name] == self.arg[ref_name])))
+
+
+def _head_chunks(desc: ModelDesc, vocab_chunk: int):
+    """(first row, float64 rows) of the LM head's matrix, vocab_chunk rows at a time."""
+    out_name = "token_embd.weight" if desc.tied_output else "output.weight"
+    qo, raw_o = read_raw(desc, out_name)
+    for v0 in range(0, desc.n_vocab, vocab_chunk):
+        yield v0, dequantize_raw(raw_o[v0:v0 + vocab_chunk], qo, desc.n_embd).astype(np.float64)
 
 
 def lm_head_errors(path: str, hidden: np.ndarray, others: dict[str, np.ndarray], *,
@@ -838,24 +859,14 @@ def lm_head_errors(path: str, hidden: np.ndarray, others: dict[str, np.ndarray],
     """(||out - ref|| / ||ref||, argmax agreement) over all positions of each logits array in
     `others` (name -> (T, V)) against the float64 logits of `hidden` (T, d: the normed final
     hidden states, SimResult.hidden) through the GGUF's LM head, in vocabulary chunks."""
-    desc = load_model_desc(str(path))
-    out_name = "token_embd.weight" if desc.tied_output else "output.weight"
-    qo, raw_o = read_raw(desc, out_name)
-    T = hidden.shape[0]
-    diff2 = {n: 0.0 for n in others}
-    ref2 = 0.0
-    best = {n: np.full(T, -np.inf) for n in ["ref", *others]}
-    arg = {n: np.zeros(T, np.int64) for n in ["ref", *others]}
-    for v0 in range(0, desc.n_vocab, vocab_chunk):
-        wc = dequantize_raw(raw_o[v0:v0 + vocab_chunk], qo, desc.n_embd).astype(np.float64)
+    acc = _LogitErrors(hidden.shape[0], ["ref", *others])
+    for v0, wc in _head_chunks(load_model_desc(str(path)), vocab_chunk):
         ref = hidden @ wc.T
-        ref2 += float(np.sum(ref * ref))
-        for n, lg in [("ref", ref)] + [(n, np.asarray(o[:, v0:v0 + wc.shape[0]], np.float64))
-                                        for n, o in others.items()]:
-            if n != "ref":
-                diff2[n] += float(np.sum((lg - ref) ** 2))
-            m = lg.max(axis=1)
-            better = m > best[n]
-            arg[n] = np.where(better, v0 + lg.argmax(axis=1), arg[n])
-            best[n] = np.maximum(best[n], m)
-    return {n: (float(np.sqrt(diff2[n] / ref2)), float(np.mean(arg[n] == arg["ref"]))) for n in others}
+        acc.add("ref", v0, ref, None)
+        for n, o in others.items():
+            acc.add(n, v0, np.asarray(o[:, v0:v0 + wc.shape[0]], np.float64), ref)
+    out = {}
+    for n in others:
+        rel, _, agree = acc.metrics(n, "ref")
+        out[n] = (rel, agree)
+    return out
