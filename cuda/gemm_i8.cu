@@ -3,6 +3,7 @@
 // Contract in gemm_i8.cuh; the GEMM kernel, its design and its launch in gemm_i8_kernel.cuh.
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -157,22 +158,44 @@ pf_status launch_quantize(const T *x, int64_t ldx, const float *inv, int64_t row
 // ------------------------------------------------------------------ host
 
 // The production instance: 128-wide tiles, two fragments per consumer, the I2FP conversion, the
-// rank-1 weight form (bench_gemm_i8 measures the others: NOTES.md, the 8-bit leg).
+// rank-1 weight form, clusters of two blocks sharing their A tile (1 x 2), a persistent grid
+// (bench_gemm_i8 measures the others: NOTES.md, the 8-bit leg).
+constexpr int kBN = 128, kCM = 1, kCN = 2;
+
+// The persistent grid's clusters on the current device (cudaOccupancyMaxActiveClusters, once
+// per device; 0 when the query fails: one cluster per tile then).
+int i8_grid_clusters() {
+    static std::atomic<int> cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev < 0 || dev >= 64) return i8k::max_active_clusters<kBN, i8k::kI8Cvt, true, true, kCM, kCN>();
+    int v = cached[dev].load(std::memory_order_relaxed);
+    if (v == 0) {
+        v = i8k::max_active_clusters<kBN, i8k::kI8Cvt, true, true, kCM, kCN>();
+        cached[dev].store(v > 0 ? v : -1, std::memory_order_relaxed);
+    }
+    return v > 0 ? v : 0;
+}
+
 pf_status launch_gemm_i8(I8Mat a, I8Mat w, int64_t rows, int64_t n, int64_t k, float *y,
                          int64_t ldy, bool accumulate, cudaStream_t st) {
-    constexpr int kBN = 128;
     i8k::Maps maps;
-    const CUresult r = i8k::make_maps(&maps, a, w, rows, n, k, kBN);
+    const CUresult r = i8k::make_maps(&maps, a, w, rows, n, k, kBN, kCM, kCN);
     if (r != CUDA_SUCCESS)
         return fail(PF_STATUS_CUDA_ERROR,
                     "gemm_i8: cuTensorMapEncodeTiled(rows=%lld, n=%lld, k=%lld) failed: %d",
                     (long long)rows, (long long)n, (long long)k, int(r));
     const i8k::i8_gemm_args f = i8k::make_args(rows, n, k, y, ldy, accumulate, kBN, w.r);
-    if (int64_t(f.m_tiles) * f.n_tiles > kMaxGridX)
-        return fail(PF_STATUS_UNSUPPORTED, "gemm_i8: %d x %d tiles exceed one grid", f.m_tiles, f.n_tiles);
-    const auto kernel = i8k::gemm_i8_kernel<kBN, i8k::kI8Cvt, true, true>;
+    const auto kernel = i8k::gemm_i8_kernel<kBN, i8k::kI8Cvt, true, true, kCM, kCN>;
     PF_TRY(set_max_dynamic_smem(kernel, int(i8k::i8_smem_bytes<kBN, true>()), "gemm_i8_kernel"));
-    const cudaError_t e = i8k::launch<kBN, i8k::kI8Cvt, true, true>(maps, f, st);
+    int clusters = i8_grid_clusters();
+    // Without a persistent grid: one cluster per cluster tile, within one grid.
+    if (clusters == 0 && int64_t(f.m_tiles) * ((f.n_tiles + kCN - 1) / kCN) * kCN > kMaxGridX)
+        return fail(PF_STATUS_UNSUPPORTED, "gemm_i8: %d x %d tiles exceed one grid", f.m_tiles, f.n_tiles);
+    const cudaError_t e = i8k::launch<kBN, i8k::kI8Cvt, true, true, kCM, kCN>(maps, f, st, clusters);
     if (e != cudaSuccess) return launch_fail(e, __FILE__, __LINE__, "gemm_i8_kernel");
     return PF_STATUS_OK;
 }

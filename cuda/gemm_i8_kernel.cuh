@@ -4,8 +4,8 @@
 //
 // The GEMM (the structure of DeepGEMM's FP8 GEMM, DeepSeek 2025, written here for int8 with
 // per-(row, group) scales on the activations and, on the weights, either per-(row, group) scales
-// or the rank-1 form of gemm_i8.cuh; the library runs <128, kI8Cvt, true, true>, the others are
-// the micro-benchmark's measured alternatives):
+// or the rank-1 form of gemm_i8.cuh; the library runs <128, kI8Cvt, true, true, 1, 2> on a
+// persistent grid, the others are the micro-benchmark's measured alternatives):
 //  - A block owns a 128-row x BN-column output tile. Warp specialisation: a producer warpgroup
 //    (one thread issues the TMA loads, then gives its registers away with setmaxnreg) and two
 //    consumer warpgroups of 64 rows each (the M of one wgmma.m64nNk32).
@@ -26,6 +26,11 @@
 //    registers: one fragment, and only the other warpgroup's products overlap a promotion.
 //  - Tiles are rastered in bands of kI8Band row tiles (row tile fastest) so that the blocks
 //    resident at once share their weight tiles in L2.
+//  - Clusters (CM x CN blocks) share one TMA load of a tile among the blocks that need it
+//    (multicast), and a persistent grid lets the producer load the next tile while the consumers
+//    write this one. Measured (bench_gemm_i8, 40 launches back to back, 8192 x 34816 x 5120):
+//    one block per tile 3.33 ms, persistent 3.23, persistent 1 x 2 clusters 3.07 (2 x 1: 3.14,
+//    2 x 2: 3.21).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -146,18 +151,27 @@ __device__ __forceinline__ void fence_iregs(int32_t (&r)[N]) {
 
 // BN: weight rows per block (128 or 192); Conv: I8Convert; Two: two int32 fragments per consumer
 // (group g+1 issued before group g is promoted; BN = 128 only: registers); R1: the rank-1
-// weight form (BN = 128: a tile is one block of its factors).
-template <int BN, int Conv, bool Two, bool R1 = false>
+// weight form (BN = 128: a tile is one block of its factors). CM x CN: the blocks of one
+// cluster (rank = rm + CM rn): the CM blocks of a column (the same weight tile, CM row tiles)
+// each load 1 / CM of the weight tile and multicast it to the others; the CN blocks of a row
+// (the same row tile) share the A tile the same way. That cuts each block's L2 reads per group
+// from 32 KiB to 16 (1 / CM + 1 / CN) KiB. A block runs the cluster tiles blockIdx / CS,
+// + gridDim / CS, ... (persistent when the grid is smaller than the tiles: the producer then
+// loads the next tile's groups while the consumers write this one's outputs).
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 __global__ void __launch_bounds__(kI8Threads, 1)
     gemm_i8_kernel(const __grid_constant__ i8_gemm_args a, const __grid_constant__ CUtensorMap tm_a,
                    const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_sa,
                    const __grid_constant__ CUtensorMap tm_sw) {
 #ifdef PF_I8_DEVICE
     constexpr int S = i8_stages<BN>();
+    constexpr int CS = CM * CN;
     constexpr uint32_t kTileW = uint32_t(BN) * 128;
     static_assert(!R1 || BN == 128, "a rank-1 factor covers 128 weight rows");
+    static_assert(CS <= 4 && (CM == 1 || CM == 2) && (CN == 1 || CN == 2), "clusters of 1, 2 or 2 x 2");
     constexpr uint32_t kStageTx = uint32_t(i8_stage_tx<BN, R1>());
     constexpr uint32_t kSwBytes = R1 ? 128 : BN * 4;
+    constexpr int kConsumerWarps = kI8Consumers / 32;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
     const uint32_t base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
@@ -170,40 +184,72 @@ __global__ void __launch_bounds__(kI8Threads, 1)
     const auto full = [&](int st) { return bars + 8 * st; };
     const auto empty = [&](int st) { return bars + 8 * (S + st); };
 
-    // Raster: bands of kI8Band row tiles; inside a band the row tile runs fastest.
-    const int b = int(blockIdx.x);
-    const int band_tiles = kI8Band * a.n_tiles;
-    const int band = b / band_tiles;
-    const int in_band = b - band * band_tiles;
-    const int band_rows = min(kI8Band, a.m_tiles - band * kI8Band);
-    const int mt = band * kI8Band + in_band % band_rows;
-    const int nt = in_band / band_rows;
-    const int m0 = mt * kI8BM, n0 = nt * BN;
+    // Cluster tiles: CM x CN output tiles; rastered in bands of kBand cluster rows (kI8Band row
+    // tiles), the cluster row running fastest inside a band, so that the blocks resident at once
+    // share their weight tiles in L2.
+    const int rank = CS > 1 ? int(cluster_ctarank()) : 0;
+    const int rm = rank % CM, rn = rank / CM;
+    const int cluster = int(blockIdx.x) / CS, clusters = int(gridDim.x) / CS;
+    const int cm_tiles = (a.m_tiles + CM - 1) / CM, cn_tiles = (a.n_tiles + CN - 1) / CN;
+    const int tiles = cm_tiles * cn_tiles;
+    constexpr int kBand = kI8Band / CM;
+    const auto tile_of = [&](int t, int &mt, int &nt) {  // a block past the matrix reads zeros
+        const int band_tiles = kBand * cn_tiles;
+        const int band = t / band_tiles, in_band = t - band * band_tiles;
+        const int band_rows = min(kBand, cm_tiles - band * kBand);
+        mt = (band * kBand + in_band % band_rows) * CM + rm;
+        nt = (in_band / band_rows) * CN + rn;
+    };
     const int G = a.groups;
 
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int st = 0; st < S; ++st) {
             mbar_init(full(st), 1);
-            mbar_init(empty(st), kI8Consumers);
+            mbar_init(empty(st), kConsumerWarps * CS);  // every consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CS > 1) {
+        cluster_sync();
+    } else {
+        __syncthreads();
+    }
 
     if (tid < 128) {
         setmaxnreg_dec<kI8ProducerRegs>();
         if (tid == 0) {
-            for (int g = 0; g < G; ++g) {
-                const int st = g % S, use = g / S;
-                if (use > 0) mbar_wait(empty(st), (use - 1) & 1);
-                mbar_arrive_expect_tx(full(st), kStageTx);
-                tma_load_2d(sA0 + st * kI8TileA, &tm_a, g * 128, m0, full(st));
-                tma_load_2d(sW0 + st * kTileW, &tm_w, g * 128, n0, full(st));
-                tma_load_2d(sSa0 + st * kI8BM * 4, &tm_sa, m0, g, full(st));
-                tma_load_2d(sSw0 + st * kSwBytes, &tm_sw, R1 ? nt / kI8R1Box * kI8R1Box : n0, g, full(st));
+            uint16_t a_mask = 0, w_mask = 0;  // the blocks sharing my row tile, my weight tile
+            for (int j = 0; j < CN; ++j) a_mask |= uint16_t(1u << (rm + CM * j));
+            for (int i = 0; i < CM; ++i) w_mask |= uint16_t(1u << (i + CM * rn));
+            int it = 0;  // groups loaded so far (over the tiles): stage it % S, use it / S
+            for (int t = cluster; t < tiles; t += clusters) {
+                int mt, nt;
+                tile_of(t, mt, nt);
+                const int m0 = mt * kI8BM, n0 = nt * BN;
+                for (int g = 0; g < G; ++g, ++it) {
+                    const int st = it % S, use = it / S;
+                    if (use > 0) mbar_wait(empty(st), (use - 1) & 1);
+                    mbar_arrive_expect_tx(full(st), kStageTx);  // every byte landing here
+                    if constexpr (CN == 1) {
+                        tma_load_2d(sA0 + st * kI8TileA, &tm_a, g * 128, m0, full(st));
+                    } else {
+                        tma_load_2d_multicast(sA0 + st * kI8TileA + rn * (kI8TileA / CN), &tm_a, g * 128,
+                                              m0 + rn * (kI8BM / CN), full(st), a_mask);
+                    }
+                    if constexpr (CM == 1) {
+                        tma_load_2d(sW0 + st * kTileW, &tm_w, g * 128, n0, full(st));
+                    } else {
+                        tma_load_2d_multicast(sW0 + st * kTileW + rm * (kTileW / CM), &tm_w, g * 128,
+                                              n0 + rm * (BN / CM), full(st), w_mask);
+                    }
+                    tma_load_2d(sSa0 + st * kI8BM * 4, &tm_sa, m0, g, full(st));
+                    tma_load_2d(sSw0 + st * kSwBytes, &tm_sw, R1 ? nt / kI8R1Box * kI8R1Box : n0, g, full(st));
+                }
             }
-            for (int g = G > S ? G - S : 0; g < G; ++g) mbar_wait(empty(g % S), (g / S) & 1);
+            // Every stage released by the whole cluster before this block ends: the other blocks'
+            // consumers arrive on this block's barriers until then.
+            for (int j = it > S ? it - S : 0; j < it; ++j) mbar_wait(empty(j % S), (j / S) & 1);
         }
         return;
     }
@@ -225,98 +271,118 @@ __global__ void __launch_bounds__(kI8Threads, 1)
     const auto sw_ptr = [&](int st) {
         return reinterpret_cast<const float *>(base_ptr + (sSw0 - base) + st * kSwBytes);
     };
+    // A stage is released once this warp's products of it are done and its scales read: one
+    // arrival per warp on the barrier of every block of the cluster (their producers multicast
+    // into this block's stage).
+    const auto release = [&](int st) {
+        __syncwarp();
+        if constexpr (CS == 1) {
+            mbar_arrive_if(empty(st), lane == 0);
+        } else {
+            mbar_arrive_cluster_if(empty(st), uint32_t(lane), lane < CS);
+        }
+    };
 
     float acc[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     static_assert(!Two || BN <= 128, "two fragments of 192 columns do not fit the registers");
     constexpr bool kTwoFragments = Two;
-    int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];
 
-    // Group g's products go into fragment g % 2; group g + 1's are issued before group g is
-    // promoted, and a stage is released once its scales have been read.
-    const auto promote = [&](int g, int32_t(&p)[BN / 2]) {
-        const int st = g % S;
-        const float *sa = sa_ptr(st);
-        if constexpr (R1) {
-            const float b = sw_ptr(st)[nt % kI8R1Box];
-            i8_promote_r1<BN, Conv>(acc, p, sa[row_in_tile] * b, sa[row_in_tile + 8] * b);
-        } else {
-            i8_promote<BN, Conv>(acc, p, sw_ptr(st), sa[row_in_tile], sa[row_in_tile + 8], tig);
-        }
-        mbar_arrive(empty(st));
-    };
-    // Every branch below commits and waits for the same groups on every path (ptxas tracks
-    // the wgmma groups statically and otherwise serializes them with injected waits).
-    const auto issue = [&](int g, int32_t(&p)[BN / 2]) {
-        const int st = g % S;
-        mbar_wait(full(st), (g / S) & 1);
-        i8_issue<BN>(p, da(st), dw(st));
-    };
-    if constexpr (kTwoFragments) {
-        issue(0, p0);
-        int g = 0;
-        for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
-            issue(g + 1, p1);
-            wgmma_wait<1>();
-            fence_iregs(p0);
-            promote(g, p0);
-            issue(g + 2, p0);
-            wgmma_wait<1>();
-            fence_iregs(p1);
-            promote(g + 1, p1);
-        }
-        if (g + 1 < G) {  // two groups left
-            issue(g + 1, p1);
-            wgmma_wait<1>();
-            fence_iregs(p0);
-            promote(g, p0);
-            wgmma_wait<0>();
-            fence_iregs(p1);
-            promote(g + 1, p1);
-        } else {
-            wgmma_wait<0>();
-            fence_iregs(p0);
-            promote(g, p0);
-        }
-    } else {  // one fragment: only the other warpgroup's products overlap a promotion
-        for (int g = 0; g < G; ++g) {
-            issue(g, p0);
-            wgmma_wait<0>();
-            fence_iregs(p0);
-            promote(g, p0);
-        }
-    }
+    int it = 0;  // groups consumed before this tile
+    for (int t = cluster; t < tiles; t += clusters, it += G) {
+        int mt, nt;
+        tile_of(t, mt, nt);
+        const int m0 = mt * kI8BM, n0 = nt * BN;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        // The int32 fragments, declared per tile: carried over the tile loop they would be read
+        // by the loop's register moves while a wgmma writes them (ptxas then serializes them).
+        int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];
 
-    // Epilogue: rows row_in_tile and row_in_tile + 8 of this warp, columns 8 j + 2 tig (+1); the
-    // rank-1 form's row factors first.
-    if constexpr (R1) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int c = n0 + 8 * j + 2 * tig;
-            const float r0 = c < a.n ? __ldg(a.wr + c) : 0.f, r1 = c + 1 < a.n ? __ldg(a.wr + c + 1) : 0.f;
-            acc[4 * j] *= r0, acc[4 * j + 1] *= r1, acc[4 * j + 2] *= r0, acc[4 * j + 3] *= r1;
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = m0 + row_in_tile + 8 * h;
-        if (r >= a.rows) continue;
-        float *yr = a.y + int64_t(r) * a.ldy;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int c = n0 + 8 * j + 2 * tig;
-            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-            if (a.y_vec2 && c + 1 < a.n) {
-                float2 *dst = reinterpret_cast<float2 *>(yr + c);
-                if (a.accumulate) {
-                    const float2 old = *dst;
-                    v0 += old.x, v1 += old.y;
-                }
-                *dst = make_float2(v0, v1);
+        // Group g's products go into fragment g % 2; group g + 1's are issued before group g is
+        // promoted, and a stage is released once its scales have been read.
+        const auto promote = [&](int g, int32_t(&p)[BN / 2]) {
+            const int st = (it + g) % S;
+            const float *sa = sa_ptr(st);
+            if constexpr (R1) {
+                const float b = sw_ptr(st)[nt % kI8R1Box];
+                i8_promote_r1<BN, Conv>(acc, p, sa[row_in_tile] * b, sa[row_in_tile + 8] * b);
             } else {
-                if (c < a.n) yr[c] = a.accumulate ? yr[c] + v0 : v0;
-                if (c + 1 < a.n) yr[c + 1] = a.accumulate ? yr[c + 1] + v1 : v1;
+                i8_promote<BN, Conv>(acc, p, sw_ptr(st), sa[row_in_tile], sa[row_in_tile + 8], tig);
+            }
+            release(st);
+        };
+        // Every branch below commits and waits for the same groups on every path (ptxas tracks
+        // the wgmma groups statically and otherwise serializes them with injected waits).
+        const auto issue = [&](int g, int32_t(&p)[BN / 2]) {
+            const int st = (it + g) % S;
+            mbar_wait(full(st), ((it + g) / S) & 1);
+            i8_issue<BN>(p, da(st), dw(st));
+        };
+        if constexpr (kTwoFragments) {
+            issue(0, p0);
+            int g = 0;
+            for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
+                issue(g + 1, p1);
+                wgmma_wait<1>();
+                fence_iregs(p0);
+                promote(g, p0);
+                issue(g + 2, p0);
+                wgmma_wait<1>();
+                fence_iregs(p1);
+                promote(g + 1, p1);
+            }
+            if (g + 1 < G) {  // two groups left
+                issue(g + 1, p1);
+                wgmma_wait<1>();
+                fence_iregs(p0);
+                promote(g, p0);
+                wgmma_wait<0>();
+                fence_iregs(p1);
+                promote(g + 1, p1);
+            } else {
+                wgmma_wait<0>();
+                fence_iregs(p0);
+                promote(g, p0);
+            }
+        } else {  // one fragment: only the other warpgroup's products overlap a promotion
+            for (int g = 0; g < G; ++g) {
+                issue(g, p0);
+                wgmma_wait<0>();
+                fence_iregs(p0);
+                promote(g, p0);
+            }
+        }
+
+        // Epilogue: rows row_in_tile and row_in_tile + 8 of this warp, columns 8 j + 2 tig (+1);
+        // the rank-1 form's row factors first.
+        if constexpr (R1) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int c = n0 + 8 * j + 2 * tig;
+                const float r0 = c < a.n ? __ldg(a.wr + c) : 0.f, r1 = c + 1 < a.n ? __ldg(a.wr + c + 1) : 0.f;
+                acc[4 * j] *= r0, acc[4 * j + 1] *= r1, acc[4 * j + 2] *= r0, acc[4 * j + 3] *= r1;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = m0 + row_in_tile + 8 * h;
+            if (r >= a.rows) continue;
+            float *yr = a.y + int64_t(r) * a.ldy;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int c = n0 + 8 * j + 2 * tig;
+                float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                if (a.y_vec2 && c + 1 < a.n) {
+                    float2 *dst = reinterpret_cast<float2 *>(yr + c);
+                    if (a.accumulate) {
+                        const float2 old = *dst;
+                        v0 += old.x, v1 += old.y;
+                    }
+                    *dst = make_float2(v0, v1);
+                } else {
+                    if (c < a.n) yr[c] = a.accumulate ? yr[c] + v0 : v0;
+                    if (c + 1 < a.n) yr[c + 1] = a.accumulate ? yr[c + 1] + v1 : v1;
+                }
             }
         }
     }
@@ -339,17 +405,18 @@ inline CUresult encode_plain_2d(CUtensorMap *map, CUtensorMapDataType dtype, con
 }
 
 // The four TMA maps of a product with BN-row weight tiles: codes in 128-byte swizzled boxes
-// (128 columns x 128 or BN rows), the group-major scales in 1-row boxes.
+// (128 columns x 128 / CN rows of A, BN / CM rows of W: a block's share of a cluster's tile),
+// the group-major scales in 1-row boxes.
 struct Maps {
     CUtensorMap a, w, sa, sw;
 };
 inline CUresult make_maps(Maps *m, const I8Mat &a, const I8Mat &w, int64_t rows, int64_t n,
-                          int64_t k, int bn) {
+                          int64_t k, int bn, int cm = 1, int cn = 1) {
     const bool r1 = w.r != nullptr;
     const int64_t groups = i8_groups(k);
-    CUresult r = encode_2d_sw128(&m->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.q, k, rows, a.ldq, 128, kI8BM);
+    CUresult r = encode_2d_sw128(&m->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.q, k, rows, a.ldq, 128, kI8BM / cn);
     if (r == CUDA_SUCCESS)
-        r = encode_2d_sw128(&m->w, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.q, k, n, w.ldq, 128, bn);
+        r = encode_2d_sw128(&m->w, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.q, k, n, w.ldq, 128, bn / cm);
     if (r == CUDA_SUCCESS)
         r = encode_plain_2d(&m->sa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.s, rows, groups, a.lds * 4, kI8BM);
     if (r == CUDA_SUCCESS)
@@ -377,12 +444,57 @@ inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int6
 
 // Launches the kernel; its dynamic shared memory (i8_smem_bytes<BN>(), above the default 48 KiB)
 // must have been allowed on the device first (cudaFuncAttributeMaxDynamicSharedMemorySize).
-template <int BN, int Conv, bool Two, bool R1 = false>
-cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st) {
+// max_clusters > 0: a persistent grid of at most that many clusters (max_active_clusters);
+// 0: one cluster per cluster tile.
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
+cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int max_clusters = 0) {
     constexpr size_t smem = i8_smem_bytes<BN, R1>();
-    const int64_t blocks = int64_t(f.m_tiles) * f.n_tiles;
-    gemm_i8_kernel<BN, Conv, Two, R1><<<unsigned(blocks), kI8Threads, smem, st>>>(f, m.a, m.w, m.sa, m.sw);
-    return cudaGetLastError();
+    constexpr int CS = CM * CN;
+    int64_t clusters = int64_t((f.m_tiles + CM - 1) / CM) * ((f.n_tiles + CN - 1) / CN);
+    if (max_clusters > 0 && clusters > max_clusters) clusters = max_clusters;
+    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
+    if constexpr (CS == 1) {
+        kernel<<<unsigned(clusters), kI8Threads, smem, st>>>(f, m.a, m.w, m.sa, m.sw);
+        return cudaGetLastError();
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(unsigned(clusters * CS));
+        cfg.blockDim = dim3(kI8Threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = CS;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, kernel, f, m.a, m.w, m.sa, m.sw);
+    }
+}
+
+// The clusters of CM x CN blocks the device holds at once (a persistent grid's size); 0 when the
+// query fails (the caller then launches one cluster per tile).
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
+int max_active_clusters() {
+    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(CM * CN));
+    cfg.blockDim = dim3(kI8Threads);
+    cfg.dynamicSmemBytes = i8_smem_bytes<BN, R1>();
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CM * CN;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 }  // namespace i8k

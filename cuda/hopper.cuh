@@ -70,6 +70,17 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// mbar_arrive where `on`, predicated inside the asm (see mbar_arrive_cluster_if).
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool on) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.u32 p, %1, 0;\n"
+        "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+        "}\n" ::"r"(bar),
+        "r"(uint32_t(on))
+        : "memory");
+}
 // Waits for the phase with parity `parity` to complete (phases alternate 0, 1, 0, ...). A wait
 // that never ends (a TMA that never completes, a phase bug) traps after kWaitTries failed tries,
 // so the launch fails with an error instead of hanging the device; each try waits up to a
@@ -104,6 +115,48 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
         "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// ---- thread-block clusters (PTX ISA "Cluster of cooperative thread arrays"; the idea of sharing
+// a tile's TMA load between the blocks of a cluster is CUTLASS's and DeepGEMM's multicast)
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster: the barrier, with release / acquire ordering (the
+// mbarrier inits of each block visible to the others before any of them uses a remote one).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+}
+// Where `on`: one arrival on the mbarrier at the same shared offset `bar` in the cluster's block
+// `cta`, with the default semantics (release at CTA scope, as CUTLASS's ClusterBarrier::arrive:
+// what the arrival orders is this thread's reads of its own block's shared memory; a
+// release.cluster arrival made the int8 GEMM's consumers twice as slow, NOTES.md). Predicated inside the asm, not branched around: a branch in a wgmma loop can make the
+// compiler copy the in-flight fragments between loop iterations, and ptxas then serializes the
+// wgmmas (C7514).
+__device__ __forceinline__ void mbar_arrive_cluster_if(uint32_t bar, uint32_t cta, bool on) {
+    asm volatile(
+        "{\n"
+        ".reg .b32 ra;\n"
+        ".reg .pred p;\n"
+        "setp.ne.u32 p, %2, 0;\n"
+        "@p mapa.shared::cluster.u32 ra, %0, %1;\n"
+        "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
+        "}\n" ::"r"(bar),
+        "r"(cta), "r"(uint32_t(on))
+        : "memory");
+}
+// tma_load_2d into the same shared offset of every block of the cluster in cta_mask (bit i =
+// rank i), each block's mbarrier at offset bar completing the bytes that land there.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap *map, int c0,
+                                                      int c1, uint32_t bar, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
         : "memory");
 }
 

@@ -4,8 +4,10 @@
 // must equal the form's first bit for bit (the same sums in the same order; both conversions are
 // exact), and the first's 64 sampled outputs the float64 product of the codes and scales (1e-5 of
 // the samples' RMS). Not a ctest: a tool for kernel work (scripts/device-check.sh part `bench-i8`).
-//   bench_gemm_i8 [M N K ...]   (default: the qwen35-27b shapes at 2048 and 8192 rows)
-// Prints one line per variant: shape, variant, median ms of 10 runs, TOPS (2 M N K / time).
+//   bench_gemm_i8 [--rank1] [M N K ...]   (default: the qwen35-27b shapes at 2048 and 8192 rows;
+//                                         --rank1: the rank-1 weight form's variants only)
+// Prints one line per variant: shape, variant, median ms of 10 runs, TOPS (2 M N K / time), and
+// the mean of 40 launches back to back.
 // Exit 77: no compute capability 9.0 device or no sm_90a code; 1: a mismatch.
 #include <cuda_runtime.h>
 
@@ -34,16 +36,19 @@ using namespace pf;
 
 struct Variant {
     const char *name;
-    int bn;
-    cudaError_t (*launch)(const i8k::Maps &, const i8k::i8_gemm_args &, cudaStream_t);
+    int bn, cm, cn;
+    bool persistent;  // a grid of the clusters the device holds at once, not one per tile
+    cudaError_t (*launch)(const i8k::Maps &, const i8k::i8_gemm_args &, cudaStream_t, int);
+    int (*max_clusters)();
     const void *kernel;
     size_t smem;
 };
 
-template <int BN, int Conv, bool Two, bool R1 = false>
-Variant variant(const char *name) {
-    return {name, BN, &i8k::launch<BN, Conv, Two, R1>,
-            reinterpret_cast<const void *>(&i8k::gemm_i8_kernel<BN, Conv, Two, R1>),
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
+Variant variant(const char *name, bool persistent = false) {
+    return {name, BN, CM, CN, persistent, &i8k::launch<BN, Conv, Two, R1, CM, CN>,
+            &i8k::max_active_clusters<BN, Conv, Two, R1, CM, CN>,
+            reinterpret_cast<const void *>(&i8k::gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>),
             i8k::i8_smem_bytes<BN, R1>()};
 }
 
@@ -111,17 +116,23 @@ int run_shape(int64_t M, int64_t N, int64_t K, const std::vector<Variant> &vs, b
     for (const Variant &v : vs) {
         CK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
         i8k::Maps maps;
-        if (i8k::make_maps(&maps, a.m, w.m, M, N, K, v.bn) != CUDA_SUCCESS) {
+        if (i8k::make_maps(&maps, a.m, w.m, M, N, K, v.bn, v.cm, v.cn) != CUDA_SUCCESS) {
             std::fprintf(stderr, "tensor map encoding failed\n");
             return 1;
         }
+        const int clusters = v.persistent ? v.max_clusters() : 0;
+        if (v.persistent && clusters <= 0) {
+            std::printf("  %s: cudaOccupancyMaxActiveClusters failed\n", v.name);
+            ++bad;
+            continue;
+        }
         const i8k::i8_gemm_args f = i8k::make_args(M, N, K, y, N, false, v.bn, w.m.r);
         CK(cudaMemsetAsync(y, 0xFF, size_t(M * N) * sizeof(float), st));  // NaN: unwritten fails
-        for (int i = 0; i < 2; ++i) CK(v.launch(maps, f, st));
+        for (int i = 0; i < 2; ++i) CK(v.launch(maps, f, st, clusters));
         std::vector<float> ms;
         for (int i = 0; i < 10; ++i) {
             CK(cudaEventRecord(e0, st));
-            CK(v.launch(maps, f, st));
+            CK(v.launch(maps, f, st, clusters));
             CK(cudaEventRecord(e1, st));
             CK(cudaEventSynchronize(e1));
             float t = 0;
@@ -130,6 +141,15 @@ int run_shape(int64_t M, int64_t N, int64_t K, const std::vector<Variant> &vs, b
         }
         std::sort(ms.begin(), ms.end());
         const double med = 0.5 * (ms[4] + ms[5]);
+        // Sustained: 40 launches back to back (about 0.1 s at the 27B shapes), the mean; a
+        // power- or clock-bound device shows here what the 10 spaced launches above hide.
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < 40; ++i) CK(v.launch(maps, f, st, clusters));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float sus = 0;
+        CK(cudaEventElapsedTime(&sus, e0, e1));
+        sus /= 40;
         CK(cudaMemcpy(out.data(), y, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
         const char *check = "";
         if (first.empty()) {
@@ -155,8 +175,9 @@ int run_shape(int64_t M, int64_t N, int64_t K, const std::vector<Variant> &vs, b
         } else {
             check = "bitwise";
         }
-        std::printf("%6lld %6lld %6lld  %-16s %8.3f ms %7.1f TOPS  %s\n", (long long)M, (long long)N,
-                    (long long)K, v.name, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, check);
+        std::printf("%6lld %6lld %6lld  %-18s %8.3f ms %7.1f TOPS  sustained %8.3f ms %7.1f TOPS  %s\n",
+                    (long long)M, (long long)N, (long long)K, v.name, med,
+                    2.0 * M * N * K / (med * 1e-3) / 1e12, sus, 2.0 * M * N * K / (sus * 1e-3) / 1e12, check);
         std::fflush(stdout);
     }
     CK(cudaFree(y));
@@ -190,13 +211,25 @@ int main(int argc, char **argv) {
         variant<128, i8k::kI8Cvt, true, true>("r1 128 cvt two"),
         variant<128, i8k::kI8Magic, true, true>("r1 128 magic two"),
         variant<128, i8k::kI8Cvt, false, true>("r1 128 cvt one"),
+        variant<128, i8k::kI8Cvt, true, true>("r1 two persist", true),
+        variant<128, i8k::kI8Cvt, true, true, 2, 1>("r1 two c2x1"),
+        variant<128, i8k::kI8Cvt, true, true, 2, 1>("r1 two c2x1 pers", true),
+        variant<128, i8k::kI8Cvt, true, true, 1, 2>("r1 two c1x2 pers", true),
+        variant<128, i8k::kI8Cvt, true, true, 2, 2>("r1 two c2x2 pers", true),
     };
     std::vector<int64_t> shapes;
-    for (int i = 1; i < argc; ++i) shapes.push_back(std::atoll(argv[i]));
+    bool only_rank1 = false;
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--rank1") == 0) {
+            only_rank1 = true;
+            continue;
+        }
+        shapes.push_back(std::atoll(argv[i]));
+    }
     if (shapes.empty()) shapes = {8192, 34816, 5120, 8192, 5120, 17408, 2048, 34816, 5120};
     int bad = 0;
     for (size_t i = 0; i + 2 < shapes.size(); i += 3) {
-        bad += run_shape(shapes[i], shapes[i + 1], shapes[i + 2], per_row, false);
+        if (!only_rank1) bad += run_shape(shapes[i], shapes[i + 1], shapes[i + 2], per_row, false);
         bad += run_shape(shapes[i], shapes[i + 1], shapes[i + 2], rank1, true);
     }
     return bad ? 1 : 0;
