@@ -29,8 +29,8 @@
 //  - Clusters (CM x CN blocks) share one TMA load of a tile among the blocks that need it
 //    (multicast), and a persistent grid lets the producer load the next tile while the consumers
 //    write this one. Measured (bench_gemm_i8, 40 launches back to back, 8192 x 34816 x 5120):
-//    one block per tile 3.33 ms, persistent 3.23, persistent 1 x 2 clusters 3.07 (2 x 1: 3.14,
-//    2 x 2: 3.21).
+//    one block per tile 3.33-3.43 ms, persistent 3.23-3.35, persistent 1 x 2 clusters 3.07-3.19
+//    (2 x 1: 3.08-3.23, 2 x 2: 3.21-3.35) over four runs (NOTES.md, session 35).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -157,8 +157,11 @@ __device__ __forceinline__ void fence_iregs(int32_t (&r)[N]) {
 // (the same row tile) share the A tile the same way. That cuts each block's L2 reads per group
 // from 32 KiB to 16 (1 / CM + 1 / CN) KiB. A block runs the cluster tiles blockIdx / CS,
 // + gridDim / CS, ... (persistent when the grid is smaller than the tiles: the producer then
-// loads the next tile's groups while the consumers write this one's outputs).
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
+// loads the next tile's groups while the consumers write this one's outputs). Early (two
+// fragments only): the next tile's first group is issued before this tile's epilogue; measured
+// slower (3.23 against 3.13 ms back to back at 8192 x 34816 x 5120, 1 x 2 clusters: ptxas
+// injects a wgmma wait on the tile loop's back edge, C7517), so off in the library.
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
 __global__ void __launch_bounds__(kI8Threads, 1)
     gemm_i8_kernel(const __grid_constant__ i8_gemm_args a, const __grid_constant__ CUtensorMap tm_a,
                    const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_sa,
@@ -286,82 +289,50 @@ __global__ void __launch_bounds__(kI8Threads, 1)
     float acc[BN / 2];
     static_assert(!Two || BN <= 128, "two fragments of 192 columns do not fit the registers");
     constexpr bool kTwoFragments = Two;
+    constexpr bool kEarly = Early && Two;
+    int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];
 
-    int it = 0;  // groups consumed before this tile
-    for (int t = cluster; t < tiles; t += clusters, it += G) {
-        int mt, nt;
-        tile_of(t, mt, nt);
-        const int m0 = mt * kI8BM, n0 = nt * BN;
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        // The int32 fragments, declared per tile: carried over the tile loop they would be read
-        // by the loop's register moves while a wgmma writes them (ptxas then serializes them).
-        int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];
-
-        // Group g's products go into fragment g % 2; group g + 1's are issued before group g is
-        // promoted, and a stage is released once its scales have been read.
-        const auto promote = [&](int g, int32_t(&p)[BN / 2]) {
-            const int st = (it + g) % S;
-            const float *sa = sa_ptr(st);
-            if constexpr (R1) {
-                const float b = sw_ptr(st)[nt % kI8R1Box];
-                i8_promote_r1<BN, Conv>(acc, p, sa[row_in_tile] * b, sa[row_in_tile + 8] * b);
-            } else {
-                i8_promote<BN, Conv>(acc, p, sw_ptr(st), sa[row_in_tile], sa[row_in_tile + 8], tig);
-            }
-            release(st);
-        };
-        // Every branch below commits and waits for the same groups on every path (ptxas tracks
-        // the wgmma groups statically and otherwise serializes them with injected waits).
-        const auto issue = [&](int g, int32_t(&p)[BN / 2]) {
-            const int st = (it + g) % S;
-            mbar_wait(full(st), ((it + g) / S) & 1);
-            i8_issue<BN>(p, da(st), dw(st));
-        };
-        if constexpr (kTwoFragments) {
-            issue(0, p0);
-            int g = 0;
-            for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
-                issue(g + 1, p1);
-                wgmma_wait<1>();
-                fence_iregs(p0);
-                promote(g, p0);
-                issue(g + 2, p0);
-                wgmma_wait<1>();
-                fence_iregs(p1);
-                promote(g + 1, p1);
-            }
-            if (g + 1 < G) {  // two groups left
-                issue(g + 1, p1);
-                wgmma_wait<1>();
-                fence_iregs(p0);
-                promote(g, p0);
-                wgmma_wait<0>();
-                fence_iregs(p1);
-                promote(g + 1, p1);
-            } else {
-                wgmma_wait<0>();
-                fence_iregs(p0);
-                promote(g, p0);
-            }
-        } else {  // one fragment: only the other warpgroup's products overlap a promotion
-            for (int g = 0; g < G; ++g) {
-                issue(g, p0);
-                wgmma_wait<0>();
-                fence_iregs(p0);
-                promote(g, p0);
-            }
+    // Group g (of the tile whose groups start at pipeline step `it`)'s products go into fragment
+    // g % 2; group g + 1's are issued before group g is promoted, and a stage is released once
+    // its scales have been read.
+    const auto promote = [&](int it, int nt, int g, int32_t(&p)[BN / 2]) {
+        const int st = (it + g) % S;
+        const float *sa = sa_ptr(st);
+        if constexpr (R1) {
+            const float b = sw_ptr(st)[nt % kI8R1Box];
+            i8_promote_r1<BN, Conv>(acc, p, sa[row_in_tile] * b, sa[row_in_tile + 8] * b);
+        } else {
+            i8_promote<BN, Conv>(acc, p, sw_ptr(st), sa[row_in_tile], sa[row_in_tile + 8], tig);
         }
-
-        // Epilogue: rows row_in_tile and row_in_tile + 8 of this warp, columns 8 j + 2 tig (+1);
-        // the rank-1 form's row factors first.
+        release(st);
+    };
+    const auto issue = [&](int it, int g, int32_t(&p)[BN / 2]) {
+        const int st = (it + g) % S;
+        mbar_wait(full(st), ((it + g) / S) & 1);
+        i8_issue<BN>(p, da(st), dw(st));
+    };
+    // Rows row_in_tile and row_in_tile + 8 of this warp, columns 8 j + 2 tig (+1); the rank-1
+    // form's row factors first. A whole tile of plain float2 stores goes without the bounds checks.
+    const auto epilogue = [&](int m0, int n0) {
+        const bool whole = m0 + kI8BM <= a.rows && n0 + BN <= a.n && a.y_vec2 && !a.accumulate;
         if constexpr (R1) {
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int c = n0 + 8 * j + 2 * tig;
-                const float r0 = c < a.n ? __ldg(a.wr + c) : 0.f, r1 = c + 1 < a.n ? __ldg(a.wr + c + 1) : 0.f;
+                const float r0 = whole || c < a.n ? __ldg(a.wr + c) : 0.f;
+                const float r1 = whole || c + 1 < a.n ? __ldg(a.wr + c + 1) : 0.f;
                 acc[4 * j] *= r0, acc[4 * j + 1] *= r1, acc[4 * j + 2] *= r0, acc[4 * j + 3] *= r1;
             }
+        }
+        if (whole) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float *yr = a.y + int64_t(m0 + row_in_tile + 8 * h) * a.ldy + n0 + 2 * tig;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+                    *reinterpret_cast<float2 *>(yr + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+            return;
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -385,6 +356,60 @@ __global__ void __launch_bounds__(kI8Threads, 1)
                 }
             }
         }
+    };
+
+    // Every branch below commits and waits for the same groups on every path (ptxas tracks the
+    // wgmma groups statically and otherwise serializes them with injected waits). kEarly: the
+    // next tile's group 0 is issued before this tile's epilogue, so that its products run while
+    // the outputs are written (the tensor cores otherwise idle through every epilogue).
+    int t = cluster, it = 0, mt = 0, nt = 0;
+    if (t < tiles) tile_of(t, mt, nt);
+    if constexpr (kEarly) {
+        if (t < tiles) issue(0, 0, p0);
+    }
+    for (; t < tiles; t += clusters, it += G) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        if constexpr (kTwoFragments) {
+            if constexpr (!kEarly) issue(it, 0, p0);
+            int g = 0;
+            for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
+                issue(it, g + 1, p1);
+                wgmma_wait<1>();
+                fence_iregs(p0);
+                promote(it, nt, g, p0);
+                issue(it, g + 2, p0);
+                wgmma_wait<1>();
+                fence_iregs(p1);
+                promote(it, nt, g + 1, p1);
+            }
+            if (g + 1 < G) {  // two groups left
+                issue(it, g + 1, p1);
+                wgmma_wait<1>();
+                fence_iregs(p0);
+                promote(it, nt, g, p0);
+                wgmma_wait<0>();
+                fence_iregs(p1);
+                promote(it, nt, g + 1, p1);
+            } else {
+                wgmma_wait<0>();
+                fence_iregs(p0);
+                promote(it, nt, g, p0);
+            }
+        } else {  // one fragment: only the other warpgroup's products overlap a promotion
+            for (int g = 0; g < G; ++g) {
+                issue(it, g, p0);
+                wgmma_wait<0>();
+                fence_iregs(p0);
+                promote(it, nt, g, p0);
+            }
+        }
+        const int m0 = mt * kI8BM, n0 = nt * BN;
+        if (t + clusters < tiles) {
+            tile_of(t + clusters, mt, nt);
+            if constexpr (kEarly) issue(it + G, 0, p0);
+        }
+        epilogue(m0, n0);
     }
 #endif  // PF_I8_DEVICE
 }
@@ -446,13 +471,13 @@ inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int6
 // must have been allowed on the device first (cudaFuncAttributeMaxDynamicSharedMemorySize).
 // max_clusters > 0: a persistent grid of at most that many clusters (max_active_clusters);
 // 0: one cluster per cluster tile.
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
 cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int max_clusters = 0) {
     constexpr size_t smem = i8_smem_bytes<BN, R1>();
     constexpr int CS = CM * CN;
     int64_t clusters = int64_t((f.m_tiles + CM - 1) / CM) * ((f.n_tiles + CN - 1) / CN);
     if (max_clusters > 0 && clusters > max_clusters) clusters = max_clusters;
-    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
+    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN, Early>;
     if constexpr (CS == 1) {
         kernel<<<unsigned(clusters), kI8Threads, smem, st>>>(f, m.a, m.w, m.sa, m.sw);
         return cudaGetLastError();
@@ -475,9 +500,9 @@ cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int ma
 
 // The clusters of CM x CN blocks the device holds at once (a persistent grid's size); 0 when the
 // query fails (the caller then launches one cluster per tile).
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
 int max_active_clusters() {
-    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
+    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN, Early>;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(CM * CN));
     cfg.blockDim = dim3(kI8Threads);
