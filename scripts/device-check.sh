@@ -39,7 +39,7 @@
 #  13 bench-batch         pyprefill bench batch (qwen35-4b, qwen3-4b, qwen35-0.8b; HF batched peer).
 #  tests (opt-in)         parts 1-4 in one call: the build, the C tests and the demo, then the
 #                         pytest processes of parts 1-3 all at once, then part 4's alone (one
-#                         H200, 2026-12-02, with a carried library: 178 s + 36 s).
+#                         H200, 2026-12-02, session 35: 276 s, the build on the device included).
 #  int8 (opt-in)          the 8-bit leg's figures (issue 31): its GEMM variants (bench_gemm_i8),
 #                         pyprefill bench kernels --families gemm --gemm f16 int8 --shapes
 #                         qwen35-27b (torch FP8 / int8 peers), bench model qwen35-4b / qwen3-4b
@@ -47,7 +47,8 @@
 #                         Its tests run in part 1 (test_kernel_gemm_i8.py, test_int8_model.py).
 #  long (opt-in)          test_long_context.py at 131072 tokens (PF_LONG_CONTEXT=1).
 #  soak (opt-in)          test_soak.py at --soak=N cycles.
-# Times: not yet measured as parts. The split follows the runs in NOTES.md (the whole suite in
+# Times: parts `tests` (276 s) and `int8` (293 s) measured as the script (session 35, one H200,
+# NOTES.md); the numbered parts not yet. The split follows the runs in NOTES.md (the whole suite in
 # one call took over 10 minutes, test_kernel_attention.py alone over 7 of them; a first build
 # takes about a minute on 16 cores for sm_90a); a part that needs longer than its budget says so
 # ("timed out" in the table, exit 1 for a test part) and is to be split further.

@@ -563,12 +563,17 @@ def test_session_snapshot_options_checked(field, value, say):
 def test_plan_steps_through_the_fuzz_harness():
     """The batch fuzz target's committed seeds and regressions replay cleanly (ctest runs the
     same; here it names the binary's failure)."""
+    import os
     import pathlib
     import subprocess
     root = pathlib.Path(__file__).resolve().parents[2]
     bins = sorted(root.glob("build*/tests/fuzz_replay_batch"))
+    # scripts/test.sh and device-check.sh build in $BUILD_DIR, which may lie outside the tree
+    built = pathlib.Path(os.environ.get("BUILD_DIR", "build"), "tests", "fuzz_replay_batch")
+    if built.is_file():
+        bins.append(built)
     if not bins:
-        pytest.skip("no build with the fuzz replay binary (ctest builds it)")
+        pytest.skip("no build with the fuzz replay binary (ctest builds it; looked in build*/ and $BUILD_DIR)")
     r = subprocess.run([str(bins[-1]), str(root / "tests/fuzz/corpus/batch"), str(root / "tests/fuzz/regressions/batch")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

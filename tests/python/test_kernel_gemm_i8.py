@@ -85,6 +85,27 @@ def test_int8_cache_and_streaming_bitwise_and_strided_output(hopper, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k", [256, 384])
+def test_int8_leg_over_more_tiles_than_the_grid_holds(hopper, rng, k):
+    """The kernel's grid is persistent (as many 1 x 2 clusters as the device holds at once, 66
+    on an H200): here about 300 cluster tiles, so each cluster runs several and its pipeline's
+    stages and phases carry over from tile to tile (2 or 3 groups per tile against 6 stages);
+    an odd count of 128-wide weight tiles leaves the last cluster's second block past n, and
+    1100 rows a ragged last row tile. Plain and accumulated outputs."""
+    ctx = hopper
+    rows, n = 1100, 8200
+    w, w64 = make_weight(ctx, rng, "F32", n, k)
+    with w:
+        gemm.weight_cache_i8(w)
+        x = randn(rng, rows, k)
+        want = _want(x, w64)
+        assert_close(f"int8 {rows}x{n}x{k}", want, gemm.project_np(ctx, w, x, leg="int8"), rtol=I8_BOUND)
+        y0 = randn(rng, rows, n)
+        acc = gemm.project_np(ctx, w, x, leg="int8", accumulate=True, y=y0)
+        assert_close(f"int8 accumulate {rows}x{n}x{k}", y0 + want, acc, rtol=I8_BOUND)
+
+
+@pytest.mark.gpu
 def test_int8_rows_are_independent(hopper, rng):
     """A NaN, an Inf or a huge value in one row changes no other row (bitwise); a NaN or an Inf
     makes its own row's outputs NaN (its group's scale is NaN / Inf), never silently finite."""
