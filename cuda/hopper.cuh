@@ -134,9 +134,9 @@ __device__ __forceinline__ void cluster_sync() {
 // Where `on`: one arrival on the mbarrier at the same shared offset `bar` in the cluster's block
 // `cta`, with the default semantics (release at CTA scope, as CUTLASS's ClusterBarrier::arrive:
 // what the arrival orders is this thread's reads of its own block's shared memory; a
-// release.cluster arrival made the int8 GEMM's consumers twice as slow, NOTES.md). Predicated inside the asm, not branched around: a branch in a wgmma loop can make the
-// compiler copy the in-flight fragments between loop iterations, and ptxas then serializes the
-// wgmmas (C7514).
+// release.cluster arrival made the int8 GEMM's consumers twice as slow, NOTES.md). Predicated
+// inside the asm, not branched around: a branch in a wgmma loop can make the compiler copy the
+// in-flight fragments between loop iterations, and ptxas then serializes the wgmmas (C7514).
 __device__ __forceinline__ void mbar_arrive_cluster_if(uint32_t bar, uint32_t cta, bool on) {
     asm volatile(
         "{\n"
