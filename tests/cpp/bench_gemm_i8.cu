@@ -3,7 +3,7 @@
 // the weight scales' form (per row and group, or rank-1). Within a form each variant's output
 // must equal the form's first bit for bit (the same sums in the same order; both conversions are
 // exact), and the first's 64 sampled outputs the float64 product of the codes and scales (1e-5 of
-// the samples' RMS). Not a ctest: a tool for kernel work (scripts/device-check.sh part `bench-i8`).
+// the samples' RMS). Not a ctest: a tool for kernel work (scripts/device-check.sh part `int8`).
 //   bench_gemm_i8 [--rank1] [M N K ...]   (default: the qwen35-27b shapes at 2048 and 8192 rows;
 //                                         --rank1: the rank-1 weight form's variants only)
 // Prints one line per variant: shape, variant, median ms of 10 runs, TOPS (2 M N K / time), and
