@@ -157,11 +157,11 @@ __device__ __forceinline__ void fence_iregs(int32_t (&r)[N]) {
 // (the same row tile) share the A tile the same way. That cuts each block's L2 reads per group
 // from 32 KiB to 16 (1 / CM + 1 / CN) KiB. A block runs the cluster tiles blockIdx / CS,
 // + gridDim / CS, ... (persistent when the grid is smaller than the tiles: the producer then
-// loads the next tile's groups while the consumers write this one's outputs). Early (two
-// fragments only): the next tile's first group is issued before this tile's epilogue; measured
-// slower (3.23 against 3.13 ms back to back at 8192 x 34816 x 5120, 1 x 2 clusters: ptxas
-// injects a wgmma wait on the tile loop's back edge, C7517), so off in the library.
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
+// loads the next tile's groups while the consumers write this one's outputs). Issuing the next
+// tile's first group before this tile's epilogue measured slower (3.23 against 3.13 ms back to
+// back at 8192 x 34816 x 5120, 1 x 2 clusters: ptxas injects a wgmma wait on the tile loop's back
+// edge, C7517) and was removed (NOTES.md, session 35).
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 __global__ void __launch_bounds__(kI8Threads, 1)
     gemm_i8_kernel(const __grid_constant__ i8_gemm_args a, const __grid_constant__ CUtensorMap tm_a,
                    const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_sa,
@@ -289,8 +289,6 @@ __global__ void __launch_bounds__(kI8Threads, 1)
     float acc[BN / 2];
     static_assert(!Two || BN <= 128, "two fragments of 192 columns do not fit the registers");
     constexpr bool kTwoFragments = Two;
-    constexpr bool kEarly = Early && Two;
-    int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];
 
     // Group g (of the tile whose groups start at pipeline step `it`)'s products go into fragment
     // g % 2; group g + 1's are issued before group g is promoted, and a stage is released once
@@ -359,19 +357,16 @@ __global__ void __launch_bounds__(kI8Threads, 1)
     };
 
     // Every branch below commits and waits for the same groups on every path (ptxas tracks the
-    // wgmma groups statically and otherwise serializes them with injected waits). kEarly: the
-    // next tile's group 0 is issued before this tile's epilogue, so that its products run while
-    // the outputs are written (the tensor cores otherwise idle through every epilogue).
-    int t = cluster, it = 0, mt = 0, nt = 0;
-    if (t < tiles) tile_of(t, mt, nt);
-    if constexpr (kEarly) {
-        if (t < tiles) issue(0, 0, p0);
-    }
-    for (; t < tiles; t += clusters, it += G) {
+    // wgmma groups statically and otherwise serializes them with injected waits).
+    int it = 0;  // pipeline steps (groups) before this tile
+    for (int t = cluster; t < tiles; t += clusters, it += G) {
+        int mt, nt;
+        tile_of(t, mt, nt);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];  // nothing in flight between tiles
         if constexpr (kTwoFragments) {
-            if constexpr (!kEarly) issue(it, 0, p0);
+            issue(it, 0, p0);
             int g = 0;
             for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
                 issue(it, g + 1, p1);
@@ -404,12 +399,7 @@ __global__ void __launch_bounds__(kI8Threads, 1)
                 promote(it, nt, g, p0);
             }
         }
-        const int m0 = mt * kI8BM, n0 = nt * BN;
-        if (t + clusters < tiles) {
-            tile_of(t + clusters, mt, nt);
-            if constexpr (kEarly) issue(it + G, 0, p0);
-        }
-        epilogue(m0, n0);
+        epilogue(mt * kI8BM, nt * BN);
     }
 #endif  // PF_I8_DEVICE
 }
@@ -471,13 +461,13 @@ inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int6
 // must have been allowed on the device first (cudaFuncAttributeMaxDynamicSharedMemorySize).
 // max_clusters > 0: a persistent grid of at most that many clusters (max_active_clusters);
 // 0: one cluster per cluster tile.
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int max_clusters = 0) {
     constexpr size_t smem = i8_smem_bytes<BN, R1>();
     constexpr int CS = CM * CN;
     int64_t clusters = int64_t((f.m_tiles + CM - 1) / CM) * ((f.n_tiles + CN - 1) / CN);
     if (max_clusters > 0 && clusters > max_clusters) clusters = max_clusters;
-    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN, Early>;
+    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
     if constexpr (CS == 1) {
         kernel<<<unsigned(clusters), kI8Threads, smem, st>>>(f, m.a, m.w, m.sa, m.sw);
         return cudaGetLastError();
@@ -500,9 +490,9 @@ cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int ma
 
 // The clusters of CM x CN blocks the device holds at once (a persistent grid's size); 0 when the
 // query fails (the caller then launches one cluster per tile).
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 int max_active_clusters() {
-    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN, Early>;
+    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(CM * CN));
     cfg.blockDim = dim3(kI8Threads);

@@ -44,11 +44,11 @@ struct Variant {
     size_t smem;
 };
 
-template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1, bool Early = false>
+template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 Variant variant(const char *name, bool persistent = false) {
-    return {name, BN, CM, CN, persistent, &i8k::launch<BN, Conv, Two, R1, CM, CN, Early>,
-            &i8k::max_active_clusters<BN, Conv, Two, R1, CM, CN, Early>,
-            reinterpret_cast<const void *>(&i8k::gemm_i8_kernel<BN, Conv, Two, R1, CM, CN, Early>),
+    return {name, BN, CM, CN, persistent, &i8k::launch<BN, Conv, Two, R1, CM, CN>,
+            &i8k::max_active_clusters<BN, Conv, Two, R1, CM, CN>,
+            reinterpret_cast<const void *>(&i8k::gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>),
             i8k::i8_smem_bytes<BN, R1>()};
 }
 
@@ -215,7 +215,6 @@ int main(int argc, char **argv) {
         variant<128, i8k::kI8Cvt, true, true, 2, 1>("r1 two c2x1"),
         variant<128, i8k::kI8Cvt, true, true, 2, 1>("r1 two c2x1 pers", true),
         variant<128, i8k::kI8Cvt, true, true, 1, 2>("r1 two c1x2 pers", true),
-        variant<128, i8k::kI8Cvt, true, true, 1, 2, true>("r1 c1x2 pers early", true),
         variant<128, i8k::kI8Cvt, true, true, 2, 2>("r1 two c2x2 pers", true),
     };
     std::vector<int64_t> shapes;
