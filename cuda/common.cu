@@ -15,9 +15,10 @@
 namespace pf {
 namespace {
 
-std::mutex g_device_mu;                                   // guards the two caches below
+std::mutex g_device_mu;                                   // guards the three caches below
 std::map<std::pair<int, cudaDeviceAttr>, int> g_attr;     // (device, attribute) -> value
 std::map<std::pair<int, const void *>, int> g_smem;       // (device, kernel) -> dynamic smem allowed
+std::map<std::pair<int, const void *>, int> g_value;      // (device, key) -> per_device_value
 
 // An attribute of the current device, queried once per (device, attribute).
 pf_status cached_device_attribute(cudaDeviceAttr attr, int *out) {
@@ -46,6 +47,24 @@ pf_status device_smem_optin(int *out) {
 
 pf_status device_cc_major(int *out) {
     return cached_device_attribute(cudaDevAttrComputeCapabilityMajor, out);
+}
+
+int current_device() {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return dev;
+}
+
+int per_device_value(const void *key, int (*query)()) {
+    const int dev = current_device();
+    if (dev < 0) return -1;
+    std::lock_guard<std::mutex> lock(g_device_mu);
+    auto it = g_value.find({dev, key});
+    if (it == g_value.end()) it = g_value.emplace(std::make_pair(dev, key), query()).first;
+    return it->second;
 }
 
 bool sm90a_kernels_available(int device) {

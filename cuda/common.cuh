@@ -147,9 +147,16 @@ pf_status device_smem_optin(int *out);
 // Compute capability major of the current device (cudaDevAttrComputeCapabilityMajor).
 pf_status device_cc_major(int *out);
 
-// The library's sm_90a kernels (wgmma attention, the warpgroup GDN state kernel) can run on
-// `device`: an sm_90a build (PF_HAVE_SM90A), compute capability 9.0 exactly and the driver's TMA
-// map encoder. Cached per device.
+// The current device (cudaGetDevice), or -1 (the error cleared) when there is none.
+int current_device();
+// query()'s value on the current device, computed once per (device, key) and kept; -1 when there
+// is no current device. For figures a kernel's launch needs on every call (the int8 GEMM's
+// persistent grid).
+int per_device_value(const void *key, int (*query)());
+
+// The library's sm_90a kernels (wgmma attention, the warpgroup GDN state kernel, the int8 GEMM)
+// can run on `device` (-1: none): an sm_90a build (PF_HAVE_SM90A), compute capability 9.0 exactly
+// and the driver's TMA map encoder. Cached per device.
 bool sm90a_kernels_available(int device);
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (above 48 KiB a

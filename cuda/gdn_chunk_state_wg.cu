@@ -474,14 +474,7 @@ pf_status launch_state_wg(const StateArgs &a, bool vec, bool pdl, cudaStream_t s
     return vec ? launch_state_wg_vec<true>(a, pdl, stream) : launch_state_wg_vec<false>(a, pdl, stream);
 }
 
-bool state_wg_available() {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return sm90a_kernels_available(dev);
-}
+bool state_wg_available() { return sm90a_kernels_available(current_device()); }
 
 }  // namespace gdnc
 }  // namespace pf

@@ -3,7 +3,6 @@
 // Contract in gemm_i8.cuh; the GEMM kernel, its design and its launch in gemm_i8_kernel.cuh.
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -165,19 +164,8 @@ constexpr int kBN = 128, kCM = 1, kCN = 2;
 // The persistent grid's clusters on the current device (cudaOccupancyMaxActiveClusters, once
 // per device; 0 when the query fails: one cluster per tile then).
 int i8_grid_clusters() {
-    static std::atomic<int> cached[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    if (dev < 0 || dev >= 64) return i8k::max_active_clusters<kBN, i8k::kI8Cvt, true, true, kCM, kCN>();
-    int v = cached[dev].load(std::memory_order_relaxed);
-    if (v == 0) {
-        v = i8k::max_active_clusters<kBN, i8k::kI8Cvt, true, true, kCM, kCN>();
-        cached[dev].store(v > 0 ? v : -1, std::memory_order_relaxed);
-    }
-    return v > 0 ? v : 0;
+    constexpr auto query = i8k::max_active_clusters<kBN, i8k::kI8Cvt, true, true, kCM, kCN>;
+    return std::max(0, per_device_value(reinterpret_cast<const void *>(query), query));
 }
 
 pf_status launch_gemm_i8(I8Mat a, I8Mat w, int64_t rows, int64_t n, int64_t k, float *y,
@@ -233,14 +221,7 @@ pf_status quantize_i8_weight_rows(const float *w32, int64_t ldw, int64_t rows, i
     return PF_STATUS_OK;
 }
 
-bool gemm_i8_available() {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return sm90a_kernels_available(dev);
-}
+bool gemm_i8_available() { return sm90a_kernels_available(current_device()); }
 
 pf_status gemm_i8(I8Mat a, I8Mat w, int64_t rows, int64_t n, int64_t k, float *y, int64_t ldy,
                   bool accumulate, cudaStream_t st) {
