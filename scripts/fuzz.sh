@@ -23,13 +23,13 @@ TARGETS=("$@")
 FUZZ_DIR=${FUZZ_DIR:-build-fuzz}
 CXX=${FUZZ_CXX:-clang++}
 JOBS=${FUZZ_JOBS:-1}
-HOST_SOURCES=(cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp cuda/error.cpp cuda/session_state.cpp cuda/batch_plan.cpp
-              cuda/shard_plan.cpp)
+HOST_SOURCES=(cuda/plan/gguf.cpp cuda/plan/model_plan.cpp cuda/plan/qtype.cpp cuda/base/error.cpp cuda/plan/session_state.cpp cuda/plan/batch_plan.cpp
+              cuda/plan/shard_plan.cpp)
 FLAGS=(-std=c++17 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -Iinclude -Icuda)
 declare -A MAX_LEN=([gguf]=131072 [state]=4096 [batch]=4096 [shard]=64)
-declare -A PARSES=([gguf]="cuda/gguf.cpp cuda/model_plan.cpp cuda/qtype.cpp" [state]="cuda/session_state.cpp"
-                   [batch]="cuda/batch_plan.cpp" [shard]="cuda/shard_plan.cpp")
+declare -A PARSES=([gguf]="cuda/plan/gguf.cpp cuda/plan/model_plan.cpp cuda/plan/qtype.cpp" [state]="cuda/plan/session_state.cpp"
+                   [batch]="cuda/plan/batch_plan.cpp" [shard]="cuda/plan/shard_plan.cpp")
 
 if ! command -v "$CXX" >/dev/null; then
   echo "fuzz.sh: $CXX not found (libFuzzer needs clang)" >&2

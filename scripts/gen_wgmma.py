@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes cuda/wgmma.cuh: inline-PTX wrappers of the Hopper warpgroup MMA shapes the kernels use.
+"""Writes cuda/ptx/wgmma.cuh: inline-PTX wrappers of the Hopper warpgroup MMA shapes the kernels use.
 
 The accumulator of wgmma.m64nNk16 is N/2 fp32 registers per thread, each a separate asm operand,
 so the wrappers are generated rather than typed. Run from the repository root:
@@ -171,7 +171,7 @@ def main():
                           "                                         int accumulate",
                           "d, desc_a, desc_b, accumulate"))
     parts.append(FOOTER)
-    out = Path(__file__).resolve().parent.parent / "cuda" / "wgmma.cuh"
+    out = Path(__file__).resolve().parent.parent / "cuda" / "ptx" / "wgmma.cuh"
     out.write_text("".join(parts))
 
 

@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "gemm_i8_kernel.cuh"
+#include "kernels/gemm/gemm_i8_kernel.cuh"
 
 namespace {
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
-#include "model_plan.h"
-#include "qtype.h"
-#include "shard_plan.h"
+#include "base/error.h"
+#include "plan/model_plan.h"
+#include "plan/qtype.h"
+#include "plan/shard_plan.h"
 
 namespace {
 

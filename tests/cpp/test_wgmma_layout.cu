@@ -18,8 +18,8 @@
 #include <random>
 #include <vector>
 
-#include "hopper.cuh"
-#include "wgmma.cuh"
+#include "ptx/hopper.cuh"
+#include "ptx/wgmma.cuh"
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#include "batch_plan.h"
-#include "error.h"
+#include "plan/batch_plan.h"
+#include "base/error.h"
 #define PF_FUZZ_TARGET "fuzz_batch"
 #include "fuzz_common.h"
 

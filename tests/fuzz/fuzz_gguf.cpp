@@ -8,11 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "error.h"
+#include "base/error.h"
 #define PF_FUZZ_TARGET "fuzz_gguf"
 #include "fuzz_common.h"
-#include "gguf.h"
-#include "model_plan.h"
+#include "plan/gguf.h"
+#include "plan/model_plan.h"
 
 namespace {
 

@@ -29,12 +29,12 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
+#include "base/error.h"
 #define PF_FUZZ_TARGET "fuzz_shard"
 #include "fuzz_common.h"
-#include "model_plan.h"
-#include "qtype.h"
-#include "shard_plan.h"
+#include "plan/model_plan.h"
+#include "plan/qtype.h"
+#include "plan/shard_plan.h"
 
 namespace {
 

@@ -12,10 +12,10 @@
 #include <cstring>
 #include <vector>
 
-#include "error.h"
+#include "base/error.h"
 #define PF_FUZZ_TARGET "fuzz_state"
 #include "fuzz_common.h"
-#include "session_state.h"
+#include "plan/session_state.h"
 
 namespace {
 

@@ -181,7 +181,7 @@ def test_code_matches_tiktoken(vocab):
     import pathlib
     name, tok, enc, meta = vocab
     root = pathlib.Path(__file__).resolve().parents[2]
-    files = sorted(root.glob("pyprefill/**/*.py"))[:25] + sorted(root.glob("cuda/*.cu"))[:5]
+    files = sorted(root.glob("pyprefill/**/*.py"))[:25] + sorted(root.glob("cuda/**/*.cu"))[:5]
     for f in files:
         text = f.read_text(encoding="utf-8")[:30000]
         for t in (text, text.replace("\n", "\r\n")):

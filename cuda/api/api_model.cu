@@ -1,0 +1,401 @@
+// api_model.cu — the model-level C API: models and sessions. Validation, then delegation to
+// model.cu and session.cu.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+#include "base/cuda_check.cuh"
+#include "kernels/gemm/gemm.cuh"
+#include "plan/plan.h"
+#include "runtime/batch.h"
+#include "runtime/model.h"
+#include "runtime/session.h"
+
+namespace {
+constexpr size_t kDefaultPrewarmHeadroom = size_t(2) << 30;  // room for sessions and scratch
+}
+
+namespace pf {
+// The options a session adds to the model-level checks: the executor and the snapshots.
+pf_status session_options_check(const pf_session_options &o, const char *fn) {
+    PF_CHECK_ARG(o.own_executor == 0 || o.own_executor == 1, "%s: own_executor=%d must be 0 or 1", fn,
+                 o.own_executor);
+    PF_CHECK_ARG(o.snapshot_every >= 0 && o.snapshot_every % 64 == 0,
+                 "%s: snapshot_every=%d must be 0 or a positive multiple of 64", fn, o.snapshot_every);
+    PF_CHECK_ARG(o.snapshot_at_end == 0 || o.snapshot_at_end == 1, "%s: snapshot_at_end=%d must be 0 or 1", fn,
+                 o.snapshot_at_end);
+    PF_CHECK_ARG(o.snapshot_slots >= 0 && o.snapshot_slots <= 65536, "%s: snapshot_slots=%d must be in [0, 65536]",
+                 fn, o.snapshot_slots);
+    PF_CHECK_ARG(o.snapshot_slots > 0 || (o.snapshot_every == 0 && o.snapshot_at_end == 0),
+                 "%s: snapshot_every=%d / snapshot_at_end=%d need snapshot_slots > 0", fn, o.snapshot_every,
+                 o.snapshot_at_end);
+    return PF_STATUS_OK;
+}
+
+pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t total = 0;  // fp16 bytes of the whole set, for the progress report
+    for (const pf_weight *w : m->weights) total += w->n * w->k * int64_t(sizeof(__half));
+    if (m->progress) m->progress(m->progress_user, "prewarm", 0, total);
+    pf_prewarm_report rep;
+    std::memset(&rep, 0, sizeof rep);
+    rep.struct_size = sizeof rep;
+    const pf_tuning t = tuning_over(m->tuning, m->ctx->tuning);
+    PrewarmPlan plan = prewarm_plan(t);
+    plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
+    plan.last = m->output;  // the LM head: last (the last-token logits take the GEMV)
+    for (pf_weight *w : m->weights) w->f16_stream = false;
+    const bool fuse = switch_on(t.fuse_groups, true);
+    // A model whose sessions run the 8-bit leg by default: the recipe's matrices get their int8
+    // copy instead of an fp16 one (about half the bytes), the others their fp16 copy.
+    std::vector<std::vector<pf_weight *>> f16_groups = model_f16_groups(m, fuse);
+    if (m->gemm_leg == PF_GEMM_INT8) {
+        PF_TRY(int8_leg_check("model prewarm (gemm_leg PF_GEMM_INT8)"));
+        const std::vector<std::vector<pf_weight *>> i8 = model_i8_groups(m, fuse);
+        std::unordered_set<const pf_weight *> eight;
+        for (const auto &g : i8) eight.insert(g.begin(), g.end());
+        std::vector<std::vector<pf_weight *>> rest;
+        for (const auto &g : f16_groups) {
+            std::vector<pf_weight *> keep;
+            for (pf_weight *w : g)
+                if (!eight.count(w)) keep.push_back(w);
+            if (keep.size() == g.size()) rest.push_back(keep);
+            else for (pf_weight *w : keep) rest.push_back({w});  // no longer one block
+        }
+        f16_groups = std::move(rest);
+        for (pf_weight *w : m->weights)
+            if (eight.count(w)) weight_drop_f16(w);
+        PF_TRY(weight_cache_i8_groups(m->ctx, i8));
+    }
+    PF_TRY(prewarm_f16_groups(m->ctx, f16_groups, headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));
+    if (rep.partial || m->gemm_leg == PF_GEMM_INT8)  // matrices without an fp16 copy stream on the
+        for (pf_weight *w : m->weights)                // f16 leg under AUTO / F16
+            w->f16_stream = w->f16 == nullptr;
+    m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    m->prewarm_report = rep;
+    *armed = rep.armed;
+    if (m->progress) m->progress(m->progress_user, "prewarm", total, total);
+    return PF_STATUS_OK;
+}
+}  // namespace pf
+
+extern "C" PF_API pf_status pf_model_options_init(pf_model_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_model_options_init", "pf_model_options"));
+        opts->prewarm = 1;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const char *path,
+                                         const pf_model_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_model_load: out is NULL");
+        *out = nullptr;
+        PF_CHECK_ARG(path != nullptr, "pf_model_load: path is NULL");
+        pf_model_options o;
+        PF_TRY(pf_model_options_init(&o, sizeof o));
+        if (opts) {
+            PF_TRY(pf::struct_check(opts, "pf_model_load", "opts"));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_model_load: gemm_leg=%d is not a pf_gemm_leg",
+                     o.gemm_leg);
+        PF_TRY(pf::tuning_check(o.tuning, "pf_model_load"));
+        PF_CHECK_ARG(ctx != nullptr, "pf_model_load: ctx is NULL");
+        pf::DeviceGuard dg(ctx->device);
+        PF_TRY(dg.status());
+        return pf::model_load(ctx, path, o, out);
+    });
+}
+
+extern "C" PF_API pf_status pf_model_inspect(const char *path, pf_model_info *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(path != nullptr, "pf_model_inspect: path is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_model_inspect: out is NULL");
+        return pf::model_inspect(path, out);
+    });
+}
+
+extern "C" PF_API void pf_model_destroy(pf_model *model) {
+    if (!model) return;
+    pf::model_destroy(model);
+}
+
+extern "C" PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(model != nullptr, "pf_model_info_get: model is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_model_info_get: out is NULL");
+        pf::model_info(model, out);
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_bytes, int32_t *armed) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(model != nullptr, "pf_model_prewarm: model is NULL");
+        PF_CHECK_ARG(armed != nullptr, "pf_model_prewarm: armed is NULL");
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        return pf::model_prewarm(model, headroom_bytes, armed);
+    });
+}
+
+extern "C" PF_API pf_status pf_model_prewarm_report(const pf_model *model, pf_prewarm_report *report) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_model_prewarm_report";
+        PF_CHECK_ARG(report != nullptr, "%s: report is NULL", fn);
+        PF_TRY(pf::struct_check(report, fn, "report", "pf_prewarm_report_init"));
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        if (model->prewarm_report.struct_size == 0) {
+            PF_TRY(pf_prewarm_report_init(report, sizeof *report));
+            std::snprintf(report->reason, sizeof report->reason, "not run");
+            return PF_STATUS_OK;
+        }
+        *report = model->prewarm_report;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_weight(pf_model *model, const char *name, pf_weight **out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_model_weight";
+        PF_CHECK_ARG(out != nullptr, "%s: out is NULL", fn);
+        *out = nullptr;
+        PF_CHECK_ARG(name != nullptr, "%s: name is NULL", fn);
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        for (size_t i = 0; i < model->weight_names.size(); ++i)
+            if (model->weight_names[i] == name) {
+                *out = model->weights[i];
+                return PF_STATUS_OK;
+            }
+        return pf::fail(PF_STATUS_INVALID_ARGUMENT, "%s: the model has no matrix named '%s'", fn, name);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_session_options_init", "pf_session_options"));
+        opts->max_tokens = 4096;
+        opts->cuda_graphs = 1;
+        opts->own_executor = 1;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
+                                             const pf_session_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_session_create: out is NULL");
+        *out = nullptr;
+        pf_session_options o;
+        PF_TRY(pf_session_options_init(&o, sizeof o));
+        if (opts) {
+            PF_TRY(pf::struct_check(opts, "pf_session_create", "opts"));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.max_tokens > 0, "pf_session_create: max_tokens=%d must be > 0", o.max_tokens);
+        PF_CHECK_ARG(o.chunk_tokens >= 0, "pf_session_create: chunk_tokens=%d must be >= 0 (0 = auto)", o.chunk_tokens);
+        PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32,
+                     "pf_session_create: kv_dtype=%d (0 = fp16, 1 = fp32)", o.kv_dtype);
+        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_session_create: gemm_leg=%d is not a pf_gemm_leg",
+                     o.gemm_leg);
+        PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH,
+                     "pf_session_create: attn_path=%d is not a pf_attn_path", o.attn_path);
+        PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "pf_session_create: cuda_graphs=%d must be 0 or 1",
+                     o.cuda_graphs);
+        PF_TRY(pf::tuning_check(o.tuning, "pf_session_create"));
+        PF_TRY(pf::session_options_check(o, "pf_session_create"));
+        PF_CHECK_ARG(model != nullptr, "pf_session_create: model is NULL");
+        if (model->hp.context_length > 0)
+            PF_CHECK_ARG(o.max_tokens <= model->hp.context_length,
+                         "pf_session_create: max_tokens=%d exceeds the model's context_length %lld",
+                         o.max_tokens, (long long)model->hp.context_length);
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        return pf::session_create(model, o, out);
+    });
+}
+
+extern "C" PF_API void pf_session_destroy(pf_session *s) { pf::session_destroy(s); }
+
+extern "C" PF_API pf_status pf_session_prefill(pf_session *s, const int32_t *tokens, int32_t n_tokens,
+                                              int32_t logits_mode, float *logits, size_t logits_len,
+                                              int32_t *out_token) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_prefill: session is NULL");
+        return pf::session_prefill(s, tokens, n_tokens, logits_mode, logits, logits_len, out_token);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_t *out_tokens) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_generate: session is NULL");
+        PF_CHECK_ARG(n > 0, "pf_session_generate: n=%d must be > 0", n);
+        PF_CHECK_ARG(out_tokens != nullptr, "pf_session_generate: out_tokens is NULL");
+        PF_CHECK_ARG(s->seq.last_token >= 0, "pf_session_generate: no prior prefill (nothing to continue from)");
+        PF_CHECK_ARG(s->seq.pos + n <= s->seq.max_tokens,
+                     "pf_session_generate: %d tokens at position %lld exceed the session's capacity of %d", n,
+                     (long long)s->seq.pos, s->seq.max_tokens);
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t feed = s->seq.last_token;
+            PF_TRY(pf::session_prefill(s, &feed, 1, PF_LOGITS_NONE, nullptr, 0, &out_tokens[i]));
+        }
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_position(const pf_session *s, int32_t *out) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_position: session is NULL");
+        PF_CHECK_ARG(out != nullptr, "pf_session_position: out is NULL");
+        *out = int32_t(s->seq.pos);
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_reset(pf_session *s) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_reset: session is NULL");
+        pf::DeviceGuard dg(s->ctx->device);
+        PF_TRY(dg.status());
+        return pf::session_reset(s);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_state_size(const pf_session *s, size_t *out_bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_state_size: session is NULL");
+        PF_CHECK_ARG(out_bytes != nullptr, "pf_session_state_size: out_bytes is NULL");
+        *out_bytes = pf::session_state_size(s);
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_save(pf_session *s, void *dst, size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_save: session is NULL");
+        return pf::session_save(s, dst, bytes);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_restore: session is NULL");
+        return pf::session_restore(s, src, bytes);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_copy(pf_session *dst, const pf_session *src) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(dst != nullptr, "pf_session_copy: dst is NULL");
+        PF_CHECK_ARG(src != nullptr, "pf_session_copy: src is NULL");
+        return pf::session_copy(dst, src);
+    });
+}
+
+extern "C" PF_API pf_status pf_session_fork(pf_session **out, const pf_session *src) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(out != nullptr, "pf_session_fork: out is NULL");
+        *out = nullptr;
+        PF_CHECK_ARG(src != nullptr, "pf_session_fork: src is NULL");
+        PF_CHECK_ARG(!src->seq.broken, "pf_session_fork: src hit a device error earlier");
+        pf::DeviceGuard dg(src->ctx->device);
+        PF_TRY(dg.status());
+        pf_session *s = nullptr;
+        PF_TRY(pf::session_create(src->model, src->opts, &s, src));
+        const pf_status st = pf::session_copy(s, src);
+        if (st != PF_STATUS_OK) {
+            pf::session_destroy(s);
+            return st;
+        }
+        *out = s;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_snapshots(const pf_session *s, int32_t *positions, int32_t capacity,
+                                                int32_t *count, size_t *bytes_each) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_snapshots: session is NULL");
+        PF_CHECK_ARG(capacity >= 0 && (positions != nullptr || capacity == 0),
+                     "pf_session_snapshots: positions=%p with capacity=%d", (void *)positions, capacity);
+        const auto &held = s->seq.snaps;
+        for (size_t i = 0; i < held.size() && int32_t(i) < capacity; ++i) positions[i] = int32_t(held[i].pos);
+        if (count) *count = int32_t(held.size());
+        if (bytes_each) *bytes_each = s->seq.snap_bytes;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_session_rollback(pf_session *s, int32_t pos) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(s != nullptr, "pf_session_rollback: session is NULL");
+        return pf::session_rollback(s, pos);
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_options_init(pf_batch_options *opts, size_t struct_size) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_TRY(pf::struct_init(opts, struct_size, "pf_batch_options_init", "pf_batch_options"));
+        opts->max_items = 64;
+        opts->cuda_graphs = 1;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_create(pf_batch **out, pf_model *model, const pf_batch_options *opts) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_batch_create";
+        PF_CHECK_ARG(out != nullptr, "%s: out is NULL", fn);
+        *out = nullptr;
+        pf_batch_options o;
+        PF_TRY(pf_batch_options_init(&o, sizeof o));
+        if (opts) {
+            PF_TRY(pf::struct_check(opts, fn, "opts", "pf_batch_options_init"));
+            o = *opts;
+        }
+        PF_CHECK_ARG(o.max_items >= 1 && o.max_items <= 4096, "%s: max_items=%d must be in [1, 4096]", fn, o.max_items);
+        PF_CHECK_ARG(o.step_tokens >= 0 && o.step_tokens <= (1 << 20), "%s: step_tokens=%d must be in [0, 2^20] "
+                     "(0 = 2048)", fn, o.step_tokens);
+        PF_CHECK_ARG(o.max_tokens >= 0 && o.max_context >= 0, "%s: max_tokens=%d / max_context=%d must be >= 0", fn,
+                     o.max_tokens, o.max_context);
+        PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32, "%s: kv_dtype=%d (0 = fp16, 1 = fp32)", fn,
+                     o.kv_dtype);
+        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "%s: gemm_leg=%d is not a pf_gemm_leg", fn,
+                     o.gemm_leg);
+        PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH, "%s: attn_path=%d is not a "
+                     "pf_attn_path", fn, o.attn_path);
+        PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "%s: cuda_graphs=%d must be 0 or 1", fn, o.cuda_graphs);
+        PF_TRY(pf::tuning_check(o.tuning, fn));
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        return pf::batch_create(model, o, out);
+    });
+}
+
+extern "C" PF_API void pf_batch_destroy(pf_batch *b) { pf::batch_destroy(b); }
+
+extern "C" PF_API pf_status pf_batch_plan(pf_batch *b, const pf_batch_item *items, int32_t n_items) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(b != nullptr, "pf_batch_plan: batch is NULL");
+        return pf::batch_plan(b, items, n_items);
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_run(pf_batch *b) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(b != nullptr, "pf_batch_run: batch is NULL");
+        return pf::batch_run(b);
+    });
+}
+
+extern "C" PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32_t n_items) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(b != nullptr, "pf_batch_prefill: batch is NULL");
+        PF_TRY(pf::batch_plan(b, items, n_items));
+        return pf::batch_run(b);
+    });
+}

@@ -1,0 +1,492 @@
+// prewarm.cu — the fp16 caches of many matrices in a few launches (prewarm.cuh).
+//
+// Why it is shaped this way (a copy-bandwidth-bound job: each element is read once as a few
+// bits and written once as 2 bytes, so the kernel must keep DRAM busy in both directions):
+//  - One grid for up to kJobsPerLaunch matrices: the job table travels in the kernel's
+//    parameters (no table upload, no allocation). A model's ~300 matrices are a handful of
+//    launches that fill all SMs, instead of one small launch per matrix with a tail each.
+//  - The work is cut in tiles of kTileElems consecutive elements of one matrix. A matrix of
+//    GGUF blocks is a flat run of blocks (rows of k / block_elems blocks back to back) and its
+//    fp16 copy a flat run of elements, so a tile is a contiguous byte range in and out.
+//  - Persistent CTAs: the grid is what fits on the device at once (occupancy x SMs, at most
+//    the tile count) and CTA c takes tiles c, c + grid, c + 2 grid, ... in turn; it finds a
+//    tile's matrix by walking the job table forward (the tiles it takes only grow).
+//  - Block types, double-buffered: while a CTA decodes tile t from one shared-memory stage, the
+//    blocks of its next tile are already on their way into the other (cp.async, 16 bytes per
+//    copy, issued before the decode). The load latency thus hides behind a whole tile of
+//    decoding, and every resident CTA keeps a tile of reads in flight at all times (v1 staged
+//    one tile, waited, decoded: its reads and its writes took turns).
+//  - Decoding: each thread decodes 8 consecutive elements (one sub-block, one header) from the
+//    stage with 8-byte loads of the quants, and writes them with one 16-byte store. The integer
+//    quants become floats through the exponent trick (a byte under the exponent of 2^23 is the
+//    float 2^23 + byte, exact; subtracting the bias is exact), not through I2F, a
+//    quarter-rate conversion of which v1 spent one per element next to the fp16 rounding.
+//  - Element types (F32, F16, BF16): 16-byte loads and stores straight from and to global,
+//    two groups' loads issued before either is converted.
+// The arithmetic is that of quant.cuh's decode8 on the same exact fp32 values (the products
+// are exact, quant.cuh), then __float2half_rn per element, so the output equals dequantize()'s
+// fp16 output bit for bit.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dequant/dequant.cuh"
+#include "kernels/dequant/prewarm.cuh"
+#include "kernels/dequant/quant.cuh"
+#include "plan/qtype.h"
+#include "ptx/common.cuh"
+#include "ptx/mma.cuh"
+
+namespace pf {
+namespace {
+
+constexpr int kThreads = 256;        // 8 warps per CTA
+constexpr int kMinCtasPerSm = 6;     // 48 warps per SM: caps registers at 40 per thread
+constexpr int kGroup = 8;            // elements per thread and step: one 16-byte fp16 store
+constexpr int kTileElems = 8192;     // elements per tile: 4 steps of kThreads x kGroup
+constexpr int kJobsPerLaunch = 96;   // 32-byte jobs: the parameters stay under the 4 KB limit
+constexpr int kStagePad = 16;        // 8-byte reads at 2-byte-aligned offsets read 4 bytes ahead
+// Largest tile of blocks: Q8_0, 34 bytes per 32 elements.
+constexpr int kStageBytes = kTileElems / kQK8_0 * int(sizeof(block_q8_0));
+constexpr int kStageStride = kStageBytes + kStagePad;  // one of the two stages
+static_assert(kTileElems % (kThreads * kGroup) == 0, "a tile is whole steps");
+static_assert(kTileElems % (8 * kQK_K) == 0, "a tile is 8 K-quant blocks: 16-byte aligned");
+static_assert(kTileElems / kQK_K * sizeof(block_q6_K) <= size_t(kStageBytes), "Q6_K fits");
+static_assert(kTileElems / kQK4_0 * sizeof(block_q4_0) <= size_t(kStageBytes), "Q4_0 fits");
+static_assert(kTileElems / kQK_K * sizeof(block_q5_K) <= size_t(kStageBytes), "Q5_K fits");
+static_assert(kStageStride % 16 == 0, "the second stage starts 16-byte aligned (cp.async)");
+static_assert(2 * kStageStride <= 48 * 1024, "static shared memory");
+
+struct batch_job {        // prewarm_job, with where its tiles start in the launch
+    const uint8_t *src;
+    __half *dst;
+    int64_t elems;
+    uint32_t first_tile;  // tiles [first_tile, next job's first_tile) are this job's
+    int32_t qtype;
+};
+static_assert(sizeof(batch_job) == 32, "the parameter budget assumes 32-byte jobs");
+
+struct batch_args {
+    int32_t n_jobs;
+    uint32_t n_tiles;     // all jobs' tiles (each job has at least one)
+    batch_job job[kJobsPerLaunch];
+};
+static_assert(sizeof(batch_args) <= 4096, "kernel parameters must stay within 4 KB");
+
+// ------------------------------------------------------------------ exact integer -> float
+//
+// The float with bits 0x4B000000 | b (b < 2^23) is exactly 2^23 + b: at 2^23 the unit in the
+// last place is 1. So an integer quant q in [0, 255], placed under that exponent and minus the
+// bias 2^23 + c, is exactly the float q - c (both operands and the difference are integers
+// below 2^24). One PRMT (or LOP) and one FADD, both full rate, instead of an I2F.
+constexpr float kTwo23 = 8388608.0f;  // 2^23
+
+// 2^23 + byte e (0..3, a constant after unrolling) of w: PRMT selects byte e of w for the low
+// byte, 0x00 twice and 0x4B (the top byte of 0x4B000000) for the high one.
+__device__ __forceinline__ float biased_byte(uint32_t w, int e) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | uint32_t(e)));
+}
+// 2^23 + v for 0 <= v < 2^23.
+__device__ __forceinline__ float biased_uint(uint32_t v) {
+    return __uint_as_float(0x4B000000u | v);
+}
+
+// ------------------------------------------------------------------ shared-memory reads
+
+// The fp16 at byte `off` (even) of the stage, widened exactly.
+__device__ __forceinline__ float stage_half(const uint8_t *s, uint32_t off) {
+    return __half2float(*reinterpret_cast<const __half *>(s + off));
+}
+// 8 bytes at an 8-byte-aligned offset.
+__device__ __forceinline__ uint2 stage8_aligned(const uint8_t *s, uint32_t off) {
+    return *reinterpret_cast<const uint2 *>(s + off);
+}
+// 8 bytes at an even offset: three aligned words and two funnel shifts (Q4_0, Q8_0 and Q6_K
+// blocks are 18, 34 and 210 bytes, so their fields sit at any even offset).
+__device__ __forceinline__ uint2 stage8_even(const uint8_t *s, uint32_t off) {
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(s + (off & ~3u));
+    const uint32_t sh = (off & 3u) * 8u;
+    return make_uint2(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh));
+}
+// Byte e (0..7) of 8 loaded bytes, little-endian as in memory.
+__device__ __forceinline__ int byte_at(uint2 q, int e) {
+    return int(((e < 4 ? q.x : q.y) >> ((e & 3) * 8)) & 0xFFu);
+}
+
+// ------------------------------------------------------------------ decoders from the stage
+
+// decode8_stage<Q>(s, bo, i0, v): elements i0 .. i0+7 (i0 % 8 == 0) of the block at byte bo of
+// the stage; the same fp32 values as qtraits<Q>::decode8 (quant.cuh): the same exact products,
+// with each integer made a float exactly by the bias trick above. The 8 quants come as two
+// words of 4 bytes (elements 0-3, then 4-7), each byte holding one element's integer.
+template <int Q>
+__device__ void decode8_stage(const uint8_t *s, uint32_t bo, int i0, float *v);
+
+template <>
+__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q4_0>(const uint8_t *s, uint32_t bo, int i0,
+                                                             float *v) {
+    const float d = stage_half(s, bo);
+    const uint2 q = stage8_even(s, bo + 2 + (i0 & 15));
+    const int sh = (i0 >> 4) << 2;
+    const uint32_t w[2] = {(q.x >> sh) & 0x0F0F0F0Fu, (q.y >> sh) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 8.0f));
+}
+
+template <>
+__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q8_0>(const uint8_t *s, uint32_t bo, int i0,
+                                                             float *v) {
+    const float d = stage_half(s, bo);
+    const uint2 q = stage8_even(s, bo + 2 + i0);
+    // int8 x as the byte x + 128: flipping the sign bit of its two's complement.
+    const uint32_t w[2] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 128.0f));
+}
+
+// d * sc and dmin * m of sub-block j of a Q4_K / Q5_K block in the stage: k4_scale_min's
+// products (quant.cuh), the 6-bit integers made floats exactly.
+template <class Block>
+__device__ __forceinline__ void k4_scale_min_stage(const Block *b, int j, float &d1, float &m1) {
+    int sc, m;
+    get_scale_min_k4(j, b->scales, sc, m);
+    d1 = __half2float(b->d) * (biased_uint(uint32_t(sc)) - kTwo23);
+    m1 = __half2float(b->dmin) * (biased_uint(uint32_t(m)) - kTwo23);
+}
+
+// Q4_K and Q5_K blocks (144 and 176 bytes) start 16-byte aligned in the stage.
+template <>
+__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0,
+                                                             float *v) {
+    const block_q4_K *b = reinterpret_cast<const block_q4_K *>(s + bo);
+    const int j = i0 >> 5;
+    float d1, m1;
+    k4_scale_min_stage(b, j, d1, m1);
+    const uint2 q = stage8_aligned(s, bo + offsetof(block_q4_K, qs) + (j >> 1) * 32 + (i0 & 31));
+    const int sh = (j & 1) << 2;
+    const uint32_t w[2] = {(q.x >> sh) & 0x0F0F0F0Fu, (q.y >> sh) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = d1 * (biased_byte(w[e >> 2], e & 3) - kTwo23) - m1;
+}
+
+template <>
+__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0,
+                                                             float *v) {
+    const block_q5_K *b = reinterpret_cast<const block_q5_K *>(s + bo);
+    const int j = i0 >> 5, l0 = i0 & 31;
+    float d1, m1;
+    k4_scale_min_stage(b, j, d1, m1);
+    const uint2 q = stage8_aligned(s, bo + offsetof(block_q5_K, qs) + (j >> 1) * 32 + l0);
+    const uint2 h = stage8_aligned(s, bo + offsetof(block_q5_K, qh) + l0);
+    const int sh = (j & 1) << 2;
+    // Per byte: the nibble, and bit j of the qh byte as bit 4 (a shift of the whole word by
+    // j <= 7 brings bit j of every byte to that byte's bit 0).
+    const uint32_t w[2] = {((q.x >> sh) & 0x0F0F0F0Fu) | (((h.x >> j) & 0x01010101u) << 4),
+                           ((q.y >> sh) & 0x0F0F0F0Fu) | (((h.y >> j) & 0x01010101u) << 4)};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = d1 * (biased_byte(w[e >> 2], e & 3) - kTwo23) - m1;
+}
+
+template <>
+__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q6_K>(const uint8_t *s, uint32_t bo, int i0,
+                                                             float *v) {
+    const int h = i0 >> 7, r0 = i0 & 127;  // 8 elements: one half, one 16-group, no wrap
+    const uint2 ql = stage8_even(s, bo + offsetof(block_q6_K, ql) + h * 64 + (r0 & 63));
+    const uint2 qh = stage8_even(s, bo + offsetof(block_q6_K, qh) + h * 32 + (r0 & 31));
+    const int shl = (r0 >> 6) << 2, shh = (r0 >> 5) << 1;
+    // The int8 scale as the byte scale + 128 (sign bit flipped), as for Q8_0.
+    const uint32_t sc = uint32_t(s[bo + offsetof(block_q6_K, scales) + (i0 >> 4)]) ^ 0x80u;
+    const float sd =
+        stage_half(s, bo + offsetof(block_q6_K, d)) * (biased_uint(sc) - (kTwo23 + 128.0f));
+    // Per byte: the low nibble and the 2 high bits above it, q in [0, 63]; the value is q - 32.
+    const uint32_t w[2] = {((ql.x >> shl) & 0x0F0F0F0Fu) | (((qh.x >> shh) & 0x03030303u) << 4),
+                           ((ql.y >> shl) & 0x0F0F0F0Fu) | (((qh.y >> shh) & 0x03030303u) << 4)};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = sd * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 32.0f));
+}
+
+// The IQ4_NL code book (quant.cuh kIq4nlLo / kIq4nlHi) with every code's sign bit flipped: the
+// byte of code c is c + 128, ready for the bias trick.
+constexpr uint64_t kIq4nlLoBiased = kIq4nlLo ^ 0x8080808080808080ull;
+constexpr uint64_t kIq4nlHiBiased = kIq4nlHi ^ 0x8080808080808080ull;
+
+// IQ4_XS blocks (136 bytes) start 8-byte aligned in the stage; qs sits at byte 8.
+template <>
+__device__ __forceinline__ void decode8_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s, uint32_t bo, int i0,
+                                                               float *v) {
+    const block_iq4_xs *b = reinterpret_cast<const block_iq4_xs *>(s + bo);
+    const int ib = i0 >> 5, j0 = i0 & 31;
+    // iq4xs_scale (quant.cuh): d * (ls - 32), ls the 6-bit scale, made a float exactly.
+    const uint32_t ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xFu) |
+                        (((uint32_t(b->scales_h) >> (2 * ib)) & 3u) << 4);
+    const float dl = __half2float(b->d) * (biased_uint(ls) - (kTwo23 + 32.0f));
+    const uint2 q = stage8_aligned(s, bo + offsetof(block_iq4_xs, qs) + ib * 16 + (j0 & 15));
+    const int sh = (j0 >> 4) << 2;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const uint32_t c = uint32_t(byte_at(q, e) >> sh) & 0xFu;
+        const uint64_t t = c < 8 ? kIq4nlLoBiased : kIq4nlHiBiased;
+        v[e] = dl * (biased_uint(uint32_t(t >> ((c & 7) * 8)) & 0xFFu) - (kTwo23 + 128.0f));
+    }
+}
+
+// ------------------------------------------------------------------ stores
+
+// 8 fp16 in one 16-byte store; streaming (.cs): the caches are not read again soon.
+__device__ __forceinline__ void store8(__half *out, const float *v) {
+    __stcs(reinterpret_cast<uint4 *>(out),
+           make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                      pack_half2(v[6], v[7])));
+}
+
+// ------------------------------------------------------------------ staging (cp.async)
+
+// Elements per block and bytes per block of a block type; false for the element types.
+__device__ __forceinline__ bool block_geometry(int32_t qtype, int &elems, int &bytes) {
+    switch (qtype) {
+        case PF_QTYPE_Q4_0: elems = kQK4_0; bytes = int(sizeof(block_q4_0)); return true;
+        case PF_QTYPE_Q8_0: elems = kQK8_0; bytes = int(sizeof(block_q8_0)); return true;
+        case PF_QTYPE_Q4_K: elems = kQK_K; bytes = int(sizeof(block_q4_K)); return true;
+        case PF_QTYPE_Q5_K: elems = kQK_K; bytes = int(sizeof(block_q5_K)); return true;
+        case PF_QTYPE_Q6_K: elems = kQK_K; bytes = int(sizeof(block_q6_K)); return true;
+        case PF_QTYPE_IQ4_XS: elems = kQK_K; bytes = int(sizeof(block_iq4_xs)); return true;
+        default: return false;
+    }
+}
+
+// First element and element count of tile t of job j.
+__device__ __forceinline__ int64_t tile_start(const batch_job &j, uint32_t t) {
+    return int64_t(t - j.first_tile) * kTileElems;
+}
+__device__ __forceinline__ int tile_count(const batch_job &j, int64_t e0) {
+    return j.elems - e0 < kTileElems ? int(j.elems - e0) : kTileElems;
+}
+
+// Starts copying the blocks of tile t (of job j, a block type) into `stage`: 16-byte cp.async
+// copies by all threads (the tile starts 16-byte aligned: a tile is a whole number of 8-block
+// runs, and the job's blocks start aligned). A matrix's last tile may end inside a 16-byte
+// word: its even tail (block sizes are even) is read with 2-byte loads, never past the matrix,
+// and stored at once (visible after the barrier that precedes the decoding). Element-type
+// tiles stage nothing. The caller commits the group.
+__device__ __forceinline__ void stage_issue(const batch_job &j, uint32_t t, uint8_t *stage) {
+    int be = 0, bb = 0;
+    if (!block_geometry(j.qtype, be, bb)) return;
+    const int64_t e0 = tile_start(j, t);
+    const uint8_t *src = j.src + e0 / be * bb;
+    const int nbytes = tile_count(j, e0) / be * bb;
+    const int nvec = nbytes / 16;
+    for (int i = threadIdx.x; i < nvec; i += kThreads) cp_async16(stage + 16 * i, src + 16 * i);
+    for (int b = nvec * 16 + 2 * int(threadIdx.x); b < nbytes; b += 2 * kThreads)
+        *reinterpret_cast<uint16_t *>(stage + b) = *reinterpret_cast<const uint16_t *>(src + b);
+}
+
+// ------------------------------------------------------------------ one tile
+
+// Elements [e0, e0 + n) of a block-type job from its staged blocks: 8 per thread and step.
+template <int Q>
+__device__ __forceinline__ void tile_blocks(const batch_job &j, int64_t e0, int n,
+                                            const uint8_t *stage) {
+    using T = qtraits<Q>;
+    constexpr int kGroupsPerBlock = T::kElems / kGroup;
+    const int groups = n / kGroup;
+    __half *dst = j.dst + e0;
+#pragma unroll 1  // registers for occupancy (latency is hidden by other warps), not for unrolling
+    for (int g = threadIdx.x; g < groups; g += kThreads) {
+        const int blk = g / kGroupsPerBlock, i0 = (g % kGroupsPerBlock) * kGroup;
+        float v[kGroup];
+        decode8_stage<Q>(stage, uint32_t(blk * T::kBytes), i0, v);
+        store8(dst + int64_t(g) * kGroup, v);
+    }
+}
+
+// Element e of an F32 / F16 / BF16 source from its raw bits (qtraits<Q>::decode's arithmetic).
+template <int Q>
+__device__ __forceinline__ float elem_from_bits(uint32_t bits) {
+    if constexpr (Q == PF_QTYPE_F32) return __uint_as_float(bits);
+    else if constexpr (Q == PF_QTYPE_F16) return __half2float(__ushort_as_half(uint16_t(bits)));
+    else return __uint_as_float(bits << 16);  // BF16: the top half of an fp32
+}
+
+// One 8-element group of an element type: its source words (two 16-byte loads for F32, one
+// for F16 / BF16), then the fp16 store.
+template <int Q>
+struct elem_group {
+    static constexpr int kWords = qtraits<Q>::kBytes == 4 ? 2 : 1;  // 16-byte loads per group
+    uint4 w[kWords];
+    __device__ __forceinline__ void load(const uint8_t *src, int g) {
+#pragma unroll
+        for (int i = 0; i < kWords; ++i)
+            w[i] = __ldcs(reinterpret_cast<const uint4 *>(src) + kWords * g + i);
+    }
+    __device__ __forceinline__ void store(__half *dst, int g) const {
+        float v[kGroup];
+        if constexpr (kWords == 2) {
+            const uint32_t u[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = elem_from_bits<Q>(u[e]);
+        } else {
+            const uint32_t u[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                v[2 * e] = elem_from_bits<Q>(u[e] & 0xFFFFu);
+                v[2 * e + 1] = elem_from_bits<Q>(u[e] >> 16);
+            }
+        }
+        store8(dst + int64_t(g) * kGroup, v);
+    }
+};
+
+// Elements [e0, e0 + n) of an element-type job: 16-byte loads and stores when both ends are
+// 16-byte aligned (then every 8-element group is), two groups per thread loaded before either
+// is stored (the compiler may not move a load above a store that could alias it); element by
+// element otherwise and for the tail of a length that is not a multiple of 8.
+template <int Q>
+__device__ __forceinline__ void tile_elems(const batch_job &j, int64_t e0, int n) {
+    using T = qtraits<Q>;
+    const uint8_t *src = j.src + e0 * T::kBytes;
+    __half *dst = j.dst + e0;
+    const bool vec = ((reinterpret_cast<uintptr_t>(j.src) | reinterpret_cast<uintptr_t>(j.dst)) & 15) == 0;
+    const int groups = vec ? n / kGroup : 0;
+    for (int g = threadIdx.x; g < groups; g += 2 * kThreads) {
+        const bool second = g + kThreads < groups;
+        elem_group<Q> a, b;
+        a.load(src, g);
+        if (second) b.load(src, g + kThreads);
+        a.store(dst, g);
+        if (second) b.store(dst, g + kThreads);
+    }
+    for (int e = groups * kGroup + int(threadIdx.x); e < n; e += kThreads)
+        dst[e] = __float2half_rn(T::decode(src + int64_t(e) * T::kBytes, 0));
+}
+
+// Tile t of job j: decoded from `stage` (block types, staged by stage_issue) or converted
+// straight from global (element types).
+__device__ __forceinline__ void run_tile(const batch_job &j, uint32_t t, const uint8_t *stage) {
+    const int64_t e0 = tile_start(j, t);
+    const int n = tile_count(j, e0);
+    switch (j.qtype) {
+        case PF_QTYPE_F32: tile_elems<PF_QTYPE_F32>(j, e0, n); break;
+        case PF_QTYPE_F16: tile_elems<PF_QTYPE_F16>(j, e0, n); break;
+        case PF_QTYPE_BF16: tile_elems<PF_QTYPE_BF16>(j, e0, n); break;
+        case PF_QTYPE_Q4_0: tile_blocks<PF_QTYPE_Q4_0>(j, e0, n, stage); break;
+        case PF_QTYPE_Q8_0: tile_blocks<PF_QTYPE_Q8_0>(j, e0, n, stage); break;
+        case PF_QTYPE_Q4_K: tile_blocks<PF_QTYPE_Q4_K>(j, e0, n, stage); break;
+        case PF_QTYPE_Q5_K: tile_blocks<PF_QTYPE_Q5_K>(j, e0, n, stage); break;
+        case PF_QTYPE_Q6_K: tile_blocks<PF_QTYPE_Q6_K>(j, e0, n, stage); break;
+        case PF_QTYPE_IQ4_XS: tile_blocks<PF_QTYPE_IQ4_XS>(j, e0, n, stage); break;
+        default: break;  // the host admits only the types above
+    }
+}
+
+// The job that owns tile t: the last one whose first tile is <= t (jobs are in tile order).
+__device__ __forceinline__ int find_job(const batch_args &a, uint32_t t) {
+    int lo = 0, hi = a.n_jobs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (a.job[mid].first_tile <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+// The same from job `from` on, for a tile t at or after that job's first: a CTA's tiles only
+// grow, so over a launch it walks the table once.
+__device__ __forceinline__ int next_job(const batch_args &a, int from, uint32_t t) {
+    while (from + 1 < a.n_jobs && a.job[from + 1].first_tile <= t) ++from;
+    return from;
+}
+
+// Persistent CTAs over all tiles of the launch (gridDim.x <= n_tiles): CTA c takes tiles c,
+// c + gridDim.x, ... Two stages: tile t is decoded from stage[buf] while the next tile's blocks
+// arrive in stage[buf ^ 1]. Per tile, one cp.async group per thread (empty when there is
+// nothing to stage), so "all but the newest group done" means "tile t staged" for this thread,
+// and the barrier after it extends that to the CTA. The barrier after the decoding frees
+// stage[buf] for the copy issued at the top of the next iteration. Every branch below is
+// uniform over the CTA (t, the job and the stage are the same in all threads).
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    prewarm_kernel(const __grid_constant__ batch_args a) {
+    __shared__ __align__(16) uint8_t stage[2][kStageStride];
+    uint32_t t = blockIdx.x;
+    int jt = find_job(a, t);
+    stage_issue(a.job[jt], t, stage[0]);
+    cp_async_commit();
+    for (int buf = 0;; buf ^= 1) {
+        const uint32_t next = t + gridDim.x;  // < 2^32: t < n_tiles and gridDim.x <= n_tiles < 2^31
+        const bool more = next < a.n_tiles;
+        const int jn = more ? next_job(a, jt, next) : jt;
+        if (more) stage_issue(a.job[jn], next, stage[buf ^ 1]);
+        cp_async_commit();
+        cp_async_wait_all_but_newest();
+        __syncthreads();
+        run_tile(a.job[jt], t, stage[buf]);
+        if (!more) break;
+        __syncthreads();
+        t = next;
+        jt = jn;
+    }
+}
+
+bool is_block_type(int32_t qtype) {
+    return qtype != PF_QTYPE_F32 && qtype != PF_QTYPE_F16 && qtype != PF_QTYPE_BF16;
+}
+
+bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// CTAs of prewarm_kernel resident on the current device at once: the persistent grid.
+pf_status resident_ctas(int64_t *out) {
+    int sms = 0, per_sm = 0;
+    PF_TRY(device_sm_count(&sms));
+    PF_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prewarm_kernel, kThreads, 0));
+    *out = int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+    return PF_STATUS_OK;
+}
+
+pf_status launch_batch(batch_args &a, int64_t max_grid, cudaStream_t stream) {
+    if (a.n_jobs == 0) return PF_STATUS_OK;
+    const unsigned grid = unsigned(std::min<int64_t>(a.n_tiles, max_grid));
+    prewarm_kernel<<<grid, kThreads, 0, stream>>>(a);
+    PF_LAUNCH_CHECK("prewarm_kernel (%d matrices, %u tiles, %u CTAs)", int(a.n_jobs), a.n_tiles,
+                    grid);
+    a.n_jobs = 0;
+    a.n_tiles = 0;
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+void prewarm_kernel_load() {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, prewarm_kernel) != cudaSuccess) (void)cudaGetLastError();
+}
+
+pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream) {
+    for (const prewarm_job &j : jobs) {
+        int64_t be = 0, bb = 0;
+        if (!qtype_block(j.qtype, &be, &bb))
+            return fail(PF_STATUS_UNSUPPORTED, "prewarm: GGML type %d is not supported", int(j.qtype));
+        PF_CHECK_ARG(j.elems >= 0 && j.elems % be == 0,
+                     "prewarm: %lld elements is not a whole number of %s blocks", (long long)j.elems,
+                     pf_qtype_name(j.qtype));
+    }
+    int64_t max_grid = 0;
+    PF_TRY(resident_ctas(&max_grid));
+    batch_args a{};
+    for (const prewarm_job &j : jobs) {
+        if (j.elems == 0) continue;
+        // The fast path stages 16-byte words of the blocks and stores 16-byte fp16 groups.
+        if (!aligned16(j.src) || (is_block_type(j.qtype) && !aligned16(j.dst))) {
+            PF_TRY(dequantize(j.src, j.qtype, 1, j.elems, j.dst, true, stream));
+            continue;
+        }
+        const int64_t tiles = (j.elems + kTileElems - 1) / kTileElems;
+        if (a.n_jobs == kJobsPerLaunch || int64_t(a.n_tiles) + tiles > kMaxGridX)
+            PF_TRY(launch_batch(a, max_grid, stream));
+        // A single matrix of more than 2^31 tiles (2^44 elements) cannot exist on a device.
+        a.job[a.n_jobs++] = batch_job{static_cast<const uint8_t *>(j.src), j.dst, j.elems,
+                                      a.n_tiles, j.qtype};
+        a.n_tiles += uint32_t(tiles);
+    }
+    return launch_batch(a, max_grid, stream);
+}
+
+}  // namespace pf

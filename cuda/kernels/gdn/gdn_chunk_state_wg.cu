@@ -1,0 +1,480 @@
+// gdn_chunk_state_wg.cu — the warpgroup state kernel of the chunked delta rule (gdn_chunk.cu):
+// wgmma, TMA and mbarriers, sm_90a only (it compiles to nothing elsewhere; state_wg_available
+// says where it runs).
+#include "base/cuda_check.cuh"
+#include "kernels/gdn/gdn_chunk.cuh"
+#include "ptx/hopper.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace pf {
+namespace gdnc {
+namespace {
+// ---------------------------------------------------- state kernel, warpgroup form (sm_90a only)
+// The chunk step of the warp-owned kernel (same algebra, S^T with the value columns as rows) on
+// Hopper's warpgroup MMA, the form FlashInfer's and FlashQLA's GDN kernels take on this card. A
+// consumer warpgroup owns 64 value columns of a head (2 CTAs per head: Hv = 32 gives 64 CTAs,
+// 48 gives 96) and keeps S^T (64 x 128) as one m64n128 fp32 accumulator; every product of the
+// step is a wgmma with its A operand in registers (the fp32 accumulator of the product before
+// it, packed to fp16 as FlashAttention-3 reuses P) and its B operand in shared memory:
+//   X^T = S^T K^T, S^T Q^T     m64n64k16 x 8  (B: K, Q stored [i][x], K-major)
+//   V'^T = R^T Tm^T            m64n64k16 x 4  (B: Tm stored [i][j], K-major)
+//   O^T += V'^T P^T            m64n64k16 x 4  (B: P stored [i][j], K-major)
+//   S^T += V''^T K             m64n128k16 x 4 (B: K stored [j][x], MN-major: the same bytes)
+// 20 wgmma per chunk and warpgroup where the warp-owned kernel issues ~232 mma.sync per warp;
+// the update accumulates into the master state itself. One producer warp stages the chunks
+// three deep (K, Q, Tm, P into the 128-byte-swizzled layout the descriptors read, hopper.cuh;
+// the pipeline is described above the kernel). ncu (device run 53, T = 8192): 229 us per layer
+// at 16/32 heads (warp-owned: 272), ~3500 cycles per chunk, the tensor pipe a third busy: the
+// step is one warpgroup's dependent chain.
+// Precision as the other state kernels (fp16 operands, fp32 accumulation, power-of-two scales),
+// with the scales per value column (per accumulator row: a reduction over the 4 lanes of a quad,
+// no barrier) instead of per warp. The master state is kept as S_true = S_acc * u (u a power of
+// two per row): before the update S_acc is multiplied by u e^gamma_last sigma_V, so that the
+// update, whose A operand is V'' * sigma_V, accumulates into it in the same units; u becomes
+// 1 / sigma_V. sigma_V comes from a bound known at the chunk's start (the bound on |V'|
+// below), so that multiply runs while V' is computed.
+constexpr int kWgStateThreads = 160;  // one consumer warpgroup + one producer warp
+constexpr int kWgStateStages = 3;
+
+struct StateWgSmem {
+    struct alignas(1024) Stage {
+        __half kh[kC * kDK];  // swizzled: column blocks x 0..63, 64..127 of 8 KB (hopper.cuh)
+        __half qh[kC * kDK];
+        __half tm[kC * kC];   // one swizzled block
+        __half ph[kC * kC];
+        float vst[kC * 64];   // two [64][32] fp32 blocks, 128-byte swizzle (wg_v_offset)
+        float gam[kC];
+        float beta[kC];
+        float meta[4];
+    };
+    Stage st[kWgStateStages];
+    uint64_t full[kWgStateStages];   // the stage's copies landed (TMA / bulk transactions, cp.async)
+    uint64_t empty[kWgStateStages];  // the 4 consumer warps are done with the stage
+    SeqSpan seq;                     // the CTA's sequence (state_seq): read from here, not held in registers
+};
+constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte alignment slack
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PF_GDN_WGMMA_DEVICE 1
+#endif
+
+#ifdef PF_GDN_WGMMA_DEVICE  // the warpgroup kernel's device helpers (sm_90a only)
+constexpr uint32_t kWgTmaBytes = 2 * kC * kDK * 2 + 2 * kC * kC * 2;  // K, Q, Tm, P (fp16)
+constexpr uint32_t kWgVBytes = kC * 64 * 4;                           // V's 64 columns (fp32)
+constexpr uint32_t kWgGateBytes = 2 * kC * 4 + 16;                    // gamma, beta, meta
+
+// Float offset of V element (row i, column col < 64) in a stage: block col / 32 of [64][32]
+// floats (128-byte rows), 16-byte chunk (col % 32) / 4 XOR i % 8 (the TMA's 128-byte swizzle),
+// which makes the consumers' reads (rows 2 tig + w, columns g8 + const) conflict-free.
+__device__ __forceinline__ int wg_v_offset(int i, int col) {
+    return (col >> 5) * (kC * 32) + i * 32 + ((((col & 31) >> 2) ^ (i & 7)) << 2) + (col & 3);
+}
+
+// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
+// shared memory, completing on mbarrier bar (PTX cp.async.bulk).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// cp.async of this thread so far, completing as one (non-counted) arrival on mbarrier bar.
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// 1 / x for a power of two x = 2^(E - 127), E in [1, 254] (pow2_scale's range), exactly.
+__device__ __forceinline__ float pow2_inv(float x) {
+    const unsigned e = __float_as_uint(x) >> 23;
+    return e < 254u ? __uint_as_float((254u - e) << 23) : __uint_as_float(1u << 22);  // 2^-127
+}
+
+// S^T (fp32, 64 per thread) to fp16 A fragments with each row scaled to max |x| in [2^14, 2^15)
+// (four partial maxima per row: short dependent chains); ms: the rows' max |S_acc|, f: u / z
+// (X_true = X_acc f, exact: powers of two).
+__device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float (&u)[2],
+                                              uint32_t (&sa)[8][4], float (&ms)[2], float (&f)[2]) {
+    float m4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+        float &m = m4[(e >> 1) & 1][(e & 1) | ((e >> 1) & 2)];
+        m = fmaxf(m, fabsf(S[e]));
+    }
+    float z[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        ms[h] = quad_max(fmaxf(fmaxf(m4[h][0], m4[h][1]), fmaxf(m4[h][2], m4[h][3])));
+        z[h] = pow2_scale(__float_as_uint(ms[h]));
+        f[h] = u[h] * pow2_inv(z[h]);
+    }
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+        sa[kb][0] = pack_half2(S[8 * kb + 0] * z[0], S[8 * kb + 1] * z[0]);
+        sa[kb][1] = pack_half2(S[8 * kb + 2] * z[1], S[8 * kb + 3] * z[1]);
+        sa[kb][2] = pack_half2(S[8 * kb + 4] * z[0], S[8 * kb + 5] * z[0]);
+        sa[kb][3] = pack_half2(S[8 * kb + 6] * z[1], S[8 * kb + 7] * z[1]);
+    }
+}
+
+#endif  // PF_GDN_WGMMA_DEVICE
+
+// Pipeline (FlashAttention-3's producer/consumer form): per stage a `full` mbarrier that the
+// producer arms with the chunk's byte count and the copies complete, and an `empty` one that the
+// 4 consumer warps arrive on when done with it, so that the producer runs up to 3 chunks ahead
+// with no CTA barrier. The producer's lane 0 issues K, Q, Tm, P and V by TMA (V's 64 columns as
+// two 32-float boxes, 128-byte swizzle), the gates and meta by bulk copies. V's map spans the
+// rows of the whole pass, so the box of a chunk with fewer than 64 rows of its sequence would
+// bring the next sequence's rows (a varlen pass; after the last sequence TMA fills zeros): such a
+// chunk's V, and every chunk's when V's rows are not 16-byte aligned (VEC false), goes by the
+// warp's lanes instead, cp.async of 16 (4) bytes into the same swizzled places with zero fill
+// from the sequence's end, each lane's copies completing as an arrival on `full`. `full` counts
+// 1 + 32 arrivals: lane 0's arming, then one per lane (its cp.async, or a plain arrival when TMA
+// brought V).
+// The chunk step: X and half of S^T Q^T (which runs while R is computed), V' and the other half
+// of S^T Q^T, the update, P V' (the next chunk's conversion of S runs while P V' does).
+template <bool VEC>
+__global__ void __launch_bounds__(kWgStateThreads, 1)
+    gdn_chunk_state_wg_kernel(const __grid_constant__ StateArgs a,
+                              const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_t,
+                              const __grid_constant__ CUtensorMap tm_p,
+                              const __grid_constant__ CUtensorMap tm_v) {
+#ifdef PF_GDN_WGMMA_DEVICE
+    using namespace hopper;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    StateWgSmem &s = *reinterpret_cast<StateWgSmem *>(base);
+    constexpr int NS = kWgStateStages;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;
+    const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
+    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < NS; ++b) {
+            mbar_init(smem_addr(&s.full[b]), 1 + 32);
+            mbar_init(smem_addr(&s.empty[b]), 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        s.seq = state_seq(a);  // the CTA's sequence (varlen: blockIdx.y's)
+    }
+    __syncthreads();  // the only CTA barrier
+
+    if (warp == 4) {  // the producer
+        const SeqSpan sq = s.seq;
+        pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
+        // The next sub-pass's prep may start beside this grid (chained sub-passes): its
+        // workspace half was last read by the state grid before the prep just waited for.
+        pdl_launch_dependents();
+        const float *vseq = a.v + sq.r0 * a.ldv + (int64_t)j * kDK + col0;
+        for (int c = 0; c < sq.nc; ++c) {
+            const int b = c % NS;
+            StateWgSmem::Stage &d = s.st[b];
+            const uint32_t full = smem_addr(&s.full[b]);
+            const int64_t t0 = (int64_t)c * kC;
+            const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;  // rows of the sequence
+            const bool tma_v = VEC && lim == kC;  // else V by cp.async, zeros from row lim
+            if (c >= NS) mbar_wait(smem_addr(&s.empty[b]), uint32_t(c / NS - 1) & 1u);
+            if (lane == 0) {
+                // Workspace chunk sq.c0 + c; row coordinates < 2^31 (the launcher checks).
+                const int64_t gc = sq.c0 + c;
+                const int kr = int((jk * a.nc + gc) * kC), tr = int((j * a.nc + gc) * kC);
+                const size_t hc = (size_t)j * a.nc + gc;
+                const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh), vs = smem_addr(d.vst);
+                mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (tma_v ? kWgVBytes : 0));
+                tma_load_2d(kh, &tm_k, 0, kr, full);
+                tma_load_2d(kh + kC * kSwizzleRow, &tm_k, kSwizzleCols, kr, full);
+                tma_load_2d(qh, &tm_q, 0, kr, full);
+                tma_load_2d(qh + kC * kSwizzleRow, &tm_q, kSwizzleCols, kr, full);
+                tma_load_2d(smem_addr(d.tm), &tm_t, 0, tr, full);
+                tma_load_2d(smem_addr(d.ph), &tm_p, 0, tr, full);
+                if (tma_v) {
+                    const int vrow = int(sq.r0 + t0);
+                    tma_load_2d(vs, &tm_v, j * kDK + col0, vrow, full);
+                    tma_load_2d(vs + kC * 32 * 4, &tm_v, j * kDK + col0 + 32, vrow, full);
+                }
+                bulk_load(smem_addr(d.gam), a.w.gam + hc * kC, kC * 4, full);
+                bulk_load(smem_addr(d.beta), a.w.bet + hc * kC, kC * 4, full);
+                bulk_load(smem_addr(d.meta), a.w.meta + hc * 4, 16, full);
+            }
+            if (tma_v) {
+                mbar_arrive(full);
+            } else {
+                const float *vg = vseq + t0 * a.ldv;
+                if (VEC) {  // 4 columns of a row are 16 contiguous bytes of the swizzled block
+#pragma unroll 4
+                    for (int e = lane; e < kC * 16; e += 32) {
+                        const int i = e >> 4, d4 = (e & 15) * 4;
+                        const bool ok = i < lim;
+                        cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * a.ldv + d4, ok);
+                    }
+                } else {
+#pragma unroll 4
+                    for (int e = lane; e < kC * 64; e += 32) {
+                        const int i = e >> 6, d1 = e & 63;
+                        const bool ok = i < lim;
+                        cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * a.ldv + d1, ok);
+                    }
+                }
+                cp_async_arrive_noinc(full);
+            }
+        }
+        cp_async_wait_all();
+        return;
+    }
+
+    // This thread's two accumulator rows (value columns): vr0 + 8 h of the CTA's 64, vr0 =
+    // 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
+    // 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
+    const int vr0 = 16 * warp + g8;
+    float *og = a.o + s.seq.r0 * a.ldo + (int64_t)j * kDK + col0 + vr0;
+    float *state = s.seq.state + (int64_t)j * kDK * kDK + col0 + vr0;
+
+    // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
+    // the prep grid's completion implies its completion (the prep's last wait).
+    if (a.chain) pdl_wait();
+    float S[64];  // S^T[v][x] / u[h]: x = 8 (e >> 2) + 2 tig + (e & 1)
+#pragma unroll
+    for (int e = 0; e < 64; ++e)
+        S[e] = state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)];
+    float u[2] = {1.0f, 1.0f};
+    uint32_t sa[8][4];  // the A fragments of the state entering the chunk
+    float ms[2], f[2];
+    wg_state_to_a(S, u, sa, ms, f);
+
+    for (int c = 0; c < s.seq.nc; ++c) {
+        const int b = c % NS;
+        const StateWgSmem::Stage &d = s.st[b];
+        mbar_wait(smem_addr(&s.full[b]), uint32_t(c / NS) & 1u);
+        const uint32_t kaddr = smem_addr(d.kh);
+        const uint64_t dK = smem_desc(kaddr, 16, kSwizzleAtom);                // K-major
+        const uint64_t dKt = smem_desc(kaddr, kC * kSwizzleRow, kSwizzleAtom);  // MN-major
+        const uint64_t dQ = smem_desc(smem_addr(d.qh), 16, kSwizzleAtom);
+        const uint64_t dT = smem_desc(smem_addr(d.tm), 16, kSwizzleAtom);
+        const uint64_t dP = smem_desc(smem_addr(d.ph), 16, kSwizzleAtom);
+
+        // X^T = S^T K^T, then the first half (k-steps over x < 64) of S^T Q^T, the outputs' part:
+        // it runs while R is computed. Its second half goes in behind V', so that V' waits in the
+        // tensor pipe behind 4 k-steps of it, not 8 (device run s23-3: 0.3539 vs 0.3614 ms at
+        // 16/32 heads, T = 8192; 0.4032 vs 0.4093 at 16/48).
+        float xa[32], oa[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb)
+            wgmma::wgmma_rsk<64>(xa, sa[kb], desc_add(dK, uint32_t(kb >> 2) * kC * kSwizzleRow + 32u * (kb & 3)), kb > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+            wgmma::wgmma_rsk<64>(oa, sa[kb], desc_add(dQ, 32u * kb), kb > 0);
+        wgmma_commit();
+
+        // While it runs (everything read from shared memory is loaded here: the waits below are
+        // memory clobbers that no load moves across): for this thread's chunk rows
+        // i = 8 nt + 2 tig + w, e^gamma, beta e^gamma, beta V and e^(gamma_last - gamma); the
+        // bounds and scales of its two value columns.
+        const float gl = d.gam[kC - 1], el = __expf(gl);
+        float eg[8][2], be[8][2], dd[8][2], bv[32];
+        float vm[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float2 gg = *reinterpret_cast<const float2 *>(&d.gam[8 * nt + 2 * tig]);
+            const float2 bb = *reinterpret_cast<const float2 *>(&d.beta[8 * nt + 2 * tig]);
+            eg[nt][0] = __expf(gg.x);
+            eg[nt][1] = __expf(gg.y);
+            dd[nt][0] = __expf(gl - gg.x);  // exponent <= 0
+            dd[nt][1] = __expf(gl - gg.y);
+            be[nt][0] = bb.x * eg[nt][0];
+            be[nt][1] = bb.y * eg[nt][1];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // element e = 4 nt + q: w = q & 1, h = q >> 1
+                const float vx = d.vst[wg_v_offset(8 * nt + 2 * tig + (q & 1), vr0 + 8 * (q >> 1))];
+                vm[q >> 1] = fmaxf(vm[q >> 1], fabsf(vx));
+                bv[4 * nt + q] = (q & 1 ? bb.y : bb.x) * vx;
+            }
+        }
+        const float sig_t = d.meta[0], rs_t = d.meta[1];
+        float sig_r[2], sig_v[2], k_v[2], smul[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), max |V'| <= max_i sum_j |Tm_ij| max|R|
+            const float r_bound = quad_max(vm[h]) + kSqrtDk * (ms[h] * u[h]);
+            sig_r[h] = pow2_scale_f(r_bound);
+            sig_v[h] = pow2_scale_f(rs_t * r_bound);
+            k_v[h] = sig_v[h] * pow2_inv(sig_t) * pow2_inv(sig_r[h]);  // exact: powers of two
+            smul[h] = u[h] * el * sig_v[h];
+        }
+        // R = (beta V) sigma_R - (beta e^gamma f sigma_R) X_acc: one FFMA per element below.
+        float rx[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            const int h = (e >> 1) & 1;
+            rx[e] = -be[e >> 2][e & 1] * (f[h] * sig_r[h]);
+            bv[e] *= sig_r[h];
+        }
+        // Pinned here, before the wait: the compiler would otherwise sink this arithmetic (no
+        // memory access) below it, onto the chain.
+        fence_regs(eg);
+        fence_regs(rx);
+        fence_regs(dd);
+        fence_regs(bv);
+        fence_regs(k_v);
+        fence_regs(smul);
+
+        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
+        wgmma_wait<1>();
+        fence_regs(xa);
+        uint32_t ra[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float r[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) r[q] = fmaf(rx[8 * kb + q], xa[8 * kb + q], bv[8 * kb + q]);
+            ra[kb][0] = pack_half2(r[0], r[1]);
+            ra[kb][1] = pack_half2(r[2], r[3]);
+            ra[kb][2] = pack_half2(r[4], r[5]);
+            ra[kb][3] = pack_half2(r[6], r[7]);
+        }
+
+        // V'^T = R^T Tm^T, then the second half of S^T Q^T; the master state into the update's
+        // units meanwhile.
+        float va[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(va, ra[kb], desc_add(dT, 32u * kb), kb > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kb = 4; kb < 8; ++kb)
+            wgmma::wgmma_rsk<64>(oa, sa[kb], desc_add(dQ, kC * kSwizzleRow + 32u * (kb & 3)), 1);
+        wgmma_commit();
+#pragma unroll
+        for (int e = 0; e < 64; ++e) S[e] *= smul[(e >> 1) & 1];
+        wgmma_wait<1>();  // V' done; S^T Q^T may still run
+        fence_regs(va);
+        fence_regs(ra);
+
+        // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (the update).
+        uint32_t pa[4][4], ua[4][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+            float x[8], y[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int e = 8 * kb + q;
+                x[q] = va[e] * k_v[(e >> 1) & 1];
+                y[q] = x[q] * dd[e >> 2][e & 1];
+            }
+            pa[kb][0] = pack_half2(x[0], x[1]);
+            pa[kb][1] = pack_half2(x[2], x[3]);
+            pa[kb][2] = pack_half2(x[4], x[5]);
+            pa[kb][3] = pack_half2(x[6], x[7]);
+            ua[kb][0] = pack_half2(y[0], y[1]);
+            ua[kb][1] = pack_half2(y[2], y[3]);
+            ua[kb][2] = pack_half2(y[4], y[5]);
+            ua[kb][3] = pack_half2(y[6], y[7]);
+        }
+
+        // S^T += (e^(gamma_last - gamma) V' sigma_V)^T K; then, with S^T Q^T complete, O^T in the
+        // units of V' sigma_V: e^gamma (S^T Q^T) f sigma_V, and O^T += (V' sigma_V)^T P^T.
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+            wgmma::wgmma_rs<128>(S, ua[kb], desc_add(dKt, uint32_t(kb) * 2 * kSwizzleAtom), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // S^T Q^T done; the update may still run
+        fence_regs(oa);
+        fence_regs(sa);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            const int h = (e >> 1) & 1;
+            oa[e] *= eg[e >> 2][e & 1] * (f[h] * sig_v[h]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, pa[kb], desc_add(dP, 32u * kb), 1);
+        wgmma_commit();
+        u[0] = pow2_inv(sig_v[0]);
+        u[1] = pow2_inv(sig_v[1]);
+
+        // The next chunk's A fragments once the update is done (P V' may still run).
+        wgmma_wait<1>();
+        fence_regs(S);
+        fence_regs(ua);
+        wg_state_to_a(S, u, sa, ms, f);
+        wgmma_wait<0>();
+        fence_regs(oa);
+        fence_regs(pa);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&s.empty[b]));  // this warp is done with stage b
+
+        // The outputs: this thread's 2 value columns x 16 rows of the chunk.
+        const int64_t t0 = (int64_t)c * kC, left = s.seq.rows - t0;
+        const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
+        float *orow = og + (t0 + 2 * tig) * a.ldo;  // row 2 tig of the chunk
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
+#pragma unroll
+            for (int w = 0; w < 2; ++w)
+                if (8 * nt + 2 * tig + w < lim) {
+                    float *p = orow + (w ? a.ldo : 0);
+                    p[0] = oa[4 * nt + w] * u[0];
+                    p[8] = oa[4 * nt + 2 + w] * u[1];
+                }
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e)
+        state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)] = S[e] * u[(e >> 1) & 1];
+#else
+    __trap();  // sm_90a only: the host never launches it elsewhere (gdn_state_wg_available)
+#endif
+}
+
+// The warpgroup state kernel: two CTAs (64 value columns each) per value head; the TMA maps of
+// this pass's K, Q ([Hk nc 64][128] fp16) and Tm, P ([Hv nc 64][64]) in the workspace, boxes of
+// one chunk's 64 rows x 64 columns.
+template <bool VEC>
+pf_status launch_state_wg_vec(const StateArgs &a, bool pdl, cudaStream_t stream) {
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_wg_kernel<VEC>, int(kWgStateSmem),
+                                "gdn_chunk_state_wg_kernel"));
+    CUtensorMap maps[5];
+    const int64_t krows = (int64_t)a.n_k_heads * a.nc * kC, trows = (int64_t)a.n_v_heads * a.nc * kC;
+    const struct { CUtensorMap *m; const void *base; int64_t cols, rows; } spec[4] = {
+        {&maps[0], a.w.kh, kDK, krows}, {&maps[1], a.w.qh, kDK, krows},
+        {&maps[2], a.w.tm, kC, trows}, {&maps[3], a.w.p, kC, trows}};
+    for (const auto &m : spec) {
+        const CUresult r = hopper::encode_fp16_sw128(m.m, m.base, m.cols, m.rows, kC);
+        if (r != CUDA_SUCCESS)
+            return fail(PF_STATUS_CUDA_ERROR,
+                        "gdn_chunk_scan_rows: TMA map of the workspace (%lld x %lld fp16): CUresult %d",
+                        (long long)m.rows, (long long)m.cols, int(r));
+    }
+    if (VEC) {  // V (fp32, [rows][ldv]) in boxes of 64 rows x 32 columns, 128-byte swizzle
+        const CUresult r = hopper::encode_2d_sw128(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.v,
+                                                   (int64_t)a.n_v_heads * kDK, a.rows, a.ldv * 4,
+                                                   32, kC);
+        if (r != CUDA_SUCCESS)
+            return fail(PF_STATUS_CUDA_ERROR, "gdn_chunk_scan_rows: TMA map of v (%lld rows, ld %lld): CUresult %d",
+                        (long long)a.rows, (long long)a.ldv, int(r));
+    } else {
+        maps[4] = maps[0];  // unused: V by cp.async
+    }
+    // x: two CTAs per value head; y: the sequences of a varlen pass (else 1).
+    const dim3 grid(unsigned(a.n_v_heads * 2), unsigned(a.seqs.n > 0 ? a.seqs.n : 1));
+    const cudaError_t e = launch_pdl(gdn_chunk_state_wg_kernel<VEC>, grid, kWgStateThreads, kWgStateSmem,
+                                     pdl, stream, a, maps[0], maps[1], maps[2], maps[3], maps[4]);
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_wg_kernel<%d> (PDL)", int(VEC));
+    PF_LAUNCH_CHECK("gdn_chunk_state_wg_kernel<%d>", int(VEC));
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+pf_status launch_state_wg(const StateArgs &a, bool vec, bool pdl, cudaStream_t stream) {
+    return vec ? launch_state_wg_vec<true>(a, pdl, stream) : launch_state_wg_vec<false>(a, pdl, stream);
+}
+
+bool state_wg_available() { return sm90a_kernels_available(current_device()); }
+
+}  // namespace gdnc
+}  // namespace pf

@@ -1,0 +1,657 @@
+// gemm.cu — the projection legs (f32 SGEMM, f16 tensor-op GEMM with fp16 overflow
+// protection), the weights' fp16 caches and the all-or-nothing prewarm.
+//
+// Row-major Y[rows][n] = X[rows][k] . W[n][k]^T is, read column-major, Y^T = W^T' X^T with
+// W^T' the column-major view of row-major W (k x n, ld k) transposed: cuBLAS
+//   gemm(OP_T, OP_N, m = n, n = rows, k, A = W (ld k), B = X (ld ldx), C = Y (ld ldy)).
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cfloat>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "kernels/dequant/dequant.cuh"
+#include "kernels/dequant/prewarm.cuh"
+#include "kernels/gemm/gemm.cuh"
+#include "kernels/gemm/gemm_i8.cuh"  // the 8-bit leg (project_i8)
+#include "kernels/gemm/gemm_lt.cuh"  // gemm_f16: the f16 leg's GEMM and its per-shape algorithm
+#include "kernels/gemm/qgemm.cuh"
+#include "kernels/rows/f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
+#include "plan/qtype.h"
+#include "ptx/common.cuh"
+
+namespace pf {
+namespace {
+
+// ------------------------------------------------------------------ sizes and slabs
+
+constexpr size_t kSlabBytes = size_t(512) << 20;  // bound on a dequantized weight slab (scratch)
+constexpr int kCastThreads = 256;
+constexpr int kMaxRowBlocks = 65535;              // grid-stride over rows beyond this
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+int64_t row_bytes(const pf_weight *w) {
+    int64_t be = 1, bb = 4;
+    qtype_block(w->qtype, &be, &bb);
+    return w->k / be * bb;
+}
+
+// Weight rows per slab of `elem_bytes` elements so that the slab stays under kSlabBytes.
+int64_t slab_rows(int64_t n, int64_t k, size_t elem_bytes) {
+    const int64_t r = int64_t(kSlabBytes / (size_t(k) * elem_bytes));
+    return std::max<int64_t>(1, std::min<int64_t>(n, r));
+}
+
+// ------------------------------------------------------------------ f16 activation kernels
+
+struct cast_args {
+    const float *x;       // [rows][ldx]
+    int64_t ldx;
+    int64_t rows, k;
+    __half *xh;           // [rows][k] fp16 (scaled rows)
+    float *inv_scale;     // [rows]: 2^e for a row scaled by 2^-e, 1 otherwise
+    float *y;             // [rows][ldy], pre-scaled when accumulate and the row is scaled
+    int64_t ldy, n;
+    int accumulate;
+};
+
+// One block per row: max|x| of the row, a power-of-two scale when it exceeds kF16RowMax, the
+// fp16 cast, and the pre-scale of the existing output row for accumulate. kVec: x rows are
+// 16-byte aligned and k % 4 == 0, so 4 elements move per float4 load / 8-byte store (the second
+// read of the row comes from L1/L2).
+template <bool kVec>
+__global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
+    __shared__ float red[32];
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        const float *xr = a.x + r * a.ldx;
+        __half *hr = a.xh + r * a.k;
+        float m = 0.0f;
+        if constexpr (kVec) {
+            for (int64_t j = threadIdx.x; j < a.k / 4; j += blockDim.x) {
+                const float4 v = reinterpret_cast<const float4 *>(xr)[j];
+                m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+            }
+        } else {
+            for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
+        }
+        m = block_max(m, red);  // >= 0: fmaxf skips NaN elements
+        float scale, inv;
+        f16_row_scale(m, &scale, &inv);
+        if constexpr (kVec) {
+            for (int64_t j = threadIdx.x; j < a.k / 4; j += blockDim.x) {
+                const float4 v = reinterpret_cast<const float4 *>(xr)[j];
+                __half2 *h2 = reinterpret_cast<__half2 *>(hr) + 2 * j;  // 8-byte aligned: k % 4 == 0
+                h2[0] = __floats2half2_rn(v.x * scale, v.y * scale);
+                h2[1] = __floats2half2_rn(v.z * scale, v.w * scale);
+            }
+        } else {
+            for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x)
+                hr[j] = __float2half_rn(xr[j] * scale);
+        }
+        if (a.accumulate && scale != 1.0f) {
+            float *yr = a.y + r * a.ldy;
+            for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= scale;
+        }
+        if (threadIdx.x == 0) a.inv_scale[r] = inv;
+    }
+}
+
+struct unscale_args {
+    const float *inv_scale;
+    float *y;
+    int64_t ldy, rows, n;
+};
+
+// Undoes the row scale on the GEMM output. Rows are scaled only when an input row exceeds
+// kF16RowMax, so the common case is a launch with nothing to do: each block reads the inverse
+// scales of blockDim.x rows (one per thread) and leaves at once unless one of them is not 1
+// (__syncthreads_or: block-uniform); then the block rescales those rows together. A grid of
+// rows / blockDim.x blocks instead of one block per row (device run 23: 2.2 us per launch at
+// 512 rows, 145 launches per qwen3-4b chunk).
+__global__ void unscale_rows_kernel(const __grid_constant__ unscale_args a) {
+    for (int64_t r0 = int64_t(blockIdx.x) * blockDim.x; r0 < a.rows; r0 += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = r0 + threadIdx.x;
+        const float mine = r < a.rows ? a.inv_scale[r] : 1.0f;
+        if (!__syncthreads_or(mine != 1.0f)) continue;
+        const int64_t n_rows = a.rows - r0 < blockDim.x ? a.rows - r0 : blockDim.x;
+        for (int64_t i = 0; i < n_rows; ++i) {
+            const float inv = a.inv_scale[r0 + i];  // the same address in every thread
+            if (inv == 1.0f) continue;
+            float *yr = a.y + (r0 + i) * a.ldy;
+            for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) yr[j] *= inv;
+        }
+    }
+}
+
+// The unscale launch: one block of kCastThreads per kCastThreads rows.
+pf_status launch_unscale(const float *inv, float *y, int64_t ldy, int64_t rows, int64_t n, cudaStream_t st) {
+    const int grid = int(std::min<int64_t>(ceil_div(rows, kCastThreads), kMaxRowBlocks));
+    unscale_rows_kernel<<<grid, kCastThreads, 0, st>>>(unscale_args{inv, y, ldy, rows, n});
+    PF_LAUNCH_CHECK("unscale_rows_kernel");
+    return PF_STATUS_OK;
+}
+
+// ------------------------------------------------------------------ the legs
+
+QMatrix blocks_of(const pf_weight *w) { return QMatrix{w->data, w->qtype, w->n, w->k}; }
+
+pf_status project_f32(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                      float *y, int64_t ldy, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    const int n = int(w->n), k = int(w->k);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_f32, CUBLAS_POINTER_MODE_HOST));
+    if (rows == 1 && w->qtype != PF_QTYPE_F32)  // one token: read the blocks once, fp32 math
+        return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
+    if (w->qtype == PF_QTYPE_F32) {  // in place
+        PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, n, int(rows), k, &alpha,
+                                  static_cast<const float *>(w->data), k, x, int(ldx), &beta, y,
+                                  int(ldy)));
+        return PF_STATUS_OK;
+    }
+    const int64_t slab = slab_rows(w->n, w->k, sizeof(float));
+    PF_TRY(scratch_reserve(ctx, *env.w32, size_t(slab) * size_t(k) * sizeof(float),
+                           "project (f32 leg): weight scratch"));
+    float *ws = static_cast<float *>(env.w32->ptr);
+    const int64_t rb = row_bytes(w);
+    for (int64_t n0 = 0; n0 < w->n; n0 += slab) {
+        const int64_t nc = std::min(slab, w->n - n0);
+        // Same stream: the next slab's dequant waits for this slab's GEMM to finish reading.
+        PF_TRY(dequantize(static_cast<const uint8_t *>(w->data) + n0 * rb, w->qtype, nc, w->k, ws,
+                          false, ctx->stream));
+        PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(rows), k,
+                                  &alpha, ws, k, x, int(ldx), &beta, y + n0, int(ldy)));
+    }
+    return PF_STATUS_OK;
+}
+
+pf_status project_f16(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                      float *y, int64_t ldy, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    const int64_t n = w->n, k = w->k;
+    const __half *whole = w->f16 ? w->f16
+                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                     : nullptr;
+    // One token and no fp16 copy: a streaming dequant would read and write the whole weight;
+    // the GEMV reads the blocks once (fp32 math: more exact than the leg promises, no overflow).
+    if (rows == 1 && !whole) return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
+    // Activations: [rows][k] fp16, then the per-row inverse scales, in one scratch.
+    const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
+    PF_TRY(scratch_reserve(ctx, *env.x16, xh_bytes + size_t(rows) * sizeof(float),
+                           "project (f16 leg): activation scratch"));
+    const int64_t slab = slab_rows(n, k, sizeof(__half));
+    if (!whole)  // reserved before any kernel runs: an OOM here leaves Y untouched
+        PF_TRY(scratch_reserve(ctx, *env.w16, size_t(slab) * size_t(k) * sizeof(__half),
+                               "project (f16 streaming leg): weight scratch"));
+    __half *xh = static_cast<__half *>(env.x16->ptr);
+    float *inv = reinterpret_cast<float *>(static_cast<char *>(env.x16->ptr) + xh_bytes);
+    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
+    const cast_args ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0;
+    if (vec)
+        cast_rows_f16_kernel<true><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
+    else
+        cast_rows_f16_kernel<false><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
+    PF_LAUNCH_CHECK("cast_rows_f16_kernel<%s>", vec ? "true" : "false");
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (whole) {
+        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, n, k, xh, rows, MatF{y, ldy}, beta}));
+    } else {  // streaming: fp16 slabs dequantized per call
+        __half *ws = static_cast<__half *>(env.w16->ptr);
+        const int64_t rb = row_bytes(w);
+        for (int64_t n0 = 0; n0 < n; n0 += slab) {
+            const int64_t nc = std::min(slab, n - n0);
+            // The prewarm's kernel (persistent CTAs over 8192-element tiles): bitwise dequantize()'s
+            // fp16, at ~2x its bandwidth on a whole matrix (issue 29: a partly cached model).
+            PF_TRY(prewarm_dequantize({prewarm_job{static_cast<const uint8_t *>(w->data) + n0 * rb, ws, nc * k,
+                                                   w->qtype}},
+                                      ctx->stream));
+            PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, xh, rows, MatF{y + n0, ldy}, beta}));
+        }
+    }
+    return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
+}
+
+size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * sizeof(__half); }
+
+}  // namespace
+
+// ------------------------------------------------------------------ entry points
+
+int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
+
+pf_status int8_leg_check(const char *who) {
+    if (gemm_i8_available()) return PF_STATUS_OK;
+    return fail(PF_STATUS_UNSUPPORTED,
+                "%s: the 8-bit leg (PF_GEMM_INT8) runs on Hopper only (an sm_90a build on a compute "
+                "capability 9.0 device); use PF_GEMM_F16 or PF_GEMM_F32", who);
+}
+
+pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
+    if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
+    switch (leg) {
+        case PF_GEMM_AUTO: *out = w->f16 || w->f16_stream ? PF_GEMM_F16 : PF_GEMM_F32; return PF_STATUS_OK;
+        case PF_GEMM_F32: *out = PF_GEMM_F32; return PF_STATUS_OK;
+        case PF_GEMM_F16: *out = PF_GEMM_F16; return PF_STATUS_OK;
+        case PF_GEMM_INT8:
+            PF_TRY(int8_leg_check("project"));
+            if (w->k % 16 != 0)
+                return fail(PF_STATUS_UNSUPPORTED,
+                            "project: the 8-bit leg needs k %% 16 == 0 (weight n=%lld k=%lld)",
+                            (long long)w->n, (long long)w->k);
+            *out = PF_GEMM_INT8;
+            return PF_STATUS_OK;
+        default:
+            return fail(PF_STATUS_INVALID_ARGUMENT, "project: leg=%d is not a pf_gemm_leg", int(leg));
+    }
+}
+
+pf_status project(const ProjEnv &env, pf_weight *w, CMatF xm, MatF ym, int64_t rows, bool accumulate,
+                  int32_t leg) {
+    const float *x = xm.ptr;
+    float *y = ym.ptr;
+    const int64_t ldx = xm.ld, ldy = ym.ld;
+    int32_t run = PF_GEMM_F32;
+    PF_TRY(resolve_gemm_leg(w, leg, &run));
+    PF_CHECK_ARG(rows >= 0 && ldx >= w->k && ldy >= w->n,
+                 "project: rows=%lld ldx=%lld ldy=%lld (need rows >= 0, ldx >= k=%lld, ldy >= n=%lld)",
+                 (long long)rows, (long long)ldx, (long long)ldy, (long long)w->k, (long long)w->n);
+    PF_CHECK_ARG(rows <= INT_MAX && w->n <= INT_MAX && w->k <= INT_MAX && ldx <= INT_MAX &&
+                     ldy <= INT_MAX,
+                 "project: rows=%lld n=%lld k=%lld ldx=%lld ldy=%lld must each fit in int32 (cuBLAS)",
+                 (long long)rows, (long long)w->n, (long long)w->k, (long long)ldx, (long long)ldy);
+    if (rows == 0) return PF_STATUS_OK;
+    if (run == PF_GEMM_INT8) return project_i8(env, w, x, rows, ldx, y, ldy, accumulate);
+    return run == PF_GEMM_F16 ? project_f16(env, w, x, rows, ldx, y, ldy, accumulate)
+                              : project_f32(env, w, x, rows, ldx, y, ldy, accumulate);
+}
+
+namespace {
+
+// One group of the prewarm: the fp16 caches of `parts` back to back ([sum n][k] when they
+// share k). A lone weight is a unit of one.
+struct F16Unit {
+    std::vector<pf_weight *> parts;
+    size_t bytes = 0;
+};
+
+// The cache of a prewarm is allocated in pieces, each launched as soon as it is allocated, so
+// that the device dequantizes piece p while the host maps piece p + 1: one cudaMalloc of a
+// whole 4B model's cache (~7.7 GB) took ~1 ms before the first launch (run 14), about a fifth
+// of the prewarm. The first piece is small (its allocation is the only one the device waits
+// for) and each next one twice the last: at ~0.13 ms per GB to allocate against ~0.4 ms per GB
+// written to dequantize, an allocation ends while the piece before it is still being written,
+// and a model is a handful of pieces (5 for 7.7 GB). A piece holds whole units, in order (a
+// fused group stays one contiguous block), so it may outgrow its target. The first piece's target
+// is the plan's (PrewarmPlan: 256 MiB by default).
+
+struct F16Piece {
+    size_t first = 0, end = 0;  // units [first, end)
+    size_t bytes = 0;
+    size_t parts = 0;           // weights in those units
+};
+
+// Consecutive runs of `units`: the first of at least `first_bytes`, each next of at least
+// twice the last target, the rest in the last one; one run of all when first_bytes is 0.
+std::vector<F16Piece> plan_pieces(const std::vector<F16Unit> &units, size_t first_bytes) {
+    std::vector<F16Piece> pieces;
+    size_t target = first_bytes;
+    F16Piece cur;
+    for (size_t i = 0; i < units.size(); ++i) {
+        cur.end = i + 1;
+        cur.bytes += units[i].bytes;
+        cur.parts += units[i].parts.size();
+        if (first_bytes != 0 && cur.bytes >= target) {
+            pieces.push_back(cur);
+            cur = F16Piece{i + 1, i + 1, 0, 0};
+            target = target > SIZE_MAX / 2 ? SIZE_MAX : 2 * target;
+        }
+    }
+    if (cur.end > cur.first) pieces.push_back(cur);
+    return pieces;
+}
+
+// Caches the weights of `units` (`bytes` in all) in new arenas, back to back in order, one
+// arena per piece (plan_pieces), and queues each piece's dequantization (prewarm.cu) right after
+// its allocation. Events `start` / `stop` (may be nullptr) are recorded before the first
+// piece's launches (after its allocation) and after the last piece's: device_ms spans every
+// launch and any wait of the device for a later piece's allocation, not the first allocation.
+// Nothing is waited for on success; on failure every piece's launches are drained, every arena
+// freed, and nothing is cached.
+pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t bytes,
+                      const PrewarmPlan &plan, cudaEvent_t start, cudaEvent_t stop) {
+    if (units.empty()) return PF_STATUS_OK;
+    const std::vector<F16Piece> pieces = plan_pieces(units, plan.first_piece_bytes);
+    const int fail_piece = plan.fail_piece;
+    size_t most_parts = 0, planned = 0;
+    for (const F16Piece &p : pieces) {
+        most_parts = std::max(most_parts, p.parts);
+        planned += p.bytes;
+    }
+    if (planned != bytes)
+        return fail(PF_STATUS_INTERNAL, "prewarm: pieces of %zu bytes for a cache of %zu", planned,
+                    bytes);
+    // Host allocations before the first device one: from here on nothing below throws.
+    std::vector<F16Arena *> arenas;
+    arenas.reserve(pieces.size());
+    std::vector<prewarm_job> jobs;
+    jobs.reserve(most_parts);
+    auto rollback = [&](pf_status s) {
+        (void)cudaStreamSynchronize(ctx->stream);  // launched pieces may still write their arenas
+        for (F16Arena *a : arenas) {
+            device_free(ctx, a->ptr, a->bytes);
+            delete a;
+        }
+        return s;
+    };
+    for (size_t p = 0; p < pieces.size(); ++p) {
+        char what[96];
+        if (pieces.size() > 1)
+            std::snprintf(what, sizeof what, "fp16 weight caches (prewarm, piece %zu of %zu)",
+                          p + 1, pieces.size());
+        else
+            std::snprintf(what, sizeof what, "%s",
+                          units.size() > 1            ? "fp16 weight caches (prewarm)"
+                          : units[0].parts.size() > 1 ? "fused fp16 weight cache"
+                                                      : "fp16 weight cache");
+        F16Arena *arena = nullptr;
+        const pf_status as =
+            int(p) == fail_piece
+                ? fail(PF_STATUS_OUT_OF_MEMORY,
+                       "%s: allocation refused (tuning.prewarm_fail_piece=%d)", what, fail_piece + 1)
+                : f16_arena_create(ctx, pieces[p].bytes, &arena, what);
+        if (as != PF_STATUS_OK) return rollback(as);
+        arenas.push_back(arena);
+        jobs.clear();
+        __half *at = static_cast<__half *>(arena->ptr);
+        for (size_t u = pieces[p].first; u < pieces[p].end; ++u)
+            for (pf_weight *w : units[u].parts) {
+                jobs.push_back(prewarm_job{w->data, at, w->n * w->k, w->qtype});
+                at += w->n * w->k;
+            }
+        cudaError_t e = p == 0 && start ? cudaEventRecord(start, ctx->stream) : cudaSuccess;
+        if (e != cudaSuccess)
+            return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
+        if (const pf_status s = prewarm_dequantize(jobs, ctx->stream); s != PF_STATUS_OK)
+            return rollback(s);
+    }
+    if (stop)
+        if (const cudaError_t e = cudaEventRecord(stop, ctx->stream); e != cudaSuccess)
+            return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
+    for (size_t p = 0; p < pieces.size(); ++p) {
+        __half *at = static_cast<__half *>(arenas[p]->ptr);
+        for (size_t u = pieces[p].first; u < pieces[p].end; ++u)
+            for (pf_weight *w : units[u].parts) {
+                w->f16 = at;
+                w->f16_arena = arenas[p];
+                w->f16_block = units[u].parts.front();
+                arenas[p]->refs++;
+                at += w->n * w->k;
+            }
+    }
+    return PF_STATUS_OK;
+}
+
+// Two events for the prewarm's device time; destroyed with the scope. Timing is optional: a
+// failure to create them leaves both nullptr (device_ms then reads 0).
+struct EventPair {
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    EventPair() {
+        if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            release();
+        }
+    }
+    ~EventPair() { release(); }
+    EventPair(const EventPair &) = delete;
+    EventPair &operator=(const EventPair &) = delete;
+    void release() {
+        for (cudaEvent_t &e : ev)
+            if (e) (void)cudaEventDestroy(e), e = nullptr;
+    }
+    double elapsed_ms() const {
+        float ms = 0;
+        if (!ev[0] || cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        return double(ms);
+    }
+};
+
+}  // namespace
+
+bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view) {
+    if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
+    if (leg != PF_GEMM_F16 && leg != PF_GEMM_AUTO) return false;  // AUTO on cached weights = f16
+    if (count < 1 || !parts[0] || !parts[0]->f16 || !parts[0]->f16_block) return false;
+    const pf_weight *first = parts[0];
+    const __half *next = first->f16;
+    int64_t n = 0;
+    for (int32_t i = 0; i < count; ++i) {
+        const pf_weight *w = parts[i];
+        if (!w || w->f16 != next || w->f16_block != first->f16_block || w->k != first->k ||
+            w->ctx != first->ctx)
+            return false;
+        next += w->n * w->k;
+        n += w->n;
+    }
+    // A view: no reference of its own to the context (view->ref stays empty).
+    view->f16_arena = nullptr;
+    view->f16_block = nullptr;
+    view->ctx = first->ctx;
+    view->qtype = PF_QTYPE_F16;
+    view->n = n;
+    view->k = first->k;
+    view->data = first->f16;  // an F16 weight in place: the same bytes as the cache
+    view->bytes = size_t(n) * size_t(first->k) * sizeof(__half);
+    view->f16 = first->f16;
+    return true;
+}
+
+ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t leg) {
+    ProjScratchBytes b;
+    int32_t run = PF_GEMM_F32;
+    // A leg this file does not serve needs nothing here (the call itself reports or serves it).
+    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return b;
+    const int64_t k = w->k;
+    if (run == PF_GEMM_INT8) {
+        b.x16 = i8_activation_bytes(rows, k);
+        if (!w->i8) {
+            if (w->qtype != PF_QTYPE_F32) b.w32 = size_t(i8_weight_slab_rows(w->n, k)) * size_t(k) * sizeof(float);
+            b.w16 = i8_streaming_bytes(w->n, k);
+        }
+        return b;
+    }
+    if (run == PF_GEMM_F16) {
+        const bool whole = w->f16 || w->qtype == PF_QTYPE_F16;
+        if (rows == 1 && !whole) return b;  // the GEMV
+        b.x16 = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256) + size_t(rows) * sizeof(float);
+        if (!whole) b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
+    } else if (w->qtype != PF_QTYPE_F32 && rows > 1) {
+        b.w32 = size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float);
+    }
+    return b;
+}
+
+pf_status project_f16_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, MatF ym, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    float *y = ym.ptr;
+    const int64_t ldy = ym.ld;
+    const __half *whole = w->f16 ? w->f16
+                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
+                                                     : nullptr;
+    PF_CHECK_ARG(whole != nullptr, "project_f16_rows: the weight (n=%lld k=%lld) has no fp16 copy",
+                 (long long)w->n, (long long)w->k);
+    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && ldy >= w->n && ldy <= INT_MAX && w->n <= INT_MAX &&
+                     w->k <= INT_MAX,
+                 "project_f16_rows: rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows,
+                 (long long)w->n, (long long)w->k, (long long)ldy);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, w->n, w->k, x16, rows, MatF{y, ldy}, accumulate ? 1.0f : 0.0f}));
+    if (!inv) return PF_STATUS_OK;  // every row unscaled (pf_project_f16x with inv NULL)
+    return launch_unscale(inv, y, ldy, rows, w->n, ctx->stream);
+}
+
+pf_status weight_cache_f16(pf_weight *w) {
+    if (w->f16) return PF_STATUS_OK;
+    return cache_units(w->ctx, {F16Unit{{w}, f16_bytes(w)}}, f16_bytes(w), prewarm_plan(w->ctx->tuning), nullptr,
+                       nullptr);
+}
+
+pf_status weight_drop_f16(pf_weight *w) {
+    if (!w->f16) return PF_STATUS_OK;
+    if (w->f16_arena && w->f16_arena->refs == 1)  // the last reference frees the arena
+        PF_CUDA_TRY(cudaStreamSynchronize(w->ctx->stream));  // no queued GEMM may still read it
+    f16_release(w);
+    return PF_STATUS_OK;
+}
+
+pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
+                      size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report) {
+    std::vector<std::vector<pf_weight *>> groups;
+    groups.reserve(size_t(count));
+    for (int32_t i = 0; i < count; ++i) groups.push_back({weights[i]});
+    return prewarm_f16_groups(ctx, groups, headroom_bytes, plan, report);
+}
+
+pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
+                             size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pf_prewarm_report rep;
+    std::memset(&rep, 0, sizeof rep);
+    rep.struct_size = sizeof rep;
+    rep.headroom_bytes = headroom_bytes;
+    auto finish = [&](pf_status s) {
+        rep.elapsed_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t0).count();
+        if (report) *report = rep;
+        return s;
+    };
+
+    // Distinct weights in the caller's order, and the allocations to make: a group of >= 2
+    // fresh, uncached weights of one k is one block; any other member is cached alone.
+    std::vector<pf_weight *> set;
+    std::unordered_set<const pf_weight *> seen;  // a model has hundreds: no quadratic search
+    std::vector<F16Unit> units;
+    size_t need = 0;
+    for (const std::vector<pf_weight *> &g : groups) {
+        std::vector<pf_weight *> fresh;
+        bool fusable = g.size() >= 2;
+        for (pf_weight *w : g) {
+            if (!seen.insert(w).second) {
+                fusable = false;
+                continue;
+            }
+            set.push_back(w);
+            rep.bytes_total += f16_bytes(w);
+            if (w->f16) {
+                rep.weights_cached++;
+                fusable = false;
+                continue;
+            }
+            fusable = fusable && w->k == g.front()->k;
+            fresh.push_back(w);
+            need += f16_bytes(w);
+        }
+        if (fusable) {
+            units.push_back(F16Unit{fresh, 0});
+            for (pf_weight *w : fresh) units.back().bytes += f16_bytes(w);
+        } else {
+            for (pf_weight *w : fresh) units.push_back(F16Unit{{w}, f16_bytes(w)});
+        }
+    }
+    rep.weights_total = int32_t(set.size());
+    rep.bytes_needed = need;
+
+    size_t free_b = 0, total_b = 0;
+    PF_TRY(device_free_bytes(ctx, &free_b, &total_b));
+    rep.free_bytes = free_b;
+    if (need > free_b || headroom_bytes > free_b - need) {
+        std::snprintf(rep.reason, sizeof rep.reason,
+                      "does not fit: %zu bytes to cache + %zu headroom > %zu free", need,
+                      headroom_bytes, free_b);
+        if (!plan.partial || free_b <= headroom_bytes) return finish(PF_STATUS_OK);
+        // Partial: whole units (a fused group stays whole), largest first, while they fit; plan.last
+        // after all others. Every uncached byte of a layer costs the same to stream, so the order
+        // only sets how many launches stream (fewer, larger GEMMs from the cache).
+        const size_t room = free_b - headroom_bytes;
+        std::vector<size_t> order(units.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        auto is_last = [&](size_t i) {
+            return std::find(units[i].parts.begin(), units[i].parts.end(), plan.last) != units[i].parts.end();
+        };
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            if (is_last(a) != is_last(b)) return is_last(b);
+            return units[a].bytes > units[b].bytes;
+        });
+        std::vector<bool> take(units.size(), false);
+        size_t fit = 0;
+        for (size_t i : order)
+            if (fit + units[i].bytes <= room) {
+                take[i] = true;
+                fit += units[i].bytes;
+            }
+        std::vector<F16Unit> kept;
+        for (size_t i = 0; i < units.size(); ++i)
+            if (take[i]) kept.push_back(units[i]);
+        units.swap(kept);
+        need = fit;
+        rep.partial = 1;
+        if (units.empty()) return finish(PF_STATUS_OK);
+    }
+
+    size_t read = 0;  // GGUF bytes the dequantization reads
+    for (const F16Unit &u : units)
+        for (const pf_weight *w : u.parts) read += w->bytes;
+    EventPair events;
+    const pf_status s = cache_units(ctx, units, need, plan, events.ev[0], events.ev[1]);
+    if (s == PF_STATUS_OUT_OF_MEMORY) {  // fragmentation or a concurrent allocation: not armed
+        std::snprintf(rep.reason, sizeof rep.reason, "allocation failed for %zu weights: %s",
+                      set.size() - size_t(rep.weights_cached), pf_last_error());
+        return finish(PF_STATUS_OK);
+    }
+    if (s != PF_STATUS_OK) {
+        std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
+        return finish(s);
+    }
+    int32_t weights_added = 0;
+    for (const F16Unit &u : units) weights_added += int32_t(u.parts.size());
+    const cudaError_t e = cudaStreamSynchronize(ctx->stream);  // a faulting dequant surfaces here
+    if (e != cudaSuccess) {
+        const pf_status fs = cuda_fail(e, __FILE__, __LINE__, "prewarm_f16: dequantize");
+        std::snprintf(rep.reason, sizeof rep.reason, "failed: %s", pf_last_error());
+        for (const F16Unit &u : units)
+            for (pf_weight *w : u.parts) f16_release(w);  // the last one frees the arena
+        return finish(fs);
+    }
+    rep.device_ms = events.elapsed_ms();
+    rep.bytes_read = read;
+    rep.bytes_added = need;
+    rep.weights_added = weights_added;
+    rep.weights_cached += weights_added;
+    rep.armed = rep.weights_cached == rep.weights_total;
+    if (rep.armed) {
+        rep.reason[0] = '\0';
+    } else {
+        std::snprintf(rep.reason, sizeof rep.reason,
+                      "partial: %d of %d weights cached (%zu bytes); the rest stream on the f16 leg "
+                      "(%zu headroom, %zu free)", rep.weights_cached, rep.weights_total, need, headroom_bytes, free_b);
+    }
+    return finish(PF_STATUS_OK);
+}
+
+}  // namespace pf

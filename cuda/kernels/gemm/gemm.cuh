@@ -1,0 +1,162 @@
+// gemm.cuh — projections Y = X . W^T through the f32 / f16 legs, the weights' fp16 caches and
+// the all-or-nothing fp16 prewarm. Internal host entry points (namespace pf); the C API is in
+// api_gemm.cu.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/context.h"
+#include "base/mat.h"
+#include "plan/plan.h"  // gemm_default_leg, PrewarmPlan
+#include "prefill.h"
+
+namespace pf {
+
+class GemmPlan;  // gemm_lt.cuh
+
+// The leg a call with `leg` on weight `w` runs: PF_GEMM_F32 or PF_GEMM_F16 (AUTO = F16 when
+// w has an fp16 cache, else F32). UNSUPPORTED for PF_GEMM_INT8, INVALID_ARGUMENT for unknown.
+pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
+
+// Where a projection runs: the context (its stream and cuBLAS handles), the scratch it may use
+// and, on the f16 leg, the per-shape GEMM choices. Kernel-level calls (api_gemm.cu) run with the
+// context's grow-on-demand scratch and no plan (cublasGemmEx); a chunk executor with fixed slices
+// of its workspace (sized at creation: a call that would need more is an INTERNAL error, never an
+// allocation) and its plan.
+struct ProjEnv {
+    pf_context *ctx = nullptr;
+    const GemmPlan *plan = nullptr;  // gemm_lt.cuh; nullptr: cublasGemmEx
+    Scratch *w32 = nullptr;          // f32 leg: dequantized weight slabs (nullptr: ctx->scratch_f32)
+    Scratch *w16 = nullptr;          // f16 streaming leg: fp16 weight slabs (ctx->scratch_f16_w)
+    Scratch *x16 = nullptr;          // f16 leg: activations rounded to fp16 + row scales (ctx->scratch_f16_x)
+};
+// The kernel-level environment of ctx.
+inline ProjEnv proj_env(pf_context *ctx) {
+    ProjEnv e;
+    e.ctx = ctx;
+    e.w32 = &ctx->scratch_f32;
+    e.w16 = &ctx->scratch_f16_w;
+    e.x16 = &ctx->scratch_f16_x;
+    return e;
+}
+
+// Projection through weight w ([n][k] GGUF blocks, n = w->n, k = w->k):
+//   Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i]   for r < rows, j < n
+// X: device fp32, row-major, x.ld >= k. Y: device fp32, y.ld >= n; columns [n, y.ld) are never
+// touched. X and Y must not overlap. rows == 0 is a no-op.
+// Legs (`leg` a pf_gemm_leg; PF_GEMM_DEFAULT = the process default):
+//  - F32: W dequantized to fp32 into env.w32 in slabs of rows (an F32 weight is used in place),
+//    cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32).
+//  - F16: W from its fp16 cache (w->f16), or an F16 weight in place, or dequantized per call
+//    to fp16 slabs in env.w16 ("streaming"); X rounded to fp16 into env.x16; fp16 x fp16 ->
+//    fp32 with fp32 compute (gemm_lt.cuh gemm_f16: cublasGemmEx, or the cuBLASLt algorithm
+//    env.plan has for the shape).
+//    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
+//    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
+//    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.
+//  - rows == 1 without an fp16 copy of W (F32 leg on a non-F32 weight, F16 leg streaming): the
+//    fused GEMV (qgemm.cuh) reads the blocks once with fp32 math instead of dequantizing the
+//    whole weight for one token.
+// Sizes (rows, n, k, x.ld, y.ld) must fit in int32 (cuBLAS). Asynchronous on ctx->stream.
+pf_status project(const ProjEnv &env, pf_weight *w, CMatF x, MatF y, int64_t rows, bool accumulate,
+                  int32_t leg);
+
+// The f16 leg on activations already in its form (f16_rows.cuh: x16 [rows][k] fp16 with row
+// stride k, per-row inverse scales inv [rows], the accumulate target pre-scaled by the
+// producer): the GEMM of project()'s f16 leg and its unscale, no cast pass. Bitwise what
+// project(.., PF_GEMM_F16) returns for the producer's fp32 twin output. w must have an fp16 copy
+// (its cache, or an F16 weight): INVALID_ARGUMENT otherwise. inv NULL: every row unscaled (no
+// unscale pass; pf_project_f16x).
+pf_status project_f16_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, MatF y, bool accumulate);
+
+// The scratch bytes project(., w, ., ., rows, ., leg) needs in each of ProjEnv's three (for an
+// executor's workspace: the largest over its weights). A leg project() refuses needs none.
+struct ProjScratchBytes {
+    size_t w32 = 0, w16 = 0, x16 = 0;
+};
+ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t leg);
+
+// Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
+// OUT_OF_MEMORY leaves w uncached and the context usable.
+pf_status weight_cache_f16(pf_weight *w);
+// Drops w->f16; the arena holding it is freed (after the context's stream drains) when w was
+// its last cached weight. A no-op when not cached.
+pf_status weight_drop_f16(pf_weight *w);
+
+// All-or-nothing fp16 caching of a set of weights of ctx (NULL entries are invalid; repeated
+// entries count once; already cached weights count as done). Arms only when the bytes still
+// needed + headroom_bytes <= the device's free memory; on a shortfall or an allocation failure
+// every cache made by this call is freed, report->armed = 0 with the reason in
+// report->reason, and the status is OK. CUDA faults return their status (after the rollback).
+// A few allocations ("pieces", gemm.cu plan_pieces: whole fused groups each, the first small,
+// each next twice the last) hold every cache the call makes, each freed with the last of its
+// caches; each piece is filled by the batched dequantization of prewarm.cu as soon as it is
+// allocated, while the next is allocated (plan: the first piece's bytes, a piece made to fail
+// for tests). report->device_ms times the launches on the device.
+// Synchronizes ctx->stream. `report` may be NULL.
+pf_status prewarm_f16(pf_context *ctx, pf_weight *const *weights, int32_t count,
+                      size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report);
+
+// prewarm_f16 over groups of weights that share an input (a model's Q|K|V, its GDN
+// in-projections, FFN gate|up): a group of >= 2 weights with the same k, none cached yet and
+// none listed before, has its fp16 caches back to back in the group's order ([sum n][k],
+// row-major), so that one GEMM can run them all (fused_f16_view); the bytes are the same as
+// separate caches. Other members are cached alone. Same contract otherwise
+// (all or nothing, the report counts weights). prewarm_f16 is this with groups of one.
+pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups,
+                             size_t headroom_bytes, const PrewarmPlan &plan, pf_prewarm_report *report);
+
+// OK where the 8-bit leg can run (gemm_i8_available), else UNSUPPORTED naming `who` and Hopper.
+pf_status int8_leg_check(const char *who);
+
+// The leg a session on `plan_leg` runs w on: under PF_GEMM_INT8 the 8-bit leg for the matrices
+// that have their int8 copy (the recipe's, made when the executor is created: model_i8_groups)
+// and AUTO's f16 / f32 choice for the others; plan_leg itself otherwise.
+inline int32_t session_leg(int32_t plan_leg, const pf_weight *w) {
+    if (plan_leg != PF_GEMM_INT8) return plan_leg;
+    return w->i8 ? PF_GEMM_INT8 : PF_GEMM_AUTO;
+}
+
+// Weight rows per dequantized slab of `elem_bytes` elements (the bound every leg's slabs keep).
+int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes);
+
+// The 8-bit leg (gemm_i8.cu; recipe in docs/int8-recipe.md): X quantized per row and 128
+// columns into env.x16 (codes, then scales), W from its int8 copy (w->i8) or, without one,
+// dequantized to fp32 slabs in env.w32 and put in the rank-1 form in env.w16 slab by slab; the
+// product on the int8 tensor cores (gemm_i8), fp32 output. UNSUPPORTED off sm_90a / compute
+// capability 9.0 and for k % 16 != 0 (resolve_gemm_leg). Called by project() for PF_GEMM_INT8.
+pf_status project_i8(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                     float *y, int64_t ldy, bool accumulate);
+// The 8-bit leg on the f16 leg's input form (x16 [rows][k] fp16, inverse row scales inv): the
+// producers' fp16 rows quantized to int8 (x = x16 * inv; the fp16 rounding, 2^-11, is far below
+// an int8 step), no accumulate. w must have its int8 copy. For sessions on the act16 route.
+pf_status project_i8_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
+                          int64_t rows, MatF y);
+// Scratch of project_i8: activations (env.x16), a streamed weight's slab form (env.w16; its
+// fp32 slab in env.w32 is i8_weight_slab_rows(n, k) rows).
+size_t i8_activation_bytes(int64_t rows, int64_t k);
+size_t i8_streaming_bytes(int64_t n, int64_t k);
+int64_t i8_weight_slab_rows(int64_t n, int64_t k);
+// Fills the int8 copies (rank-1 form) of groups of weights that share an input: a group whose
+// members all need one and whose rows are whole 128-row blocks (the last may be ragged) gets one
+// arena with its members back to back, so that one GEMM runs them all (fused_i8_view); others
+// are cached member by member. Already cached weights are skipped. OUT_OF_MEMORY leaves the
+// group uncached. Synchronizes the stream.
+pf_status weight_cache_i8_groups(pf_context *ctx, const std::vector<std::vector<pf_weight *>> &groups);
+pf_status weight_cache_i8(pf_weight *w);
+// Drops w's int8 copy; its arena is freed (after the stream drains) with the last member.
+void weight_drop_i8(pf_weight *w);
+// When parts (in order) are the consecutive members of one int8 group: *view = a weight of
+// n = sum of n whose int8 copy is the group's (as fused_f16_view for the f16 leg).
+bool fused_i8_view(pf_weight *const *parts, int32_t count, pf_weight *view);
+
+// When every weight of `parts` (in order) runs the f16 leg under `leg` and their caches are
+// consecutive slices of one fused block (prewarm_f16_groups), fills *view with a weight of
+// n = sum of n, the same k, whose fp16 cache is the block: project() through it writes the
+// parts' outputs side by side ([rows][n_0 | n_1 | ...]). The view owns nothing (a value on the
+// caller's stack; never destroyed). False otherwise: the caller runs the parts one by one.
+bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view);
+
+}  // namespace pf
