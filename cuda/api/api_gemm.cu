@@ -67,12 +67,7 @@ extern "C" PF_API pf_status pf_gemm_default_leg(int32_t *out) {
 
 extern "C" PF_API pf_status pf_gemm_set_default_leg(int32_t leg) {
     return pf::guard(__func__, [&]() -> pf_status {
-        PF_CHECK_ARG(leg == PF_GEMM_DEFAULT || leg == PF_GEMM_AUTO || leg == PF_GEMM_F32 ||
-                         leg == PF_GEMM_F16,
-                     "pf_gemm_set_default_leg: leg=%d must be PF_GEMM_DEFAULT (env), PF_GEMM_AUTO, "
-                     "PF_GEMM_F32 or PF_GEMM_F16",
-                     int(leg));
-        return pf::set_gemm_default_leg(leg);
+        return pf::set_gemm_default_leg(leg);  // checks it (leg_check)
     });
 }
 
@@ -134,8 +129,7 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_v
         PF_CHECK_ARG(rows >= 0, "%s: rows=%lld < 0", fn, (long long)rows);
         PF_CHECK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d must be 0 or 1", fn,
                      int(accumulate));
-        PF_CHECK_ARG(leg >= PF_GEMM_DEFAULT && leg <= PF_GEMM_INT8,
-                     "%s: leg=%d is not a pf_gemm_leg (0..4)", fn, int(leg));
+        PF_TRY(pf::leg_check(leg, true, fn, "leg"));
         PF_TRY(weight_arg(fn, w, "w"));
         pf::RowsView vx, vy;
         PF_TRY(rows_io_args(fn, w, x, y, "y", rows, w->n, &vx, &vy));
@@ -144,14 +138,18 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_v
                      "%s: rows=%lld, x ld=%lld, y ld=%lld, n=%lld, k=%lld must fit in int32", fn,
                      (long long)rows, (long long)vx.ld, (long long)vy.ld, (long long)w->n,
                      (long long)w->k);
-        int32_t run = 0;
-        PF_TRY(pf::resolve_gemm_leg(w, leg, &run));  // INT8: UNSUPPORTED before device work
+        // The call's plan: the process default resolved here, then the route (INT8: UNSUPPORTED
+        // before device work where the device or k cannot run it).
+        const int32_t asked = pf::resolve_default_leg(leg);
+        if (asked == PF_GEMM_INT8) PF_TRY(pf::int8_leg_check("project"));
+        pf::ProjRoute route;
+        PF_TRY(pf::route_of_leg(asked, pf::weight_facts(w), "project", &route));
         PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
         // The view offsets are applied here: pf::project takes pointers to row 0, column 0.
-        return pf::project(pf::proj_env(ctx), w, pf::CMatF{vx.ptr(), vx.ld}, pf::MatF{vy.ptr(), vy.ld}, rows,
-                           accumulate == 1, leg);
+        return pf::project(pf::proj_env(ctx), route, w, pf::ProjIn::f32(pf::CMatF{vx.ptr(), vx.ld}),
+                           pf::MatF{vy.ptr(), vy.ld}, rows, accumulate == 1);
     });
 }
 
@@ -189,15 +187,17 @@ extern "C" PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const
         if (inv) PF_TRY(pf::check_fits(fn, ctx, {vi}));
         PF_CHECK_ARG(!pf::views_overlap(vx, vy), "%s: y overlaps x16", fn);
         PF_CHECK_ARG(!inv || !pf::views_overlap(vi, vy), "%s: y overlaps inv", fn);
-        if (!w->f16 && w->qtype != PF_QTYPE_F16)
+        pf::ProjRoute route;  // the f16 leg: fp16 rows against its cache or an F16 weight, not slabs
+        PF_TRY(pf::route_of_leg(PF_GEMM_F16, pf::weight_facts(w), fn, &route));
+        if (route.weight == pf::WeightForm::F16Slabs)
             return pf::fail(PF_STATUS_UNSUPPORTED,
                             "%s: w (n=%lld k=%lld) has no fp16 copy (pf_weight_cache_f16 first)", fn,
                             (long long)w->n, (long long)w->k);
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
-        return pf::project_f16_rows(pf::proj_env(ctx), w, vx.ptr<const __half>(),
-                                    inv ? vi.ptr<const float>() : nullptr, rows, pf::MatF{vy.ptr(), vy.ld},
-                                    accumulate == 1);
+        return pf::project(pf::proj_env(ctx), route, w,
+                           pf::ProjIn::f16(vx.ptr<const __half>(), inv ? vi.ptr<const float>() : nullptr),
+                           pf::MatF{vy.ptr(), vy.ld}, rows, accumulate == 1);
     });
 }
 
@@ -224,8 +224,9 @@ extern "C" PF_API pf_status pf_weight_cache_i8(pf_weight *w) {
         PF_CHECK_ARG(w != nullptr, "pf_weight_cache_i8: w is NULL");
         pf::DeviceGuard dg(w->ctx->device);
         PF_TRY(dg.status());
-        int32_t run = 0;
-        PF_TRY(pf::resolve_gemm_leg(w, PF_GEMM_INT8, &run));  // Hopper and k % 16 == 0
+        PF_TRY(pf::int8_leg_check("project"));  // Hopper
+        pf::ProjRoute route;                     // and k % 16 == 0
+        PF_TRY(pf::route_of_leg(PF_GEMM_INT8, pf::weight_facts(w), "project", &route));
         return pf::weight_cache_i8(w);
     });
 }

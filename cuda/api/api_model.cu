@@ -1,20 +1,15 @@
 // api_model.cu — the model-level C API: models and sessions. Validation, then delegation to
-// model.cu and session.cu.
-#include <chrono>
+// runtime/ (model.cu, session.cu, batch.cu).
 #include <cstdio>
 #include <cstring>
-#include <unordered_set>
 
 #include "base/cuda_check.cuh"
 #include "kernels/gemm/gemm.cuh"
+#include "plan/defaults.h"
 #include "plan/plan.h"
 #include "runtime/batch.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
-
-namespace {
-constexpr size_t kDefaultPrewarmHeadroom = size_t(2) << 30;  // room for sessions and scratch
-}
 
 namespace pf {
 // The options a session adds to the model-level checks: the executor and the snapshots.
@@ -33,51 +28,6 @@ pf_status session_options_check(const pf_session_options &o, const char *fn) {
     return PF_STATUS_OK;
 }
 
-pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int64_t total = 0;  // fp16 bytes of the whole set, for the progress report
-    for (const pf_weight *w : m->weights) total += w->n * w->k * int64_t(sizeof(__half));
-    if (m->progress) m->progress(m->progress_user, "prewarm", 0, total);
-    pf_prewarm_report rep;
-    std::memset(&rep, 0, sizeof rep);
-    rep.struct_size = sizeof rep;
-    const pf_tuning t = tuning_over(m->tuning, m->ctx->tuning);
-    PrewarmPlan plan = prewarm_plan(t);
-    plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
-    plan.last = m->output;  // the LM head: last (the last-token logits take the GEMV)
-    for (pf_weight *w : m->weights) w->f16_stream = false;
-    const bool fuse = switch_on(t.fuse_groups, true);
-    // A model whose sessions run the 8-bit leg by default: the recipe's matrices get their int8
-    // copy instead of an fp16 one (about half the bytes), the others their fp16 copy.
-    std::vector<std::vector<pf_weight *>> f16_groups = model_f16_groups(m, fuse);
-    if (m->gemm_leg == PF_GEMM_INT8) {
-        PF_TRY(int8_leg_check("model prewarm (gemm_leg PF_GEMM_INT8)"));
-        const std::vector<std::vector<pf_weight *>> i8 = model_i8_groups(m, fuse);
-        std::unordered_set<const pf_weight *> eight;
-        for (const auto &g : i8) eight.insert(g.begin(), g.end());
-        std::vector<std::vector<pf_weight *>> rest;
-        for (const auto &g : f16_groups) {
-            std::vector<pf_weight *> keep;
-            for (pf_weight *w : g)
-                if (!eight.count(w)) keep.push_back(w);
-            if (keep.size() == g.size()) rest.push_back(keep);
-            else for (pf_weight *w : keep) rest.push_back({w});  // no longer one block
-        }
-        f16_groups = std::move(rest);
-        for (pf_weight *w : m->weights)
-            if (eight.count(w)) weight_drop_f16(w);
-        PF_TRY(weight_cache_i8_groups(m->ctx, i8));
-    }
-    PF_TRY(prewarm_f16_groups(m->ctx, f16_groups, headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));
-    if (rep.partial || m->gemm_leg == PF_GEMM_INT8)  // matrices without an fp16 copy stream on the
-        for (pf_weight *w : m->weights)                // f16 leg under AUTO / F16
-            w->f16_stream = w->f16 == nullptr;
-    m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    m->prewarm_report = rep;
-    *armed = rep.armed;
-    if (m->progress) m->progress(m->progress_user, "prewarm", total, total);
-    return PF_STATUS_OK;
-}
 }  // namespace pf
 
 extern "C" PF_API pf_status pf_model_options_init(pf_model_options *opts, size_t struct_size) {
@@ -100,8 +50,7 @@ extern "C" PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const
             PF_TRY(pf::struct_check(opts, "pf_model_load", "opts"));
             o = *opts;
         }
-        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_model_load: gemm_leg=%d is not a pf_gemm_leg",
-                     o.gemm_leg);
+        PF_TRY(pf::leg_check(o.gemm_leg, true, "pf_model_load", "gemm_leg"));
         PF_TRY(pf::tuning_check(o.tuning, "pf_model_load"));
         PF_CHECK_ARG(ctx != nullptr, "pf_model_load: ctx is NULL");
         pf::DeviceGuard dg(ctx->device);
@@ -177,7 +126,7 @@ extern "C" PF_API pf_status pf_model_weight(pf_model *model, const char *name, p
 extern "C" PF_API pf_status pf_session_options_init(pf_session_options *opts, size_t struct_size) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_TRY(pf::struct_init(opts, struct_size, "pf_session_options_init", "pf_session_options"));
-        opts->max_tokens = 4096;
+        opts->max_tokens = pf::kDefaultCapacity;
         opts->cuda_graphs = 1;
         opts->own_executor = 1;
         return PF_STATUS_OK;
@@ -199,8 +148,7 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
         PF_CHECK_ARG(o.chunk_tokens >= 0, "pf_session_create: chunk_tokens=%d must be >= 0 (0 = auto)", o.chunk_tokens);
         PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32,
                      "pf_session_create: kv_dtype=%d (0 = fp16, 1 = fp32)", o.kv_dtype);
-        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "pf_session_create: gemm_leg=%d is not a pf_gemm_leg",
-                     o.gemm_leg);
+        PF_TRY(pf::leg_check(o.gemm_leg, true, "pf_session_create", "gemm_leg"));
         PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH,
                      "pf_session_create: attn_path=%d is not a pf_attn_path", o.attn_path);
         PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "pf_session_create: cuda_graphs=%d must be 0 or 1",
@@ -220,12 +168,46 @@ extern "C" PF_API pf_status pf_session_create(pf_session **out, pf_model *model,
 
 extern "C" PF_API void pf_session_destroy(pf_session *s) { pf::session_destroy(s); }
 
+namespace {
+// pf_session_prefill's checks against the session's state (named as that call: generate feeds
+// its tokens through it one by one).
+pf_status prefill_check(const pf_session *s, const int32_t *tokens, int32_t n, int32_t mode, const float *logits,
+                        size_t logits_len) {
+    const int64_t V = s->model->hp.n_vocab;
+    const pf::Sequence &q = s->seq;
+    PF_CHECK_ARG(!q.broken, "pf_session_prefill: the session hit a device error earlier; call "
+                            "pf_session_reset");
+    PF_CHECK_ARG(n > 0, "pf_session_prefill: n_tokens=%d must be > 0", n);
+    PF_CHECK_ARG(tokens != nullptr, "pf_session_prefill: tokens is NULL");
+    PF_CHECK_ARG(mode >= PF_LOGITS_NONE && mode <= PF_LOGITS_ALL,
+                 "pf_session_prefill: logits_mode=%d is not a pf_logits_mode", mode);
+    PF_CHECK_ARG(q.pos + n <= q.capacity,
+                 "pf_session_prefill: %d tokens at position %lld exceed the session's capacity of %d",
+                 n, (long long)q.pos, q.capacity);
+    const size_t need = mode == PF_LOGITS_ALL ? size_t(n) * size_t(V) : mode == PF_LOGITS_LAST ? size_t(V) : 0;
+    if (need) {
+        PF_CHECK_ARG(logits != nullptr, "pf_session_prefill: logits is NULL");
+        PF_CHECK_ARG(logits_len >= need, "pf_session_prefill: logits_len=%zu, the mode needs %zu floats",
+                     logits_len, need);
+    }
+    for (int32_t i = 0; i < n; i++)
+        PF_CHECK_ARG(tokens[i] >= 0 && tokens[i] < V,
+                     "pf_session_prefill: tokens[%d]=%d is outside the vocabulary [0, %lld)", i,
+                     tokens[i], (long long)V);
+    if (!s->exec)
+        return pf::fail(PF_STATUS_UNSUPPORTED, "pf_session_prefill: the session has no executor of its own "
+                                               "(created with own_executor = 0): run it in a pf_batch");
+    return PF_STATUS_OK;
+}
+}  // namespace
+
 extern "C" PF_API pf_status pf_session_prefill(pf_session *s, const int32_t *tokens, int32_t n_tokens,
                                               int32_t logits_mode, float *logits, size_t logits_len,
                                               int32_t *out_token) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(s != nullptr, "pf_session_prefill: session is NULL");
-        return pf::session_prefill(s, tokens, n_tokens, logits_mode, logits, logits_len, out_token);
+        PF_TRY(prefill_check(s, tokens, n_tokens, logits_mode, logits, logits_len));
+        return pf::session_prefill(s, tokens, n_tokens, logits_mode, logits, out_token);
     });
 }
 
@@ -235,12 +217,13 @@ extern "C" PF_API pf_status pf_session_generate(pf_session *s, int32_t n, int32_
         PF_CHECK_ARG(n > 0, "pf_session_generate: n=%d must be > 0", n);
         PF_CHECK_ARG(out_tokens != nullptr, "pf_session_generate: out_tokens is NULL");
         PF_CHECK_ARG(s->seq.last_token >= 0, "pf_session_generate: no prior prefill (nothing to continue from)");
-        PF_CHECK_ARG(s->seq.pos + n <= s->seq.max_tokens,
+        PF_CHECK_ARG(s->seq.pos + n <= s->seq.capacity,
                      "pf_session_generate: %d tokens at position %lld exceed the session's capacity of %d", n,
-                     (long long)s->seq.pos, s->seq.max_tokens);
+                     (long long)s->seq.pos, s->seq.capacity);
         for (int32_t i = 0; i < n; i++) {
             const int32_t feed = s->seq.last_token;
-            PF_TRY(pf::session_prefill(s, &feed, 1, PF_LOGITS_NONE, nullptr, 0, &out_tokens[i]));
+            PF_TRY(prefill_check(s, &feed, 1, PF_LOGITS_NONE, nullptr, 0));
+            PF_TRY(pf::session_prefill(s, &feed, 1, PF_LOGITS_NONE, nullptr, &out_tokens[i]));
         }
         return PF_STATUS_OK;
     });
@@ -358,13 +341,12 @@ extern "C" PF_API pf_status pf_batch_create(pf_batch **out, pf_model *model, con
         }
         PF_CHECK_ARG(o.max_items >= 1 && o.max_items <= 4096, "%s: max_items=%d must be in [1, 4096]", fn, o.max_items);
         PF_CHECK_ARG(o.step_tokens >= 0 && o.step_tokens <= (1 << 20), "%s: step_tokens=%d must be in [0, 2^20] "
-                     "(0 = 2048)", fn, o.step_tokens);
+                     "(0 = %d)", fn, o.step_tokens, int(pf::kDefaultStepRows));
         PF_CHECK_ARG(o.max_tokens >= 0 && o.max_context >= 0, "%s: max_tokens=%d / max_context=%d must be >= 0", fn,
                      o.max_tokens, o.max_context);
         PF_CHECK_ARG(o.kv_dtype == PF_KV_F16 || o.kv_dtype == PF_KV_F32, "%s: kv_dtype=%d (0 = fp16, 1 = fp32)", fn,
                      o.kv_dtype);
-        PF_CHECK_ARG(o.gemm_leg >= 0 && o.gemm_leg <= PF_GEMM_INT8, "%s: gemm_leg=%d is not a pf_gemm_leg", fn,
-                     o.gemm_leg);
+        PF_TRY(pf::leg_check(o.gemm_leg, true, fn, "gemm_leg"));
         PF_CHECK_ARG(o.attn_path >= PF_ATTN_AUTO && o.attn_path <= PF_ATTN_FLASH, "%s: attn_path=%d is not a "
                      "pf_attn_path", fn, o.attn_path);
         PF_CHECK_ARG(o.cuda_graphs == 0 || o.cuda_graphs == 1, "%s: cuda_graphs=%d must be 0 or 1", fn, o.cuda_graphs);

@@ -8,6 +8,23 @@
 #include "base/error.h"
 
 namespace pf {
+
+const ProjGroup *layer_groups(bool attn) {
+    using L = LayerWeights;
+    static const ProjGroup kAttn[kLayerGroups] = {
+        {{&L::wq, &L::wk, &L::wv}, 3, false, 0b001},
+        {{&L::wo}, 1, true, 0},
+        {{&L::gate, &L::up}, 2, false, 0b11},
+        {{&L::down}, 1, true, 0},
+    };
+    static const ProjGroup kGdn[kLayerGroups] = {
+        {{&L::qkv, &L::z, &L::beta, &L::alpha}, 4, false, 0b0010},
+        {{&L::ssm_out}, 1, true, 0},
+        {{&L::gate, &L::up}, 2, false, 0b11},
+        {{&L::down}, 1, true, 0},
+    };
+    return attn ? kAttn : kGdn;
+}
 namespace {
 
 constexpr int64_t kMaxDim = int64_t(1) << 24;  // widths, head counts and sizes: real ones are < 2^17

@@ -48,6 +48,25 @@ struct LayerWeights {
 using MatrixField = pf_weight *LayerWeights::*;
 using VectorField = const float *LayerWeights::*;
 
+// The projections of a layer, in the order the layer loop runs them: each group reads one input
+// (the normed residual stream, or the mixer's / the FFN's output) and writes its parts' outputs
+// side by side in one [rows][sum of n] scratch, in the parts' order (q | k | v, the GDN's
+// qkv | z | beta | alpha, gate | up), or, for a lone out-projection, accumulates into the
+// residual stream. The one list that the layer loop (runtime/forward.cu), the executor's scratch
+// and GEMM plan, the prewarm's fused fp16 blocks and the 8-bit leg's copies read.
+struct ProjGroup {
+    MatrixField parts[4] = {};
+    int32_t count = 0;
+    bool accumulate = false;  // x += input . W^T (one part)
+    // Bit i: parts[i] runs the 8-bit leg under PF_GEMM_INT8 (recipe int8-g128-w128r-mix,
+    // docs/int8-recipe.md: attn_q, the GDN attn_gate (z), ffn_gate | ffn_up; the wide-input
+    // out-projections, the writers of carried state and beta / alpha stay on the f16 leg).
+    uint8_t int8_recipe = 0;
+};
+enum LayerGroup : int32_t { kMixerIn = 0, kMixerOut = 1, kFfnIn = 2, kFfnOut = 3, kLayerGroups = 4 };
+// The kLayerGroups groups of an attention (attn) or Gated DeltaNet layer, in LayerGroup order.
+const ProjGroup *layer_groups(bool attn);
+
 enum class TensorKind { Vector, Matrix, Conv };  // Vector/Conv: F32 only; Matrix: any supported qtype
 
 // Where a planned tensor lands in the model: a model-level slot, or a field of one layer.

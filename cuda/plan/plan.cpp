@@ -103,9 +103,16 @@ int32_t gemm_default_leg() {
     return o != PF_GEMM_DEFAULT ? o : env_knobs().gemm_leg;
 }
 
+pf_status leg_check(int32_t leg, bool int8, const char *fn, const char *arg) {
+    const int32_t hi = int8 ? PF_GEMM_INT8 : PF_GEMM_F16;
+    PF_CHECK_ARG(leg >= PF_GEMM_DEFAULT && leg <= hi, "%s: %s=%d is not a pf_gemm_leg (%d..%d%s)", fn, arg, int(leg),
+                 int(PF_GEMM_DEFAULT), int(hi),
+                 int8 ? "" : "; the 8-bit leg is opt-in per model or session, never the process default");
+    return PF_STATUS_OK;
+}
+
 pf_status set_gemm_default_leg(int32_t leg) {
-    PF_CHECK_ARG(leg == PF_GEMM_DEFAULT || leg == PF_GEMM_AUTO || leg == PF_GEMM_F32 || leg == PF_GEMM_F16,
-                 "set default leg: leg=%d must be PF_GEMM_DEFAULT, _AUTO, _F32 or _F16", int(leg));
+    PF_TRY(leg_check(leg, false, "pf_gemm_set_default_leg", "leg"));
     (void)env_knobs();  // a bad PREFILL_GEMM still warns once
     g_override_leg.store(leg);
     return PF_STATUS_OK;
@@ -210,7 +217,7 @@ GemmLtMode gemm_lt_mode(const pf_tuning &t) {
 
 ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t kv_dtype, bool graphs) {
     ExecPlan p;
-    p.leg = leg == PF_GEMM_DEFAULT ? gemm_default_leg() : leg;
+    p.leg = resolve_default_leg(leg);
     p.gemm_lt = gemm_lt_mode(t);
     p.fuse_groups = switch_on(t.fuse_groups, true);
     p.f16_producers = switch_on(t.f16_producers, true);

@@ -102,7 +102,8 @@ GemmLtMode gemm_lt_mode(const pf_tuning &t);
 
 // What a session runs: every choice of the layer loop and its launchers, fixed at creation.
 struct ExecPlan {
-    int32_t leg = PF_GEMM_AUTO;  // the session's leg, resolved: PF_GEMM_AUTO, _F32 or _F16
+    int32_t leg = PF_GEMM_AUTO;  // the session's leg, DEFAULT resolved: PF_GEMM_AUTO, _F32, _F16 or _INT8
+                                 // (per matrix: session_leg and route_of_leg, plan/route.h)
     GemmLtMode gemm_lt = kGemmLtOn;
     bool fuse_groups = true;     // one GEMM per prewarmed group of projections sharing an input
     bool f16_producers = true;   // the act16 route where every matrix has its fp16 copy
@@ -125,8 +126,17 @@ ExecPlan exec_plan(int32_t leg, const pf_tuning &tuning, int32_t attn_path, int3
 // One line describing the plan (PREFILL_LOG=plan).
 void exec_plan_describe(const ExecPlan &p, char *buf, size_t size);
 
+// ------------------------------------------------------------------ the leg
+
+// A pf_gemm_leg value where one is asked for (`arg` of `fn`): PF_GEMM_DEFAULT .. PF_GEMM_INT8, or
+// without INT8 where the 8-bit leg cannot be asked for (the process default). INVALID_ARGUMENT
+// naming the argument otherwise. The one range check of a leg.
+pf_status leg_check(int32_t leg, bool int8, const char *fn, const char *arg);
 // The process default leg: the pf_gemm_set_default_leg override, else PREFILL_GEMM.
 int32_t gemm_default_leg();
 pf_status set_gemm_default_leg(int32_t leg);
+// `leg` with PF_GEMM_DEFAULT replaced by the process default: done once, where a plan is built
+// (exec_plan; a kernel-level projection's entry), so that nothing below sees DEFAULT.
+inline int32_t resolve_default_leg(int32_t leg) { return leg == PF_GEMM_DEFAULT ? gemm_default_leg() : leg; }
 
 }  // namespace pf

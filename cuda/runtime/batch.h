@@ -1,45 +1,15 @@
-// batch.h — running items (sequences with tokens and wanted outputs) through a chunk executor:
-// the one path of pf_session_prefill (one item, the session's executor) and of pf_batch (many
-// items, the batch's executor). batch_plan.h plans the steps; this runs them, writes the outputs,
-// advances the positions and keeps the snapshots.
+// batch.h — pf_batch: a model's executor shared by the items (sessions with tokens and wanted
+// outputs) of each call; plan/batch_plan.h checks the items and cuts them into steps, run.h
+// runs them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "plan/batch_plan.h"
 #include "runtime/executor.h"
+#include "runtime/run.h"
 #include "runtime/session.h"
-
-namespace pf {
-
-// One item of a run.
-struct RunItem {
-    Sequence *seq = nullptr;
-    const int32_t *tokens = nullptr;  // host, read when the run is planned
-    int64_t n = 0;
-    int32_t mode = PF_LOGITS_NONE;
-    float *logits = nullptr;          // host: [V] (LAST) or [n][V] (ALL)
-    int32_t *out_token = nullptr;     // host, may be NULL
-    int64_t planned_pos = 0;          // the sequence's position when the run was planned
-};
-
-// A planned run: the items, their steps and their ids in step order.
-struct RunPlan {
-    std::vector<RunItem> items;
-    std::vector<StepPlan> steps;
-    std::vector<int32_t> ids;
-};
-
-// Plans `items` (already checked) for steps of e's rows and items.
-RunPlan run_plan(const Executor &e, std::vector<RunItem> items);
-// Runs a plan on e: every step's launches, each item's outputs (LAST / ALL logits, the greedy token
-// after its last row, which also becomes its sequence's last_token), positions, snapshots (every
-// snap_every positions and at the end). On failure the items' sequences are marked broken.
-pf_status run_execute(Executor *e, RunPlan &plan);
-
-}  // namespace pf
 
 struct pf_batch {
     pf::CtxRef ref;                       // first: the last member to go

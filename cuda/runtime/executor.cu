@@ -9,16 +9,17 @@
 #include "kernels/gdn/gdn.cuh"
 #include "kernels/gemm/gemm.cuh"
 #include "kernels/gemm/gemm_lt.cuh"
+#include "plan/defaults.h"
 #include "runtime/executor.h"
+#include "runtime/project.h"
 #include "runtime/model.h"  // model_i8_groups
-#include "runtime/session.h"
+#include "runtime/sequence.h"
 
 namespace pf {
 namespace {
 
-constexpr int32_t kAutoChunk = 2048;
-constexpr int32_t kMinAutoChunk = 256;
-constexpr size_t kAutoChunkShare = 4;  // the chunk's scratch takes at most 1/4 of the free memory
+constexpr int32_t kMinAutoStepRows = 256;
+constexpr size_t kAutoStepShare = 4;  // the step's scratch takes at most 1/4 of the free memory
 constexpr size_t kStreamReserve = size_t(768) << 20;  // a streaming model's scratch beside the chunk
 constexpr int64_t kLmRows = 32;        // LM-head rows per pass for PF_LOGITS_ALL: [32][n_vocab] fp32
 constexpr int64_t kSideStreams = 16;   // streams for the items' attention (a decode item's flash
@@ -26,57 +27,34 @@ constexpr int64_t kSideStreams = 16;   // streams for the items' attention (a de
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
-// The f16-leg GEMM shapes of a step of e->L.rows rows, as the layer loop runs them (the fused
-// block of a group or its parts side by side, the accumulating wo / ssm_out / down into the
-// residual stream), each with the weight it reads; then the executor's plan (the process's choice
-// per shape, timed for the shapes it has none for yet) on the workspace: x = h16 [rows][k16] fp16,
-// y = a [rows][w_a] (the accumulating shapes too: never the residual stream x, the caches or the
-// states).
+// The f16-leg GEMM shapes of a step of e->L.step_rows rows: the GEMMs the layer loop runs
+// (for_each_gemm over the layer description's groups: a fused block or a part, the accumulating
+// out-projections into the residual stream), each with the fp16 matrix it reads; then the
+// executor's plan (the process's choice per shape, timed for the shapes it has none for yet) on
+// the workspace: x = h16 [rows][k16] fp16, y = a [rows][w_a] (the accumulating shapes too: never
+// the residual stream x, the caches or the states). The slabs of a streamed matrix run GemmEx.
 pf_status plan_gemms(Executor *e) {
     const pf_model *m = e->model;
     const Hparams &hp = m->hp;
-    const int64_t T = e->L.rows, d = hp.n_embd;
-    const int32_t leg = e->plan.leg;
+    const int64_t T = e->L.step_rows, d = hp.n_embd;
     std::vector<GemmTuneJob> jobs;
-    auto add = [&](pf_weight *w, int64_t ldy, bool accumulate) {
-        int32_t run = PF_GEMM_F32;
-        if (!w || resolve_gemm_leg(w, session_leg(leg, w), &run) != PF_STATUS_OK || run != PF_GEMM_F16) return;
-        const __half *whole = w->f16 ? w->f16
-                              : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
-                                                         : nullptr;
-        if (!whole) return;  // the streaming leg's slabs run GemmEx
-        GemmTuneJob j;
-        j.shape = GemmShape{w->n, T, w->k, ldy, accumulate};
-        j.w = whole;
-        jobs.push_back(j);
-    };
-    // A group's runs of one leg, as project_group (forward.cu) runs them.
-    auto group = [&](std::initializer_list<pf_weight *> parts, int64_t ldy) {
-        pf_weight *const *ps = parts.begin();
-        const size_t n = parts.size();
-        for (size_t i = 0; i < n;) {
-            const int32_t run_leg = ps[i] ? session_leg(leg, ps[i]) : leg;
-            size_t j = i + 1;
-            while (j < n && ps[j] && session_leg(leg, ps[j]) == run_leg) ++j;
-            pf_weight view;
-            if (e->plan.fuse_groups && j - i > 1 && run_leg != PF_GEMM_INT8 &&
-                fused_f16_view(ps + i, int32_t(j - i), run_leg, &view))
-                add(&view, ldy, false);
-            else
-                for (size_t k = i; k < j; ++k) add(ps[k], ldy, false);
-            i = j;
-        }
-    };
     for (const LayerWeights &Lw : m->layers) {
-        if (Lw.attn) {
-            group({Lw.wq, Lw.wk, Lw.wv}, hp.q_proj_dim() + 2 * hp.kv_dim());
-            add(Lw.wo, d, true);
-        } else {
-            group({Lw.qkv, Lw.z, Lw.beta, Lw.alpha}, hp.conv_dim() + hp.value_dim() + 2 * hp.ssm_hv);
-            add(Lw.ssm_out, d, true);
+        const ProjGroup *groups = layer_groups(Lw.attn);
+        for (int32_t gi = 0; gi < kLayerGroups; ++gi) {
+            const ProjGroup &g = groups[gi];
+            const int64_t ldy = g.accumulate ? d : group_width(Lw, g);
+            PF_TRY(for_each_gemm(e->plan, Lw, g, [&](const ProjRoute &r, pf_weight *w, int64_t) {
+                const __half *whole = r.weight == WeightForm::F16Cache ? w->f16
+                                      : r.weight == WeightForm::F16    ? static_cast<const __half *>(w->data)
+                                                                       : nullptr;
+                if (!whole) return PF_STATUS_OK;  // not the f16 leg, or its slabs
+                GemmTuneJob j;
+                j.shape = GemmShape{w->n, T, w->k, ldy, g.accumulate};
+                j.w = whole;
+                jobs.push_back(j);
+                return PF_STATUS_OK;
+            }));
         }
-        group({Lw.gate, Lw.up}, 2 * hp.n_ff);
-        add(Lw.down, d, true);
     }
     if (jobs.empty()) return PF_STATUS_OK;  // the f32 leg, or no fp16 copies
     std::unique_ptr<GemmPlan> plan(new GemmPlan());
@@ -127,11 +105,11 @@ size_t attention_ws_bytes(const pf_model *m, const ExecPlan &plan, int64_t T, in
 
 }  // namespace
 
-ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids, int64_t n_gdn) {
-    ChunkLayout L;
-    const int64_t T = rows;
+StepLayout step_layout(const Hparams &hp, int64_t step_rows, int64_t max_items, int64_t ids, int64_t n_gdn) {
+    StepLayout L;
+    const int64_t T = step_rows;
     const int64_t Hv = std::max<int64_t>(hp.ssm_hv, 1);
-    L.rows = T;
+    L.step_rows = T;
     L.lm_rows = std::min<int64_t>(kLmRows, T);
     L.d = hp.n_embd;
     L.w_a = std::max({hp.q_proj_dim() + 2 * hp.kv_dim(), hp.conv_dim() + hp.value_dim() + 2 * Hv, 2 * hp.n_ff});
@@ -178,7 +156,7 @@ ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int
     return L;
 }
 
-pf_status auto_chunk(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
+pf_status auto_step_rows(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
                      int32_t *out) {
     size_t free_b = 0, total_b = 0;
     PF_TRY(device_free_bytes(ctx, &free_b, &total_b));
@@ -187,10 +165,10 @@ pf_status auto_chunk(const pf_context *ctx, const Hparams &hp, int32_t cap, size
     // that again per row (qwen35-27b under a 24 GiB budget, 8192 tokens: 0.79x the cached speed
     // at the old auto chunk, 0.85x at 2048), so its chunk may take all the memory left but the
     // streaming scratch (at most one 512 MiB slab and the activations).
-    const size_t share = streaming ? 1 : kAutoChunkShare;
+    const size_t share = streaming ? 1 : kAutoStepShare;
     if (streaming) avail = avail > kStreamReserve ? avail - kStreamReserve : 0;
-    int32_t c = std::min(kAutoChunk, cap);
-    while (c > kMinAutoChunk && chunk_layout(hp, c, 1, 0).row_bytes > avail / share) c /= 2;
+    int32_t c = std::min(kDefaultStepRows, cap);
+    while (c > kMinAutoStepRows && step_layout(hp, c, 1, 0).row_bytes > avail / share) c /= 2;
     *out = c;
     return PF_STATUS_OK;
 }
@@ -213,17 +191,17 @@ Executor::~Executor() {
 
 void executor_destroy(Executor *e) { delete e; }
 
-pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows, int64_t kv_capacity,
+pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_rows, int64_t capacity,
                           int64_t max_items, int64_t ids, Executor **out) {
     *out = nullptr;
     std::unique_ptr<Executor> e(new Executor());
     e->model = m;
     e->ctx = m->ctx;
     e->plan = plan;
-    e->kv_capacity = kv_capacity;
+    e->capacity = capacity;
     for (const LayerWeights &Lw : m->layers) e->gdn_slot.push_back(Lw.attn ? -1 : int32_t(e->n_gdn++));
-    e->L = chunk_layout(m->hp, rows, max_items, ids, e->n_gdn);
-    const ChunkLayout &L = e->L;
+    e->L = step_layout(m->hp, step_rows, max_items, ids, e->n_gdn);
+    const StepLayout &L = e->L;
     pf_context *ctx = m->ctx;
     PF_TRY(device_alloc(ctx, L.bytes, &e->ws, "executor workspace"));
     char *base = static_cast<char *>(e->ws);
@@ -246,7 +224,7 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
     e->tab_host.reserve(size_t(L.tab));
     e->tab_dev_copy.reserve(size_t(L.tab));
     // The cuBLAS attention path's workspace (its size needs aligned cache pointers: the base is).
-    e->attn_ws_bytes = attention_ws_bytes(m, plan, rows, kv_capacity, e->ws, e->ws);
+    e->attn_ws_bytes = attention_ws_bytes(m, plan, step_rows, capacity, e->ws, e->ws);
     if (e->attn_ws_bytes) PF_TRY(device_alloc(ctx, e->attn_ws_bytes, &e->attn_ws, "attention workspace"));
     if (max_items > 1 && m->n_attn_layers > 0) {  // the items' attention side by side
         const int64_t k = std::min<int64_t>(max_items, kSideStreams);
@@ -269,18 +247,23 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows,
         PF_TRY(int8_leg_check("session (gemm_leg PF_GEMM_INT8)"));
         PF_TRY(weight_cache_i8_groups(ctx, model_i8_groups(m, plan.fuse_groups)));
     }
+    // Every matrix alone (a fused view needs no more than its parts: one k, its cache).
     ProjScratchBytes need;
     auto grow = [&](const pf_weight *w, int64_t r) {
-        const ProjScratchBytes b = project_scratch_bytes(w, r, session_leg(plan.leg, w));
+        ProjRoute route;
+        PF_TRY(step_route(plan, w, &route));
+        const ProjScratchBytes b = project_scratch_bytes(route, w, r);
         need.w32 = std::max(need.w32, b.w32);
         need.w16 = std::max(need.w16, b.w16);
         need.x16 = std::max(need.x16, b.x16);
+        return PF_STATUS_OK;
     };
-    for (const LayerWeights &Lw : m->layers)
-        for (pf_weight *w : {Lw.wq, Lw.wk, Lw.wv, Lw.wo, Lw.qkv, Lw.z, Lw.beta, Lw.alpha, Lw.ssm_out, Lw.gate, Lw.up,
-                             Lw.down})
-            if (w) grow(w, rows);
-    grow(m->output, L.lm_rows);
+    for (const LayerWeights &Lw : m->layers) {
+        const ProjGroup *groups = layer_groups(Lw.attn);
+        for (int32_t gi = 0; gi < kLayerGroups; ++gi)
+            for (int32_t i = 0; i < groups[gi].count; ++i) PF_TRY(grow(Lw.*groups[gi].parts[i], step_rows));
+    }
+    PF_TRY(grow(m->output, L.lm_rows));
     PF_TRY(scratch_reserve(ctx, e->w32, need.w32, "project (f32 leg): weight scratch"));
     PF_TRY(scratch_reserve(ctx, e->w16, need.w16, "project (f16 streaming leg): weight scratch"));
     PF_TRY(scratch_reserve(ctx, e->x16, need.x16, "project (f16 leg): activation scratch"));
@@ -299,17 +282,16 @@ pf_status executor_upload_ids(Executor *e, const int32_t *tokens, int64_t n, int
 }
 
 void executor_begin(Executor *e) {
-    // Every matrix has the copy its leg reads: its int8 copy where the session runs it on the 8-bit
-    // leg, its fp16 copy otherwise.
-    bool cached = true;
-    for (const pf_weight *w : e->model->weights)
-        if (session_leg(e->plan.leg, w) == PF_GEMM_INT8 ? !w->i8 : !w->f16) cached = false;
-    e->cached = cached;
-    // The act16 route: on, every matrix cached (project_f16_rows needs an fp16 copy; AUTO without
-    // one would be the f32 leg), the leg f16, auto or int8 (whose matrices quantize the fp16 rows
-    // the producers write: project_i8_rows).
-    e->act16 = e->plan.f16_producers && cached &&
-               (e->plan.leg == PF_GEMM_F16 || e->plan.leg == PF_GEMM_AUTO || e->plan.leg == PF_GEMM_INT8);
+    // Every matrix's route takes fp16 rows (route_takes_f16_rows: its fp16 cache, or its int8 copy
+    // where the session runs it on the 8-bit leg): then, on a fast leg, the producers write the
+    // f16 leg's input form (the act16 route). A step graph is keyed on both.
+    bool f16_rows = true;
+    for (const pf_weight *w : e->model->weights) {
+        ProjRoute r;
+        if (step_route(e->plan, w, &r) != PF_STATUS_OK || !route_takes_f16_rows(r)) f16_rows = false;
+    }
+    e->f16_rows = f16_rows;
+    e->act16 = e->plan.f16_producers && f16_rows && e->plan.leg != PF_GEMM_F32;
 }
 
 }  // namespace pf

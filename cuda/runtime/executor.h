@@ -1,7 +1,7 @@
-// executor.h — the chunk executor: what runs the rows of one or many sequences through the layers
-// (forward.cu) in steps of at most `rows` rows. It owns one device workspace, laid out once by a
-// ChunkLayout, the CUDA graphs of the steps it has seen, and the GEMM plan of its shapes; the
-// sequences (session.h) own only their state. A session has its own executor for
+// executor.h — the executor: what runs the rows of one or many sequences through the layers
+// (forward.cu) in steps of at most `step_rows` rows. It owns one device workspace, laid out once
+// by a StepLayout, the CUDA graphs of the steps it has seen, and the GEMM plan of its shapes; the
+// sequences (sequence.h) own only their state. A session has its own executor for
 // pf_session_prefill; a batch (the many-sequence API) shares one among its items.
 #pragma once
 
@@ -17,12 +17,12 @@
 namespace pf {
 
 class GemmPlan;  // gemm_lt.cuh
-struct Sequence;  // session.h
+struct Sequence;  // sequence.h
 
-// Every width of a step's scratch, derived once from (model, rows), and the workspace layout
-// built from them: the allocation, the auto chunk and the GEMM plan all read it.
-struct ChunkLayout {
-    int64_t rows = 0;      // rows per step (the chunk)
+// Every width of a step's scratch, derived once from (model, step rows), and the workspace layout
+// built from them: the allocation, the auto step size and the GEMM plan all read it.
+struct StepLayout {
+    int64_t step_rows = 0; // rows per step
     int64_t lm_rows = 0;   // LM-head rows per pass: [lm_rows][n_vocab] logits
     int64_t d = 0;         // n_embd: x, h
     int64_t w_a = 0;       // the widest projection group's side-by-side outputs (Q|K|V, GDN in, gate|up)
@@ -32,7 +32,7 @@ struct ChunkLayout {
     int64_t k16 = 0;       // the widest projection input (the f16 leg's fp16 rows)
     int64_t max_items = 0; // sequences per step: their positions on the device
     int64_t ids = 0;       // token ids held on the device (a call's, at their offsets)
-    size_t gdn_ws = 0;     // the chunked delta rule's workspace (one pass of `rows`; with several
+    size_t gdn_ws = 0;     // the chunked delta rule's workspace (one pass of step_rows; with several
                            // items, all chunks of a step in one varlen pass)
     int64_t tab = 0;       // int64 slots of a step's varlen tables (VarlenStep), 0 for one item
     // Byte offsets in the workspace (256-byte aligned), and its size.
@@ -40,19 +40,19 @@ struct ChunkLayout {
            off_inv16 = 0, off_logits = 0, off_xg = 0, off_gdn = 0, off_ids = 0, off_vals = 0, off_argmax = 0,
            off_tab = 0;
     size_t bytes = 0;
-    // The bytes that depend on `rows` (what the auto chunk weighs against the free memory).
+    // The bytes that depend on step_rows (what the auto step size weighs against the free memory).
     size_t row_bytes = 0;
 };
 // n_gdn: the model's GDN layers (the varlen tables hold a pointer per layer and item).
-ChunkLayout chunk_layout(const Hparams &hp, int64_t rows, int64_t max_items, int64_t ids, int64_t n_gdn = 0);
+StepLayout step_layout(const Hparams &hp, int64_t step_rows, int64_t max_items, int64_t ids, int64_t n_gdn = 0);
 
-// The chunk when the options leave it 0: kAutoChunk rows (2048: measured ~20% faster than 512 for
-// qwen35-4b on the H200), capped at `cap`, halved down to 256 while the layout's row bytes would
-// take more than a quarter of the device memory free after `state_bytes` (KV caches and states).
-// streaming (a model with matrices its prewarm left to stream): the chunk may take all the free
+// A session's step rows when its options leave them 0 (chunk_tokens): kDefaultStepRows
+// (plan/defaults.h), capped at `cap`, halved down to 256 while the layout's row bytes would take
+// more than a quarter of the device memory free after `state_bytes` (KV caches and states).
+// streaming (a model with matrices its prewarm left to stream): the step may take all the free
 // memory after the state and the streaming scratch instead.
-pf_status auto_chunk(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
-                     int32_t *out);
+pf_status auto_step_rows(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
+                         int32_t *out);
 
 // One sequence's rows in a step: rows [row0, row0 + rows) of the step, at position pos.
 struct StepItem {
@@ -83,7 +83,7 @@ struct StepGraph {
     int64_t rows = 0;
     std::vector<std::pair<uint64_t, int64_t>> items;  // (Sequence::id, rows) in row order
     bool attn = false;  // attention inside (the whole step one graph)
-    bool act16 = false, cached = false;
+    bool act16 = false, f16_rows = false;
     const void *scratch[3] = {nullptr, nullptr, nullptr};  // the projection scratch the launches use
     std::vector<cudaGraphExec_t> segs;
     uint64_t used = 0;  // the executor's step count at its last replay (the least recent goes first)
@@ -93,8 +93,8 @@ struct Executor {
     const pf_model *model = nullptr;
     pf_context *ctx = nullptr;
     ExecPlan plan;
-    ChunkLayout L;
-    int64_t kv_capacity = 0;   // the most positions of a sequence it serves (cuBLAS attention sizing)
+    StepLayout L;
+    int64_t capacity = 0;      // the most positions of a sequence it serves (cuBLAS attention sizing)
     void *ws = nullptr;        // the workspace (L.bytes), one allocation
     // Views into ws.
     float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *o = nullptr, *beta = nullptr, *g = nullptr;
@@ -105,7 +105,7 @@ struct Executor {
     int32_t *ids = nullptr;    // [L.ids]: the call's token ids at their offsets
     int64_t *vals = nullptr;   // [1 + L.max_items]: the step's ids offset, then each item's position
     int32_t *argmax = nullptr; // [L.max_items]
-    // The cuBLAS attention path's workspace (sized for kv_capacity), its own allocation.
+    // The cuBLAS attention path's workspace (sized for capacity), its own allocation.
     void *attn_ws = nullptr;
     size_t attn_ws_bytes = 0;
     // The projection scratch (gemm.cuh ProjEnv): grown at creation for the legs and caches of then.
@@ -118,8 +118,9 @@ struct Executor {
                                // and seen-shape limits scale with them (forward.cu step_graph)
     uint64_t steps = 0;        // steps run (the graphs' recency)
     bool graph_off = false;    // a capture failed: eager from then on
-    // Per step (set by executor_step): the act16 route and whether every matrix has its cache.
-    bool act16 = false, cached = false;
+    // Per call (executor_begin): whether every matrix's route takes fp16 rows (its fp16 cache, or
+    // its int8 copy on the 8-bit leg) and, from that and the plan, the act16 route.
+    bool act16 = false, f16_rows = false;
     bool attn_in_graph = false;
     // Varlen tables (tuning.varlen, steps of several items): the layer's slot among the GDN
     // layers (-1: attention), the step's groups, its tables on the host (the last uploaded kept).
@@ -138,20 +139,21 @@ struct Executor {
     ~Executor();
 };
 
-// An executor for steps of `rows` rows (<= kv_capacity when one sequence), up to `max_items`
-// sequences per step and `ids` token ids per call, running `plan`. Sizes and allocates everything
-// now (a step allocates nothing); on the f16 leg it also fixes the GEMM plan of its shapes
-// (gemm_lt.cuh; synchronizes).
-pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t rows, int64_t kv_capacity,
+// An executor for steps of `step_rows` rows (<= capacity when one sequence), sequences of up to
+// `capacity` positions, up to `max_items` sequences per step and `ids` token ids per call, running
+// `plan`. Sizes and allocates everything now (a step allocates nothing); on the f16 leg it also
+// fixes the GEMM plan of its shapes (gemm_lt.cuh; synchronizes).
+pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_rows, int64_t capacity,
                           int64_t max_items, int64_t ids, Executor **out);
 void executor_destroy(Executor *e);
 
 // The call's token ids into e->ids at offset `off` (one copy; a pageable source may wait for the
 // stream: once per call).
 pf_status executor_upload_ids(Executor *e, const int32_t *tokens, int64_t n, int64_t off);
-// Per call: the act16 route and the caches (the caches may change between calls).
+// Per call: the act16 route and whether every route takes fp16 rows (the copies may change
+// between calls).
 void executor_begin(Executor *e);
-// One step: `items` (row order, rows summing to at most L.rows) at their positions, their ids at
+// One step: `items` (row order, rows summing to at most L.step_rows) at their positions, their ids at
 // e->ids + ids_off. Runs every layer; the residual stream of the step's rows is left in e->x.
 pf_status executor_step(Executor *e, const std::vector<StepItem> &items, int64_t ids_off);
 // Logits of the n residual-stream rows at x (n <= L.lm_rows, [n][n_embd]: step rows of e->x, or

@@ -17,7 +17,8 @@
 #include "kernels/rows/f16_rows.cuh"
 #include "kernels/rows/rows.cuh"
 #include "runtime/executor.h"
-#include "runtime/session.h"
+#include "runtime/project.h"
+#include "runtime/sequence.h"
 
 namespace pf {
 namespace {
@@ -97,16 +98,6 @@ class Runner {
     bool open_ = false;
 };
 
-ProjEnv proj(Executor *e) {
-    ProjEnv p;
-    p.ctx = e->ctx;
-    p.plan = e->gemm_plan.get();
-    p.w32 = &e->w32;
-    p.w16 = &e->w16;
-    p.x16 = &e->x16;
-    return p;
-}
-
 // The f16 leg's input form of [rows][cols] in the fp16 scratch (f16_rows.cuh); `acc` (optional,
 // [rows][n_embd]) is the residual stream the projection will accumulate into.
 F16Out f16_out(const Executor *e, int64_t cols, float *acc = nullptr) {
@@ -129,48 +120,6 @@ pf_status norm_input(Executor *e, const float *x, const float *w, int64_t rows) 
     const int64_t d = hp.n_embd;
     if (e->act16) return rms_norm_rows_f16(CMatF{x, d}, w, f16_out(e, d), rows, d, float(hp.eps), e->ctx->stream);
     return rms_norm_rows(CMatF{x, d}, w, MatF{e->h, d}, rows, d, float(hp.eps), e->ctx->stream);
-}
-
-// y (+)= input . W^T for the input norm_input or a producer left: project_f16_rows on the
-// act16 route, project() on fp32 `x` otherwise.
-pf_status project_in(Executor *e, pf_weight *w, CMatF x, int64_t rows, MatF y, bool accumulate) {
-    if (e->act16) {
-        if (session_leg(e->plan.leg, w) == PF_GEMM_INT8 && !accumulate)  // the recipe's int8 inputs
-            return project_i8_rows(proj(e), w, e->h16, e->inv16, rows, y);
-        return project_f16_rows(proj(e), w, e->h16, e->inv16, rows, y, accumulate);
-    }
-    return project(proj(e), w, x, y, rows, accumulate, session_leg(e->plan.leg, w));
-}
-
-// Projects e->h through weights that share it as input into column slices of one [T][ldy]
-// output (out[i] = the first column of part i's slice). One GEMM through the fused fp16 block
-// when the parts run the f16 leg and were prewarmed as a group (model_f16_groups), else one
-// projection per part: the same values within the f16 leg's tolerance, the same layout.
-// Under the 8-bit leg the parts split into runs of one leg (Q | K | V: Q int8, K | V f16), each
-// run one GEMM where its members are one fused block of that leg (fused_i8_view, fused_f16_view).
-pf_status project_group(Executor *e, std::initializer_list<pf_weight *> parts, std::initializer_list<float *> out,
-                        int64_t T, int64_t ldy) {
-    const CMatF h{e->h, e->model->hp.n_embd};
-    pf_weight *const *ps = parts.begin();
-    float *const *ys = out.begin();
-    const size_t n = parts.size();
-    for (size_t i = 0; i < n;) {
-        const int32_t leg = session_leg(e->plan.leg, ps[i]);
-        size_t j = i + 1;
-        while (j < n && session_leg(e->plan.leg, ps[j]) == leg) ++j;
-        pf_weight view;
-        const int32_t cnt = int32_t(j - i);
-        const bool fused = e->plan.fuse_groups && cnt > 1 &&
-                           (leg == PF_GEMM_INT8 ? fused_i8_view(ps + i, cnt, &view)
-                                                : fused_f16_view(ps + i, cnt, leg, &view));
-        if (fused) {
-            PF_TRY(project_in(e, &view, h, T, MatF{ys[i], ldy}, false));
-        } else {
-            for (size_t k = i; k < j; ++k) PF_TRY(project_in(e, ps[k], h, T, MatF{ys[k], ldy}, false));
-        }
-        i = j;
-    }
-    return PF_STATUS_OK;
 }
 
 // Item i's position on the device (Executor::vals: [ids offset, pos_0, pos_1, ...]).
@@ -225,7 +174,8 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     const int64_t q_head_stride = gated ? 2 * D : D;
     // q | k | v side by side in one [T][W] scratch: one fused GEMM on the f16 leg, three
     // projections into the column slices otherwise (the same layout downstream).
-    const int64_t W = qd + 2 * kvd;
+    const ProjGroup *groups = layer_groups(true);
+    const int64_t W = qd + 2 * kvd;  // group_width(Lw, groups[kMixerIn])
     float *q = e->a, *k = e->a + qd, *v = e->a + qd + kvd, *o = e->o;
     const float eps = float(hp.eps);
     const bool fused_rope = e->plan.fuse_qk_rope && qk_norm_rope_kv_supported(int32_t(D), int32_t(hp.rope_dim));
@@ -276,7 +226,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
         attention_args a = attn_args(e, items[i], Lw.attn_index);
         a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this step
         a.pos0_dev = pos_dev(e, i);
-        a.kv_capacity = items[i].seq->max_tokens;
+        a.kv_capacity = items[i].seq->capacity;
         a.stream = s;
         return attention(ctx, a);
     };
@@ -285,7 +235,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     // side by side instead of one after another. Same launches, same bits.
     const bool fork = e->attn_in_graph && items.size() > 1 && !e->side.empty();
     PF_TRY(R.graphed([&]() -> pf_status {
-        PF_TRY(project_group(e, {Lw.wq, Lw.wk, Lw.wv}, {q, k, v}, T, W));
+        PF_TRY(project_group(e, Lw, groups[kMixerIn], step_input(e, CMatF{e->h, hp.n_embd}), T, MatF{e->a, W}));
         if (!fork)
             for (size_t i = 0; i < items.size(); ++i) PF_TRY(rope(i, st));
         return PF_STATUS_OK;
@@ -321,14 +271,14 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     // the gate writes wo's input form (and pre-scales x's rows where a row needs it)
     return R.graphed([&]() -> pf_status {
         const HeadLayout gh{int32_t(H), 2 * D, int32_t(D)};
+        ProjIn in = ProjIn::f32(CMatF{o, H * D});  // qwen3: fp32 o (the f16 leg casts it)
         if (gated && e->act16) {
             PF_TRY(sigmoid_gate_rows_f16(CMatF{o, H * D}, CMatF{q + D, W}, gh, f16_out(e, H * D, e->x), T, st));
-            return project_f16_rows(proj(e), Lw.wo, e->h16, e->inv16, T, MatF{e->x, hp.n_embd}, true);
+            in = step_input(e, in.x);
+        } else if (gated) {
+            PF_TRY(sigmoid_gate_rows(MatF{o, H * D}, CMatF{q + D, W}, gh, T, st));
         }
-        if (gated) PF_TRY(sigmoid_gate_rows(MatF{o, H * D}, CMatF{q + D, W}, gh, T, st));
-        // qwen3: fp32 o, cast there
-        return project(proj(e), Lw.wo, CMatF{o, H * D}, MatF{e->x, hp.n_embd}, T, true,
-                       session_leg(e->plan.leg, Lw.wo));
+        return project_group(e, Lw, groups[kMixerOut], in, T, MatF{e->x, hp.n_embd});
     });
 }
 
@@ -343,8 +293,8 @@ int32_t scan_path(const Executor *e, bool exact, int64_t rows) {
 
 // Whether the layer's in-projection runs the exact f32 leg (the delta rule then runs sequential).
 bool gdn_exact(const Executor *e, const LayerWeights &Lw) {
-    int32_t run = PF_GEMM_F32;
-    return resolve_gemm_leg(Lw.qkv, session_leg(e->plan.leg, Lw.qkv), &run) != PF_STATUS_OK || run == PF_GEMM_F32;
+    ProjRoute r;
+    return step_route(e->plan, Lw.qkv, &r) != PF_STATUS_OK || r.leg == PF_GEMM_F32;
 }
 
 // Gated DeltaNet mixer (spec.md §3.2 G1-G9): x += GDN(h) . W_out^T.
@@ -354,10 +304,11 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
     cudaStream_t st = ctx->stream;
     const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), kd = hp.key_dim(), Hv = hp.ssm_hv;
     // qkv | z | b | a side by side in one [T][W] scratch (see attn_layer).
-    const int64_t W = cd + vd + 2 * Hv;
+    const ProjGroup *groups = layer_groups(false);
+    const int64_t W = cd + vd + 2 * Hv;  // group_width(Lw, groups[kMixerIn])
     float *m = e->a, *z = e->a + cd, *bl = e->a + cd + vd, *al = e->a + cd + vd + Hv;
     float *u = e->b, *o = e->o;
-    PF_TRY(project_group(e, {Lw.qkv, Lw.z, Lw.beta, Lw.alpha}, {m, z, bl, al}, T, W));
+    PF_TRY(project_group(e, Lw, groups[kMixerIn], step_input(e, CMatF{e->h, hp.n_embd}), T, MatF{e->a, W}));
     const float eps = float(hp.eps);
     const int32_t Hk = int32_t(hp.ssm_hk), dk = int32_t(hp.ssm_dk), dv = int32_t(hp.ssm_dv);
     // G2 gates (row-local: every row of the step at once)
@@ -481,27 +432,24 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
     na.n_v_heads = int32_t(Hv);
     na.dv = dv;
     na.eps = eps;
-    if (e->act16) {
-        PF_TRY(gdn_gated_rms_norm_rows_f16(na, f16_out(e, vd, e->x), st));
-        return project_f16_rows(proj(e), Lw.ssm_out, e->h16, e->inv16, T, MatF{e->x, hp.n_embd}, true);
-    }
-    PF_TRY(gdn_gated_rms_norm_rows(na, MatF{o, vd}, st));
-    return project(proj(e), Lw.ssm_out, CMatF{o, vd}, MatF{e->x, hp.n_embd}, T, true,
-                   session_leg(e->plan.leg, Lw.ssm_out));
+    if (e->act16) PF_TRY(gdn_gated_rms_norm_rows_f16(na, f16_out(e, vd, e->x), st));
+    else PF_TRY(gdn_gated_rms_norm_rows(na, MatF{o, vd}, st));
+    return project_group(e, Lw, groups[kMixerOut], step_input(e, CMatF{o, vd}), T, MatF{e->x, hp.n_embd});
 }
 
 // FFN (B3): x += (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T, h2 = RMSNorm(x).
 pf_status ffn(Executor *e, const LayerWeights &Lw, int64_t T) {
     const Hparams &hp = e->model->hp;
     const int64_t d = hp.n_embd, ff = hp.n_ff, W = 2 * ff;
+    const ProjGroup *groups = layer_groups(Lw.attn);
     PF_TRY(norm_input(e, e->x, Lw.post_norm, T));
     // gate | up side by side ([T][2 n_ff]); SwiGLU writes over the gate half.
-    PF_TRY(project_group(e, {Lw.gate, Lw.up}, {e->a, e->a + ff}, T, W));
+    PF_TRY(project_group(e, Lw, groups[kFfnIn], step_input(e, CMatF{e->h, d}), T, MatF{e->a, W}));
     if (e->act16)  // SwiGLU writes down's input form (and pre-scales x's rows if need be)
         PF_TRY(swiglu_rows_f16(CMatF{e->a, W}, CMatF{e->a + ff, W}, f16_out(e, ff, e->x), T, ff, e->ctx->stream));
     else
         PF_TRY(swiglu_rows(CMatF{e->a, W}, CMatF{e->a + ff, W}, MatF{e->a, W}, T, ff, e->ctx->stream));
-    return project_in(e, Lw.down, CMatF{e->a, W}, T, MatF{e->x, d}, true);
+    return project_group(e, Lw, groups[kFfnOut], step_input(e, CMatF{e->a, W}), T, MatF{e->x, d});
 }
 
 // One step of T rows (the items'), its launches through R; e->attn_in_graph set for this step.
@@ -552,12 +500,12 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
     key.used = ++e->steps;
     key.attn = e->attn_in_graph;
     key.act16 = e->act16;
-    key.cached = e->cached;
+    key.f16_rows = e->f16_rows;
     key.scratch[0] = e->w32.ptr;
     key.scratch[1] = e->w16.ptr;
     key.scratch[2] = e->x16.ptr;
     auto same = [&](const StepGraph &g) {
-        return g.act16 == key.act16 && g.cached == key.cached && std::equal(g.scratch, g.scratch + 3, key.scratch);
+        return g.act16 == key.act16 && g.f16_rows == key.f16_rows && std::equal(g.scratch, g.scratch + 3, key.scratch);
     };
     for (size_t i = 0; i < e->graphs.size(); ++i) {
         StepGraph &g = e->graphs[i];
@@ -660,9 +608,9 @@ pf_status executor_step(Executor *e, const std::vector<StepItem> &items, int64_t
         PF_CHECK_ARG(it.row0 == T && it.rows >= 1, "executor_step: item rows out of order");
         T += it.rows;
     }
-    PF_CHECK_ARG(T >= 1 && T <= e->L.rows && int64_t(items.size()) <= e->L.max_items,
+    PF_CHECK_ARG(T >= 1 && T <= e->L.step_rows && int64_t(items.size()) <= e->L.max_items,
                  "executor_step: %lld rows, %zu items (at most %lld and %lld)", (long long)T, items.size(),
-                 (long long)e->L.rows, (long long)e->L.max_items);
+                 (long long)e->L.step_rows, (long long)e->L.max_items);
     // The ids offset and each item's position, in stream order (kernel arguments: no host staging).
     std::vector<int64_t> v(1 + items.size());
     v[0] = ids_off;
@@ -694,7 +642,7 @@ pf_status executor_lm_head(Executor *e, const float *x, int64_t n) {
     const Hparams &hp = m->hp;
     const int64_t d = hp.n_embd;
     PF_TRY(norm_input(e, x, m->output_norm, n));
-    return project_in(e, m->output, CMatF{e->h, d}, n, MatF{e->logits, hp.n_vocab}, false);
+    return project_in(e, m->output, step_input(e, CMatF{e->h, d}), n, MatF{e->logits, hp.n_vocab}, false);
 }
 
 }  // namespace pf

@@ -8,12 +8,15 @@
 #include <unordered_set>
 
 #include "base/cuda_check.cuh"
+#include "kernels/gemm/gemm.cuh"
 #include "plan/gguf.h"
 #include "ptx/common.cuh"
 #include "runtime/model.h"
 
 namespace pf {
 namespace {
+
+constexpr size_t kDefaultPrewarmHeadroom = size_t(2) << 30;  // room for sessions and scratch
 
 // Where planned tensor `p` lands in model `m`.
 pf_weight **matrix_slot(pf_model *m, const PlannedTensor &p) {
@@ -125,20 +128,70 @@ void model_destroy(pf_model *m) {
     delete m;
 }
 
+// The fp16 caches of every matrix (the int8 copies of the recipe's for a model on the 8-bit leg),
+// in the layer description's fused groups: pf_model_options.prewarm and pf_model_prewarm.
+pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t total = 0;  // fp16 bytes of the whole set, for the progress report
+    for (const pf_weight *w : m->weights) total += w->n * w->k * int64_t(sizeof(__half));
+    if (m->progress) m->progress(m->progress_user, "prewarm", 0, total);
+    pf_prewarm_report rep;
+    std::memset(&rep, 0, sizeof rep);
+    rep.struct_size = sizeof rep;
+    const pf_tuning t = tuning_over(m->tuning, m->ctx->tuning);
+    PrewarmPlan plan = prewarm_plan(t);
+    plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
+    plan.last = m->output;  // the LM head: last (the last-token logits take the GEMV)
+    for (pf_weight *w : m->weights) w->f16_stream = false;
+    const bool fuse = switch_on(t.fuse_groups, true);
+    // A model whose sessions run the 8-bit leg by default: the recipe's matrices get their int8
+    // copy instead of an fp16 one (about half the bytes), the others their fp16 copy.
+    std::vector<std::vector<pf_weight *>> f16_groups = model_f16_groups(m, fuse);
+    if (m->gemm_leg == PF_GEMM_INT8) {
+        PF_TRY(int8_leg_check("model prewarm (gemm_leg PF_GEMM_INT8)"));
+        const std::vector<std::vector<pf_weight *>> i8 = model_i8_groups(m, fuse);
+        std::unordered_set<const pf_weight *> eight;
+        for (const auto &g : i8) eight.insert(g.begin(), g.end());
+        std::vector<std::vector<pf_weight *>> rest;
+        for (const auto &g : f16_groups) {
+            std::vector<pf_weight *> keep;
+            for (pf_weight *w : g)
+                if (!eight.count(w)) keep.push_back(w);
+            if (keep.size() == g.size()) rest.push_back(keep);
+            else for (pf_weight *w : keep) rest.push_back({w});  // no longer one block
+        }
+        f16_groups = std::move(rest);
+        for (pf_weight *w : m->weights)
+            if (eight.count(w)) weight_drop_f16(w);
+        PF_TRY(weight_cache_i8_groups(m->ctx, i8));
+    }
+    PF_TRY(prewarm_f16_groups(m->ctx, f16_groups, headroom ? headroom : kDefaultPrewarmHeadroom, plan, &rep));
+    if (rep.partial || m->gemm_leg == PF_GEMM_INT8)  // matrices without an fp16 copy stream on the
+        for (pf_weight *w : m->weights)                // f16 leg under AUTO / F16
+            w->f16_stream = w->f16 == nullptr;
+    m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    m->prewarm_report = rep;
+    *armed = rep.armed;
+    if (m->progress) m->progress(m->progress_user, "prewarm", total, total);
+    return PF_STATUS_OK;
+}
+
 std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool fuse) {
     std::vector<std::vector<pf_weight *>> groups;
     std::unordered_set<const pf_weight *> listed;
-    auto add = [&](std::vector<pf_weight *> g) {
-        for (pf_weight *w : g)
-            if (!w || listed.count(w)) return;  // keep it simple: alone below
-        listed.insert(g.begin(), g.end());
-        groups.push_back(std::move(g));
-    };
-    if (fuse)
+    if (fuse)  // the layer description's groups of several parts, in layer order
         for (const LayerWeights &L : m->layers) {
-            if (L.attn) add({L.wq, L.wk, L.wv});
-            else add({L.qkv, L.z, L.beta, L.alpha});
-            add({L.gate, L.up});
+            const ProjGroup *gs = layer_groups(L.attn);
+            for (int32_t gi = 0; gi < kLayerGroups; ++gi) {
+                if (gs[gi].count < 2) continue;
+                std::vector<pf_weight *> g;
+                for (int32_t i = 0; i < gs[gi].count; ++i) g.push_back(L.*gs[gi].parts[i]);
+                bool fresh = true;  // keep it simple: a weight listed before makes the others alone
+                for (pf_weight *w : g) fresh = fresh && w && !listed.count(w);
+                if (!fresh) continue;
+                listed.insert(g.begin(), g.end());
+                groups.push_back(std::move(g));
+            }
         }
     for (pf_weight *w : m->weights)
         if (listed.insert(w).second) groups.push_back({w});
@@ -152,16 +205,30 @@ std::vector<std::vector<pf_weight *>> model_i8_groups(const pf_model *m, bool fu
     };
     std::vector<std::vector<pf_weight *>> groups;
     for (const LayerWeights &L : m->layers) {
-        for (pf_weight *w : {L.attn ? L.wq : L.z})
-            if (eight_bit(w)) groups.push_back({w});
-        if (fuse && eight_bit(L.gate) && eight_bit(L.up)) {
-            groups.push_back({L.gate, L.up});
-        } else {
-            for (pf_weight *w : {L.gate, L.up})
+        const ProjGroup *gs = layer_groups(L.attn);
+        for (int32_t gi = 0; gi < kLayerGroups; ++gi) {
+            // The group's recipe members: one arena (fused) when there are several and all are
+            // 8-bit-able, else each 8-bit-able one alone.
+            std::vector<pf_weight *> members;
+            for (int32_t i = 0; i < gs[gi].count; ++i)
+                if (gs[gi].int8_recipe & (1u << i)) members.push_back(L.*gs[gi].parts[i]);
+            bool all = true;
+            for (pf_weight *w : members) all = all && eight_bit(w);
+            if (fuse && all && members.size() > 1) {
+                groups.push_back(members);
+                continue;
+            }
+            for (pf_weight *w : members)
                 if (eight_bit(w)) groups.push_back({w});
         }
     }
     return groups;
+}
+
+ExecPlan model_exec_plan(const pf_model *m, int32_t gemm_leg, const pf_tuning &tuning, int32_t attn_path,
+                         int32_t kv_dtype, int32_t cuda_graphs) {
+    const pf_tuning t = tuning_over(tuning, tuning_over(m->tuning, m->ctx->tuning));
+    return exec_plan(gemm_leg ? gemm_leg : m->gemm_leg, t, attn_path, kv_dtype, cuda_graphs == 1);
 }
 
 void model_info(const pf_model *m, pf_model_info *o) {

@@ -9,6 +9,7 @@
 
 #include "base/context.h"
 #include "plan/model_plan.h"  // Hparams, LayerWeights (host-only)
+#include "plan/plan.h"        // ExecPlan
 #include "prefill.h"
 
 struct pf_model {
@@ -51,4 +52,9 @@ std::vector<std::vector<pf_weight *>> model_f16_groups(const pf_model *m, bool f
 // LM head) stay on the f16 leg.
 std::vector<std::vector<pf_weight *>> model_i8_groups(const pf_model *m, bool fuse);
 void model_info(const pf_model *m, pf_model_info *out);
+// The execution plan of a session or batch of m (exec_plan): `tuning` over the model's over its
+// context's, the leg asked (PF_GEMM_DEFAULT: the model's, then the process default), the
+// attention path, the KV dtype and the graphs (cuda_graphs == 1) of its options.
+ExecPlan model_exec_plan(const pf_model *m, int32_t gemm_leg, const pf_tuning &tuning, int32_t attn_path,
+                         int32_t kv_dtype, int32_t cuda_graphs);
 }  // namespace pf

@@ -97,7 +97,7 @@ def test_leg_names_and_setter():
     assert gemm.leg_id("F16") == lib.PF_GEMM_F16 and gemm.leg_id("auto") == lib.PF_GEMM_AUTO
     with pytest.raises(errors.InvalidArgumentError, match="leg: unknown name 'f8'"):
         gemm.leg_id("f8")
-    with pytest.raises(errors.InvalidArgumentError, match="leg=4 must be"):
+    with pytest.raises(errors.InvalidArgumentError, match="leg=4 is not a pf_gemm_leg"):
         gemm.gemm_set_default_leg("int8")
     before = gemm.gemm_default_leg()
     try:

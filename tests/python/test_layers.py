@@ -12,6 +12,9 @@ import pytest
 
 CUDA = Path(__file__).resolve().parents[2] / "cuda"
 ORDER = ["base", "plan", "ptx", "kernels", "runtime", "api"]
+# Inside runtime/, bottom up: a model; one sequence's state; the executor that runs a step (its
+# layer loop and its projections); the runner of planned items; sessions; batches.
+RUNTIME = [{"model"}, {"sequence"}, {"executor", "forward", "project"}, {"run"}, {"session"}, {"batch"}]
 # plan/ is host-only: of base/ it may read only the host-only headers.
 PLAN_BASE = {"base/error.h", "base/mat.h"}
 CUDA_SYSTEM = re.compile(r"#include <(cuda|cublas|cudaTypedefs|cuda_fp16|cuda_runtime|device_)")
@@ -42,3 +45,14 @@ def test_includes_point_down(path: Path):
             assert name in PLAN_BASE, f"{rel}: plan/ is host-only, {name} is not"
     if rel.parts[0] == "plan":
         assert not CUDA_SYSTEM.search(text), f"{rel}: plan/ includes a CUDA header"
+    if rel.parts[0] == "runtime":
+        rank = _runtime_rank(rel.stem)
+        for name in INCLUDE.findall(text):
+            if name.startswith("runtime/"):
+                assert _runtime_rank(Path(name).stem) <= rank, f"{rel} includes {name}: a runtime room above it"
+
+
+def _runtime_rank(stem: str) -> int:
+    ranks = [i for i, room in enumerate(RUNTIME) if stem in room]
+    assert ranks, f"runtime/{stem}: not in the runtime order of test_layers.py"
+    return ranks[0]

@@ -54,7 +54,7 @@ int64_t slab_rows(int64_t n, int64_t k, size_t elem_bytes) {
 
 // ------------------------------------------------------------------ f16 activation kernels
 
-struct cast_args {
+struct CastArgs {
     const float *x;       // [rows][ldx]
     int64_t ldx;
     int64_t rows, k;
@@ -70,7 +70,7 @@ struct cast_args {
 // 16-byte aligned and k % 4 == 0, so 4 elements move per float4 load / 8-byte store (the second
 // read of the row comes from L1/L2).
 template <bool kVec>
-__global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
+__global__ void cast_rows_f16_kernel(const __grid_constant__ CastArgs a) {
     __shared__ float red[32];
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
         const float *xr = a.x + r * a.ldx;
@@ -106,7 +106,7 @@ __global__ void cast_rows_f16_kernel(const __grid_constant__ cast_args a) {
     }
 }
 
-struct unscale_args {
+struct UnscaleArgs {
     const float *inv_scale;
     float *y;
     int64_t ldy, rows, n;
@@ -118,7 +118,7 @@ struct unscale_args {
 // (__syncthreads_or: block-uniform); then the block rescales those rows together. A grid of
 // rows / blockDim.x blocks instead of one block per row (device run 23: 2.2 us per launch at
 // 512 rows, 145 launches per qwen3-4b chunk).
-__global__ void unscale_rows_kernel(const __grid_constant__ unscale_args a) {
+__global__ void unscale_rows_kernel(const __grid_constant__ UnscaleArgs a) {
     for (int64_t r0 = int64_t(blockIdx.x) * blockDim.x; r0 < a.rows; r0 += int64_t(gridDim.x) * blockDim.x) {
         const int64_t r = r0 + threadIdx.x;
         const float mine = r < a.rows ? a.inv_scale[r] : 1.0f;
@@ -136,7 +136,7 @@ __global__ void unscale_rows_kernel(const __grid_constant__ unscale_args a) {
 // The unscale launch: one block of kCastThreads per kCastThreads rows.
 pf_status launch_unscale(const float *inv, float *y, int64_t ldy, int64_t rows, int64_t n, cudaStream_t st) {
     const int grid = int(std::min<int64_t>(ceil_div(rows, kCastThreads), kMaxRowBlocks));
-    unscale_rows_kernel<<<grid, kCastThreads, 0, st>>>(unscale_args{inv, y, ldy, rows, n});
+    unscale_rows_kernel<<<grid, kCastThreads, 0, st>>>(UnscaleArgs{inv, y, ldy, rows, n});
     PF_LAUNCH_CHECK("unscale_rows_kernel");
     return PF_STATUS_OK;
 }
@@ -145,15 +145,15 @@ pf_status launch_unscale(const float *inv, float *y, int64_t ldy, int64_t rows, 
 
 QMatrix blocks_of(const pf_weight *w) { return QMatrix{w->data, w->qtype, w->n, w->k}; }
 
-pf_status project_f32(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+pf_status project_f32(const ProjEnv &env, WeightForm form, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
     pf_context *ctx = env.ctx;
     const int n = int(w->n), k = int(w->k);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_f32, CUBLAS_POINTER_MODE_HOST));
-    if (rows == 1 && w->qtype != PF_QTYPE_F32)  // one token: read the blocks once, fp32 math
+    if (rows == 1 && form == WeightForm::F32Slabs)  // one token: read the blocks once, fp32 math
         return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
-    if (w->qtype == PF_QTYPE_F32) {  // in place
+    if (form == WeightForm::F32) {  // in place
         PF_CUBLAS_TRY(cublasSgemm(ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, n, int(rows), k, &alpha,
                                   static_cast<const float *>(w->data), k, x, int(ldx), &beta, y,
                                   int(ldy)));
@@ -175,13 +175,19 @@ pf_status project_f32(const ProjEnv &env, pf_weight *w, const float *x, int64_t 
     return PF_STATUS_OK;
 }
 
-pf_status project_f16(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+// The fp16 matrix of an f16-leg form that has one whole (the cache, an F16 weight in place),
+// nullptr for the slabs.
+const __half *f16_whole(WeightForm form, const pf_weight *w) {
+    return form == WeightForm::F16Cache ? w->f16
+           : form == WeightForm::F16    ? static_cast<const __half *>(w->data)
+                                        : nullptr;
+}
+
+pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
     pf_context *ctx = env.ctx;
     const int64_t n = w->n, k = w->k;
-    const __half *whole = w->f16 ? w->f16
-                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
-                                                     : nullptr;
+    const __half *whole = f16_whole(form, w);
     // One token and no fp16 copy: a streaming dequant would read and write the whole weight;
     // the GEMV reads the blocks once (fp32 math: more exact than the leg promises, no overflow).
     if (rows == 1 && !whole) return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
@@ -196,7 +202,7 @@ pf_status project_f16(const ProjEnv &env, pf_weight *w, const float *x, int64_t 
     __half *xh = static_cast<__half *>(env.x16->ptr);
     float *inv = reinterpret_cast<float *>(static_cast<char *>(env.x16->ptr) + xh_bytes);
     const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
-    const cast_args ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
+    const CastArgs ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
     const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0;
     if (vec)
         cast_rows_f16_kernel<true><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
@@ -223,6 +229,27 @@ pf_status project_f16(const ProjEnv &env, pf_weight *w, const float *x, int64_t 
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
 }
 
+// The f16 leg on fp16 rows already in its form: the GEMM of project_f16 and its unscale, no cast
+// pass. `whole`: the weight's fp16 matrix (f16_whole). inv nullptr: every row unscaled (no
+// unscale pass; pf_project_f16x).
+pf_status project_f16_rows(const ProjEnv &env, const __half *whole, pf_weight *w, const __half *x16, const float *inv,
+                           int64_t rows, MatF ym, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    float *y = ym.ptr;
+    const int64_t ldy = ym.ld;
+    PF_CHECK_ARG(whole != nullptr, "project: the weight (n=%lld k=%lld) has no fp16 copy",
+                 (long long)w->n, (long long)w->k);
+    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && ldy >= w->n && ldy <= INT_MAX && w->n <= INT_MAX &&
+                     w->k <= INT_MAX,
+                 "project (fp16 rows): rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows,
+                 (long long)w->n, (long long)w->k, (long long)ldy);
+    if (rows == 0) return PF_STATUS_OK;
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, w->n, w->k, x16, rows, MatF{y, ldy}, accumulate ? 1.0f : 0.0f}));
+    if (!inv) return PF_STATUS_OK;  // every row unscaled (pf_project_f16x with inv NULL)
+    return launch_unscale(inv, y, ldy, rows, w->n, ctx->stream);
+}
+
 size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * sizeof(__half); }
 
 }  // namespace
@@ -238,32 +265,24 @@ pf_status int8_leg_check(const char *who) {
                 "capability 9.0 device); use PF_GEMM_F16 or PF_GEMM_F32", who);
 }
 
-pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out) {
-    if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
-    switch (leg) {
-        case PF_GEMM_AUTO: *out = w->f16 || w->f16_stream ? PF_GEMM_F16 : PF_GEMM_F32; return PF_STATUS_OK;
-        case PF_GEMM_F32: *out = PF_GEMM_F32; return PF_STATUS_OK;
-        case PF_GEMM_F16: *out = PF_GEMM_F16; return PF_STATUS_OK;
-        case PF_GEMM_INT8:
-            PF_TRY(int8_leg_check("project"));
-            if (w->k % 16 != 0)
-                return fail(PF_STATUS_UNSUPPORTED,
-                            "project: the 8-bit leg needs k %% 16 == 0 (weight n=%lld k=%lld)",
-                            (long long)w->n, (long long)w->k);
-            *out = PF_GEMM_INT8;
-            return PF_STATUS_OK;
-        default:
-            return fail(PF_STATUS_INVALID_ARGUMENT, "project: leg=%d is not a pf_gemm_leg", int(leg));
+pf_status project(const ProjEnv &env, const ProjRoute &r, pf_weight *w, const ProjIn &in, MatF ym, int64_t rows,
+                  bool accumulate) {
+    if (in.x16) {  // the producers' fp16 rows
+        switch (r.weight) {
+            case WeightForm::F16Cache:
+            case WeightForm::F16: return project_f16_rows(env, f16_whole(r.weight, w), w, in.x16, in.inv, rows, ym,
+                                                          accumulate);
+            case WeightForm::I8Copy:
+                PF_CHECK_ARG(!accumulate, "project: the 8-bit leg does not accumulate on fp16 rows");
+                return project_i8_rows(env, w, in.x16, in.inv, rows, ym);
+            default:
+                return fail(PF_STATUS_INVALID_ARGUMENT, "project: the %s weight form takes fp32 rows, not fp16 ones",
+                            weight_form_name(r.weight));
+        }
     }
-}
-
-pf_status project(const ProjEnv &env, pf_weight *w, CMatF xm, MatF ym, int64_t rows, bool accumulate,
-                  int32_t leg) {
-    const float *x = xm.ptr;
+    const float *x = in.x.ptr;
     float *y = ym.ptr;
-    const int64_t ldx = xm.ld, ldy = ym.ld;
-    int32_t run = PF_GEMM_F32;
-    PF_TRY(resolve_gemm_leg(w, leg, &run));
+    const int64_t ldx = in.x.ld, ldy = ym.ld;
     PF_CHECK_ARG(rows >= 0 && ldx >= w->k && ldy >= w->n,
                  "project: rows=%lld ldx=%lld ldy=%lld (need rows >= 0, ldx >= k=%lld, ldy >= n=%lld)",
                  (long long)rows, (long long)ldx, (long long)ldy, (long long)w->k, (long long)w->n);
@@ -272,9 +291,16 @@ pf_status project(const ProjEnv &env, pf_weight *w, CMatF xm, MatF ym, int64_t r
                  "project: rows=%lld n=%lld k=%lld ldx=%lld ldy=%lld must each fit in int32 (cuBLAS)",
                  (long long)rows, (long long)w->n, (long long)w->k, (long long)ldx, (long long)ldy);
     if (rows == 0) return PF_STATUS_OK;
-    if (run == PF_GEMM_INT8) return project_i8(env, w, x, rows, ldx, y, ldy, accumulate);
-    return run == PF_GEMM_F16 ? project_f16(env, w, x, rows, ldx, y, ldy, accumulate)
-                              : project_f32(env, w, x, rows, ldx, y, ldy, accumulate);
+    switch (r.weight) {
+        case WeightForm::F32:
+        case WeightForm::F32Slabs: return project_f32(env, r.weight, w, x, rows, ldx, y, ldy, accumulate);
+        case WeightForm::F16Cache:
+        case WeightForm::F16:
+        case WeightForm::F16Slabs: return project_f16(env, r.weight, w, x, rows, ldx, y, ldy, accumulate);
+        case WeightForm::I8Copy:
+        case WeightForm::I8Slabs: return project_i8(env, w, x, rows, ldx, y, ldy, accumulate);
+    }
+    return fail(PF_STATUS_INTERNAL, "project: weight form %d", int(r.weight));
 }
 
 namespace {
@@ -430,11 +456,8 @@ struct EventPair {
     }
 };
 
-}  // namespace
-
-bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view) {
-    if (leg == PF_GEMM_DEFAULT) leg = gemm_default_leg();
-    if (leg != PF_GEMM_F16 && leg != PF_GEMM_AUTO) return false;  // AUTO on cached weights = f16
+// fused_view's F16Cache case: the parts' fp16 caches are consecutive slices of one block.
+bool fused_f16_view(pf_weight *const *parts, int32_t count, pf_weight *view) {
     if (count < 1 || !parts[0] || !parts[0]->f16 || !parts[0]->f16_block) return false;
     const pf_weight *first = parts[0];
     const __half *next = first->f16;
@@ -460,50 +483,42 @@ bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weig
     return true;
 }
 
-ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t leg) {
-    ProjScratchBytes b;
-    int32_t run = PF_GEMM_F32;
-    // A leg this file does not serve needs nothing here (the call itself reports or serves it).
-    if (rows < 1 || resolve_gemm_leg(w, leg, &run) != PF_STATUS_OK) return b;
-    const int64_t k = w->k;
-    if (run == PF_GEMM_INT8) {
-        b.x16 = i8_activation_bytes(rows, k);
-        if (!w->i8) {
-            if (w->qtype != PF_QTYPE_F32) b.w32 = size_t(i8_weight_slab_rows(w->n, k)) * size_t(k) * sizeof(float);
-            b.w16 = i8_streaming_bytes(w->n, k);
-        }
-        return b;
+}  // namespace
+
+bool fused_view(const ProjRoute &r, pf_weight *const *parts, int32_t count, pf_weight *view) {
+    switch (r.weight) {
+        case WeightForm::F16Cache: return fused_f16_view(parts, count, view);
+        case WeightForm::I8Copy: return fused_i8_view(parts, count, view);
+        default: return false;
     }
-    if (run == PF_GEMM_F16) {
-        const bool whole = w->f16 || w->qtype == PF_QTYPE_F16;
-        if (rows == 1 && !whole) return b;  // the GEMV
-        b.x16 = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256) + size_t(rows) * sizeof(float);
-        if (!whole) b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
-    } else if (w->qtype != PF_QTYPE_F32 && rows > 1) {
-        b.w32 = size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float);
-    }
-    return b;
 }
 
-pf_status project_f16_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
-                           int64_t rows, MatF ym, bool accumulate) {
-    pf_context *ctx = env.ctx;
-    float *y = ym.ptr;
-    const int64_t ldy = ym.ld;
-    const __half *whole = w->f16 ? w->f16
-                          : w->qtype == PF_QTYPE_F16 ? static_cast<const __half *>(w->data)
-                                                     : nullptr;
-    PF_CHECK_ARG(whole != nullptr, "project_f16_rows: the weight (n=%lld k=%lld) has no fp16 copy",
-                 (long long)w->n, (long long)w->k);
-    PF_CHECK_ARG(rows >= 0 && rows <= INT_MAX && ldy >= w->n && ldy <= INT_MAX && w->n <= INT_MAX &&
-                     w->k <= INT_MAX,
-                 "project_f16_rows: rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows,
-                 (long long)w->n, (long long)w->k, (long long)ldy);
-    if (rows == 0) return PF_STATUS_OK;
-    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
-    PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, w->n, w->k, x16, rows, MatF{y, ldy}, accumulate ? 1.0f : 0.0f}));
-    if (!inv) return PF_STATUS_OK;  // every row unscaled (pf_project_f16x with inv NULL)
-    return launch_unscale(inv, y, ldy, rows, w->n, ctx->stream);
+ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows) {
+    ProjScratchBytes b;
+    if (rows < 1) return b;
+    const int64_t k = w->k;
+    switch (r.weight) {
+        case WeightForm::I8Slabs:
+            if (w->qtype != PF_QTYPE_F32) b.w32 = size_t(i8_weight_slab_rows(w->n, k)) * size_t(k) * sizeof(float);
+            b.w16 = i8_streaming_bytes(w->n, k);
+            [[fallthrough]];
+        case WeightForm::I8Copy:
+            b.x16 = i8_activation_bytes(rows, k);
+            return b;
+        case WeightForm::F16Slabs:
+            if (rows == 1) return b;  // the GEMV
+            b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
+            [[fallthrough]];
+        case WeightForm::F16Cache:
+        case WeightForm::F16:
+            b.x16 = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256) + size_t(rows) * sizeof(float);
+            return b;
+        case WeightForm::F32Slabs:
+            if (rows > 1) b.w32 = size_t(slab_rows(w->n, k, sizeof(float))) * size_t(k) * sizeof(float);
+            return b;
+        case WeightForm::F32: return b;
+    }
+    return b;
 }
 
 pf_status weight_cache_f16(pf_weight *w) {

@@ -1,6 +1,6 @@
-// gemm.cuh — projections Y = X . W^T through the f32 / f16 legs, the weights' fp16 caches and
-// the all-or-nothing fp16 prewarm. Internal host entry points (namespace pf); the C API is in
-// api_gemm.cu.
+// gemm.cuh — projections Y = X . W^T along a route (plan/route.h: the leg and the weight's form),
+// the weights' fp16 caches and the all-or-nothing fp16 prewarm. Internal host entry points
+// (namespace pf); the C API is in api/api_gemm.cu.
 #pragma once
 
 #include <cstdint>
@@ -8,16 +8,25 @@
 
 #include "base/context.h"
 #include "base/mat.h"
-#include "plan/plan.h"  // gemm_default_leg, PrewarmPlan
+#include "plan/plan.h"  // PrewarmPlan
+#include "plan/route.h"  // ProjRoute, WeightFacts
 #include "prefill.h"
 
 namespace pf {
 
 class GemmPlan;  // gemm_lt.cuh
 
-// The leg a call with `leg` on weight `w` runs: PF_GEMM_F32 or PF_GEMM_F16 (AUTO = F16 when
-// w has an fp16 cache, else F32). UNSUPPORTED for PF_GEMM_INT8, INVALID_ARGUMENT for unknown.
-pf_status resolve_gemm_leg(const pf_weight *w, int32_t leg, int32_t *out);
+// What a route reads of w now: its type, shape and copies.
+inline WeightFacts weight_facts(const pf_weight *w) {
+    WeightFacts f;
+    f.qtype = w->qtype;
+    f.n = w->n;
+    f.k = w->k;
+    f.f16 = w->f16 != nullptr;
+    f.f16_stream = w->f16_stream;
+    f.i8 = w->i8 != nullptr;
+    return f;
+}
 
 // Where a projection runs: the context (its stream and cuBLAS handles), the scratch it may use
 // and, on the f16 leg, the per-shape GEMM choices. Kernel-level calls (api_gemm.cu) run with the
@@ -41,42 +50,56 @@ inline ProjEnv proj_env(pf_context *ctx) {
     return e;
 }
 
-// Projection through weight w ([n][k] GGUF blocks, n = w->n, k = w->k):
+// A projection's input: fp32 rows, or the f16 leg's input form as a producer writes it
+// (kernels/rows/f16_rows.cuh: fp16 rows [rows][k] with row stride k, scaled per row by a power of
+// two where a row exceeds the fp16 range, the inverse scales beside them, and the accumulate
+// target pre-scaled by the producer).
+struct ProjIn {
+    CMatF x;                      // fp32 rows, x.ld >= k (when x16 is null)
+    const __half *x16 = nullptr;  // fp16 rows [rows][k]
+    const float *inv = nullptr;   // their inverse row scales [rows]; nullptr: every row unscaled
+    static ProjIn f32(CMatF x) {
+        ProjIn in;
+        in.x = x;
+        return in;
+    }
+    static ProjIn f16(const __half *x16, const float *inv) {
+        ProjIn in;
+        in.x16 = x16;
+        in.inv = inv;
+        return in;
+    }
+};
+
+// Projection through weight w ([n][k] GGUF blocks, n = w->n, k = w->k) along route r (plan/route.h,
+// made from weight_facts(w)):
 //   Y[r][j] = (accumulate ? Y[r][j] : 0) + sum_i X[r][i] * W[j][i]   for r < rows, j < n
-// X: device fp32, row-major, x.ld >= k. Y: device fp32, y.ld >= n; columns [n, y.ld) are never
-// touched. X and Y must not overlap. rows == 0 is a no-op.
-// Legs (`leg` a pf_gemm_leg; PF_GEMM_DEFAULT = the process default):
-//  - F32: W dequantized to fp32 into env.w32 in slabs of rows (an F32 weight is used in place),
-//    cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32).
-//  - F16: W from its fp16 cache (w->f16), or an F16 weight in place, or dequantized per call
-//    to fp16 slabs in env.w16 ("streaming"); X rounded to fp16 into env.x16; fp16 x fp16 ->
+// Y: device fp32, y.ld >= n; columns [n, y.ld) are never touched. X and Y must not overlap.
+// rows == 0 is a no-op. One case per weight form:
+//  - F32 (in place) / F32Slabs: cuBLAS SGEMM on ctx->blas_f32 (pedantic math, no TF32), the
+//    blocks dequantized to fp32 slabs in env.w32 first.
+//  - F16Cache / F16 (in place) / F16Slabs: fp32 X rounded to fp16 into env.x16; fp16 x fp16 ->
 //    fp32 with fp32 compute (gemm_lt.cuh gemm_f16: cublasGemmEx, or the cuBLASLt algorithm
-//    env.plan has for the shape).
+//    env.plan has for the shape); the slabs dequantized per call into env.w16 ("streaming").
 //    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
 //    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
 //    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.
-//  - rows == 1 without an fp16 copy of W (F32 leg on a non-F32 weight, F16 leg streaming): the
-//    fused GEMV (qgemm.cuh) reads the blocks once with fp32 math instead of dequantizing the
-//    whole weight for one token.
+//  - I8Copy / I8Slabs: the 8-bit leg (project_i8).
+//  - rows == 1 on a slab form (F32Slabs, F16Slabs): the fused GEMV (qgemm.cuh) reads the blocks
+//    once with fp32 math instead of dequantizing the whole weight for one token.
+// fp16 input rows (in.x16): F16Cache / F16 run the GEMM on them as they are and unscale (bitwise
+// what the fp32 path returns for the producer's fp32 twin output); I8Copy quantizes them to int8
+// (no accumulate); other forms take fp32 rows (INVALID_ARGUMENT).
 // Sizes (rows, n, k, x.ld, y.ld) must fit in int32 (cuBLAS). Asynchronous on ctx->stream.
-pf_status project(const ProjEnv &env, pf_weight *w, CMatF x, MatF y, int64_t rows, bool accumulate,
-                  int32_t leg);
+pf_status project(const ProjEnv &env, const ProjRoute &r, pf_weight *w, const ProjIn &in, MatF y, int64_t rows,
+                  bool accumulate);
 
-// The f16 leg on activations already in its form (f16_rows.cuh: x16 [rows][k] fp16 with row
-// stride k, per-row inverse scales inv [rows], the accumulate target pre-scaled by the
-// producer): the GEMM of project()'s f16 leg and its unscale, no cast pass. Bitwise what
-// project(.., PF_GEMM_F16) returns for the producer's fp32 twin output. w must have an fp16 copy
-// (its cache, or an F16 weight): INVALID_ARGUMENT otherwise. inv NULL: every row unscaled (no
-// unscale pass; pf_project_f16x).
-pf_status project_f16_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
-                           int64_t rows, MatF y, bool accumulate);
-
-// The scratch bytes project(., w, ., ., rows, ., leg) needs in each of ProjEnv's three (for an
-// executor's workspace: the largest over its weights). A leg project() refuses needs none.
+// The scratch bytes project(env, r, w, fp32 rows, ., rows, .) needs in each of ProjEnv's three
+// (for an executor's workspace: the largest over its weights).
 struct ProjScratchBytes {
     size_t w32 = 0, w16 = 0, x16 = 0;
 };
-ProjScratchBytes project_scratch_bytes(const pf_weight *w, int64_t rows, int32_t leg);
+ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows);
 
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
@@ -111,14 +134,6 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
 // OK where the 8-bit leg can run (gemm_i8_available), else UNSUPPORTED naming `who` and Hopper.
 pf_status int8_leg_check(const char *who);
 
-// The leg a session on `plan_leg` runs w on: under PF_GEMM_INT8 the 8-bit leg for the matrices
-// that have their int8 copy (the recipe's, made when the executor is created: model_i8_groups)
-// and AUTO's f16 / f32 choice for the others; plan_leg itself otherwise.
-inline int32_t session_leg(int32_t plan_leg, const pf_weight *w) {
-    if (plan_leg != PF_GEMM_INT8) return plan_leg;
-    return w->i8 ? PF_GEMM_INT8 : PF_GEMM_AUTO;
-}
-
 // Weight rows per dequantized slab of `elem_bytes` elements (the bound every leg's slabs keep).
 int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes);
 
@@ -126,12 +141,12 @@ int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes);
 // columns into env.x16 (codes, then scales), W from its int8 copy (w->i8) or, without one,
 // dequantized to fp32 slabs in env.w32 and put in the rank-1 form in env.w16 slab by slab; the
 // product on the int8 tensor cores (gemm_i8), fp32 output. UNSUPPORTED off sm_90a / compute
-// capability 9.0 and for k % 16 != 0 (resolve_gemm_leg). Called by project() for PF_GEMM_INT8.
+// capability 9.0 and for k % 16 != 0 (route_of_leg). Called by project() for the 8-bit leg's forms.
 pf_status project_i8(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                      float *y, int64_t ldy, bool accumulate);
 // The 8-bit leg on the f16 leg's input form (x16 [rows][k] fp16, inverse row scales inv): the
 // producers' fp16 rows quantized to int8 (x = x16 * inv; the fp16 rounding, 2^-11, is far below
-// an int8 step), no accumulate. w must have its int8 copy. For sessions on the act16 route.
+// an int8 step), no accumulate. w must have its int8 copy. project() for I8Copy on fp16 rows.
 pf_status project_i8_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv,
                           int64_t rows, MatF y);
 // Scratch of project_i8: activations (env.x16), a streamed weight's slab form (env.w16; its
@@ -149,14 +164,15 @@ pf_status weight_cache_i8(pf_weight *w);
 // Drops w's int8 copy; its arena is freed (after the stream drains) with the last member.
 void weight_drop_i8(pf_weight *w);
 // When parts (in order) are the consecutive members of one int8 group: *view = a weight of
-// n = sum of n whose int8 copy is the group's (as fused_f16_view for the f16 leg).
+// n = sum of n whose int8 copy is the group's (fused_view's I8Copy case).
 bool fused_i8_view(pf_weight *const *parts, int32_t count, pf_weight *view);
 
-// When every weight of `parts` (in order) runs the f16 leg under `leg` and their caches are
-// consecutive slices of one fused block (prewarm_f16_groups), fills *view with a weight of
-// n = sum of n, the same k, whose fp16 cache is the block: project() through it writes the
-// parts' outputs side by side ([rows][n_0 | n_1 | ...]). The view owns nothing (a value on the
-// caller's stack; never destroyed). False otherwise: the caller runs the parts one by one.
-bool fused_f16_view(pf_weight *const *parts, int32_t count, int32_t leg, pf_weight *view);
+// When every weight of `parts` (in order) runs route r and their copies of that route are
+// consecutive slices of one fused block (prewarm_f16_groups for F16Cache, weight_cache_i8_groups
+// for I8Copy), fills *view with a weight of n = sum of n, the same k, whose copy is the block:
+// project() through it writes the parts' outputs side by side ([rows][n_0 | n_1 | ...]). The view
+// owns nothing (a value on the caller's stack; never destroyed). False otherwise (and for every
+// other form): the caller runs the parts one by one.
+bool fused_view(const ProjRoute &r, pf_weight *const *parts, int32_t count, pf_weight *view);
 
 }  // namespace pf

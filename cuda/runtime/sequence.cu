@@ -1,0 +1,164 @@
+// sequence.cu — see sequence.h.
+#include "runtime/sequence.h"
+
+#include <atomic>
+
+#include "base/cuda_check.cuh"
+#include "plan/session_state.h"  // state_kv_elem
+
+namespace pf {
+namespace {
+
+// The layout of a sequence's state in its one allocation (256-byte aligned pieces, in this
+// order): the K and V rows per attention layer, the conv window and recurrent state per GDN
+// layer, the snapshot slots. Returns the bytes; with q, also points q's views into `base`.
+size_t sequence_layout(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, char *base,
+                       Sequence *q) {
+    const Hparams &hp = m->hp;
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+        char *p = base ? base + at : nullptr;
+        at += (bytes + 255) & ~size_t(255);
+        return p;
+    };
+    const size_t kv_bytes = size_t(capacity) * size_t(hp.kv_dim()) * state_kv_elem(kv_dtype);
+    for (int32_t i = 0; i < m->n_attn_layers; i++) {
+        void *k = take(kv_bytes), *v = take(kv_bytes);
+        if (q) {
+            q->k_cache[size_t(i)] = k;
+            q->v_cache[size_t(i)] = v;
+        }
+    }
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+        if (m->layers[size_t(il)].attn) continue;
+        float *c = reinterpret_cast<float *>(take(size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4));
+        float *h = reinterpret_cast<float *>(take(size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4));
+        if (q) {
+            q->conv[size_t(il)] = c;
+            q->ssm[size_t(il)] = h;
+        }
+    }
+    const size_t snap = snapshot_bytes(m);
+    char *slots = snap && snap_slots ? take(snap * size_t(snap_slots)) : nullptr;
+    if (q) q->snap_mem = slots;
+    return at;
+}
+
+// Copies between a snapshot slot and q's recurrent state, layer by layer (conv window, then
+// state): into the slot (to_slot) or back. `what` names the copy in a failure.
+pf_status snapshot_copy(Sequence &q, char *slot, bool to_slot, cudaStream_t st, const char *what) {
+    pf_status r = PF_STATUS_OK;
+    for_each_recurrent(q, [&](void *conv, size_t cb, void *ssm, size_t sb) {
+        if (r != PF_STATUS_OK) return;
+        cudaError_t e = to_slot ? cudaMemcpyAsync(slot, conv, cb, cudaMemcpyDeviceToDevice, st)
+                                : cudaMemcpyAsync(conv, slot, cb, cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess)
+            e = to_slot ? cudaMemcpyAsync(slot + cb, ssm, sb, cudaMemcpyDeviceToDevice, st)
+                        : cudaMemcpyAsync(ssm, slot + cb, sb, cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) r = cuda_fail(e, __FILE__, __LINE__, what);
+        slot += cb + sb;
+    });
+    return r;
+}
+
+}  // namespace
+
+size_t sequence_bytes(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots) {
+    return sequence_layout(m, capacity, kv_dtype, snapshot_bytes(m) ? snap_slots : 0, nullptr, nullptr);
+}
+
+pf_status sequence_alloc(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, Sequence *q) {
+    const Hparams &hp = m->hp;
+    pf_context *ctx = m->ctx;
+    static std::atomic<uint64_t> next_id{1};
+    q->model = m;
+    q->id = next_id++;
+    q->capacity = capacity;
+    q->kv_dtype = kv_dtype;
+    q->k_cache.assign(size_t(m->n_attn_layers), nullptr);
+    q->v_cache.assign(size_t(m->n_attn_layers), nullptr);
+    q->conv.assign(size_t(hp.n_layer), nullptr);
+    q->ssm.assign(size_t(hp.n_layer), nullptr);
+    q->snap_bytes = snapshot_bytes(m);
+    q->snap_slots = q->snap_bytes ? snap_slots : 0;
+    const size_t bytes = sequence_layout(m, capacity, kv_dtype, q->snap_slots, nullptr, nullptr);
+    void *mem = nullptr;
+    PF_TRY(device_alloc_pooled(ctx, bytes, &mem, "session state (KV caches, recurrent states, snapshots)"));
+    q->mem = mem;
+    q->mem_bytes = bytes;
+    sequence_layout(m, capacity, kv_dtype, q->snap_slots, static_cast<char *>(mem), q);
+    return PF_STATUS_OK;
+}
+
+void sequence_free(pf_context *ctx, Sequence &q) {
+    device_free_pooled(ctx, q.mem, q.mem_bytes);
+    q.mem = nullptr;
+    q.mem_bytes = 0;
+}
+
+pf_status sequence_zero(Sequence &q, cudaStream_t st) {
+    q.snaps.clear();
+    pf_status r = PF_STATUS_OK;
+    for_each_recurrent(q, [&](void *conv, size_t cb, void *ssm, size_t sb) {
+        if (r != PF_STATUS_OK) return;
+        cudaError_t e = cudaMemsetAsync(conv, 0, cb, st);
+        if (e == cudaSuccess) e = cudaMemsetAsync(ssm, 0, sb, st);
+        if (e != cudaSuccess) r = cuda_fail(e, __FILE__, __LINE__, "sequence_zero: cudaMemsetAsync");
+    });
+    return r;
+}
+
+pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t st) {
+    const Hparams &hp = src.model->hp;
+    const size_t kv_rows = size_t(src.pos) * size_t(hp.kv_dim()) * state_kv_elem(src.kv_dtype);
+    for (size_t i = 0; i < src.k_cache.size(); ++i) {
+        PF_CUDA_TRY(cudaMemcpyAsync(dst.k_cache[i], src.k_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
+        PF_CUDA_TRY(cudaMemcpyAsync(dst.v_cache[i], src.v_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
+    }
+    // Both of one model: the same GDN layers, conv window and state sizes.
+    const size_t conv = size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, ssm = size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+    for (size_t il = 0; il < src.conv.size(); ++il) {
+        if (!src.conv[il]) continue;
+        PF_CUDA_TRY(cudaMemcpyAsync(dst.conv[il], src.conv[il], conv, cudaMemcpyDeviceToDevice, st));
+        PF_CUDA_TRY(cudaMemcpyAsync(dst.ssm[il], src.ssm[il], ssm, cudaMemcpyDeviceToDevice, st));
+    }
+    dst.pos = src.pos;
+    dst.last_token = src.last_token;
+    dst.broken = false;
+    dst.snaps.clear();
+    return PF_STATUS_OK;
+}
+
+size_t snapshot_bytes(const pf_model *m) {
+    const Hparams &hp = m->hp;
+    size_t n = 0;
+    for (const LayerWeights &L : m->layers)
+        if (!L.attn) n += size_t((hp.conv_kernel - 1) * hp.conv_dim() + hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+    return n;
+}
+
+pf_status snapshot_take(Sequence &q, int32_t last_token, cudaStream_t st) {
+    if (q.snap_slots == 0) return PF_STATUS_OK;  // none kept (or no recurrent state to keep)
+    if (!q.snaps.empty() && q.snaps.back().pos == q.pos) {  // already held
+        q.snaps.back().last_token = last_token;
+        return PF_STATUS_OK;
+    }
+    int32_t slot = 0;
+    if (int32_t(q.snaps.size()) == q.snap_slots) {  // full: the oldest goes
+        slot = q.snaps.front().slot;
+        q.snaps.erase(q.snaps.begin());
+    } else {
+        std::vector<bool> used(size_t(q.snap_slots), false);
+        for (const Snapshot &h : q.snaps) used[size_t(h.slot)] = true;
+        while (used[size_t(slot)]) ++slot;
+    }
+    PF_TRY(snapshot_copy(q, q.snap_mem + size_t(slot) * q.snap_bytes, true, st, "snapshot: cudaMemcpyAsync"));
+    q.snaps.push_back(Snapshot{q.pos, last_token, slot});
+    return PF_STATUS_OK;
+}
+
+pf_status snapshot_restore(Sequence &q, const Snapshot &h, cudaStream_t st) {
+    return snapshot_copy(q, q.snap_mem + size_t(h.slot) * q.snap_bytes, false, st, "rollback: cudaMemcpyAsync");
+}
+
+}  // namespace pf

@@ -1,0 +1,80 @@
+// sequence.h — one sequence's state and nothing else: its KV rows per attention layer, its conv
+// windows and recurrent states per Gated DeltaNet layer, its position and its snapshots of the
+// recurrent state, in one allocation from the context's sequence pool. A session owns one; a
+// batch item and an executor's step read and write one in place (executor.h StepItem).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace pf {
+
+// A snapshot held on the device: the recurrent state (every GDN layer's conv window and state)
+// at position pos, in slot `slot` of the sequence's snapshot memory.
+struct Snapshot {
+    int64_t pos = 0;
+    int32_t last_token = -1;  // the greedy token after pos when known (a snapshot at a call's end)
+    int32_t slot = 0;
+};
+
+struct Sequence {
+    const pf_model *model = nullptr;
+    uint64_t id = 0;                      // unique in the process: the step graphs' key (a freed
+                                          // sequence's address can come back with new memory)
+    int32_t capacity = 0;                 // positions its KV rows hold (pf_session_options.max_tokens)
+    int32_t kv_dtype = PF_KV_F16;
+    int64_t pos = 0;
+    int32_t last_token = -1;              // greedy token after the last position (for generate)
+    bool broken = false;                  // a device fault mid-step: state unknown until reset
+    std::vector<void *> k_cache, v_cache; // per attention layer [capacity][kv_dim]
+    std::vector<float *> conv, ssm;       // per layer (GDN layers only; nullptr otherwise)
+    void *mem = nullptr;                  // the one allocation all of the above lie in (the
+    size_t mem_bytes = 0;                 // context's sequence pool)
+    // Snapshots (pf_session_options.snapshot_*): every snap_every positions (0: never), at the
+    // end of a call, in snap_slots slots of snap_bytes (one allocation), oldest first.
+    int64_t snap_every = 0;
+    bool snap_at_end = false;
+    int32_t snap_slots = 0;
+    size_t snap_bytes = 0;
+    char *snap_mem = nullptr;
+    std::vector<Snapshot> snaps;          // held, ascending positions
+};
+
+// The bytes of the state of a sequence of m with `capacity` positions and `snap_slots` snapshot
+// slots (the one allocation sequence_alloc makes; what the auto step size weighs).
+size_t sequence_bytes(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots);
+// The state of one sequence of `capacity` positions in one allocation from the context's
+// sequence pool (so that a new session or fork of a size seen before takes no cudaMalloc). On
+// failure nothing stays allocated. The recurrent state is not zeroed (sequence_zero).
+pf_status sequence_alloc(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, Sequence *q);
+void sequence_free(pf_context *ctx, Sequence &q);
+// Zeroes q's conv windows and recurrent states and drops its snapshots (the KV rows past pos are
+// never read), asynchronously.
+pf_status sequence_zero(Sequence &q, cudaStream_t stream);
+// Copies src's state into dst (same model and KV dtype, capacity >= src.pos), asynchronously.
+pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t stream);
+
+// The device bytes of one snapshot of m's recurrent state (0 for a model without GDN layers).
+size_t snapshot_bytes(const pf_model *m);
+// Keeps q's recurrent state at its position now (after the work queued on `stream`): into a free
+// slot, or the oldest's. Asynchronous.
+pf_status snapshot_take(Sequence &q, int32_t last_token, cudaStream_t stream);
+// Copies snapshot h back into q's recurrent state (asynchronous); q's position is the caller's.
+pf_status snapshot_restore(Sequence &q, const Snapshot &h, cudaStream_t stream);
+
+// Each GDN layer's (conv window, bytes, recurrent state, bytes) of q, in layer order: the spans a
+// snapshot keeps.
+template <class F>
+void for_each_recurrent(const Sequence &q, F &&f) {
+    const Hparams &hp = q.model->hp;
+    const size_t conv = size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, ssm = size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+    for (size_t il = 0; il < q.conv.size(); ++il)
+        if (q.conv[il]) f(static_cast<void *>(q.conv[il]), conv, static_cast<void *>(q.ssm[il]), ssm);
+}
+
+}  // namespace pf
