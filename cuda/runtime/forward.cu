@@ -297,11 +297,103 @@ bool gdn_exact(const Executor *e, const LayerWeights &Lw) {
     return step_route(e->plan, Lw.qkv, &r) != PF_STATUS_OK || r.leg == PF_GEMM_F32;
 }
 
+// One GDN layer's sequence part in a step (G3-G7: conv + SiLU, the q/k L2 norms, the delta rule),
+// its operands at step row 0 (an item's are at its row0).
+struct GdnMix {
+    int64_t il = 0;           // the layer
+    GdnConvNormArgs conv;     // m -> u over the step's rows (the window per item)
+    GdnScanArgs scan;         // u, beta, g -> o over the step's rows (the state per item)
+    bool fused = false;       // conv + norms as one kernel (gdn_conv1d_l2norm_supported)
+    bool exact = false;       // the in-projection runs the f32 leg (gdn_exact)
+};
+
+// G3 conv + SiLU (advances the item's window), G5 L2 norm of q (then 1/sqrt(dk)) and of k, on
+// one item's rows: one kernel when fused, else three (bitwise the same).
+pf_status conv_norm_item(const Executor *e, const GdnMix &g, const StepItem &it, bool fused) {
+    const GdnConvNormArgs &c = g.conv;
+    const int64_t kd = int64_t(c.n_k_heads) * c.dk;
+    const CMatF mi = c.m.rows_from(it.row0);
+    const MatF ui = c.u.rows_from(it.row0);
+    float *window = it.seq->conv[size_t(g.il)];
+    cudaStream_t st = e->ctx->stream;
+    if (fused) {
+        GdnConvNormArgs ci = c;
+        ci.m = mi;
+        ci.window = window;
+        ci.u = ui;
+        ci.rows = it.rows;
+        return gdn_conv1d_l2norm_rows(ci, st);
+    }
+    PF_TRY(gdn_conv1d_rows(mi, window, c.weight, ui, it.rows, c.conv_dim, c.kc, st));
+    PF_TRY(gdn_l2norm_rows(ui, it.rows, c.n_k_heads, c.dk, c.dk, c.eps, c.q_scale, st));
+    return gdn_l2norm_rows(ui.cols_from(kd), it.rows, c.n_k_heads, c.dk, c.dk, c.eps, 1.0f, st);
+}
+
+// Every item in one launch per kind (tuning.varlen; the step's tables, varlen_tables): bitwise
+// the per-item launches of gdn_mix_items.
+pf_status gdn_mix_varlen(Executor *e, const GdnMix &g, const std::vector<StepItem> &items) {
+    cudaStream_t st = e->ctx->stream;
+    const VarlenStep &vs = e->vstep;
+    const int64_t gi = e->gdn_slot[size_t(g.il)];
+    auto ptrs = [&](const VarlenGroup &grp) {
+        return reinterpret_cast<float *const *>(e->tab + grp.state + gi * grp.n);
+    };
+    if (g.fused) {
+        GdnConvSeqs cs;
+        cs.n = vs.all.n;
+        cs.row0 = e->tab + vs.all.row0;
+        cs.rows = e->tab + vs.all.rows;
+        cs.windows = ptrs(vs.all);
+        cs.max_rows = vs.max_rows;
+        PF_TRY(gdn_conv1d_l2norm_rows_varlen(g.conv, cs, st));
+    } else {
+        for (const StepItem &it : items) PF_TRY(conv_norm_item(e, g, it, false));
+    }
+    auto seqs = [&](const VarlenGroup &grp) {
+        GdnSeqs s;
+        s.n = grp.n;
+        s.row0 = e->tab + grp.row0;
+        s.rows = e->tab + grp.rows;
+        s.chunk0 = e->tab + grp.chunk0;
+        s.state = ptrs(grp);
+        s.host_rows = grp.host_rows.data();
+        return s;
+    };
+    if (vs.chunked.n)
+        PF_TRY(gdn_chunk_scan_rows_varlen(g.scan, seqs(vs.chunked), e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
+    if (vs.sequential.n) PF_TRY(gdn_scan_rows_varlen(g.scan, seqs(vs.sequential), st));
+    return PF_STATUS_OK;
+}
+
+// Item by item: conv + norms, then G6-G7 the delta rule (tiled pairing) on the item's path.
+pf_status gdn_mix_items(Executor *e, const GdnMix &g, const std::vector<StepItem> &items) {
+    cudaStream_t st = e->ctx->stream;
+    const GdnScanArgs &b = g.scan;
+    const int64_t kd = int64_t(b.n_k_heads) * b.dk;
+    for (const StepItem &it : items) {
+        PF_TRY(conv_norm_item(e, g, it, g.fused));
+        const MatF ui = g.conv.u.rows_from(it.row0);
+        GdnScanArgs sa = b;
+        sa.q = CMatF(ui);
+        sa.k = CMatF(ui.cols_from(kd));
+        sa.v = CMatF(ui.cols_from(2 * kd));
+        sa.beta = b.beta.rows_from(it.row0);
+        sa.g = b.g.rows_from(it.row0);
+        sa.state = it.seq->ssm[size_t(g.il)];
+        sa.o = b.o.rows_from(it.row0);
+        sa.rows = it.rows;
+        if (scan_path(e, g.exact, it.rows) == PF_GDN_SCAN_CHUNKED)
+            PF_TRY(gdn_chunk_scan_rows(sa, e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
+        else
+            PF_TRY(gdn_scan_rows(sa, st));
+    }
+    return PF_STATUS_OK;
+}
+
 // Gated DeltaNet mixer (spec.md §3.2 G1-G9): x += GDN(h) . W_out^T.
 pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::vector<StepItem> &items, int64_t T) {
-    pf_context *ctx = e->ctx;
     const Hparams &hp = e->model->hp;
-    cudaStream_t st = ctx->stream;
+    cudaStream_t st = e->ctx->stream;
     const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), kd = hp.key_dim(), Hv = hp.ssm_hv;
     // qkv | z | b | a side by side in one [T][W] scratch (see attn_layer).
     const ProjGroup *groups = layer_groups(false);
@@ -309,7 +401,6 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
     float *m = e->a, *z = e->a + cd, *bl = e->a + cd + vd, *al = e->a + cd + vd + Hv;
     float *u = e->b, *o = e->o;
     PF_TRY(project_group(e, Lw, groups[kMixerIn], step_input(e, CMatF{e->h, hp.n_embd}), T, MatF{e->a, W}));
-    const float eps = float(hp.eps);
     const int32_t Hk = int32_t(hp.ssm_hk), dk = int32_t(hp.ssm_dk), dv = int32_t(hp.ssm_dv);
     // G2 gates (row-local: every row of the step at once)
     GdnGatesArgs ga;
@@ -322,107 +413,35 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
     ga.rows = T;
     ga.n_v_heads = int32_t(Hv);
     PF_TRY(gdn_gates_rows(ga, st));
-    const int32_t kc = int32_t(hp.conv_kernel);
-    const float q_scale = float(1.0 / std::sqrt(double(dk)));
-    // The layer's operands at step row 0 (an item's at its row0)
-    GdnScanArgs base;
-    base.q = CMatF{u, cd};
-    base.k = CMatF{u + kd, cd};
-    base.v = CMatF{u + 2 * kd, cd};
-    base.beta = CMatF{e->beta, Hv};
-    base.g = CMatF{e->g, Hv};
-    base.o = MatF{o, vd};
-    base.rows = T;
-    base.n_k_heads = Hk;
-    base.n_v_heads = int32_t(Hv);
-    base.dk = dk;
-    base.dv = dv;
-    GdnConvNormArgs ca;
-    ca.m = CMatF{m, W};
-    ca.weight = Lw.conv_w;
-    ca.u = MatF{u, cd};
-    ca.rows = T;
-    ca.conv_dim = cd;
-    ca.kc = kc;
-    ca.n_k_heads = Hk;
-    ca.dk = dk;
-    ca.eps = kL2NormEps;
-    ca.q_scale = q_scale;
-    const bool fused = e->plan.fuse_conv_norm && gdn_conv1d_l2norm_supported(dk, kc);
-    const VarlenStep &vs = e->vstep;
-    const bool exact = gdn_exact(e, Lw);
-    // the step's groups were made for the first GDN layer's leg (a layer whose leg differs runs
-    // per item)
-    if (vs.on && exact == e->vstep_exact) {
-        // Every item in one launch per kind (tuning.varlen): bitwise the per-item launches below.
-        const int64_t gi = e->gdn_slot[size_t(il)];
-        auto ptrs = [&](const VarlenGroup &grp) {
-            return reinterpret_cast<float *const *>(e->tab + grp.state + gi * grp.n);
-        };
-        if (fused) {
-            GdnConvSeqs cs;
-            cs.n = vs.all.n;
-            cs.row0 = e->tab + vs.all.row0;
-            cs.rows = e->tab + vs.all.rows;
-            cs.windows = ptrs(vs.all);
-            cs.max_rows = vs.max_rows;
-            PF_TRY(gdn_conv1d_l2norm_rows_varlen(ca, cs, st));
-        } else {
-            for (const StepItem &it : items) {
-                const CMatF mi{m + it.row0 * W, W};
-                const MatF ui{u + it.row0 * cd, cd};
-                PF_TRY(gdn_conv1d_rows(mi, it.seq->conv[size_t(il)], Lw.conv_w, ui, it.rows, cd, kc, st));
-                PF_TRY(gdn_l2norm_rows(ui, it.rows, Hk, dk, dk, kL2NormEps, q_scale, st));
-                PF_TRY(gdn_l2norm_rows(ui.cols_from(kd), it.rows, Hk, dk, dk, kL2NormEps, 1.0f, st));
-            }
-        }
-        auto seqs = [&](const VarlenGroup &grp) {
-            GdnSeqs s;
-            s.n = grp.n;
-            s.row0 = e->tab + grp.row0;
-            s.rows = e->tab + grp.rows;
-            s.chunk0 = e->tab + grp.chunk0;
-            s.state = ptrs(grp);
-            s.host_rows = grp.host_rows.data();
-            return s;
-        };
-        if (vs.chunked.n)
-            PF_TRY(gdn_chunk_scan_rows_varlen(base, seqs(vs.chunked), e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
-        if (vs.sequential.n) PF_TRY(gdn_scan_rows_varlen(base, seqs(vs.sequential), st));
-    } else {
-        for (const StepItem &it : items) {
-            float *window = it.seq->conv[size_t(il)], *state = it.seq->ssm[size_t(il)];
-            const CMatF mi{m + it.row0 * W, W};
-            const MatF ui{u + it.row0 * cd, cd};
-            // G3 conv + SiLU (advances the window), G5 L2 norm of q (then 1/sqrt(dk)) and k
-            if (fused) {  // the three below in one, bitwise
-                GdnConvNormArgs ci = ca;
-                ci.m = mi;
-                ci.window = window;
-                ci.u = ui;
-                ci.rows = it.rows;
-                PF_TRY(gdn_conv1d_l2norm_rows(ci, st));
-            } else {
-                PF_TRY(gdn_conv1d_rows(mi, window, Lw.conv_w, ui, it.rows, cd, kc, st));
-                PF_TRY(gdn_l2norm_rows(ui, it.rows, Hk, dk, dk, kL2NormEps, q_scale, st));
-                PF_TRY(gdn_l2norm_rows(ui.cols_from(kd), it.rows, Hk, dk, dk, kL2NormEps, 1.0f, st));
-            }
-            // G6-G7 delta rule (tiled pairing)
-            GdnScanArgs sa = base;
-            sa.q = CMatF(ui);
-            sa.k = CMatF(ui.cols_from(kd));
-            sa.v = CMatF(ui.cols_from(2 * kd));
-            sa.beta = CMatF{e->beta + it.row0 * Hv, Hv};
-            sa.g = CMatF{e->g + it.row0 * Hv, Hv};
-            sa.state = state;
-            sa.o = MatF{o + it.row0 * vd, vd};
-            sa.rows = it.rows;
-            if (scan_path(e, exact, it.rows) == PF_GDN_SCAN_CHUNKED)
-                PF_TRY(gdn_chunk_scan_rows(sa, e->gdn_ws, e->L.gdn_ws, e->plan.gdn, st));
-            else
-                PF_TRY(gdn_scan_rows(sa, st));
-        }
-    }
+    GdnMix g;
+    g.il = il;
+    g.scan.q = CMatF{u, cd};
+    g.scan.k = CMatF{u + kd, cd};
+    g.scan.v = CMatF{u + 2 * kd, cd};
+    g.scan.beta = CMatF{e->beta, Hv};
+    g.scan.g = CMatF{e->g, Hv};
+    g.scan.o = MatF{o, vd};
+    g.scan.rows = T;
+    g.scan.n_k_heads = Hk;
+    g.scan.n_v_heads = int32_t(Hv);
+    g.scan.dk = dk;
+    g.scan.dv = dv;
+    g.conv.m = CMatF{m, W};
+    g.conv.weight = Lw.conv_w;
+    g.conv.u = MatF{u, cd};
+    g.conv.rows = T;
+    g.conv.conv_dim = cd;
+    g.conv.kc = int32_t(hp.conv_kernel);
+    g.conv.n_k_heads = Hk;
+    g.conv.dk = dk;
+    g.conv.eps = kL2NormEps;
+    g.conv.q_scale = float(1.0 / std::sqrt(double(dk)));
+    g.fused = e->plan.fuse_conv_norm && gdn_conv1d_l2norm_supported(dk, g.conv.kc);
+    g.exact = gdn_exact(e, Lw);
+    // The step's varlen groups were made for the first GDN layer's leg (a layer whose leg differs
+    // runs item by item).
+    if (e->vstep.on && g.exact == e->vstep_exact) PF_TRY(gdn_mix_varlen(e, g, items));
+    else PF_TRY(gdn_mix_items(e, g, items));
     // G8 gated RMSNorm in place on o (row-local), G9 out-projection into the residual stream
     GdnGatedNormArgs na;
     na.o = CMatF{o, vd};
@@ -431,7 +450,7 @@ pf_status gdn_layer(Executor *e, const LayerWeights &Lw, int64_t il, const std::
     na.rows = T;
     na.n_v_heads = int32_t(Hv);
     na.dv = dv;
-    na.eps = eps;
+    na.eps = float(hp.eps);
     if (e->act16) PF_TRY(gdn_gated_rms_norm_rows_f16(na, f16_out(e, vd, e->x), st));
     else PF_TRY(gdn_gated_rms_norm_rows(na, MatF{o, vd}, st));
     return project_group(e, Lw, groups[kMixerOut], step_input(e, CMatF{o, vd}), T, MatF{e->x, hp.n_embd});
