@@ -12,10 +12,11 @@ from pathlib import Path
 # N of each form (wgmma m64nNk16 with fp16 inputs allows any multiple of 8 up to 256): only the
 # shapes a kernel or test uses (the others were deleted with the tile instances no plan picked).
 # wgmma_ss computes S = Q K^T (N = the key tile: 176 at head_dim 128, 80 at 256; 64 for the
-# layout test); wgmma_rs computes O += P V (N = the head dimension: 128 or 256) and the GDN state
+# layout test) and the f16 leg's GEMM on the GGUF blocks (gemm_q16_kernel.cuh: N = 128 weight
+# rows); wgmma_rs computes O += P V (N = the head dimension: 128 or 256) and the GDN state
 # update (128); wgmma_rsk (A from registers, B K-major) computes the GDN state kernel's products
 # with a [n][k]-stored B: S^T K^T, S^T Q^T, R^T Tm^T and V'^T P^T (N = the 64 rows of a chunk).
-SS_N = (64, 80, 176)
+SS_N = (64, 80, 128, 176)
 RS_N = (128, 256)
 RSK_N = (64,)
 # wgmma_s8 (int8 A and B from shared memory, both K-major; int32 accumulate): the 8-bit leg's
