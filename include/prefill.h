@@ -224,6 +224,12 @@ typedef struct pf_tuning {
     int32_t varlen;            /* pf_switch (default on): a step of several sequences (a batch) runs
                                   each GDN layer's conv1d + L2 norms and delta rule as one launch
                                   over all of them (off: one launch per sequence; bitwise the same) */
+    int32_t gemm_blocks;       /* pf_switch (default off while it is measured): the f16 leg on a
+                                  matrix without an fp16 copy multiplies its GGUF blocks,
+                                  dequantized on the chip (sm_90a), instead of fp16 slabs
+                                  dequantized per call; PF_GEMM_AUTO then runs such a matrix on the
+                                  f16 leg. The weight operand is the cache's fp16 bit for bit, the
+                                  products within the f16 leg's tolerance */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it

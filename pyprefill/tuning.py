@@ -21,6 +21,7 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     prewarm_piece_bytes int, or "one-allocation"
     prewarm_fail_piece int (testing: piece N, 1-based, fails to allocate)
     varlen             bool                         a batch step's GDN layers as one launch each
+    gemm_blocks        bool                         the f16 leg reads an uncached matrix's GGUF blocks
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ _ENUMS = {
     "gdn_state": enum_map("pf_gdn_state_kernel", "PF_GDN_STATE_"),
     "attn_kernel": enum_map("pf_attn_kernel", "PF_ATTN_KERNEL_"),
 }
-_SWITCHES = ("fuse_groups", "f16_producers", "fuse_qk_rope", "fuse_conv_norm", "gdn_pdl", "varlen")
+_SWITCHES = ("fuse_groups", "f16_producers", "fuse_qk_rope", "fuse_conv_norm", "gdn_pdl", "varlen",
+             "gemm_blocks")
 _INTS = {"gdn_subpass_rows": {"one-pass": -1}, "prewarm_piece_bytes": {"one-allocation": -1},
          "prewarm_fail_piece": {}}
 FIELDS = (*_ENUMS, *_SWITCHES, *_INTS)

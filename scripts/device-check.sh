@@ -24,7 +24,7 @@
 #              and nothing else on the GPU, children included (test_gemm_lt.py starts a child):
 #              test_gpu_core.py, test_kernel_gemm.py, test_gemm_path.py, test_memory_faults.py,
 #              test_prewarm.py, test_gemm_lt.py, test_soak.py (50 cycles; 100 batch cycles).
-#   5 memcheck-kernels    compute-sanitizer memcheck over test_kernel_{dequant,gemm,qgemm,rows,
+#   5 memcheck-kernels    compute-sanitizer memcheck over test_kernel_{dequant,gemm,gemm_q16,qgemm,rows,
 #                         wrappers,gdn}.py (-m gpu -x).
 #   6 memcheck-attention  memcheck over test_kernel_attention.py.
 #   7 sanitize-model-a    memcheck and racecheck over the model-level paths
@@ -302,7 +302,8 @@ run_part() {
       if [ -z "$tests" ]; then
         [ "$p" = 5 ] && tests="tests/python/test_kernel_dequant.py tests/python/test_kernel_gemm.py
           tests/python/test_kernel_qgemm.py tests/python/test_kernel_rows.py
-          tests/python/test_kernel_wrappers.py tests/python/test_kernel_gdn.py"
+          tests/python/test_kernel_wrappers.py tests/python/test_kernel_gdn.py
+          tests/python/test_kernel_gemm_q16.py"
         [ "$p" = 6 ] && tests="tests/python/test_kernel_attention.py"
       fi
       # shellcheck disable=SC2086

@@ -10,10 +10,18 @@
 #include "base/cuda_check.cuh"
 #include "kernels/dequant/dequant.cuh"
 #include "kernels/gemm/gemm.cuh"
+#include "kernels/gemm/gemm_q16.cuh"
 #include "kernels/gemm/qgemm.cuh"
 #include "plan/qtype.h"
 
 namespace {
+
+// Whether the kernel-level calls on ctx let the f16 leg read a weight's blocks (its tuning's
+// gemm_blocks, where the device runs that GEMM): the call's part of the plan. (A NULL ctx is
+// reported by the checks after the route's.)
+bool blocks_on(const pf_context *ctx) {
+    return ctx && pf::switch_on(ctx->tuning.gemm_blocks, false) && pf::gemm_q16_available(ctx->device);
+}
 
 constexpr int64_t kMaxBlasDim = INT_MAX;  // cuBLAS sizes and leading dimensions are int
 
@@ -143,7 +151,7 @@ extern "C" PF_API pf_status pf_project(pf_context *ctx, pf_weight *w, const pf_v
         const int32_t asked = pf::resolve_default_leg(leg);
         if (asked == PF_GEMM_INT8) PF_TRY(pf::int8_leg_check("project"));
         pf::ProjRoute route;
-        PF_TRY(pf::route_of_leg(asked, pf::weight_facts(w), "project", &route));
+        PF_TRY(pf::route_of_leg(asked, pf::weight_facts(w), blocks_on(ctx), "project", &route));
         PF_TRY(check_rows_io(fn, ctx, w, vx, vy));
         pf::DeviceGuard dg(ctx->device);
         PF_TRY(dg.status());
@@ -188,7 +196,7 @@ extern "C" PF_API pf_status pf_project_f16x(pf_context *ctx, pf_weight *w, const
         PF_CHECK_ARG(!pf::views_overlap(vx, vy), "%s: y overlaps x16", fn);
         PF_CHECK_ARG(!inv || !pf::views_overlap(vi, vy), "%s: y overlaps inv", fn);
         pf::ProjRoute route;  // the f16 leg: fp16 rows against its cache or an F16 weight, not slabs
-        PF_TRY(pf::route_of_leg(PF_GEMM_F16, pf::weight_facts(w), fn, &route));
+        PF_TRY(pf::route_of_leg(PF_GEMM_F16, pf::weight_facts(w), blocks_on(ctx), fn, &route));
         if (route.weight == pf::WeightForm::F16Slabs)
             return pf::fail(PF_STATUS_UNSUPPORTED,
                             "%s: w (n=%lld k=%lld) has no fp16 copy (pf_weight_cache_f16 first)", fn,
@@ -226,7 +234,7 @@ extern "C" PF_API pf_status pf_weight_cache_i8(pf_weight *w) {
         PF_TRY(dg.status());
         PF_TRY(pf::int8_leg_check("project"));  // Hopper
         pf::ProjRoute route;                     // and k % 16 == 0
-        PF_TRY(pf::route_of_leg(PF_GEMM_INT8, pf::weight_facts(w), "project", &route));
+        PF_TRY(pf::route_of_leg(PF_GEMM_INT8, pf::weight_facts(w), false, "project", &route));
         return pf::weight_cache_i8(w);
     });
 }

@@ -139,6 +139,7 @@ pf_tuning tuning_over(const pf_tuning &top, const pf_tuning &base) {
     over(t.prewarm_fail_piece, top.prewarm_fail_piece);
     over(t.prewarm_piece_bytes, top.prewarm_piece_bytes);
     over(t.varlen, top.varlen);
+    over(t.gemm_blocks, top.gemm_blocks);
     return t;
 }
 
@@ -148,7 +149,8 @@ pf_status tuning_check(const pf_tuning &t, const char *fn) {
                  t.gemm_lt);
     const struct { int32_t v; const char *name; } switches[] = {
         {t.fuse_groups, "fuse_groups"}, {t.f16_producers, "f16_producers"}, {t.fuse_qk_rope, "fuse_qk_rope"},
-        {t.fuse_conv_norm, "fuse_conv_norm"}, {t.gdn_pdl, "gdn_pdl"}, {t.varlen, "varlen"}};
+        {t.fuse_conv_norm, "fuse_conv_norm"}, {t.gdn_pdl, "gdn_pdl"}, {t.varlen, "varlen"},
+        {t.gemm_blocks, "gemm_blocks"}};
     for (const auto &s : switches)
         PF_CHECK_ARG(in(s.v, PF_SWITCH_OFF), "%s: tuning.%s=%d is not a pf_switch (0 default, 1 on, 2 off)",
                      fn, s.name, s.v);
@@ -224,6 +226,7 @@ ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t k
     p.fuse_qk_rope = switch_on(t.fuse_qk_rope, true);
     p.fuse_conv_norm = switch_on(t.fuse_conv_norm, true);
     p.varlen = switch_on(t.varlen, true);
+    p.gemm_blocks = switch_on(t.gemm_blocks, false);
     p.graphs = graphs && env_knobs().graphs;
     p.rows = row_form(t);
     p.gdn_scan = t.gdn_scan;
@@ -242,14 +245,16 @@ void exec_plan_describe(const ExecPlan &p, char *buf, size_t size) {
     static const char *kern[] = {"auto", "mma", "wgmma"};
     std::snprintf(buf, size,
                   "leg=%s gemm_lt=%s fuse_groups=%d f16_producers=%d qk_rope=%d conv_norm=%d graphs=%d "
-                  "rows=%s gdn_scan=%s gdn_state=%s subpass=%lld pdl=%d varlen=%d attn=%s kernel=%s kv=%s",
+                  "rows=%s gdn_scan=%s gdn_state=%s subpass=%lld pdl=%d varlen=%d attn=%s kernel=%s kv=%s "
+                  "blocks=%d",
                   legs[std::clamp(p.leg, 0, 4)],
                   p.gemm_lt == kGemmLtOff ? "off" : p.gemm_lt == kGemmLtForce ? "force" : "on",
                   int(p.fuse_groups), int(p.f16_producers), int(p.fuse_qk_rope), int(p.fuse_conv_norm),
                   int(p.graphs), p.rows.regs ? "regs" : p.rows.stage ? "staged" : "recompute",
                   scans[std::clamp(p.gdn_scan, 0, 2)], states[int(p.gdn.state)],
                   (long long)p.gdn.subpass_rows, int(p.gdn.pdl), int(p.varlen), attn[std::clamp(p.attn_path, 0, 2)],
-                  kern[std::clamp(p.attn_kernel, 0, 2)], p.kv_dtype == PF_KV_F32 ? "f32" : "f16");
+                  kern[std::clamp(p.attn_kernel, 0, 2)], p.kv_dtype == PF_KV_F32 ? "f32" : "f16",
+                  int(p.gemm_blocks));
 }
 
 }  // namespace pf

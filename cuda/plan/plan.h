@@ -117,6 +117,9 @@ struct ExecPlan {
     int32_t attn_path = PF_ATTN_AUTO;     // pf_attn_path
     int32_t attn_kernel = PF_ATTN_KERNEL_AUTO;  // resolved by attention_resolved_kernel per call
     int32_t kv_dtype = PF_KV_F16;
+    // The f16 leg on a matrix without an fp16 copy reads its GGUF blocks (tuning.gemm_blocks, where
+    // the device runs that GEMM: model_exec_plan asks), the weight form F16Blocks (plan/route.h).
+    bool gemm_blocks = false;
 };
 
 // The plan of a session with `leg` (PF_GEMM_DEFAULT = the process default), `tuning` (already

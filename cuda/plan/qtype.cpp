@@ -41,6 +41,18 @@ pf_status matrix_bytes(int32_t qtype, int64_t n, int64_t k, size_t *out, const c
     return PF_STATUS_OK;
 }
 
+bool qtype_is_block(int32_t qtype) {
+    switch (qtype) {
+        case PF_QTYPE_Q4_0:
+        case PF_QTYPE_Q8_0:
+        case PF_QTYPE_Q4_K:
+        case PF_QTYPE_Q5_K:
+        case PF_QTYPE_Q6_K:
+        case PF_QTYPE_IQ4_XS: return true;
+        default: return false;
+    }
+}
+
 }  // namespace pf
 
 extern "C" PF_API const char *pf_qtype_name(int32_t qtype) {

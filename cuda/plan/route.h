@@ -34,6 +34,8 @@ enum class WeightForm : int8_t {
     F16Cache,  // f16 leg: the fp16 cache
     F16,       // f16 leg: an F16 weight, in place
     F16Slabs,  // f16 leg: the blocks dequantized to fp16 slabs per call ("streaming"; one row: the GEMV)
+    F16Blocks, // f16 leg: the GGUF blocks dequantized on the chip inside the GEMM (gemm_q16; one row:
+               // the GEMV), the same fp16 operand as the cache without holding one
     I8Copy,    // 8-bit leg: the int8 copy
     I8Slabs,   // 8-bit leg: the rank-1 form made per call, slab by slab
 };
@@ -46,22 +48,26 @@ struct ProjRoute {
 };
 
 // The route of a projection asked on `leg` (PF_GEMM_AUTO, _F32, _F16 or _INT8; PF_GEMM_DEFAULT is
-// resolved where the plan is built: resolve_default_leg): AUTO is the f16 leg where the weight
-// has its fp16 cache or streams, else the f32 leg. INT8 needs k % 16 == 0 (UNSUPPORTED otherwise;
-// whether the device runs the 8-bit leg at all is the runtime's check, int8_leg_check). Anything
-// else is INVALID_ARGUMENT. Messages name `fn`.
-pf_status route_of_leg(int32_t leg, const WeightFacts &w, const char *fn, ProjRoute *out);
+// resolved where the plan is built: resolve_default_leg). `blocks`: the plan lets the f16 leg
+// read a block type's GGUF blocks (ExecPlan::gemm_blocks: tuning.gemm_blocks on a device that runs
+// it). The f16 leg reads the fp16 cache, else an F16 weight in place, else the blocks (F16Blocks
+// where `blocks`, F16Slabs otherwise); AUTO is the f16 leg where the weight has its fp16 cache,
+// streams, or (with `blocks`) is a block type or F16 (read as they are), else the f32 leg. INT8 needs k % 16 == 0
+// (UNSUPPORTED otherwise; whether the device runs the 8-bit leg at all is the runtime's check,
+// int8_leg_check). Anything else is INVALID_ARGUMENT. Messages name `fn`.
+pf_status route_of_leg(int32_t leg, const WeightFacts &w, bool blocks, const char *fn, ProjRoute *out);
 
 // The leg a session whose plan runs `plan_leg` asks for a weight: under PF_GEMM_INT8 the 8-bit leg
 // where the weight has its int8 copy (the recipe's matrices: ProjGroup::int8_recipe, made when
 // the executor is created) and AUTO for the others; plan_leg itself otherwise.
 int32_t session_leg(int32_t plan_leg, const WeightFacts &w);
 
-// Whether the route's launcher takes the producers' fp16 rows (the act16 route): the fp16 cache
-// and the int8 copy do. (An F16 weight in place and the per-call slabs take fp32 rows: a step
-// with such a matrix keeps its producers in fp32.)
+// Whether the route's launcher takes the producers' fp16 rows (the act16 route): the fp16 cache,
+// an F16 weight in place, the blocks GEMM and the int8 copy do. (The per-call slabs and the f32
+// leg take fp32 rows: a step with such a matrix keeps its producers in fp32.)
 inline bool route_takes_f16_rows(const ProjRoute &r) {
-    return r.weight == WeightForm::F16Cache || r.weight == WeightForm::I8Copy;
+    return r.weight == WeightForm::F16Cache || r.weight == WeightForm::F16 || r.weight == WeightForm::F16Blocks ||
+           r.weight == WeightForm::I8Copy;
 }
 
 // "f16 cache", "int8 copy", ... (messages and the plan's log line).

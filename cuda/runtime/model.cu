@@ -9,6 +9,7 @@
 
 #include "base/cuda_check.cuh"
 #include "kernels/gemm/gemm.cuh"
+#include "kernels/gemm/gemm_q16.cuh"
 #include "plan/gguf.h"
 #include "ptx/common.cuh"
 #include "runtime/model.h"
@@ -228,7 +229,9 @@ std::vector<std::vector<pf_weight *>> model_i8_groups(const pf_model *m, bool fu
 ExecPlan model_exec_plan(const pf_model *m, int32_t gemm_leg, const pf_tuning &tuning, int32_t attn_path,
                          int32_t kv_dtype, int32_t cuda_graphs) {
     const pf_tuning t = tuning_over(tuning, tuning_over(m->tuning, m->ctx->tuning));
-    return exec_plan(gemm_leg ? gemm_leg : m->gemm_leg, t, attn_path, kv_dtype, cuda_graphs == 1);
+    ExecPlan p = exec_plan(gemm_leg ? gemm_leg : m->gemm_leg, t, attn_path, kv_dtype, cuda_graphs == 1);
+    p.gemm_blocks = p.gemm_blocks && gemm_q16_available(m->ctx->device);  // the device's part of the choice
+    return p;
 }
 
 void model_info(const pf_model *m, pf_model_info *o) {

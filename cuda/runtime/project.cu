@@ -7,7 +7,7 @@ namespace pf {
 
 pf_status step_route(const ExecPlan &plan, const pf_weight *w, ProjRoute *out) {
     const WeightFacts f = weight_facts(w);
-    return route_of_leg(session_leg(plan.leg, f), f, "project", out);
+    return route_of_leg(session_leg(plan.leg, f), f, plan.gemm_blocks, "project", out);
 }
 
 int64_t group_width(const LayerWeights &Lw, const ProjGroup &g) {

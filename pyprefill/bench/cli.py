@@ -60,8 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="projection legs: auto, f16, f32, int8; LEG/VARIANT runs LEG with one "
                         "tuning field changed (combinable: LEG/nofuse/noact16/nograph): nofuse, "
                         "noact16, nograph, noqkrope, norowregs, nolt, noconvnorm, seqscan, "
-                        "onepass, warpstate (pyprefill.bench.model.VARIANT_TUNING; before/after "
-                        "in one run) "
+                        "onepass, warpstate, blocks (pyprefill.bench.model.VARIANT_TUNING; "
+                        "before/after in one run); the kernel suite also takes blocks (the f16 leg "
+                        "on the GGUF blocks against cuBLAS on the cache) "
                         "(default: FILE auto, suites f16,f32)")
     p.add_argument("--chunk", type=int, default=2048,
                    help="session chunk: rows per internal step (0 = the session's default)")
@@ -161,6 +162,8 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
                          f"(known: {', '.join(PRESETS)})")
     for leg in a.gemm:
         base, *variants = leg.split("/")
+        if base == "blocks" and a.suite == "kernels":   # the f16 leg on the GGUF blocks (gemm family)
+            continue
         if base not in LEG_NAMES:
             raise UsageError(f"--gemm: unknown leg {base!r} in {leg!r} (known: {', '.join(LEG_NAMES)})")
         unknown = [v for v in variants if v not in VARIANT_TUNING]

@@ -29,6 +29,10 @@ def _cache_f16(w):
     K.weight_cache_f16(w)
 
 
+def _set_blocks(ctx, on: bool):
+    ctx.set_tuning(gemm_blocks=True if on else None)
+
+
 def _cache_i8(w):
     K.weight_cache_i8(w)
 
@@ -100,6 +104,8 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
     xs, ys = b.slab(T, k, sets), b.out_slab(T, n, sets)
 
     def run(leg):
+        if leg == "blocks":
+            return run_blocks()
         if leg in ("f16", "auto"):
             for w in ws:
                 _cache_f16(w)
@@ -111,6 +117,25 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
                         reps=b.reps if leg != "f32" else max(2, b.reps // 2))
         b.add(op, T, f"ours {leg} leg", t, flops=flops, peer=peer,
               note=f"Q4_K {n}x{k}, fp32 x and y", sets=sets)
+
+    def run_blocks():
+        """The f16 leg on the GGUF blocks (tuning gemm_blocks, no fp16 cache): on fp16 x as the
+        producers write it (its peer: "ours f16 leg, fp16 x", cuBLAS on the cache) and on fp32 x."""
+        bws = [b.weight("Q4_K", n, k) for _ in range(sets)]   # never cached
+        x16 = b.upload(b.rand(sets * T, k).astype(np.float16))
+        inv = b.upload(np.ones(T, np.float32))
+        _set_blocks(b.ctx, True)
+        try:
+            t = b.time_ours(lambda i: _project_f16x(b.ctx, bws[i % sets], View(x16, (i % sets) * T * k),
+                                                    View(inv), View(ys.buf, ys.off(i), n), T), reps=b.reps)
+            b.add(op, T, "ours blocks, fp16 x", t, flops=flops, peer=peer,
+                  note=f"Q4_K {n}x{k} read as blocks, fp16 x, fp32 y", sets=sets)
+            t = b.time_ours(lambda i: _project(b.ctx, bws[i % sets], View(xs.buf, xs.off(i), k),
+                                               View(ys.buf, ys.off(i), n), T, "f16"), reps=b.reps)
+            b.add(op, T, "ours blocks leg", t, flops=flops, peer=peer,
+                  note=f"Q4_K {n}x{k} read as blocks, fp32 x and y", sets=sets)
+        finally:
+            _set_blocks(b.ctx, False)
 
     def run_f16x():
         """The f16 leg as the engine runs it on the act16 route: the producer (RMSNorm, SwiGLU,

@@ -175,7 +175,8 @@ VARIANT_TUNING = {"nofuse": {"fuse_groups": False}, "noact16": {"f16_producers":
                   "nograph": {}, "noqkrope": {"fuse_qk_rope": False}, "norowregs": {"row_form": "staged"},
                   "nolt": {"gemm_lt": "off"}, "noconvnorm": {"fuse_conv_norm": False},
                   "seqscan": {"gdn_scan": "sequential"}, "onepass": {"gdn_subpass_rows": "one-pass"},
-                  "warpstate": {"gdn_state": "warp"}}
+                  "warpstate": {"gdn_state": "warp"},
+                  "blocks": {"gemm_blocks": True}}
 
 
 def split_leg(leg: str) -> tuple[str, dict, bool]:
@@ -197,14 +198,23 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
     what fits and the rest streams); its rows' impl ends with " @<budget>GiB"."""
     from ..core import Context
     from ..model import Model
+    # "LEG/blocks" runs on a model loaded without fp16 caches (the f16 leg reads the GGUF blocks);
+    # the other legs on one with them: one load each.
+    blocks = [g for g in legs if "blocks" in g.split("/")[1:]]
+    if blocks and len(blocks) < len(legs):
+        return (bench_ours(rec, path, label, lengths, [g for g in legs if g not in blocks], chunk=chunk,
+                           reps=reps, rng=rng, budget_gib=budget_gib) +
+                bench_ours(rec, path, label, lengths, blocks, chunk=chunk, reps=reps, rng=rng,
+                           budget_gib=budget_gib))
     rows: list[dict] = []
     bases = [split_leg(g)[0] for g in legs]
     at = f" @{budget_gib:g}GiB" if budget_gib else ""
     with Context(0, **({"memory_budget": int(budget_gib * 2**30)} if budget_gib else {})) as ctx:
         free0, _ = ctx.memory()
         try:
-            model = Model.load(path, gemm=bases[0], prewarm=any(g in ("f16", "auto") for g in bases),
-                               progress=False, context=ctx)
+            model = Model.load(path, gemm=bases[0],
+                               prewarm=not blocks and any(g in ("f16", "auto") for g in bases),
+                               progress=False, context=ctx, tuning={"gemm_blocks": True} if blocks else None)
         except Exception as exc:   # noqa: BLE001  one row per wanted number says why
             rec.skip(f"ours {label}", f"load: {type(exc).__name__}: {first_line(exc)}")
             return [_row(label, f"ours {leg}{at}", T, error=f"load: {first_line(exc)}")

@@ -40,9 +40,10 @@ WeightFacts facts(int32_t qtype, bool f16, bool stream, bool i8, int64_t k = 256
     return f;
 }
 
-void expect_route(int32_t leg, const WeightFacts &f, int32_t want_leg, WeightForm want_form, const char *what) {
+void expect_route(int32_t leg, const WeightFacts &f, int32_t want_leg, WeightForm want_form, const char *what,
+                  bool blocks = false) {
     ProjRoute r;
-    const pf_status s = pf::route_of_leg(leg, f, "test", &r);
+    const pf_status s = pf::route_of_leg(leg, f, blocks, "test", &r);
     EXPECT(s == PF_STATUS_OK, "%s: status %d (%s)", what, int(s), pf_last_error());
     EXPECT(r.leg == want_leg && r.weight == want_form, "%s: leg %d form %s, want leg %d form %s", what, int(r.leg),
            pf::weight_form_name(r.weight), int(want_leg), pf::weight_form_name(want_form));
@@ -70,22 +71,42 @@ void test_routes() {
                  "auto cold F32");
     expect_route(PF_GEMM_AUTO, facts(PF_QTYPE_F16, false, false, false), PF_GEMM_F32, WeightForm::F32Slabs,
                  "auto cold F16 (no cache: the exact leg)");
+    // The blocks GEMM (a plan with gemm_blocks): the f16 leg on an uncached block type reads the
+    // blocks, AUTO takes the f16 leg for it; a cache still wins; element types keep their forms.
+    const bool B = true;
+    expect_route(PF_GEMM_F16, facts(Q, false, false, false), PF_GEMM_F16, WeightForm::F16Blocks, "f16 blocks", B);
+    expect_route(PF_GEMM_AUTO, facts(Q, false, false, false), PF_GEMM_F16, WeightForm::F16Blocks, "auto blocks", B);
+    expect_route(PF_GEMM_AUTO, facts(Q, false, true, false), PF_GEMM_F16, WeightForm::F16Blocks, "auto streamed", B);
+    expect_route(PF_GEMM_AUTO, facts(Q, true, false, false), PF_GEMM_F16, WeightForm::F16Cache, "cache wins", B);
+    expect_route(PF_GEMM_F32, facts(Q, false, false, false), PF_GEMM_F32, WeightForm::F32Slabs, "f32 as asked", B);
+    expect_route(PF_GEMM_F16, facts(PF_QTYPE_F16, false, false, false), PF_GEMM_F16, WeightForm::F16,
+                 "F16 in place", B);
+    expect_route(PF_GEMM_F16, facts(PF_QTYPE_BF16, false, false, false), PF_GEMM_F16, WeightForm::F16Slabs,
+                 "BF16: slabs", B);
+    expect_route(PF_GEMM_AUTO, facts(PF_QTYPE_F32, false, false, false), PF_GEMM_F32, WeightForm::F32,
+                 "auto cold F32", B);
+    expect_route(PF_GEMM_AUTO, facts(PF_QTYPE_F16, false, false, false), PF_GEMM_F16, WeightForm::F16,
+                 "auto cold F16: in place", B);
+    for (int32_t q : {int32_t(PF_QTYPE_Q4_0), int32_t(PF_QTYPE_Q8_0), int32_t(PF_QTYPE_Q5_K), int32_t(PF_QTYPE_Q6_K),
+                      int32_t(PF_QTYPE_IQ4_XS)})
+        expect_route(PF_GEMM_F16, facts(q, false, false, false), PF_GEMM_F16, WeightForm::F16Blocks, "blocks type", B);
     // int8: the copy or the per-call slabs; k % 16.
     expect_route(PF_GEMM_INT8, facts(Q, false, false, true), PF_GEMM_INT8, WeightForm::I8Copy, "int8 copy");
     expect_route(PF_GEMM_INT8, facts(Q, true, false, false), PF_GEMM_INT8, WeightForm::I8Slabs, "int8 slabs");
     ProjRoute r;
-    EXPECT(pf::route_of_leg(PF_GEMM_INT8, facts(Q, false, false, false, 264), "test", &r) == PF_STATUS_UNSUPPORTED,
+    EXPECT(pf::route_of_leg(PF_GEMM_INT8, facts(Q, false, false, false, 264), false, "test", &r) == PF_STATUS_UNSUPPORTED,
            "int8 with k %% 16 != 0");
     EXPECT(std::strstr(pf_last_error(), "k % 16") != nullptr, "message: %s", pf_last_error());
     for (int32_t bad : {int32_t(PF_GEMM_DEFAULT), -1, 5, 99}) {
-        EXPECT(pf::route_of_leg(bad, facts(Q, true, false, false), "test", &r) == PF_STATUS_INVALID_ARGUMENT,
+        EXPECT(pf::route_of_leg(bad, facts(Q, true, false, false), false, "test", &r) == PF_STATUS_INVALID_ARGUMENT,
                "leg %d must be refused (DEFAULT is resolved where the plan is built)", int(bad));
     }
     // Which fp16 rows a route takes (the act16 route): the cache and the int8 copy.
-    for (int f = 0; f <= int(WeightForm::I8Slabs); ++f) {
+    for (int f = 0; f <= int(WeightForm::I8Slabs); ++f) {  // every form (I8Slabs is the last)
         ProjRoute x;
         x.weight = WeightForm(f);
-        const bool want = x.weight == WeightForm::F16Cache || x.weight == WeightForm::I8Copy;
+        const bool want = x.weight == WeightForm::F16Cache || x.weight == WeightForm::F16 ||
+                          x.weight == WeightForm::F16Blocks || x.weight == WeightForm::I8Copy;
         EXPECT(pf::route_takes_f16_rows(x) == want, "form %s", pf::weight_form_name(x.weight));
         EXPECT(std::strcmp(pf::weight_form_name(x.weight), "?") != 0, "form %d has no name", f);
     }

@@ -23,7 +23,8 @@
 #include "kernels/dequant/prewarm.cuh"
 #include "kernels/gemm/gemm.cuh"
 #include "kernels/gemm/gemm_i8.cuh"  // the 8-bit leg (project_i8)
-#include "kernels/gemm/gemm_lt.cuh"  // gemm_f16: the f16 leg's GEMM and its per-shape algorithm
+#include "kernels/gemm/gemm_lt.cuh"   // gemm_f16: the f16 leg's GEMM and its per-shape algorithm
+#include "kernels/gemm/gemm_q16.cuh"  // gemm_q16: the f16 leg's GEMM on the GGUF blocks
 #include "kernels/gemm/qgemm.cuh"
 #include "kernels/rows/f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "plan/qtype.h"
@@ -183,6 +184,29 @@ const __half *f16_whole(WeightForm form, const pf_weight *w) {
                                         : nullptr;
 }
 
+// X's rows in the f16 leg's input form in env.x16: [rows][k] fp16 (*xh), then the per-row
+// inverse scales (*inv), one cast pass (and the accumulate target's pre-scale); `extra_w16`
+// bytes of env.w16 are reserved first (the streaming slabs), so that an OOM leaves Y untouched.
+pf_status cast_input(const ProjEnv &env, const float *x, int64_t rows, int64_t ldx, int64_t k, float *y, int64_t ldy,
+                     int64_t n, bool accumulate, size_t extra_w16, __half **xh, float **inv) {
+    pf_context *ctx = env.ctx;
+    const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
+    PF_TRY(scratch_reserve(ctx, *env.x16, xh_bytes + size_t(rows) * sizeof(float),
+                           "project (f16 leg): activation scratch"));
+    if (extra_w16) PF_TRY(scratch_reserve(ctx, *env.w16, extra_w16, "project (f16 streaming leg): weight scratch"));
+    *xh = static_cast<__half *>(env.x16->ptr);
+    *inv = reinterpret_cast<float *>(static_cast<char *>(env.x16->ptr) + xh_bytes);
+    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
+    const CastArgs ca{x, ldx, rows, k, *xh, *inv, y, ldy, n, accumulate ? 1 : 0};
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0;
+    if (vec)
+        cast_rows_f16_kernel<true><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
+    else
+        cast_rows_f16_kernel<false><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
+    PF_LAUNCH_CHECK("cast_rows_f16_kernel<%s>", vec ? "true" : "false");
+    return PF_STATUS_OK;
+}
+
 pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
     pf_context *ctx = env.ctx;
@@ -191,24 +215,11 @@ pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const f
     // One token and no fp16 copy: a streaming dequant would read and write the whole weight;
     // the GEMV reads the blocks once (fp32 math: more exact than the leg promises, no overflow).
     if (rows == 1 && !whole) return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
-    // Activations: [rows][k] fp16, then the per-row inverse scales, in one scratch.
-    const size_t xh_bytes = align_up(size_t(rows) * size_t(k) * sizeof(__half), 256);
-    PF_TRY(scratch_reserve(ctx, *env.x16, xh_bytes + size_t(rows) * sizeof(float),
-                           "project (f16 leg): activation scratch"));
     const int64_t slab = slab_rows(n, k, sizeof(__half));
-    if (!whole)  // reserved before any kernel runs: an OOM here leaves Y untouched
-        PF_TRY(scratch_reserve(ctx, *env.w16, size_t(slab) * size_t(k) * sizeof(__half),
-                               "project (f16 streaming leg): weight scratch"));
-    __half *xh = static_cast<__half *>(env.x16->ptr);
-    float *inv = reinterpret_cast<float *>(static_cast<char *>(env.x16->ptr) + xh_bytes);
-    const int grid = int(std::min<int64_t>(rows, kMaxRowBlocks));
-    const CastArgs ca{x, ldx, rows, k, xh, inv, y, ldy, n, accumulate ? 1 : 0};
-    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && k % 4 == 0;
-    if (vec)
-        cast_rows_f16_kernel<true><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
-    else
-        cast_rows_f16_kernel<false><<<grid, kCastThreads, 0, ctx->stream>>>(ca);
-    PF_LAUNCH_CHECK("cast_rows_f16_kernel<%s>", vec ? "true" : "false");
+    __half *xh = nullptr;
+    float *inv = nullptr;
+    PF_TRY(cast_input(env, x, rows, ldx, k, y, ldy, n, accumulate,
+                      whole ? 0 : size_t(slab) * size_t(k) * sizeof(__half), &xh, &inv));
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     const float beta = accumulate ? 1.0f : 0.0f;
     if (whole) {
@@ -227,6 +238,34 @@ pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const f
         }
     }
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
+}
+
+// The f16 leg on the GGUF blocks (F16Blocks) on fp16 rows in its input form: the GEMM with the
+// blocks dequantized on the chip and the unscale fused (gemm_q16).
+pf_status project_blocks_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv, int64_t rows,
+                              MatF y, bool accumulate) {
+    Q16Gemm g;
+    g.blocks = w->data;
+    g.qtype = w->qtype;
+    g.n = w->n;
+    g.k = w->k;
+    g.x16 = x16;
+    g.inv = inv;
+    g.rows = rows;
+    g.y = y;
+    g.accumulate = accumulate;
+    return gemm_q16(g, env.ctx->stream);
+}
+
+// The same on fp32 rows: cast to the input form first; one row: the GEMV on the blocks (as for
+// the slabs).
+pf_status project_blocks(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx, float *y,
+                         int64_t ldy, bool accumulate) {
+    if (rows == 1) return qgemv(blocks_of(w), x, y, accumulate, env.ctx->stream);
+    __half *xh = nullptr;
+    float *inv = nullptr;
+    PF_TRY(cast_input(env, x, rows, ldx, w->k, y, ldy, w->n, accumulate, 0, &xh, &inv));
+    return project_blocks_rows(env, w, xh, inv, rows, MatF{y, ldy}, accumulate);
 }
 
 // The f16 leg on fp16 rows already in its form: the GEMM of project_f16 and its unscale, no cast
@@ -272,6 +311,10 @@ pf_status project(const ProjEnv &env, const ProjRoute &r, pf_weight *w, const Pr
             case WeightForm::F16Cache:
             case WeightForm::F16: return project_f16_rows(env, f16_whole(r.weight, w), w, in.x16, in.inv, rows, ym,
                                                           accumulate);
+            case WeightForm::F16Blocks:
+                PF_CHECK_ARG(rows >= 0, "project (fp16 rows): rows=%lld", (long long)rows);
+                if (rows == 0) return PF_STATUS_OK;
+                return project_blocks_rows(env, w, in.x16, in.inv, rows, ym, accumulate);
             case WeightForm::I8Copy:
                 PF_CHECK_ARG(!accumulate, "project: the 8-bit leg does not accumulate on fp16 rows");
                 return project_i8_rows(env, w, in.x16, in.inv, rows, ym);
@@ -297,6 +340,7 @@ pf_status project(const ProjEnv &env, const ProjRoute &r, pf_weight *w, const Pr
         case WeightForm::F16Cache:
         case WeightForm::F16:
         case WeightForm::F16Slabs: return project_f16(env, r.weight, w, x, rows, ldx, y, ldy, accumulate);
+        case WeightForm::F16Blocks: return project_blocks(env, w, x, rows, ldx, y, ldy, accumulate);
         case WeightForm::I8Copy:
         case WeightForm::I8Slabs: return project_i8(env, w, x, rows, ldx, y, ldy, accumulate);
     }
@@ -508,6 +552,9 @@ ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, i
         case WeightForm::F16Slabs:
             if (rows == 1) return b;  // the GEMV
             b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
+            [[fallthrough]];
+        case WeightForm::F16Blocks:  // its fp32 rows' cast (none for one row: the GEMV)
+            if (rows == 1 && r.weight == WeightForm::F16Blocks) return b;
             [[fallthrough]];
         case WeightForm::F16Cache:
         case WeightForm::F16:

@@ -1,0 +1,37 @@
+// gemm_q16.cuh — the f16 leg's GEMM on a weight's GGUF blocks (the weight form F16Blocks,
+// plan/route.h): the f16 leg's fp16 input rows times the blocks dequantized on the chip to the
+// fp16 of the prewarm's cache, fp32 out (gemm_q16_kernel.cuh has the kernel and its design).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/mat.h"
+#include "prefill.h"
+
+namespace pf {
+
+struct Q16Gemm {
+    const void *blocks = nullptr;  // W [n][k] GGUF blocks of qtype, k / block elements per row
+    int32_t qtype = 0;
+    int64_t n = 0, k = 0;
+    const __half *x16 = nullptr;   // [rows][k] fp16, row stride k, 16-byte aligned
+    const float *inv = nullptr;    // the rows' inverse scales [rows]; nullptr: none
+    int64_t rows = 0;
+    MatF y;                        // [rows][y.ld >= n] fp32
+    bool accumulate = false;       // y += (else y =) x16 . W^T, before the rows' inverse scales
+};
+
+// The types it reads: the GGUF block types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS).
+bool gemm_q16_type(int32_t qtype);
+// Whether this build and `device` run it (an sm_90a build on compute capability 9.0 with the
+// driver's TMA encoder).
+bool gemm_q16_available(int device);
+// y (+)= x16 . W^T, then each row times its inverse scale: the f16 leg's GEMM and unscale on the
+// blocks. UNSUPPORTED where it does not run or for another type; INVALID_ARGUMENT for shapes out
+// of range (sizes below 2^31, k a whole number of blocks, y.ld >= n). Asynchronous on `stream`.
+pf_status gemm_q16(const Q16Gemm &g, cudaStream_t stream);
+
+}  // namespace pf

@@ -1,0 +1,333 @@
+// gemm_q16_kernel.cuh — the f16 leg's GEMM with its weight operand read from the GGUF blocks
+// (weight form F16Blocks, plan/route.h; sm_90a): Y[rows][n] (+)= X[rows][k] . W^T with X the
+// f16 leg's fp16 input rows, W [n][k] GGUF blocks dequantized on the chip to exactly the fp16
+// values of the prewarm's cache (decode_stage.cuh: the same exact fp32 values, rounded once to
+// nearest even), the products on the tensor cores with fp32 accumulation (wgmma), and the f16
+// leg's row unscale fused into the fp32 store. Self-contained (CUDA runtime, ptx/, the
+// decoders) so that the library (gemm_q16.cu) and a micro-benchmark build the same code.
+//
+// The block (the structure of the 8-bit leg's gemm_i8_kernel.cuh, the weight side dequantized
+// in the block instead of loaded ready):
+//  - 384 threads: a producer warpgroup and two consumer warpgroups. A block owns a 128-row x
+//    128-column output tile (kBM x kBN): each consumer the products of 64 rows of X, the
+//    producer the operands. K runs in stages of kBK = 64 columns (one 128-byte swizzled row of
+//    fp16 per matrix row, the layout wgmma reads: ptx/hopper.cuh).
+//  - The producer's thread 0 loads a stage's X tile (128 x 64 fp16) with TMA; all 128 producer
+//    threads write the stage's W tile (128 weight rows x 64 columns, fp16, swizzled) from the
+//    raw blocks, 8 columns of one row per thread and pass (decode8_stage), then fence the async
+//    proxy and arrive on the stage's "full" barrier (129 arrivals: 128 + thread 0's TMA one).
+//  - The raw blocks come through shared memory in "supersteps" of 256 columns (one K-quant block
+//    of each row, 8 Q4_0 / Q8_0 blocks): while the producer decodes the four stages of superstep
+//    j, the copies of superstep j + 1 are in flight into the other of two raw buffers (cp.async:
+//    16-byte copies where every row's segment is 16-byte aligned, Q4_K / Q5_K and Q4_0 / Q8_0 at
+//    k % 256 == 0; 4-byte words otherwise, the segment then sitting 0 or 2 bytes into its slot,
+//    which the even-offset decoders read). Each weight row has a slot of kSlot bytes, 32 mod 64
+//    so that the 4 rows a warp decodes at once read distinct banks.
+//  - A consumer waits for a stage, issues 4 x wgmma.m64n128k16 on it (A = its 64 rows of X,
+//    B = the W tile, both K-major from shared memory), commits, and releases the stage before
+//    (one arrival per warp on its "empty" barrier) once the next stage's products are issued:
+//    one group in flight while the producer refills.
+//  - The epilogue: y = (accumulate ? y : 0) + acc, then y *= inv[row] where the producers
+//    scaled a row (kernels/rows/f16_rows.cuh): the f16 leg's GEMM + unscale in one pass.
+// One block per tile, tiles rastered in bands of kBand row tiles (row tile fastest) so that the
+// blocks resident at once share their weight tile's raw blocks in L2. Rows past `rows`, weight
+// rows past n and columns past k read as zeros (the TMA's fill, the decoder's zeros).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dequant/decode_stage.cuh"
+#include "ptx/hopper.cuh"
+#include "ptx/mma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace pf {
+namespace q16 {
+
+using namespace hopper;
+
+constexpr int kBM = 128;                 // rows of X per block: 2 consumer warpgroups x 64
+constexpr int kBN = 128;                 // weight rows per block: one per producer thread
+constexpr int kBK = 64;                  // columns per stage: one swizzled fp16 row
+constexpr int kRawCols = 256;            // columns per raw superstep: one K-quant block per row
+constexpr int kStagesPerRaw = kRawCols / kBK;
+constexpr int kThreads = 384;            // producer warpgroup + 2 consumer warpgroups
+constexpr int kProducers = 128;
+constexpr int kConsumerWarps = 8;
+constexpr int kStages = 4;               // X / W stages in flight
+constexpr int kTileA = kBM * kBK * 2;    // bytes of one stage's X tile
+constexpr int kTileB = kBN * kBK * 2;    // bytes of one stage's W tile
+constexpr int kBand = 8;                 // row tiles per raster band
+constexpr int kProducerBarrier = 1;      // named barrier of the producer warpgroup (0: __syncthreads)
+
+// The raw geometry of type Q: bytes of 256 columns of a row, and the slot a row's bytes take in
+// a raw buffer: the bytes, up to 2 bytes of a leading half-word (4-byte word copies of a
+// segment at an even address), 8 bytes the even-offset decoders may read past the end
+// (stage8_even reads whole words), rounded up to 32 mod 64.
+template <int Q>
+struct RawGeom {
+    static constexpr int kElems = qtraits<Q>::kElems;
+    static constexpr int kBlock = qtraits<Q>::kBytes;
+    static constexpr int kBytes = kRawCols / kElems * kBlock;
+    static constexpr int kSlot = (kBytes + 12 - 32 + 63) / 64 * 64 + 32;
+    static_assert(kSlot >= kBytes + 12 && kSlot % 64 == 32, "slot");
+};
+
+template <int Q>
+__host__ __device__ constexpr size_t smem_bytes() {
+    return size_t(kSwizzleAtom) + size_t(kStages) * (kTileA + kTileB) + 2 * size_t(kBN) * RawGeom<Q>::kSlot +
+           16 * size_t(kStages);
+}
+
+struct Q16Args {
+    const uint8_t *w;    // the weight's GGUF blocks, row 0
+    int64_t row_bytes;   // bytes from one weight row to the next
+    float *y;            // [rows][ldy] fp32 output
+    int64_t ldy;
+    const float *inv;    // the inverse scales of X's rows (nullptr: every row unscaled)
+    int32_t rows, n, k;
+    int32_t m_tiles, n_tiles;
+    int32_t accumulate;
+    int32_t copy16;      // every raw segment 16-byte aligned and long: 16-byte copies
+    int32_t y_vec2;      // y and ldy allow float2 stores
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PF_Q16_DEVICE 1
+#endif
+
+#ifdef PF_Q16_DEVICE
+
+// The shared-memory layout: stage s's X tile, W tile, the two raw buffers, the barriers.
+struct Smem {
+    uint32_t base = 0;     // shared address of the 1024-aligned start
+    unsigned char *ptr = nullptr;
+    int slot = 0;          // RawGeom<Q>::kSlot
+    __device__ uint32_t a(int s) const { return base + uint32_t(s) * kTileA; }
+    __device__ uint32_t b(int s) const { return base + uint32_t(kStages * kTileA + s * kTileB); }
+    __device__ unsigned char *b_ptr(int s) const { return ptr + kStages * kTileA + s * kTileB; }
+    __device__ unsigned char *raw(int j) const {
+        return ptr + kStages * (kTileA + kTileB) + (j & 1) * kBN * slot;
+    }
+    __device__ uint32_t bars() const { return base + uint32_t(kStages * (kTileA + kTileB) + 2 * kBN * slot); }
+    __device__ uint32_t full(int s) const { return bars() + 8 * uint32_t(s); }
+    __device__ uint32_t empty(int s) const { return bars() + 8 * uint32_t(kStages + s); }
+};
+
+__device__ __forceinline__ void producer_sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kProducers) : "memory");
+}
+
+// The byte at which the weight row n0 + r's segment of superstep j starts.
+__device__ __forceinline__ const uint8_t *raw_src(const Q16Args &a, int n0, int r, int j, int seg_bytes) {
+    return a.w + int64_t(n0 + r) * a.row_bytes + int64_t(j) * seg_bytes;
+}
+
+// Starts the copies of superstep j (columns 256 j ..) of the tile's weight rows into raw buffer
+// j % 2 (this thread's share; the caller commits the group). Rows past n are not copied.
+template <int Q>
+__device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int n0, int j) {
+    using G = RawGeom<Q>;
+    const int c0 = j * kRawCols;
+    const int cols = min(kRawCols, a.k - c0);  // a whole number of blocks (the host checks k)
+    const int bytes = cols / G::kElems * G::kBlock;
+    unsigned char *raw = sm.raw(j);
+    const int rows = min(kBN, a.n - n0);
+    if (a.copy16) {
+        const int chunks = bytes / 16;
+        for (int i = int(threadIdx.x); i < rows * chunks; i += kProducers) {
+            const int r = i / chunks, c = i - r * chunks;
+            cp_async16(raw + r * G::kSlot + 16 * c, raw_src(a, n0, r, j, G::kBytes) + 16 * c);
+        }
+        return;
+    }
+    // 4-byte words from the segment's start rounded down to a word: [o, o + bytes) of the slot
+    // holds the segment (o = 0 or 2: blocks and rows have even sizes); a last half-word is
+    // copied with a plain 2-byte load (never a word past the matrix's end).
+    constexpr int kMaxWords = (G::kBytes + 2) / 4 + 1;
+    for (int i = int(threadIdx.x); i < rows * kMaxWords; i += kProducers) {
+        const int r = i / kMaxWords, wi = i - r * kMaxWords;
+        const uint8_t *src = raw_src(a, n0, r, j, G::kBytes);
+        const uint32_t o = uint32_t(reinterpret_cast<uintptr_t>(src) & 3u);
+        const uint8_t *w0 = src - o;
+        const int full_words = int((o + uint32_t(bytes)) / 4u);
+        unsigned char *dst = raw + r * G::kSlot;
+        if (wi < full_words) {
+            cp_async4_zfill(dst + 4 * wi, w0 + 4 * wi, true);
+        } else if (wi == full_words && ((o + uint32_t(bytes)) & 3u) != 0) {
+            *reinterpret_cast<uint16_t *>(dst + 4 * wi) = *reinterpret_cast<const uint16_t *>(w0 + 4 * wi);
+        }
+    }
+}
+
+// The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: 8 passes of
+// the producer warpgroup, each thread one row's 8 columns per pass (8 lanes a row, 4 rows a warp
+// instruction), decoded and rounded as the prewarm does, one 16-byte swizzled store each.
+template <int Q>
+__device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, int n0, int ks) {
+    using G = RawGeom<Q>;
+    const int j = ks / kStagesPerRaw;
+    const unsigned char *raw = sm.raw(j);
+    unsigned char *dst = sm.b_ptr(ks % kStages);
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    const int g = lane & 7;
+    const int col = ks * kBK + 8 * g;  // this lane's first column
+    const int e = col - j * kRawCols;  // its element in the superstep
+    constexpr int kRowsPerWarp = kBN / (kProducers / 32);  // 32: 8 passes of 4 rows
+#pragma unroll 2
+    for (int pass = 0; pass < kRowsPerWarp / 4; ++pass) {
+        const int r = warp * kRowsPerWarp + pass * 4 + (lane >> 3);
+        uint4 out = make_uint4(0u, 0u, 0u, 0u);
+        if (n0 + r < a.n && col < a.k) {
+            const uint32_t o =
+                a.copy16 ? 0u
+                         : uint32_t(reinterpret_cast<uintptr_t>(raw_src(a, n0, r, j, G::kBytes)) & 3u);
+            float v[8];
+            decode8_stage<Q>(raw + r * G::kSlot, o + uint32_t(e / G::kElems * G::kBlock), e % G::kElems, v);
+            out = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                             pack_half2(v[6], v[7]));
+        }
+        // Row r's 16-byte chunk g in the 128-byte swizzle (hopper.cuh swizzled_offset).
+        *reinterpret_cast<uint4 *>(dst + r * kSwizzleRow + ((g ^ (r & 7)) << 4)) = out;
+    }
+}
+
+// The producer warpgroup over the tile's stages: the X tile by TMA (thread 0), the W tile
+// decoded from the raw superstep, whose copies run one superstep ahead.
+template <int Q>
+__device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm_x, const Smem &sm, int m0, int n0,
+                                         int stages) {
+    const int supersteps = (a.k + kRawCols - 1) / kRawCols;
+    raw_issue<Q>(a, sm, n0, 0);
+    cp_async_commit();
+    for (int ks = 0; ks < stages; ++ks) {
+        if (ks % kStagesPerRaw == 0) {
+            const int j = ks / kStagesPerRaw;
+            producer_sync();  // every thread is done with buffer (j + 1) % 2 (superstep j - 1)
+            if (j + 1 < supersteps) raw_issue<Q>(a, sm, n0, j + 1);
+            cp_async_commit();
+            cp_async_wait<1>();  // this thread's copies of superstep j have landed
+            producer_sync();     // and everyone's (the half-words' plain stores too)
+        }
+        const int s = ks % kStages, use = ks / kStages;
+        if (use > 0) mbar_wait(sm.empty(s), uint32_t(use - 1) & 1u);
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(sm.full(s), kTileA);
+            tma_load_2d(sm.a(s), tm_x, ks * kBK, m0, sm.full(s));
+        }
+        decode_tile<Q>(a, sm, n0, ks);
+        fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
+        mbar_arrive(sm.full(s));
+    }
+    cp_async_wait_all();  // nothing in flight when the thread ends
+}
+
+// Rows row_in_tile and row_in_tile + 8 of the consumer warp, columns 8 j + 2 tig (+1), j < 16
+// (the wgmma D layout, ptx/wgmma.cuh): y = (accumulate ? y : 0) + acc, times the row's inverse
+// scale where the producer scaled it.
+__device__ __forceinline__ void epilogue(const Q16Args &a, const float (&acc)[kBN / 2], int m0, int n0,
+                                         int row_in_tile, int tig) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = m0 + row_in_tile + 8 * h;
+        if (r >= a.rows) continue;
+        const float s = a.inv ? a.inv[r] : 1.0f;
+        float *yr = a.y + int64_t(r) * a.ldy;
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) {
+            const int c = n0 + 8 * j + 2 * tig;
+            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (a.y_vec2 && c + 1 < a.n) {
+                float2 *dst = reinterpret_cast<float2 *>(yr + c);
+                if (a.accumulate) {
+                    const float2 old = *dst;
+                    v0 += old.x, v1 += old.y;
+                }
+                if (a.inv) v0 *= s, v1 *= s;
+                *dst = make_float2(v0, v1);
+            } else {
+                if (c < a.n) yr[c] = (a.accumulate ? yr[c] + v0 : v0) * (a.inv ? s : 1.0f);
+                if (c + 1 < a.n) yr[c + 1] = (a.accumulate ? yr[c + 1] + v1 : v1) * (a.inv ? s : 1.0f);
+            }
+        }
+    }
+}
+
+// A consumer warpgroup over the tile's stages, then its 64 rows' outputs.
+__device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m0, int n0, int stages) {
+    const int ctid = int(threadIdx.x) - kProducers;
+    const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const uint64_t da0 = smem_desc(sm.a(0) + uint32_t(wg) * 64 * kSwizzleRow, 16, kSwizzleAtom);
+    const uint64_t db0 = smem_desc(sm.b(0), 16, kSwizzleAtom);
+    const auto release = [&](int s) {
+        __syncwarp();
+        mbar_arrive_if(sm.empty(s), lane == 0);
+    };
+    float acc[kBN / 2];
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.f;
+    for (int ks = 0; ks < stages; ++ks) {
+        const int s = ks % kStages;
+        mbar_wait(sm.full(s), uint32_t(ks / kStages) & 1u);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)  // 4 x k16 = the stage's 128 bytes of each row
+            wgmma::wgmma_ss<kBN>(acc, desc_add(da0, uint32_t(s) * kTileA + 32 * kk),
+                                 desc_add(db0, uint32_t(s) * kTileB + 32 * kk), 1);
+        wgmma_commit();
+        if (ks > 0) {
+            wgmma_wait<1>();  // stage ks - 1's products are done: its tiles may be refilled
+            release((ks - 1) % kStages);
+        }
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    release((stages - 1) % kStages);
+    epilogue(a, acc, m0, n0, wg * 64 + warp * 16 + gid, tig);
+}
+
+#endif  // PF_Q16_DEVICE
+
+// One block per 128 x 128 output tile (m_tiles * n_tiles blocks), kThreads threads,
+// smem_bytes<Q>() of dynamic shared memory.
+template <int Q>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_q16_kernel(const __grid_constant__ Q16Args a, const __grid_constant__ CUtensorMap tm_x) {
+#ifdef PF_Q16_DEVICE
+    extern __shared__ unsigned char smem_raw[];
+    Smem sm;
+    const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
+    sm.base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
+    sm.ptr = smem_raw + (sm.base - raw);
+    sm.slot = RawGeom<Q>::kSlot;
+    // Tiles in bands of kBand row tiles, the row tile fastest inside a band.
+    const int t = int(blockIdx.x);
+    const int band_tiles = kBand * a.n_tiles;
+    const int band = t / band_tiles, in_band = t - band * band_tiles;
+    const int band_rows = min(kBand, a.m_tiles - band * kBand);
+    const int mt = band * kBand + in_band % band_rows, nt = in_band / band_rows;
+    const int m0 = mt * kBM, n0 = nt * kBN;
+    const int stages = (a.k + kBK - 1) / kBK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(sm.full(s), kProducers + 1);  // 128 decoders + the TMA's expect_tx
+            mbar_init(sm.empty(s), kConsumerWarps);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < kProducers) {
+        producer<Q>(a, &tm_x, sm, m0, n0, stages);
+        return;
+    }
+    consumer(a, sm, m0, n0, stages);
+#endif  // PF_Q16_DEVICE
+}
+
+}  // namespace q16
+}  // namespace pf

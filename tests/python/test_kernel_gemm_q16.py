@@ -1,0 +1,197 @@
+"""The f16 leg on a weight's GGUF blocks (tuning gemm_blocks, weight form F16Blocks, issue 38):
+fp16 rows times the blocks dequantized on the chip (kernels/gemm/gemm_q16_kernel.cuh), sm_90a.
+
+- Every block type at ragged shapes (rows, n, k not multiples of the 128 x 128 x 64 tile; k % 256
+  != 0 for the 32-element types, whose rows are then only 2-byte aligned), against float64 on
+  fresh random blocks within the f16 leg's bound, outputs NaN-poisoned first.
+- The weight operand is the prewarm's fp16 bit for bit: with X the identity, each output is one
+  product (Y[r][c] = W16[c][r], no rounding of a sum), so the GEMM on the blocks, the GEMM on the
+  cache and the cache itself agree exactly.
+- fp16 rows with row scales (pf_project_f16x) equal the fp32 path on their twin bit for bit;
+  accumulate, strided outputs, activations past the fp16 range, one row (the GEMV).
+- No fp16 copy of the weight is made: the context holds no slab scratch (what streaming needs).
+Where the device does not run it (no sm_90a build or not compute capability 9.0) the tests skip,
+with the 8-bit leg's reason (the same sm_90a check)."""
+import numpy as np
+import pytest
+from helpers import assert_close, make_weight, randn
+
+from pyprefill import errors
+from pyprefill.core import Context
+from pyprefill.kernels import gemm
+from pyprefill.reference import ops
+
+BLOCK_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+F16_BOUND, F32_BOUND = 3e-3, 1e-5
+
+
+@pytest.fixture
+def bctx(rng):
+    """A context whose kernel-level calls read uncached weights' blocks (gemm_blocks on); skips
+    where the device does not run the sm_90a kernels."""
+    with Context(0) as c:
+        w, _ = make_weight(c, rng, "Q8_0", 8, 128)
+        with w:
+            try:
+                gemm.project_np(c, w, randn(rng, 2, 128), leg="int8")
+            except errors.UnsupportedError as e:
+                pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
+        c.set_tuning(gemm_blocks="on")
+        yield c
+
+
+def _ref(x: np.ndarray, w64: np.ndarray) -> np.ndarray:
+    return ops.project(x[:, :w64.shape[1]], w64)
+
+
+def _k_for(qtype: str, k: int) -> int:
+    """k for the type: the 256-element types need whole blocks."""
+    return k if qtype in ("Q4_0", "Q8_0") else max(256, k // 256 * 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n,k", [(2, 96, 512), (7, 130, 96), (129, 200, 1056), (300, 256, 2560)])
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_blocks_every_type_ragged(bctx, rng, qtype, rows, n, k):
+    k = _k_for(qtype, k)
+    w, w64 = make_weight(bctx, rng, qtype, n, k)
+    with w:
+        x = randn(rng, rows, k)
+        got = gemm.project_np(bctx, w, x, leg="f16")
+        assert_close(f"blocks/{qtype} {rows}x{k}->{n}", _ref(x, w64), got, rtol=F16_BOUND)
+        # the same product on the cache, within fp32 accumulation of the same fp16 operands
+        gemm.weight_cache_f16(w)
+        cached = gemm.project_np(bctx, w, x, leg="f16")
+        assert_close(f"blocks vs cache/{qtype}", cached.astype(np.float64), got, rtol=F32_BOUND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_blocks_operand_is_the_cache_bit_for_bit(bctx, rng, qtype):
+    """X = I: Y[r][c] = W16[c][r] exactly (one product per output), on the blocks and on the
+    cache, and W16 is the prewarm's fp16."""
+    n, k = 136, _k_for(qtype, 288)
+    w, _ = make_weight(bctx, rng, qtype, n, k)
+    with w:
+        eye = np.eye(k, dtype=np.float32)
+        on_blocks = gemm.project_np(bctx, w, eye, leg="f16")
+        gemm.weight_cache_f16(w)
+        w16 = gemm.weight_f16_np(bctx, w)
+        on_cache = gemm.project_np(bctx, w, eye, leg="f16")
+        assert np.isfinite(on_blocks).all()
+        assert np.array_equal(on_blocks, on_cache), f"{qtype}: blocks and cache operands differ"
+        assert np.array_equal(on_blocks, w16.astype(np.float32).T), f"{qtype}: the operand is not the cache's fp16"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q4_0"])
+def test_blocks_on_fp16_rows_with_scales(bctx, rng, qtype):
+    """pf_project_f16x on an uncached weight (the producers' input form) equals the f16 leg on
+    X = x16 * inv bit for bit (the same fp16 rows and scales reach the same kernel), and the
+    float64 product with the weight's fp16 within fp32 accumulation."""
+    n, k, rows = 160, _k_for(qtype, 512), 37
+    w, _ = make_weight(bctx, rng, qtype, n, k)
+    with w:
+        w16 = gemm.dequantize_np(bctx, w, f16=True).astype(np.float64)
+        x16 = np.clip(rng.standard_normal((rows, k)), -8, 8).astype(np.float16)
+        inv = rng.choice(np.array([1.0, 16.0, 1024.0], np.float32), size=rows)
+        x = x16.astype(np.float32) * inv[:, None]
+        got = gemm.project_f16x_np(bctx, w, x16, inv)
+        assert np.array_equal(got, gemm.project_np(bctx, w, x, leg="f16")), f"{qtype}: f16x differs"
+        assert_close(f"f16x blocks/{qtype}", x.astype(np.float64) @ w16.T, got, rtol=F32_BOUND)
+        y0 = randn(rng, rows, n)
+        acc = gemm.project_f16x_np(bctx, w, x16, None, accumulate=True, y=y0)
+        want = y0.astype(np.float64) + x16.astype(np.float64) @ w16.T
+        assert_close(f"f16x blocks accumulate/{qtype}", want, acc, rtol=F32_BOUND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_blocks_strided_accumulate_and_fp16_range(bctx, rng, accumulate):
+    n, k, rows = 200, 512, 9
+    w, w64 = make_weight(bctx, rng, "Q5_K", n, k)
+    with w:
+        x = randn(rng, rows, k + 13)
+        x[:, k:] = np.nan                 # ldx = k + 13: the tail is never read
+        x[0, :k] *= 1e5                   # rows past the fp16 range: scaled, then unscaled
+        x[4, :k] *= 3e7
+        ldy = n + 37
+        y0 = np.full((rows, ldy), 12345.0, np.float32)
+        y0[:, :n] = randn(rng, rows, n) * 100.0
+        out = gemm.project_np(bctx, w, x, leg="f16", accumulate=accumulate, y=y0)
+        assert (out[:, n:] == 12345.0).all(), "columns beyond n were written"
+        ref = _ref(x[:, :k], w64) + (y0[:, :n] if accumulate else 0.0)
+        assert np.isfinite(out).all()
+        assert_close(f"blocks strided acc={accumulate}", ref, out[:, :n], rtol=F16_BOUND, worst_rtol=F16_BOUND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_blocks_one_row_and_auto(bctx, rng, qtype):
+    """One row: the GEMV on the blocks; AUTO on an uncached block type runs the f16 leg (its
+    result equals the f16 leg's, not the f32 leg's)."""
+    w, w64 = make_weight(bctx, rng, qtype, 96, 512)
+    with w:
+        x = randn(rng, 1, 512)
+        assert_close(f"one row/{qtype}", _ref(x, w64), gemm.project_np(bctx, w, x, leg="f16"), rtol=F32_BOUND)
+        xs = randn(rng, 33, 512)
+        auto = gemm.project_np(bctx, w, xs, leg="auto")
+        assert np.array_equal(auto, gemm.project_np(bctx, w, xs, leg="f16"))
+
+
+@pytest.mark.gpu
+def test_blocks_make_no_fp16_copy(rng):
+    """Streaming an uncached weight grows the context's slab scratch to an fp16 copy's size; the
+    GEMM on the blocks allocates no slab at all (only the cast rows of fp32 inputs)."""
+    n, k, rows = 1024, 2048, 64
+    sizes = {}
+    for blocks in (False, True):
+        with Context(0) as c:
+            w, _ = make_weight(c, rng, "Q4_K", n, k)
+            with w:
+                if blocks:
+                    w_probe, _ = make_weight(c, rng, "Q8_0", 8, 128)
+                    with w_probe:
+                        try:
+                            gemm.project_np(c, w_probe, randn(rng, 2, 128), leg="int8")
+                        except errors.UnsupportedError as e:
+                            pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
+                    c.set_tuning(gemm_blocks="on")
+                before = c.allocated()
+                gemm.project_np(c, w, randn(rng, rows, k), leg="f16")
+                sizes[blocks] = c.allocated() - before
+    assert sizes[False] >= n * k * 2, sizes
+    assert sizes[True] < n * k * 2 // 8, sizes
+
+
+# ----------------------------------------------------------------------------- whole models
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["qwen3_tiny", "qwen35_hv2", "qwen35_hv1"])
+def test_model_without_caches_on_the_blocks(bctx, model):
+    """A model loaded without its fp16 caches (prewarm off), its sessions on the default leg with
+    gemm_blocks: the HF fixtures within the default legs' bounds, the prewarmed model's logits
+    within the f16 leg's, and no fp16 copy held (f16_bytes 0)."""
+    from _reference_fixtures import load_npz, rel_err
+
+    from pyprefill.model import Model
+    path, prompts, hf = load_npz(model, "mix")
+    on = {"gemm_blocks": "on"}
+    with Model.load(path, prewarm=False, progress=False, tuning=on) as cold, \
+            Model.load(path, progress=False) as warm:
+        assert cold.refresh_info()["f16_bytes"] == 0
+        outs, warms = [], []
+        for tokens in prompts:
+            with cold.session(1024, chunk=64, tuning=on) as s:
+                outs.append(s.prefill(tokens, "all"))
+            with warm.session(1024, chunk=64) as s:
+                warms.append(s.prefill(tokens, "all"))
+        out, ref, cached = np.concatenate(outs), np.concatenate(hf), np.concatenate(warms)
+        assert np.isfinite(out).all()
+        whole, worst, row = rel_err(out, ref)
+        assert whole <= 2e-2, f"{model}: {whole:.2e} from HF (worst {worst:.2e} at row {row})"
+        assert float((out.argmax(-1) == ref.argmax(-1)).mean()) >= 0.99
+        whole, worst, row = rel_err(out, cached)
+        assert whole <= F16_BOUND, f"{model}: {whole:.2e} from the cached model (worst {worst:.2e} at {row})"
+        assert cold.refresh_info()["f16_bytes"] == 0, "a cache appeared"
