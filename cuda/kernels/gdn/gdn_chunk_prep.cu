@@ -16,12 +16,12 @@ __device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, ChunkRows c
     const size_t hc = (size_t)j * a.nc + c;
     float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
     if (2 * lane < cr.lim) {
-        g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
-        b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
+        g0 = a.g.ptr[(t0 + 2 * lane) * a.g.ld + j];
+        b0 = a.beta.ptr[(t0 + 2 * lane) * a.beta.ld + j];
     }
     if (2 * lane + 1 < cr.lim) {
-        g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
-        b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
+        g1 = a.g.ptr[(t0 + 2 * lane + 1) * a.g.ld + j];
+        b1 = a.beta.ptr[(t0 + 2 * lane + 1) * a.beta.ld + j];
     }
     float x = g0 + g1;
 #pragma unroll
@@ -61,8 +61,8 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows
             const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
             kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (i < cr.lim) {
-                const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
-                const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
+                const float *kp = a.k.row(t0 + i) + (int64_t)jk * kDK + d;
+                const float *qp = a.q.row(t0 + i) + (int64_t)jk * kDK + d;
                 if (VEC) {
                     kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
                     qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));

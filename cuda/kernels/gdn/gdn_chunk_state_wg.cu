@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
         // The next sub-pass's prep may start beside this grid (chained sub-passes): its
         // workspace half was last read by the state grid before the prep just waited for.
         pdl_launch_dependents();
-        const float *vseq = a.v + sq.r0 * a.ldv + (int64_t)j * kDK + col0;
+        const float *vseq = a.v.ptr + sq.r0 * a.v.ld + (int64_t)j * kDK + col0;
         for (int c = 0; c < sq.nc; ++c) {
             const int b = c % NS;
             StateWgSmem::Stage &d = s.st[b];
@@ -201,20 +201,20 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
             if (tma_v) {
                 mbar_arrive(full);
             } else {
-                const float *vg = vseq + t0 * a.ldv;
+                const float *vg = vseq + t0 * a.v.ld;
                 if (VEC) {  // 4 columns of a row are 16 contiguous bytes of the swizzled block
 #pragma unroll 4
                     for (int e = lane; e < kC * 16; e += 32) {
                         const int i = e >> 4, d4 = (e & 15) * 4;
                         const bool ok = i < lim;
-                        cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * a.ldv + d4, ok);
+                        cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * a.v.ld + d4, ok);
                     }
                 } else {
 #pragma unroll 4
                     for (int e = lane; e < kC * 64; e += 32) {
                         const int i = e >> 6, d1 = e & 63;
                         const bool ok = i < lim;
-                        cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * a.ldv + d1, ok);
+                        cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * a.v.ld + d1, ok);
                     }
                 }
                 cp_async_arrive_noinc(full);
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     // 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
     // 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
     const int vr0 = 16 * warp + g8;
-    float *og = a.o + s.seq.r0 * a.ldo + (int64_t)j * kDK + col0 + vr0;
+    float *og = a.o.ptr + s.seq.r0 * a.o.ld + (int64_t)j * kDK + col0 + vr0;
     float *state = s.seq.state + (int64_t)j * kDK * kDK + col0 + vr0;
 
     // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
@@ -410,13 +410,13 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
         // The outputs: this thread's 2 value columns x 16 rows of the chunk.
         const int64_t t0 = (int64_t)c * kC, left = s.seq.rows - t0;
         const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
-        float *orow = og + (t0 + 2 * tig) * a.ldo;  // row 2 tig of the chunk
+        float *orow = og + (t0 + 2 * tig) * a.o.ld;  // row 2 tig of the chunk
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
+        for (int nt = 0; nt < 8; ++nt, orow += 8 * a.o.ld)
 #pragma unroll
             for (int w = 0; w < 2; ++w)
                 if (8 * nt + 2 * tig + w < lim) {
-                    float *p = orow + (w ? a.ldo : 0);
+                    float *p = orow + (w ? a.o.ld : 0);
                     p[0] = oa[4 * nt + w] * u[0];
                     p[8] = oa[4 * nt + 2 + w] * u[1];
                 }
@@ -449,12 +449,12 @@ pf_status launch_state_wg_vec(const StateArgs &a, bool pdl, cudaStream_t stream)
                         (long long)m.rows, (long long)m.cols, int(r));
     }
     if (VEC) {  // V (fp32, [rows][ldv]) in boxes of 64 rows x 32 columns, 128-byte swizzle
-        const CUresult r = hopper::encode_2d_sw128(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.v,
-                                                   (int64_t)a.n_v_heads * kDK, a.rows, a.ldv * 4,
+        const CUresult r = hopper::encode_2d_sw128(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.v.ptr,
+                                                   (int64_t)a.n_v_heads * kDK, a.rows, a.v.ld * 4,
                                                    32, kC);
         if (r != CUDA_SUCCESS)
             return fail(PF_STATUS_CUDA_ERROR, "gdn_chunk_scan_rows: TMA map of v (%lld rows, ld %lld): CUresult %d",
-                        (long long)a.rows, (long long)a.ldv, int(r));
+                        (long long)a.rows, (long long)a.v.ld, int(r));
     } else {
         maps[4] = maps[0];  // unused: V by cp.async
     }
