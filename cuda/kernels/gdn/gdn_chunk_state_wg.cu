@@ -432,9 +432,8 @@ __device__ __forceinline__ void wg_store_outputs(float *og, int64_t ldo, int64_t
 // 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
 // 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
 __device__ __forceinline__ void wg_state_consumer(StateWgSmem &s, const StateArgs &a, WgCta w, int warp,
-                                                  int lane) {
+                                                  int lane, int g8, int tig) {
     constexpr int NS = kWgStateStages;
-    const int g8 = lane >> 2, tig = lane & 3;
     const int vr0 = 16 * warp + g8;
     float *og = a.o.ptr + s.seq.r0 * a.o.ld + (int64_t)w.j * kDK + w.col0 + vr0;
     float *state = s.seq.state + (int64_t)w.j * kDK * kDK + w.col0 + vr0;
@@ -493,6 +492,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     StateWgSmem &s = *reinterpret_cast<StateWgSmem *>(base);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;  // mma fragment coordinates
     const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
     const WgCta w{j, j % a.n_k_heads, col0};
     if (tid == 0) {
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
         wg_state_producer<VEC>(s, a, WgMaps{&tm_k, &tm_q, &tm_t, &tm_p, &tm_v}, w, lane);
         return;
     }
-    wg_state_consumer(s, a, w, warp, lane);
+    wg_state_consumer(s, a, w, warp, lane, g8, tig);
 #else
     __trap();  // sm_90a only: the host never launches it elsewhere (gdn_state_wg_available)
 #endif
