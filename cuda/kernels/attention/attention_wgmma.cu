@@ -63,11 +63,10 @@ constexpr int kWgThreads = 128 + kWgConsumers;     // + the producer warpgroup (
 // consumer code at 240 (it needs the entry count, which __launch_bounds__(384, 1) gives).
 constexpr int kStages = 2;                         // K/V pipeline depth
 
-struct wgmma_attn_args {
-    const float *q;
-    int64_t ldq, qhs;
-    float *o;
-    int64_t ldo;
+struct WgmmaAttnArgs {
+    CMatF q;      // the launcher's q (AttentionArgs q, ldq); head h of row t at q.row(t) + h * qhs
+    int64_t qhs;
+    MatF o;       // the launcher's o (AttentionArgs o, ldo)
     int32_t G, n_kv_heads;
     int32_t q_vec4;    // q, ldq and the head stride are whole 16-byte units: vector loads of q
     int32_t o_vec2;    // o and ldo are whole 8-byte units: the epilogue stores float2
@@ -208,7 +207,7 @@ __device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const uint32_t (&p
 
 template <int D, int BN>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    wgmma_attn_kernel(const __grid_constant__ wgmma_attn_args a,
+    wgmma_attn_kernel(const __grid_constant__ WgmmaAttnArgs a,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v) {
 #ifdef PF_WGMMA_DEVICE
@@ -313,7 +312,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const int64_t m = m0 + r;
         if (m < packed) {
             const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
-            const float *src = a.q + t * a.ldq + h * a.qhs + c * 8;
+            const float *src = a.q.ptr + t * a.q.ld + h * a.qhs + c * 8;
             if (a.q_vec4) {
                 const float4 lo = __ldg(reinterpret_cast<const float4 *>(src));
                 const float4 hi = __ldg(reinterpret_cast<const float4 *>(src) + 1);
@@ -453,7 +452,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const int64_t m = m0 + wg * 64 + warp * 16 + gid + 8 * r;
         if (m >= packed) continue;
         const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
-        float *orow = a.o + t * a.ldo + h * D;
+        float *orow = a.o.ptr + t * a.o.ld + h * D;
         if (a.o_vec2) {
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
@@ -488,7 +487,7 @@ pf_status make_cache_map(CUtensorMap *map, const void *cache, int64_t kv_dim, in
 }
 
 template <int D, int BN>
-pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
+pf_status launch_wgmma(const AttentionArgs &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
     static_assert(smem <= kSm90SmemOptin, "Q + kStages of K and V exceed sm_90's 227 KiB");
     PF_TRY(set_max_dynamic_smem(wgmma_attn_kernel<D, BN>, int(smem), "wgmma_attn_kernel"));
@@ -499,12 +498,10 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     CUtensorMap tm_k, tm_v;
     PF_TRY(make_cache_map<BN>(&tm_k, a.k_cache, kv_dim, map_rows, "K"));
     PF_TRY(make_cache_map<BN>(&tm_v, a.v_cache, kv_dim, map_rows, "V"));
-    wgmma_attn_args f;
-    f.q = a.q;
-    f.ldq = a.ldq;
+    WgmmaAttnArgs f;
+    f.q = CMatF{a.q, a.ldq};
     f.qhs = a.q_head_stride;
-    f.o = a.o;
-    f.ldo = a.ldo;
+    f.o = MatF{a.o, a.ldo};
     f.G = a.n_heads / a.n_kv_heads;
     f.n_kv_heads = a.n_kv_heads;
     f.q_vec4 = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && a.ldq % 4 == 0 && a.q_head_stride % 4 == 0;
@@ -526,7 +523,7 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
 
 }  // namespace
 
-pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
+pf_status attention_flash_wgmma(const AttentionArgs &a, cudaStream_t st) {
     // Key tiles: 176 at D = 128, 80 at D = 256 (shared memory: Q + 2 stages of K and V, 208 and
     // 224 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
     if (a.head_dim == 128) return launch_wgmma<128, 176>(a, st);
