@@ -1,5 +1,5 @@
 // gemm_i8_kernel.cuh — the 8-bit leg's GEMM kernel (sm_90a) and its launch, self-contained
-// (CUDA runtime and hopper.cuh only), so that the library (gemm_i8.cu) and the kernel's
+// (CUDA runtime, mat.h and hopper.cuh only), so that the library (gemm_i8.cu) and the kernel's
 // micro-benchmark (tests/cpp/bench_gemm_i8.cu) build the same code. Operand forms: gemm_i8.cuh.
 //
 // The GEMM (the structure of DeepGEMM's FP8 GEMM, DeepSeek 2025, written here for int8 with
@@ -37,6 +37,7 @@
 
 #include <cstdint>
 
+#include "base/mat.h"
 #include "kernels/gemm/gemm_i8.cuh"
 #include "ptx/hopper.cuh"
 #include "ptx/wgmma.cuh"
@@ -80,9 +81,8 @@ static_assert(i8_smem_bytes<128>() <= kSm90SmemOptinI8, "6 stages of 128 x 128 f
 static_assert(i8_smem_bytes<128, true>() <= kSm90SmemOptinI8, "6 rank-1 stages of 128 x 128 fit");
 static_assert(i8_smem_bytes<192>() <= kSm90SmemOptinI8, "5 stages of 128 x 192 fit");
 
-struct i8_gemm_args {
-    float *y;
-    int64_t ldy;
+struct I8GemmArgs {
+    MatF y;  // the output rows (the launcher's y, ldy)
     int32_t rows, n, groups;
     int32_t m_tiles, n_tiles;
     int32_t accumulate;
@@ -163,7 +163,7 @@ __device__ __forceinline__ void fence_iregs(int32_t (&r)[N]) {
 // edge, C7517) and was removed (NOTES.md, session 35).
 template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 __global__ void __launch_bounds__(kI8Threads, 1)
-    gemm_i8_kernel(const __grid_constant__ i8_gemm_args a, const __grid_constant__ CUtensorMap tm_a,
+    gemm_i8_kernel(const __grid_constant__ I8GemmArgs a, const __grid_constant__ CUtensorMap tm_a,
                    const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_sa,
                    const __grid_constant__ CUtensorMap tm_sw) {
 #ifdef PF_I8_DEVICE
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kI8Threads, 1)
         if (whole) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float *yr = a.y + int64_t(m0 + row_in_tile + 8 * h) * a.ldy + n0 + 2 * tig;
+                float *yr = a.y.ptr + int64_t(m0 + row_in_tile + 8 * h) * a.y.ld + n0 + 2 * tig;
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j)
                     *reinterpret_cast<float2 *>(yr + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kI8Threads, 1)
         for (int h = 0; h < 2; ++h) {
             const int r = m0 + row_in_tile + 8 * h;
             if (r >= a.rows) continue;
-            float *yr = a.y + int64_t(r) * a.ldy;
+            float *yr = a.y.ptr + int64_t(r) * a.y.ld;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int c = n0 + 8 * j + 2 * tig;
@@ -441,12 +441,11 @@ inline CUresult make_maps(Maps *m, const I8Mat &a, const I8Mat &w, int64_t rows,
     return r;
 }
 
-inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int64_t ldy,
-                              bool accumulate, int bn, const float *wr = nullptr) {
-    i8_gemm_args f;
+inline I8GemmArgs make_args(int64_t rows, int64_t n, int64_t k, float *y, int64_t ldy,
+                            bool accumulate, int bn, const float *wr = nullptr) {
+    I8GemmArgs f;
     f.wr = wr;
-    f.y = y;
-    f.ldy = ldy;
+    f.y = MatF{y, ldy};
     f.rows = int32_t(rows);
     f.n = int32_t(n);
     f.groups = int32_t(i8_groups(k));
@@ -462,7 +461,7 @@ inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int6
 // max_clusters > 0: a persistent grid of at most that many clusters (max_active_clusters);
 // 0: one cluster per cluster tile.
 template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
-cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int max_clusters = 0) {
+cudaError_t launch(const Maps &m, const I8GemmArgs &f, cudaStream_t st, int max_clusters = 0) {
     constexpr size_t smem = i8_smem_bytes<BN, R1>();
     constexpr int CS = CM * CN;
     int64_t clusters = int64_t((f.m_tiles + CM - 1) / CM) * ((f.n_tiles + CN - 1) / CN);
