@@ -47,7 +47,7 @@ pf_status check_cache(const pf_context *ctx, const pf_buffer *b, int64_t kv_dim,
 
 // Resolved, validated options: everything pf_attention checks before it looks at buffers.
 struct resolved_options {
-    pf::attention_args args;  // pointers left null
+    pf::AttentionArgs args;  // pointers left null
     int64_t kv_dim = 0;
 };
 
@@ -99,8 +99,8 @@ pf_status resolve_options(const pf_attention_options *o, const char *fn, resolve
                  "%s: out_row_stride=%lld must be >= n_heads*head_dim = %lld (and <= 2^31 - 1)", fn,
                  (long long)o->out_row_stride, (long long)(H * D));
 
-    pf::attention_args &a = out->args;
-    a = pf::attention_args{};
+    pf::AttentionArgs &a = out->args;
+    a = pf::AttentionArgs{};
     a.ldq = ldq;
     a.q_head_stride = qhs;
     a.kv_dtype = o->kv_dtype;
@@ -213,7 +213,7 @@ extern "C" PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_opt
         const char *fn = "pf_attention";
         resolved_options r;
         PF_TRY(resolve_options(opts, fn, &r));
-        pf::attention_args &a = r.args;
+        pf::AttentionArgs &a = r.args;
         // q and out are whole buffers (offset 0) with the options' strides.
         const int64_t H = a.n_heads, D = a.head_dim;
         const int64_t q_width = (H - 1) * a.q_head_stride + D;

@@ -72,7 +72,7 @@ pf_status plan_gemms(Executor *e) {
 size_t attention_ws_bytes(const pf_model *m, const ExecPlan &plan, int64_t T, int64_t capacity, void *k, void *v) {
     const Hparams &hp = m->hp;
     if (m->n_attn_layers == 0) return 0;
-    attention_args a;
+    AttentionArgs a;
     a.k_cache = k;
     a.v_cache = v;
     a.kv_dtype = plan.kv_dtype;

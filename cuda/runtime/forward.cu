@@ -127,11 +127,11 @@ const int64_t *pos_dev(const Executor *e, size_t i) { return e->vals + 1 + i; }
 
 // attention's arguments for item `it` (index i) in the index-th attention layer: q in the
 // side-by-side scratch e->a (see attn_layer), o in e->o, at the item's rows; the host position.
-attention_args attn_args(const Executor *e, const StepItem &it, int32_t index) {
+AttentionArgs attn_args(const Executor *e, const StepItem &it, int32_t index) {
     const Hparams &hp = e->model->hp;
     const int64_t D = hp.head_dim, H = hp.n_head;
     const bool gated = hp.arch == PF_ARCH_QWEN35;
-    attention_args a;
+    AttentionArgs a;
     a.ldq = hp.q_proj_dim() + 2 * hp.kv_dim();
     a.q = e->a + it.row0 * a.ldq;
     a.q_head_stride = gated ? 2 * D : D;
@@ -223,7 +223,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     // over query tiles x heads, the key loop bounded in the kernel, the wgmma maps over the whole
     // capacity), so they join the graph segment.
     auto flash = [&](size_t i, cudaStream_t s) {
-        attention_args a = attn_args(e, items[i], Lw.attn_index);
+        AttentionArgs a = attn_args(e, items[i], Lw.attn_index);
         a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this step
         a.pos0_dev = pos_dev(e, i);
         a.kv_capacity = items[i].seq->capacity;
@@ -262,7 +262,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
             } else {
                 // The cuBLAS path's launches (and AUTO's choice) depend on the position: run
                 // eagerly between the graph segments.
-                attention_args a = attn_args(e, items[i], Lw.attn_index);
+                AttentionArgs a = attn_args(e, items[i], Lw.attn_index);
                 PF_TRY(R.eager([&] { return attention(ctx, a); }));
             }
         }

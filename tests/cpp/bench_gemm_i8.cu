@@ -38,7 +38,7 @@ struct Variant {
     const char *name;
     int bn, cm, cn;
     bool persistent;  // a grid of the clusters the device holds at once, not one per tile
-    cudaError_t (*launch)(const i8k::Maps &, const i8k::i8_gemm_args &, cudaStream_t, int);
+    cudaError_t (*launch)(const i8k::Maps &, const i8k::I8GemmArgs &, cudaStream_t, int);
     int (*max_clusters)();
     const void *kernel;
     size_t smem;
@@ -126,7 +126,7 @@ int run_shape(int64_t M, int64_t N, int64_t K, const std::vector<Variant> &vs, b
             ++bad;
             continue;
         }
-        const i8k::i8_gemm_args f = i8k::make_args(M, N, K, y, N, false, v.bn, w.m.r);
+        const i8k::I8GemmArgs f = i8k::make_args(M, N, K, y, N, false, v.bn, w.m.r);
         CK(cudaMemsetAsync(y, 0xFF, size_t(M * N) * sizeof(float), st));  // NaN: unwritten fails
         for (int i = 0; i < 2; ++i) CK(v.launch(maps, f, st, clusters));
         std::vector<float> ms;

@@ -31,7 +31,7 @@ __host__ __device__ constexpr int tile_k_bytes() { return BN * kD * 2; }  // one
 template <int BN>
 constexpr size_t smem_bytes() { return size_t(kTileQ) + 2 * tile_k_bytes<BN>() + 8 + 1024; }
 
-struct probe_args {
+struct ProbeArgs {
     const __half *q;  // [kM][kD]
     const __half *p;  // [kM][BN]
     __half *k_back;   // [BN][kD]: the K tile read back from shared memory
@@ -40,7 +40,7 @@ struct probe_args {
 };
 
 template <int BN>
-__global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ probe_args a,
+__global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ ProbeArgs a,
                                                     const __grid_constant__ CUtensorMap tm_k,
                                                     const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -199,7 +199,7 @@ int run_case() {
     }
     CHECK(cudaFuncSetAttribute(probe_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(smem_bytes<BN>())));
-    probe_kernel<BN><<<1, 128, smem_bytes<BN>()>>>(probe_args{dq, dp, dkb, ds, dout}, tm_k, tm_v);
+    probe_kernel<BN><<<1, 128, smem_bytes<BN>()>>>(ProbeArgs{dq, dp, dkb, ds, dout}, tm_k, tm_v);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
 

@@ -27,18 +27,15 @@ unsigned grid_for(int64_t n) {
 
 // ---------------------------------------------------------------------------------- kv_write
 
-struct kv_write_args {
-    const float *k;
-    int64_t ldk;
-    const float *v;
-    int64_t ldv;
+struct KvWriteArgs {
+    CMatF k, v;  // the entry's views
     int64_t rows, kv_dim;
     void *k_cache, *v_cache;  // already offset to row pos0 (unless pos0_dev)
     const int64_t *pos0_dev;  // when set: the caches' row 0, offset here by *pos0_dev rows
 };
 
 template <typename T>
-__global__ void kv_write_kernel(const __grid_constant__ kv_write_args a) {
+__global__ void kv_write_kernel(const __grid_constant__ KvWriteArgs a) {
     const int64_t off = a.pos0_dev ? *a.pos0_dev * a.kv_dim : 0;
     T *kc = static_cast<T *>(a.k_cache) + off;
     T *vc = static_cast<T *>(a.v_cache) + off;
@@ -46,12 +43,12 @@ __global__ void kv_write_kernel(const __grid_constant__ kv_write_args a) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t r = i / a.kv_dim, c = i - r * a.kv_dim;
-        kc[i] = from_float<T>(a.k[r * a.ldk + c]);  // cache rows are contiguous (stride kv_dim)
-        vc[i] = from_float<T>(a.v[r * a.ldv + c]);
+        kc[i] = from_float<T>(a.k.ptr[r * a.k.ld + c]);  // cache rows are contiguous (stride kv_dim)
+        vc[i] = from_float<T>(a.v.ptr[r * a.v.ld + c]);
     }
 }
 
-pf_status kv_write_launch(const kv_write_args &a, int32_t kv_dtype, cudaStream_t stream) {
+pf_status kv_write_launch(const KvWriteArgs &a, int32_t kv_dtype, cudaStream_t stream) {
     const int64_t rows = a.rows, kv_dim = a.kv_dim;
     if (kv_dtype == PF_KV_F16)
         kv_write_kernel<__half><<<grid_for(rows * kv_dim), 256, 0, stream>>>(a);
@@ -65,22 +62,22 @@ pf_status kv_write_launch(const kv_write_args &a, int32_t kv_dtype, cudaStream_t
 
 // dst[(h * n + t) * D + d] = q[t * ldq + h * qhs + d]: the [H][n][D] layout lets one strided-batched
 // GEMM per KV head take its G query heads as G*n consecutive columns.
-struct gather_args {
-    const float *q;  // already offset to the pass's first row
-    int64_t ldq, qhs;
+struct GatherQArgs {
+    CMatF q;  // from the pass's first row
+    int64_t qhs;
     void *dst;
     int64_t n, H, D;
 };
 
 template <typename T>
-__global__ void gather_q_kernel(const __grid_constant__ gather_args a) {
+__global__ void gather_q_kernel(const __grid_constant__ GatherQArgs a) {
     T *dst = static_cast<T *>(a.dst);
     const int64_t total = a.H * a.n * a.D;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t d = i % a.D, ht = i / a.D;
         const int64_t t = ht % a.n, h = ht / a.n;
-        dst[i] = from_float<T>(a.q[t * a.ldq + h * a.qhs + d]);
+        dst[i] = from_float<T>(a.q.ptr[t * a.q.ld + h * a.qhs + d]);
     }
 }
 
@@ -90,14 +87,14 @@ constexpr int kSoftmaxThreads = 256;
 // position); P = exp(s - max) / sum over those, 0 past them (the PV GEMM reads the whole row).
 // P may alias the scores (fp32 cache: in place, each element read before it is written by the
 // same thread) or be a separate fp16 array.
-struct softmax_args {
+struct SoftmaxArgs {
     const float *scores;  // [H * n][T]
     void *probs;          // [H * n][T], float or __half
     int64_t n, T, pos0;
 };
 
 template <typename P>
-__global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_kernel(const __grid_constant__ softmax_args a) {
+__global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_kernel(const __grid_constant__ SoftmaxArgs a) {
     __shared__ float sh[kSoftmaxThreads / 32];
     const int64_t row = blockIdx.x;
     const int64_t valid = a.pos0 + row % a.n + 1;  // <= T by construction
@@ -134,13 +131,12 @@ __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_kernel(const _
 // So the C fragments of n-tiles 2kk and 2kk+1 of S are exactly the A fragment of k-step kk of P
 // (the FA2 register reuse: P never leaves registers).
 
-struct flash_args {
-    const float *q;
-    int64_t ldq, qhs;
+struct FlashArgs {
+    CMatF q;  // the launcher's q (AttentionArgs q, ldq)
+    int64_t qhs;
     const __half *k_cache, *v_cache;
     int64_t kv_dim;
-    float *o;
-    int64_t ldo;
+    MatF o;   // the launcher's o (AttentionArgs o, ldo)
     int32_t G;
     int64_t rows, pos0;
     const int64_t *pos0_dev;  // when set, pos0 is read here when the kernel runs (CUDA graphs)
@@ -160,7 +156,7 @@ constexpr size_t flash_smem_bytes() {
 }
 
 template <int D, int BC>
-__global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_constant__ flash_args a) {
+__global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_constant__ FlashArgs a) {
     static_assert(D % 16 == 0 && BC % 16 == 0, "tiles are whole mma steps");
     // Shared rows are padded by 8 halves (16 bytes): the row stride is then 4 banks off a multiple
     // of 32 banks, so the 8 gid rows x 4 tig words of a fragment load hit 32 distinct banks.
@@ -188,7 +184,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         float x = 0.f;
         if (m < packed) {
             const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
-            x = a.q[t * a.ldq + h * a.qhs + d];
+            x = a.q.ptr[t * a.q.ld + h * a.qhs + d];
         }
         sQ[r * LDS + d] = to_half_sat(x);
     }
@@ -312,7 +308,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         const int64_t m = m0 + warp * 16 + gid + 8 * i;
         if (m >= packed) continue;
         const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
-        float *orow = a.o + t * a.ldo + h * D;
+        float *orow = a.o.ptr + t * a.o.ld + h * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
             orow[dt * 8 + 2 * tig] = acc[dt][2 * i] * inv;
@@ -335,7 +331,7 @@ pf_status reserve_scratch(pf_context *ctx, size_t bytes, void **out) {
 
 // Workspace of the cuBLAS path for passes of n query rows over at most pos0 + rows keys: gathered
 // q [H][n][D] (cache dtype), fp32 scores [H][n][T], fp16 probabilities [H][n][T] (fp16 cache).
-size_t cublas_bytes(const attention_args &a, int64_t n_rows) {
+size_t cublas_bytes(const AttentionArgs &a, int64_t n_rows) {
     const size_t H = size_t(a.n_heads), n = size_t(n_rows), D = size_t(a.head_dim);
     const size_t T = size_t(a.pos0 + std::max<int64_t>(a.rows, 1));
     const bool f16 = a.kv_dtype == PF_KV_F16;
@@ -343,7 +339,7 @@ size_t cublas_bytes(const attention_args &a, int64_t n_rows) {
            (f16 ? align256(H * n * T * 2) : 0);
 }
 
-pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
+pf_status attention_cublas(pf_context *ctx, const AttentionArgs &a) {
     const int64_t H = a.n_heads, Hkv = a.n_kv_heads, D = a.head_dim, G = H / Hkv;
     const bool f16 = a.kv_dtype == PF_KV_F16;
     const size_t esz = f16 ? sizeof(__half) : sizeof(float);
@@ -379,7 +375,7 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
         const int64_t n = std::min(rpp, a.rows - r0);
         const int64_t p0 = a.pos0 + r0, T = p0 + n;  // this pass sees keys 0..T-1
 
-        gather_args ga{a.q + r0 * a.ldq, a.ldq, a.q_head_stride, qs, n, H, D};
+        GatherQArgs ga{CMatF{a.q, a.ldq}.rows_from(r0), a.q_head_stride, qs, n, H, D};
         if (f16)
             gather_q_kernel<__half><<<grid_for(H * n * D), 256, 0, st>>>(ga);
         else
@@ -405,7 +401,7 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
                 (long long)(G * n * T), int(Hkv)));
         }
 
-        softmax_args sa{scores, probs, n, T, p0};
+        SoftmaxArgs sa{scores, probs, n, T, p0};
         if (f16)
             causal_softmax_kernel<__half><<<unsigned(H * n), kSoftmaxThreads, 0, st>>>(sa);
         else
@@ -441,19 +437,17 @@ pf_status attention_cublas(pf_context *ctx, const attention_args &a) {
 // -------------------------------------------------------------------------- flash path
 
 template <int D, int BC>
-pf_status launch_flash(const attention_args &a, cudaStream_t st) {
+pf_status launch_flash(const AttentionArgs &a, cudaStream_t st) {
     constexpr size_t smem = flash_smem_bytes<D, BC>();
     // Above the 48 KiB default: opt in, once per device.
     PF_TRY(set_max_dynamic_smem(flash_attn_kernel<D, BC>, int(smem), "flash_attn_kernel"));
-    flash_args f;
-    f.q = a.q;
-    f.ldq = a.ldq;
+    FlashArgs f;
+    f.q = CMatF{a.q, a.ldq};
     f.qhs = a.q_head_stride;
     f.k_cache = static_cast<const __half *>(a.k_cache);
     f.v_cache = static_cast<const __half *>(a.v_cache);
     f.kv_dim = int64_t(a.n_kv_heads) * D;
-    f.o = a.o;
-    f.ldo = a.ldo;
+    f.o = MatF{a.o, a.ldo};
     f.G = a.n_heads / a.n_kv_heads;
     f.rows = a.rows;
     f.pos0 = a.pos0;
@@ -471,7 +465,6 @@ pf_status launch_flash(const attention_args &a, cudaStream_t st) {
 
 pf_status kv_write(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCache &cache, int64_t pos0,
                    cudaStream_t stream) {
-    const float *k = km.ptr, *v = vm.ptr;
     const int64_t ldk = km.ld, ldv = vm.ld;
     void *k_cache = cache.k, *v_cache = cache.v;
     const int32_t kv_dtype = cache.dtype;
@@ -482,15 +475,14 @@ pf_status kv_write(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCac
                  (int)kv_dtype);
     if (rows == 0) return PF_STATUS_OK;
     const size_t esz = kv_dtype == PF_KV_F16 ? sizeof(__half) : sizeof(float);
-    kv_write_args a{k, ldk, v, ldv, rows, kv_dim,
-                    static_cast<char *>(k_cache) + size_t(pos0 * kv_dim) * esz,
-                    static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz, nullptr};
+    KvWriteArgs a{km, vm, rows, kv_dim,
+                  static_cast<char *>(k_cache) + size_t(pos0 * kv_dim) * esz,
+                  static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz, nullptr};
     return kv_write_launch(a, kv_dtype, stream);
 }
 
 pf_status kv_write_at(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCache &cache,
                       const int64_t *pos0_dev, cudaStream_t stream) {
-    const float *k = km.ptr, *v = vm.ptr;
     const int64_t ldk = km.ld, ldv = vm.ld;
     void *k_cache = cache.k, *v_cache = cache.v;
     const int32_t kv_dtype = cache.dtype;
@@ -500,17 +492,17 @@ pf_status kv_write_at(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const Kv
     PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32, "kv_write_at: kv_dtype=%d",
                  (int)kv_dtype);
     if (rows == 0) return PF_STATUS_OK;
-    return kv_write_launch(kv_write_args{k, ldk, v, ldv, rows, kv_dim, k_cache, v_cache, pos0_dev},
+    return kv_write_launch(KvWriteArgs{km, vm, rows, kv_dim, k_cache, v_cache, pos0_dev},
                            kv_dtype, stream);
 }
 
-bool attention_flash_supported(const attention_args &a) {
+bool attention_flash_supported(const AttentionArgs &a) {
     const auto aligned16 = [](const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
     return a.kv_dtype == PF_KV_F16 && (a.head_dim == 128 || a.head_dim == 256) &&
            aligned16(a.k_cache) && aligned16(a.v_cache);
 }
 
-int32_t attention_resolved_path(const attention_args &a) {
+int32_t attention_resolved_path(const AttentionArgs &a) {
     if (a.path == PF_ATTN_FLASH) return PF_ATTN_FLASH;
     if (a.path == PF_ATTN_CUBLAS || !attention_flash_supported(a)) return PF_ATTN_CUBLAS;
     // AUTO. The flash grid has ceil(rows*G/64) x Hkv blocks, each walking every visible key:
@@ -522,12 +514,12 @@ int32_t attention_resolved_path(const attention_args &a) {
     return PF_ATTN_FLASH;
 }
 
-int32_t attention_resolved_kernel(const attention_args &a, int device) {
+int32_t attention_resolved_kernel(const AttentionArgs &a, int device) {
     if (a.kernel == PF_ATTN_KERNEL_MMA || a.kernel == PF_ATTN_KERNEL_WGMMA) return a.kernel;
     return sm90a_kernels_available(device) ? PF_ATTN_KERNEL_WGMMA : PF_ATTN_KERNEL_MMA;
 }
 
-int64_t attention_rows_per_pass(const attention_args &a) {
+int64_t attention_rows_per_pass(const AttentionArgs &a) {
     const int64_t rows = std::max<int64_t>(a.rows, 1);
     int64_t rpp = a.rows_per_pass;
     if (rpp <= 0) {
@@ -541,11 +533,11 @@ int64_t attention_rows_per_pass(const attention_args &a) {
     return std::max<int64_t>(rpp, 1);
 }
 
-size_t attention_workspace_bytes(const attention_args &a, int64_t rows_per_pass) {
+size_t attention_workspace_bytes(const AttentionArgs &a, int64_t rows_per_pass) {
     return attention_resolved_path(a) == PF_ATTN_FLASH ? 0 : cublas_bytes(a, rows_per_pass);
 }
 
-pf_status attention(pf_context *ctx, const attention_args &a) {
+pf_status attention(pf_context *ctx, const AttentionArgs &a) {
     PF_CHECK_ARG(ctx != nullptr, "attention: ctx is NULL");
     PF_CHECK_ARG(a.n_heads > 0 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
                  "attention: n_heads=%d n_kv_heads=%d", a.n_heads, a.n_kv_heads);

@@ -43,7 +43,7 @@ pf_status kv_write_at(CMatF k, CMatF v, int64_t rows, int64_t kv_dim, const KvCa
                       const int64_t *pos0_dev, cudaStream_t stream);
 
 // Arguments of `attention`. Shapes use H = n_heads, Hkv = n_kv_heads, D = head_dim.
-struct attention_args {
+struct AttentionArgs {
     // q: query row t (position pos0 + t), head h starts at q[t * ldq + h * q_head_stride],
     // D contiguous fp32 values. qwen3: q_head_stride = D, ldq = H*D. qwen35 (per-head [q | gate]
     // rows of the q projection): q_head_stride = 2*D, ldq = 2*H*D.
@@ -120,25 +120,25 @@ constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-p
 //    that captures the flash launch at one position must check the choice at each replay).
 // ctx is needed for the cuBLAS handles, its stream and the scratch; runs on ctx->stream.
 // Scalar checks only (the C API validates buffers); rows == 0 is a no-op.
-pf_status attention(pf_context *ctx, const attention_args &a);
+pf_status attention(pf_context *ctx, const AttentionArgs &a);
 
 // True when the flash kernel serves these arguments (fp16 cache, D in {128, 256}, aligned caches).
-bool attention_flash_supported(const attention_args &a);
+bool attention_flash_supported(const AttentionArgs &a);
 // The path `a` would run: PF_ATTN_CUBLAS or PF_ATTN_FLASH (AUTO resolved).
-int32_t attention_resolved_path(const attention_args &a);
+int32_t attention_resolved_path(const AttentionArgs &a);
 // The rows per pass the cuBLAS path uses for `a` (before any workspace shrink), >= 1.
-int64_t attention_rows_per_pass(const attention_args &a);
+int64_t attention_rows_per_pass(const AttentionArgs &a);
 // Workspace bytes the cuBLAS path needs for passes of `rows_per_pass` rows with keys up to
-// pos0 + rows (0 for the flash path). Use it to size attention_args::workspace.
-size_t attention_workspace_bytes(const attention_args &a, int64_t rows_per_pass);
+// pos0 + rows (0 for the flash path). Use it to size AttentionArgs::workspace.
+size_t attention_workspace_bytes(const AttentionArgs &a, int64_t rows_per_pass);
 
 // The flash kernel `a` runs on `device`: PF_ATTN_KERNEL_MMA or PF_ATTN_KERNEL_WGMMA (an explicit
 // a.kernel first, then wgmma where available). An explicit WGMMA where it
 // is not available resolves to WGMMA, and attention() reports it UNSUPPORTED.
-int32_t attention_resolved_kernel(const attention_args &a, int device);
+int32_t attention_resolved_kernel(const AttentionArgs &a, int device);
 // Runs the wgmma kernel (D 128 or 256, fp16 cache, 16-byte aligned caches; the caller checked
 // attention_flash_supported and sm90a_kernels_available) on `stream`.
-pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t stream);
+pf_status attention_flash_wgmma(const AttentionArgs &a, cudaStream_t stream);
 
 // Frees this family's per-context scratch (call from context teardown; harmless when none).
 void attention_release(pf_context *ctx);

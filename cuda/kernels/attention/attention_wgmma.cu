@@ -63,11 +63,10 @@ constexpr int kWgThreads = 128 + kWgConsumers;     // + the producer warpgroup (
 // consumer code at 240 (it needs the entry count, which __launch_bounds__(384, 1) gives).
 constexpr int kStages = 2;                         // K/V pipeline depth
 
-struct wgmma_attn_args {
-    const float *q;
-    int64_t ldq, qhs;
-    float *o;
-    int64_t ldo;
+struct WgmmaAttnArgs {
+    CMatF q;      // the launcher's q (AttentionArgs q, ldq); head h of row t at q.row(t) + h * qhs
+    int64_t qhs;
+    MatF o;       // the launcher's o (AttentionArgs o, ldo)
     int32_t G, n_kv_heads;
     int32_t q_vec4;    // q, ldq and the head stride are whole 16-byte units: vector loads of q
     int32_t o_vec2;    // o and ldo are whole 8-byte units: the epilogue stores float2
@@ -204,116 +203,107 @@ __device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const uint32_t (&p
     wgmma_commit();
 }
 
-#endif  // PF_WGMMA_DEVICE
-
+// The block's shared memory as 32-bit shared-window addresses (what TMA, mbarriers and the wgmma
+// descriptors take; FA3's SharedStorage): the Q tile at base (the dynamic shared memory rounded
+// up to the 1024-byte swizzle atom), kStages of K then of V tiles, then the mbarriers full_k,
+// full_v, empty_k, empty_v [stage] and the two ping-pong turns. base_ptr: base as a generic
+// pointer, for the plain stores (the Q tile, the zeroed V rows).
 template <int D, int BN>
-__global__ void __launch_bounds__(kWgThreads, 1)
-    wgmma_attn_kernel(const __grid_constant__ wgmma_attn_args a,
-                      const __grid_constant__ CUtensorMap tm_k,
-                      const __grid_constant__ CUtensorMap tm_v) {
-#ifdef PF_WGMMA_DEVICE
-    // BN % 16: whole k-steps of P V (and n8 tiles of S); BN % 8 is then implied, which keeps
-    // each BN-row swizzle block whole 1024-byte atoms. BN <= 256: wgmma's N and the TMA box.
-    static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "whole swizzle blocks, whole k-steps");
-    static_assert(uint32_t(BN) * kSwizzleRow % kSwizzleAtom == 0, "swizzle blocks 1024-aligned");
-    constexpr int CPR = D / 8;                             // 16-byte chunks per row
-    constexpr uint32_t kQBytes = uint32_t(kWgBM) * D * 2;
-    constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;  // one K or V stage
+struct AttnSmem {
+    static constexpr uint32_t kQBytes = uint32_t(kWgBM) * D * 2;
+    static constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;  // one K or V stage
+    unsigned char *base_ptr;
+    uint32_t base;
+    uint32_t sK0;   // stage s of K at sK0 + s * kTileBytes
+    uint32_t sV0;   // stage s of V at sV0 + s * kTileBytes
+    uint32_t bars;  // full_k, full_v, empty_k, empty_v [s], sched [2]
+    __device__ __forceinline__ uint32_t full_k(int st) const { return bars + 8 * st; }
+    __device__ __forceinline__ uint32_t full_v(int st) const { return bars + 8 * (kStages + st); }
+    __device__ __forceinline__ uint32_t empty_k(int st) const { return bars + 8 * (2 * kStages + st); }
+    __device__ __forceinline__ uint32_t empty_v(int st) const { return bars + 8 * (3 * kStages + st); }
+    __device__ __forceinline__ uint32_t sched(int w) const { return bars + 8 * (4 * kStages + w); }
+    // The ping-pong turns (attn_mainloop): warpgroup wg waits for its turn k, then passes the turn.
+    __device__ __forceinline__ void turn_wait(int wg, int k) const { mbar_wait(sched(wg), uint32_t(k) & 1); }
+    __device__ __forceinline__ void turn_pass(int wg) const { mbar_arrive(sched(wg ^ 1)); }
+};
 
-    extern __shared__ unsigned char smem_raw[];
-    const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
-    const uint32_t base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
-    unsigned char *const base_ptr = smem_raw + (base - raw);
-    const uint32_t sQ = base;
-    const uint32_t sK0 = sQ + kQBytes;                  // stage s of K at sK0 + s * kTileBytes
-    const uint32_t sV0 = sK0 + kStages * kTileBytes;    // stage s of V at sV0 + s * kTileBytes
-    const uint32_t bars = sV0 + kStages * kTileBytes;   // full_k, full_v, empty_k, empty_v [s]
-    const auto full_k = [&](int st) { return bars + 8 * st; };
-    const auto full_v = [&](int st) { return bars + 8 * (kStages + st); };
-    const auto empty_k = [&](int st) { return bars + 8 * (2 * kStages + st); };
-    const auto empty_v = [&](int st) { return bars + 8 * (3 * kStages + st); };
-    const auto sched = [&](int w) { return bars + 8 * (4 * kStages + w); };  // ping-pong turns
-
-    const int tid = threadIdx.x;
-    // One linear grid, KV head fastest and row tiles from the last (most keys) to the first:
-    // the blocks start heaviest first across all heads, so the tail of the grid is short.
-    const int64_t packed = a.rows * a.G;
-    const int64_t n_mtiles = (packed + kWgBM - 1) / kWgBM;
-    const int kvh = int(blockIdx.x % unsigned(a.n_kv_heads));
-    const int64_t m0 = (n_mtiles - 1 - int64_t(blockIdx.x / unsigned(a.n_kv_heads))) * kWgBM;
-    const int64_t m_end = m0 + kWgBM < packed ? m0 + kWgBM : packed;
+// The block's tile (FA3's TileScheduler, one tile per block): KV head kvh and the packed rows
+// m0 .. m_end - 1 of `packed`; the keys: the position pos0 (read from the device when the launch
+// has pos0_dev), n_keys visible to the block's last row, keys <= diag visible to every row, in
+// n_tiles key tiles. One linear grid, KV head fastest and row tiles from the last (most keys) to
+// the first: the blocks start heaviest first across all heads, so the tail of the grid is short.
+struct AttnTile {
+    int64_t packed, m0, m_end, pos0, n_keys, diag;
+    int kvh, n_tiles;
+};
+template <int BN>
+__device__ __forceinline__ AttnTile attn_tile(const WgmmaAttnArgs &a) {
+    AttnTile t;
+    t.packed = a.rows * a.G;
+    const int64_t n_mtiles = (t.packed + kWgBM - 1) / kWgBM;
+    t.kvh = int(blockIdx.x % unsigned(a.n_kv_heads));
+    t.m0 = (n_mtiles - 1 - int64_t(blockIdx.x / unsigned(a.n_kv_heads))) * kWgBM;
+    t.m_end = t.m0 + kWgBM < t.packed ? t.m0 + kWgBM : t.packed;
     // The grid, the shared memory and the maps do not depend on the position: the key loop's
     // bound and the causal limits do.
-    const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
-    const int64_t n_keys = pos0 + (m_end - 1) / a.G + 1;  // keys visible to the block's last row
-    const int64_t diag = pos0 + m0 / a.G;  // keys <= diag are visible to every row of the block
-    const int n_tiles = int((n_keys + BN - 1) / BN);
+    t.pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
+    t.n_keys = t.pos0 + (t.m_end - 1) / a.G + 1;  // keys visible to the block's last row
+    t.diag = t.pos0 + t.m0 / a.G;  // keys <= diag are visible to every row of the block
+    t.n_tiles = int((t.n_keys + BN - 1) / BN);
+    return t;
+}
 
-    if (tid == 0) {
-        for (int st = 0; st < kStages; ++st) {
-            mbar_init(full_k(st), 1);  // the producer's arrive.expect_tx
-            mbar_init(full_v(st), 1);
-            mbar_init(empty_k(st), kWgConsumers);  // every consumer thread
-            mbar_init(empty_v(st), kWgConsumers);
-        }
-        mbar_init(sched(0), kWgConsumers / 2);  // the 128 threads of the other warpgroup
-        mbar_init(sched(1), kWgConsumers / 2);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves after its loop
-
-    if (tid < 128) {
-        // Producer warpgroup: thread 0 streams the K and V tiles of this block's keys.
-        setmaxnreg_dec<kProducerRegs>();
-        if (tid == 0) {
-            // Tile `it` goes to stage it % kStages once the tile kStages back has been released
-            // there (its use-th refill waits for release number use - 1).
-            for (int it = 0; it < n_tiles; ++it) {
-                const int st = it % kStages, use = it / kStages;
-                const int j0 = it * BN;
-                if (use > 0) mbar_wait(empty_k(st), (use - 1) & 1);
-                mbar_arrive_expect_tx(full_k(st), kTileBytes);
+// The producer (thread 0 of the producer warpgroup): the K and V tiles of the block's keys by
+// TMA. Tile `it` goes to stage it % kStages once the tile kStages back has been released there
+// (its use-th refill waits for release number use - 1); K and V have their own barriers, so
+// K_{i+2} loads as soon as S_i is done.
+template <int D, int BN>
+__device__ __forceinline__ void attn_produce(const AttnSmem<D, BN> &L, const AttnTile &t, const CUtensorMap *tm_k,
+                                             const CUtensorMap *tm_v) {
+    constexpr uint32_t kTileBytes = AttnSmem<D, BN>::kTileBytes;
+    for (int it = 0; it < t.n_tiles; ++it) {
+        const int st = it % kStages, use = it / kStages;
+        const int j0 = it * BN;
+        if (use > 0) mbar_wait(L.empty_k(st), (use - 1) & 1);
+        mbar_arrive_expect_tx(L.full_k(st), kTileBytes);
 #pragma unroll
-                for (int b = 0; b < D / kSwizzleCols; ++b)
-                    tma_load_2d(sK0 + st * kTileBytes + b * BN * kSwizzleRow, &tm_k,
-                                kvh * D + b * kSwizzleCols, j0, full_k(st));
-                if (use > 0) mbar_wait(empty_v(st), (use - 1) & 1);
-                mbar_arrive_expect_tx(full_v(st), kTileBytes);
+        for (int b = 0; b < D / kSwizzleCols; ++b)
+            tma_load_2d(L.sK0 + st * kTileBytes + b * BN * kSwizzleRow, tm_k, t.kvh * D + b * kSwizzleCols, j0,
+                        L.full_k(st));
+        if (use > 0) mbar_wait(L.empty_v(st), (use - 1) & 1);
+        mbar_arrive_expect_tx(L.full_v(st), kTileBytes);
 #pragma unroll
-                for (int b = 0; b < D / kSwizzleCols; ++b)
-                    tma_load_2d(sV0 + st * kTileBytes + b * BN * kSwizzleRow, &tm_v,
-                                kvh * D + b * kSwizzleCols, j0, full_v(st));
-            }
-            // Stay until the consumers have released the last stages: no TMA of this block is
-            // in flight when its issuing thread exits.
-            for (int it = n_tiles > kStages ? n_tiles - kStages : 0; it < n_tiles; ++it) {
-                mbar_wait(empty_k(it % kStages), (it / kStages) & 1);
-                mbar_wait(empty_v(it % kStages), (it / kStages) & 1);
-            }
-        }
-        return;
+        for (int b = 0; b < D / kSwizzleCols; ++b)
+            tma_load_2d(L.sV0 + st * kTileBytes + b * BN * kSwizzleRow, tm_v, t.kvh * D + b * kSwizzleCols, j0,
+                        L.full_v(st));
     }
+    // Stay until the consumers have released the last stages: no TMA of this block is
+    // in flight when its issuing thread exits.
+    for (int it = t.n_tiles > kStages ? t.n_tiles - kStages : 0; it < t.n_tiles; ++it) {
+        mbar_wait(L.empty_k(it % kStages), (it / kStages) & 1);
+        mbar_wait(L.empty_v(it % kStages), (it / kStages) & 1);
+    }
+}
 
-    setmaxnreg_inc<kConsumerRegs>();
-    const int ctid = tid - 128;              // consumer thread 0..255
-    const int wg = ctid >> 7;                // consumer warpgroup: packed rows 64 wg .. 64 wg + 63
-    const int warp = (ctid >> 5) & 3;        // warp within the warpgroup: 16 rows each
-    const int lane = ctid & 31, gid = lane >> 2, tig = lane & 3;
-
-    // Q tile: fp32 -> fp16 (saturating), written straight into the swizzled layout; rows past
-    // the chunk are zero and never stored. All of a thread's loads are issued before the first
-    // conversion (one memory latency per block, not one per chunk); 16-byte loads where q, ldq
-    // and the head stride allow them (a.q_vec4), else scalar ones.
+// The Q tile by the 256 consumer threads (ctid): fp32 -> fp16 (saturating), written straight
+// into the swizzled layout; rows past the chunk are zero and never stored. All of a thread's
+// loads are issued before the first conversion (one memory latency per block, not one per
+// chunk); 16-byte loads where q, ldq and the head stride allow them (a.q_vec4), else scalar
+// ones. Fenced to the async proxy: the wgmma read it.
+template <int D, int BN>
+__device__ __forceinline__ void attn_load_q(const WgmmaAttnArgs &a, const AttnSmem<D, BN> &L, const AttnTile &t,
+                                            int ctid) {
+    constexpr int CPR = D / 8;                           // 16-byte chunks per row
     constexpr int kQIters = kWgBM * CPR / kWgConsumers;  // 16-byte chunks of the tile per thread
     static_assert(kWgBM * CPR % kWgConsumers == 0, "whole chunks per thread");
     float qx[kQIters][8];
 #pragma unroll
     for (int k = 0; k < kQIters; ++k) {
         const int idx = ctid + k * kWgConsumers, r = idx / CPR, c = idx % CPR;
-        const int64_t m = m0 + r;
-        if (m < packed) {
-            const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
-            const float *src = a.q + t * a.ldq + h * a.qhs + c * 8;
+        const int64_t m = t.m0 + r;
+        if (m < t.packed) {
+            const int64_t tq = m / a.G, h = int64_t(t.kvh) * a.G + (m - tq * a.G);
+            const float *src = a.q.ptr + tq * a.q.ld + h * a.qhs + c * 8;
             if (a.q_vec4) {
                 const float4 lo = __ldg(reinterpret_cast<const float4 *>(src));
                 const float4 hi = __ldg(reinterpret_cast<const float4 *>(src) + 1);
@@ -334,77 +324,78 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         __align__(16) __half h8[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) h8[e] = wg_to_half_sat(qx[k][e]);
-        *reinterpret_cast<uint4 *>(base_ptr + swizzled_offset(r, c, kWgBM)) =
-            *reinterpret_cast<const uint4 *>(h8);
+        *reinterpret_cast<uint4 *>(L.base_ptr + swizzled_offset(r, c, kWgBM)) = *reinterpret_cast<const uint4 *>(h8);
     }
     fence_proxy_async();
-    consumer_sync();  // the whole Q tile is in place for both warpgroups' wgmma
+}
 
+// The consumer's main loop (one warpgroup wg, its thread at fragment row gid, column pair tig of
+// warp `warp`): every key tile but the last, with the ping-pong turns and the pipelining of the
+// schedule above; acc holds O (wgmma accumulator layout, see wgmma.cuh) rescaled to the running
+// max, sm the softmax state, p the last tile's probabilities, whose product attn_last_pv issues.
+// Tile 0's scores and probabilities come before the loop; in iteration it, S of tile it+1 is in
+// flight while P_it V_it is issued, and its softmax overlaps that product.
+// Ping-pong (FA3's warp-scheduler barrier, on mbarriers so that a stuck wait traps): the two
+// warpgroups issue their wgmma batches in turn, batch k of warpgroup 1 after batch k of
+// warpgroup 0 and batch k+1 of warpgroup 0 after batch k of warpgroup 1, so that one
+// warpgroup's softmax runs while the other's products occupy the tensor cores. Batches:
+// 0 = S_0, it+1 = S_{it+1} and P_it V_it, n_tiles = the last P V.
+template <int D, int BN>
+__device__ __forceinline__ void attn_mainloop(const WgmmaAttnArgs &a, const AttnSmem<D, BN> &L, const AttnTile &t,
+                                              int wg, int warp, int gid, int tig, float (&acc)[D / 2],
+                                              softmax_state &sm, uint32_t (&p)[BN / 16][4]) {
+    constexpr uint32_t kTileBytes = AttnSmem<D, BN>::kTileBytes;
     // This thread's two rows (gid and gid + 8 of its warp's 16): last visible key of each.
     int64_t last_key[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int64_t m = m0 + wg * 64 + warp * 16 + gid + 8 * i;
-        const int64_t lk = pos0 + m / a.G;
-        last_key[i] = lk < n_keys - 1 ? lk : n_keys - 1;
+        const int64_t m = t.m0 + wg * 64 + warp * 16 + gid + 8 * i;
+        const int64_t lk = t.pos0 + m / a.G;
+        last_key[i] = lk < t.n_keys - 1 ? lk : t.n_keys - 1;
     }
-
-    float acc[D / 2];  // O: 64 x D per warpgroup, wgmma accumulator layout (see wgmma.cuh)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
-    softmax_state sm = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
     float alpha[2];
     float s[BN / 2];
-    uint32_t p[BN / 16][4];
-    const uint32_t q_wg = sQ + uint32_t(wg) * 64 * kSwizzleRow;  // this warpgroup's 64 rows
+    const uint32_t q_wg = L.base + uint32_t(wg) * 64 * kSwizzleRow;  // this warpgroup's 64 rows
     // Descriptors of this warpgroup's Q rows and of stage 0 of K and V; the other stages and
     // k-steps are these moved by an offset (desc_add).
     const uint64_t dq = smem_desc(q_wg, 16, kSwizzleAtom);
-    const uint64_t dk0 = smem_desc(sK0, 16, kSwizzleAtom);
-    const uint64_t dv0 = smem_desc(sV0, uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
-    const auto crosses_diag = [&](int it) { return int64_t(it) * BN + BN - 1 > diag; };
+    const uint64_t dk0 = smem_desc(L.sK0, 16, kSwizzleAtom);
+    const uint64_t dv0 = smem_desc(L.sV0, uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
+    const auto crosses_diag = [&](int it) { return int64_t(it) * BN + BN - 1 > t.diag; };
+    if (wg == 1) mbar_arrive(L.sched(0));  // warpgroup 0 goes first
 
-    // Tile 0's scores and probabilities before the loop; in iteration it, S of tile it+1 is in
-    // flight while P_it V_it is issued, and its softmax overlaps that product.
-    // Ping-pong (FA3's warp-scheduler barrier, on mbarriers so that a stuck wait traps): the two
-    // warpgroups issue their wgmma batches in turn, batch k of warpgroup 1 after batch k of
-    // warpgroup 0 and batch k+1 of warpgroup 0 after batch k of warpgroup 1, so that one
-    // warpgroup's softmax runs while the other's products occupy the tensor cores. Batches:
-    // 0 = S_0, it+1 = S_{it+1} and P_it V_it, n_tiles = the last P V.
-    const auto turn_wait = [&](int k) { mbar_wait(sched(wg), uint32_t(k) & 1); };
-    const auto turn_pass = [&]() { mbar_arrive(sched(wg ^ 1)); };
-    if (wg == 1) mbar_arrive(sched(0));  // warpgroup 0 goes first
-
-    mbar_wait(full_k(0), 0);
-    turn_wait(0);
+    mbar_wait(L.full_k(0), 0);
+    L.turn_wait(wg, 0);
     issue_qk<D, BN>(s, dq, dk0);
-    turn_pass();
+    L.turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(s);
-    mbar_arrive(empty_k(0));  // K_0 is done with
+    mbar_arrive(L.empty_k(0));  // K_0 is done with
     softmax_tile<BN>(s, 0, crosses_diag(0), last_key, tig, a.scale_log2, sm, p, alpha);
     // The loop runs the tiles that have a successor; the last tile's product follows it, so
     // every iteration commits the same two wgmma groups (ptxas tracks them statically).
-    for (int it = 0; it + 1 < n_tiles; ++it) {
+    for (int it = 0; it + 1 < t.n_tiles; ++it) {
         const int st = it % kStages, use = it / kStages;
         const int nst = (it + 1) % kStages;
-        mbar_wait(full_k(nst), ((it + 1) / kStages) & 1);
-        mbar_wait(full_v(st), use & 1);
-        turn_wait(it + 1);
+        mbar_wait(L.full_k(nst), ((it + 1) / kStages) & 1);
+        mbar_wait(L.full_v(st), use & 1);
+        L.turn_wait(wg, it + 1);
         issue_qk<D, BN>(s, dq, desc_add(dk0, nst * kTileBytes));
         fence_regs(acc);
         issue_pv<D, BN>(acc, p, desc_add(dv0, st * kTileBytes));
-        turn_pass();
+        L.turn_pass(wg);
         wgmma_wait<1>();  // S of tile it+1 is done; P_it V_it may still run
         fence_regs(s);
-        mbar_arrive(empty_k(nst));  // K_{it+1} is done with
+        mbar_arrive(L.empty_k(nst));  // K_{it+1} is done with
         uint32_t p_next[BN / 16][4];
-        softmax_tile<BN>(s, int64_t(it + 1) * BN, crosses_diag(it + 1), last_key, tig,
-                         a.scale_log2, sm, p_next, alpha);
+        softmax_tile<BN>(s, int64_t(it + 1) * BN, crosses_diag(it + 1), last_key, tig, a.scale_log2, sm, p_next,
+                         alpha);
         wgmma_wait<0>();
         fence_regs(acc);
         fence_regs(p);  // P_it stays in its registers until its product is complete
-        mbar_arrive(empty_v(st));  // V_it is done with
+        mbar_arrive(L.empty_v(st));  // V_it is done with
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
 #pragma unroll
@@ -412,21 +403,27 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
     }
-    const int it = n_tiles - 1, st = it % kStages;
-    mbar_wait(full_v(st), (it / kStages) & 1);
-    // Rows of the last V tile from pos0 + rows on are not keys of this chunk. Past the maps the
-    // TMA filled them with zeros; inside (maps spanning the capacity: pos0_dev) they hold
-    // whatever the cache held there, and P = 0 times a stale or never written value may be NaN,
-    // so they are zeroed here: the same tile as the TMA's fill, bitwise the same products. (K
-    // needs nothing: scores of those keys are masked to -inf, and S column j reads K row j only.)
-    // Only the last tile can reach them (n_keys <= pos0 + rows); the condition is block-uniform,
-    // so both consumer warpgroups meet the barrier or neither does.
-    const int64_t kv_len = pos0 + a.rows;
-    const int64_t j_end = int64_t(n_tiles) * BN < a.map_rows ? int64_t(n_tiles) * BN : a.map_rows;
+}
+
+// The last tile's product O += P V (ping-pong batch n_tiles). Rows of the last V tile from pos0
+// + rows on are not keys of this chunk. Past the maps the TMA filled them with zeros; inside
+// (maps spanning the capacity: pos0_dev) they hold whatever the cache held there, and P = 0 times
+// a stale or never written value may be NaN, so they are zeroed here first: the same tile as the
+// TMA's fill, bitwise the same products. (K needs nothing: scores of those keys are masked to
+// -inf, and S column j reads K row j only.) Only the last tile can reach them (n_keys <= pos0 +
+// rows); the condition is block-uniform, so both consumer warpgroups meet the barrier or neither.
+template <int D, int BN>
+__device__ __forceinline__ void attn_last_pv(const WgmmaAttnArgs &a, const AttnSmem<D, BN> &L, const AttnTile &t,
+                                             int wg, int ctid, float (&acc)[D / 2], uint32_t (&p)[BN / 16][4]) {
+    constexpr uint32_t kTileBytes = AttnSmem<D, BN>::kTileBytes;
+    const int it = t.n_tiles - 1, st = it % kStages;
+    mbar_wait(L.full_v(st), (it / kStages) & 1);
+    const int64_t kv_len = t.pos0 + a.rows;
+    const int64_t j_end = int64_t(t.n_tiles) * BN < a.map_rows ? int64_t(t.n_tiles) * BN : a.map_rows;
     if (j_end > kv_len) {
         constexpr int kChunksPerRow = kSwizzleRow / 16;  // a swizzled row permutes its own chunks
         const int r0 = int(kv_len - int64_t(it) * BN), nr = int(j_end - kv_len);
-        unsigned char *const tile = base_ptr + (sV0 - base) + st * kTileBytes;
+        unsigned char *const tile = L.base_ptr + (L.sV0 - L.base) + st * kTileBytes;
         for (int idx = ctid; idx < nr * (D / kSwizzleCols) * kChunksPerRow; idx += kWgConsumers) {
             const int c = idx % kChunksPerRow, rb = idx / kChunksPerRow;
             const int r = r0 + rb % nr, b = rb / nr;  // row r of swizzle block b (64 columns)
@@ -435,25 +432,31 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         fence_proxy_async();  // the zeros, seen by the wgmma's (async proxy) reads
         consumer_sync();
     }
-    turn_wait(n_tiles);
+    const uint64_t dv0 = smem_desc(L.sV0, uint32_t(BN) * kSwizzleRow, kSwizzleAtom);
+    L.turn_wait(wg, t.n_tiles);
     fence_regs(acc);
     issue_pv<D, BN>(acc, p, desc_add(dv0, st * kTileBytes));
-    turn_pass();
+    L.turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(acc);
     fence_regs(p);
-    mbar_arrive(empty_v(st));
+    mbar_arrive(L.empty_v(st));
+}
 
-    // Normalise and store the rows of this chunk (fp32): a thread's two columns 2tig, 2tig+1
-    // of each n8 tile as one float2 where o and ldo allow it (a.o_vec2), else two scalars.
+// The epilogue: normalise and store the thread's rows of this chunk (fp32): its two columns
+// 2tig, 2tig+1 of each n8 tile as one float2 where o and ldo allow it (a.o_vec2), else two
+// scalars.
+template <int D>
+__device__ __forceinline__ void attn_epilogue(const WgmmaAttnArgs &a, const AttnTile &t, int wg, int warp, int gid,
+                                              int tig, const float (&acc)[D / 2], const softmax_state &sm) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float l = quad_sum(sm.row_sum[r]);
         const float inv = 1.f / l;  // l >= 1 (the max term); NaN inputs stay NaN
-        const int64_t m = m0 + wg * 64 + warp * 16 + gid + 8 * r;
-        if (m >= packed) continue;
-        const int64_t t = m / a.G, h = int64_t(kvh) * a.G + (m - t * a.G);
-        float *orow = a.o + t * a.ldo + h * D;
+        const int64_t m = t.m0 + wg * 64 + warp * 16 + gid + 8 * r;
+        if (m >= t.packed) continue;
+        const int64_t tq = m / a.G, h = int64_t(t.kvh) * a.G + (m - tq * a.G);
+        float *orow = a.o.ptr + tq * a.o.ld + h * D;
         if (a.o_vec2) {
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
@@ -467,6 +470,65 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             }
         }
     }
+}
+
+#endif  // PF_WGMMA_DEVICE
+
+// The kernel sets up the shared memory, the tile and the barriers, then splits into the roles
+// (the setmaxnreg split stays here, in the if/else of the roles: ptxas needs it at the branch,
+// C7508): the producer warpgroup's thread 0 (attn_produce), the consumer warpgroups (attn_load_q,
+// attn_mainloop, attn_last_pv, attn_epilogue).
+template <int D, int BN>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    wgmma_attn_kernel(const __grid_constant__ WgmmaAttnArgs a,
+                      const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v) {
+#ifdef PF_WGMMA_DEVICE
+    // BN % 16: whole k-steps of P V (and n8 tiles of S); BN % 8 is then implied, which keeps
+    // each BN-row swizzle block whole 1024-byte atoms. BN <= 256: wgmma's N and the TMA box.
+    static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "whole swizzle blocks, whole k-steps");
+    static_assert(uint32_t(BN) * kSwizzleRow % kSwizzleAtom == 0, "swizzle blocks 1024-aligned");
+    using Smem = AttnSmem<D, BN>;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
+    const uint32_t sK0 = base + Smem::kQBytes, sV0 = sK0 + kStages * Smem::kTileBytes;
+    const Smem L{smem_raw + (base - raw), base, sK0, sV0, sV0 + kStages * Smem::kTileBytes};
+
+    const int tid = threadIdx.x;
+    const AttnTile t = attn_tile<BN>(a);
+    if (tid == 0) {
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(L.full_k(st), 1);  // the producer's arrive.expect_tx
+            mbar_init(L.full_v(st), 1);
+            mbar_init(L.empty_k(st), kWgConsumers);  // every consumer thread
+            mbar_init(L.empty_v(st), kWgConsumers);
+        }
+        mbar_init(L.sched(0), kWgConsumers / 2);  // the 128 threads of the other warpgroup
+        mbar_init(L.sched(1), kWgConsumers / 2);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves after its loop
+
+    if (tid < 128) {  // the producer warpgroup: its registers go to the consumers
+        setmaxnreg_dec<kProducerRegs>();
+        if (tid == 0) attn_produce<D, BN>(L, t, &tm_k, &tm_v);
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    const int ctid = tid - 128;              // consumer thread 0..255
+    const int wg = ctid >> 7;                // consumer warpgroup: packed rows 64 wg .. 64 wg + 63
+    const int warp = (ctid >> 5) & 3;        // warp within the warpgroup: 16 rows each
+    const int lane = ctid & 31, gid = lane >> 2, tig = lane & 3;
+    attn_load_q<D, BN>(a, L, t, ctid);
+    consumer_sync();  // the whole Q tile is in place for both warpgroups' wgmma
+
+    float acc[D / 2];  // O: 64 x D per warpgroup, wgmma accumulator layout (see wgmma.cuh)
+    softmax_state sm = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    uint32_t p[BN / 16][4];
+    attn_mainloop<D, BN>(a, L, t, wg, warp, gid, tig, acc, sm, p);
+    attn_last_pv<D, BN>(a, L, t, wg, ctid, acc, p);
+    attn_epilogue<D>(a, t, wg, warp, gid, tig, acc, sm);
 #endif  // PF_WGMMA_DEVICE
 }
 
@@ -488,7 +550,7 @@ pf_status make_cache_map(CUtensorMap *map, const void *cache, int64_t kv_dim, in
 }
 
 template <int D, int BN>
-pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
+pf_status launch_wgmma(const AttentionArgs &a, cudaStream_t st) {
     constexpr size_t smem = wgmma_smem_bytes<D, BN>();
     static_assert(smem <= kSm90SmemOptin, "Q + kStages of K and V exceed sm_90's 227 KiB");
     PF_TRY(set_max_dynamic_smem(wgmma_attn_kernel<D, BN>, int(smem), "wgmma_attn_kernel"));
@@ -499,12 +561,10 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
     CUtensorMap tm_k, tm_v;
     PF_TRY(make_cache_map<BN>(&tm_k, a.k_cache, kv_dim, map_rows, "K"));
     PF_TRY(make_cache_map<BN>(&tm_v, a.v_cache, kv_dim, map_rows, "V"));
-    wgmma_attn_args f;
-    f.q = a.q;
-    f.ldq = a.ldq;
+    WgmmaAttnArgs f;
+    f.q = CMatF{a.q, a.ldq};
     f.qhs = a.q_head_stride;
-    f.o = a.o;
-    f.ldo = a.ldo;
+    f.o = MatF{a.o, a.ldo};
     f.G = a.n_heads / a.n_kv_heads;
     f.n_kv_heads = a.n_kv_heads;
     f.q_vec4 = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && a.ldq % 4 == 0 && a.q_head_stride % 4 == 0;
@@ -526,7 +586,7 @@ pf_status launch_wgmma(const attention_args &a, cudaStream_t st) {
 
 }  // namespace
 
-pf_status attention_flash_wgmma(const attention_args &a, cudaStream_t st) {
+pf_status attention_flash_wgmma(const AttentionArgs &a, cudaStream_t st) {
     // Key tiles: 176 at D = 128, 80 at D = 256 (shared memory: Q + 2 stages of K and V, 208 and
     // 224 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
     if (a.head_dim == 128) return launch_wgmma<128, 176>(a, st);

@@ -19,7 +19,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 16;  // grid-stride beyond this: plenty for any SM count
 
-struct dequant_args {
+struct DequantArgs {
     const uint8_t *blocks;  // [rows_src][row_bytes]
     int64_t row_bytes;      // bytes of one source row
     int64_t rows;           // output rows
@@ -34,7 +34,7 @@ struct dequant_args {
 // G = elements per thread (8 for block types, 1 for element types); kVec: 16-byte stores
 // (the output row start and ldo keep every group 16-byte aligned).
 template <int Q, bool kF16, int G, bool kVec>
-__global__ void dequant_kernel(const __grid_constant__ dequant_args a) {
+__global__ void dequant_kernel(const __grid_constant__ DequantArgs a) {
     const int64_t kg = a.k / G;  // groups per row
     const int64_t total = a.rows * kg;
     const int32_t *ids = a.ids && a.ids_off_dev ? a.ids + *a.ids_off_dev : a.ids;
@@ -78,7 +78,7 @@ __global__ void dequant_kernel(const __grid_constant__ dequant_args a) {
 }
 
 template <int Q, bool kF16>
-void launch_type(const dequant_args &a, cudaStream_t stream) {
+void launch_type(const DequantArgs &a, cudaStream_t stream) {
     constexpr int G = qtraits<Q>::kElems == 1 ? 1 : 8;
     const int64_t groups = a.rows * (a.k / G);
     const int grid = int(std::min<int64_t>((groups + kThreads - 1) / kThreads, kMaxBlocks));
@@ -92,7 +92,7 @@ void launch_type(const dequant_args &a, cudaStream_t stream) {
         dequant_kernel<Q, kF16, G, false><<<grid, kThreads, 0, stream>>>(a);
 }
 
-pf_status launch(int32_t qtype, const dequant_args &a, bool out_f16, cudaStream_t stream,
+pf_status launch(int32_t qtype, const DequantArgs &a, bool out_f16, cudaStream_t stream,
                  const char *what) {
     if (a.rows <= 0 || a.k <= 0) return PF_STATUS_OK;
     const bool ok = dispatch_qtype(qtype, [&](auto tag) {
@@ -124,7 +124,7 @@ pf_status dequantize(const void *blocks, int32_t qtype, int64_t n, int64_t k, vo
                      bool out_f16, cudaStream_t stream) {
     int64_t rb = 0;
     PF_TRY(row_bytes_of(qtype, k, &rb, "dequantize"));
-    dequant_args a{static_cast<const uint8_t *>(blocks), rb, n, k, nullptr, nullptr, n, out, k};
+    DequantArgs a{static_cast<const uint8_t *>(blocks), rb, n, k, nullptr, nullptr, n, out, k};
     return launch(qtype, a, out_f16, stream, "dequantize");
 }
 
@@ -137,7 +137,7 @@ pf_status embed_rows(const QMatrix &table, const int32_t *ids, int64_t rows, Mat
     PF_TRY(row_bytes_of(qtype, k, &rb, "embed_rows"));
     PF_CHECK_ARG(ldo >= k, "embed_rows: ldo=%lld < k=%lld", (long long)ldo, (long long)k);
     PF_CHECK_ARG(n_vocab > 0, "embed_rows: n_vocab=%lld must be positive", (long long)n_vocab);
-    dequant_args a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, nullptr, n_vocab, out, ldo};
+    DequantArgs a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, nullptr, n_vocab, out, ldo};
     return launch(qtype, a, false, stream, "embed_rows");
 }
 
@@ -153,7 +153,7 @@ pf_status embed_rows_at(const QMatrix &table, const int32_t *ids, const int64_t 
     PF_CHECK_ARG(n_vocab > 0, "embed_rows_at: n_vocab=%lld must be positive", (long long)n_vocab);
     PF_CHECK_ARG(ids != nullptr && ids_off_dev != nullptr, "embed_rows_at: ids=%p ids_off_dev=%p",
                  (const void *)ids, (const void *)ids_off_dev);
-    dequant_args a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, ids_off_dev, n_vocab, out, ldo};
+    DequantArgs a{static_cast<const uint8_t *>(blocks), rb, rows, k, ids, ids_off_dev, n_vocab, out, ldo};
     return launch(qtype, a, false, stream, "embed_rows_at");
 }
 

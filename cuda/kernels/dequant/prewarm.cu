@@ -68,12 +68,12 @@ struct batch_job {        // prewarm_job, with where its tiles start in the laun
 };
 static_assert(sizeof(batch_job) == 32, "the parameter budget assumes 32-byte jobs");
 
-struct batch_args {
+struct BatchArgs {
     int32_t n_jobs;
     uint32_t n_tiles;     // all jobs' tiles (each job has at least one)
     batch_job job[kJobsPerLaunch];
 };
-static_assert(sizeof(batch_args) <= 4096, "kernel parameters must stay within 4 KB");
+static_assert(sizeof(BatchArgs) <= 4096, "kernel parameters must stay within 4 KB");
 
 // ------------------------------------------------------------------ stores
 
@@ -224,7 +224,7 @@ __device__ __forceinline__ void run_tile(const batch_job &j, uint32_t t, const u
 }
 
 // The job that owns tile t: the last one whose first tile is <= t (jobs are in tile order).
-__device__ __forceinline__ int find_job(const batch_args &a, uint32_t t) {
+__device__ __forceinline__ int find_job(const BatchArgs &a, uint32_t t) {
     int lo = 0, hi = a.n_jobs - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -235,7 +235,7 @@ __device__ __forceinline__ int find_job(const batch_args &a, uint32_t t) {
 }
 // The same from job `from` on, for a tile t at or after that job's first: a CTA's tiles only
 // grow, so over a launch it walks the table once.
-__device__ __forceinline__ int next_job(const batch_args &a, int from, uint32_t t) {
+__device__ __forceinline__ int next_job(const BatchArgs &a, int from, uint32_t t) {
     while (from + 1 < a.n_jobs && a.job[from + 1].first_tile <= t) ++from;
     return from;
 }
@@ -248,7 +248,7 @@ __device__ __forceinline__ int next_job(const batch_args &a, int from, uint32_t 
 // stage[buf] for the copy issued at the top of the next iteration. Every branch below is
 // uniform over the CTA (t, the job and the stage are the same in all threads).
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
-    prewarm_kernel(const __grid_constant__ batch_args a) {
+    prewarm_kernel(const __grid_constant__ BatchArgs a) {
     __shared__ __align__(16) uint8_t stage[2][kStageStride];
     uint32_t t = blockIdx.x;
     int jt = find_job(a, t);
@@ -286,7 +286,7 @@ pf_status resident_ctas(int64_t *out) {
     return PF_STATUS_OK;
 }
 
-pf_status launch_batch(batch_args &a, int64_t max_grid, cudaStream_t stream) {
+pf_status launch_batch(BatchArgs &a, int64_t max_grid, cudaStream_t stream) {
     if (a.n_jobs == 0) return PF_STATUS_OK;
     const unsigned grid = unsigned(std::min<int64_t>(a.n_tiles, max_grid));
     prewarm_kernel<<<grid, kThreads, 0, stream>>>(a);
@@ -315,7 +315,7 @@ pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t 
     }
     int64_t max_grid = 0;
     PF_TRY(resident_ctas(&max_grid));
-    batch_args a{};
+    BatchArgs a{};
     for (const prewarm_job &j : jobs) {
         if (j.elems == 0) continue;
         // The fast path stages 16-byte words of the blocks and stores 16-byte fp16 groups.

@@ -27,12 +27,10 @@ constexpr int64_t kConvMinChunk = 16; // rows per thread; >= kGdnMaxConvKernel -
 
 // What both conv kernels read and write: input rows m, the KC-1-row window, taps, output rows u.
 struct ConvIO {
-    const float *m;
-    int64_t ldm;
+    CMatF m;
     float *window;
     const float *weight;
-    float *u;
-    int64_t ldu;
+    MatF u;
     int64_t rows;
     int64_t conv_dim;
 };
@@ -53,7 +51,7 @@ __device__ __forceinline__ void conv_store_window(const ConvIO &a, int64_t ch, f
         if (t < a.rows) {
 #pragma unroll
             for (int i = 0; i < KC - 2; ++i) old[i] = old[i + 1];
-            old[KC - 2] = a.m[t * a.ldm + ch];
+            old[KC - 2] = a.m.ptr[t * a.m.ld + ch];
         }
     }
 #pragma unroll
@@ -76,18 +74,18 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_kernel(const __grid_
 #pragma unroll
     for (int i = 0; i < KC - 1; ++i) {
         const int64_t xr = r0 + i;  // X row; < KC-1 only for r0 == 0 (chunk >= KC-1)
-        prev[i] = xr < KC - 1 ? a.window[xr * a.conv_dim + ch] : a.m[(xr - (KC - 1)) * a.ldm + ch];
+        prev[i] = xr < KC - 1 ? a.window[xr * a.conv_dim + ch] : a.m.ptr[(xr - (KC - 1)) * a.m.ld + ch];
     }
     float old[KC - 1];  // the old window of this channel (meaningful for blockIdx.y == 0)
 #pragma unroll
     for (int i = 0; i < KC - 1; ++i) old[i] = prev[i];
     for (int64_t t = r0; t < r1; ++t) {
-        const float cur = a.m[t * a.ldm + ch];
+        const float cur = a.m.ptr[t * a.m.ld + ch];
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < KC - 1; ++i) acc = fmaf(prev[i], w[i], acc);  // oldest tap first
         acc = fmaf(cur, w[KC - 1], acc);                                 // tap KC-1: token t
-        a.u[t * a.ldu + ch] = silu_(acc);
+        a.u.ptr[t * a.u.ld + ch] = silu_(acc);
 #pragma unroll
         for (int i = 0; i < KC - 2; ++i) prev[i] = prev[i + 1];
         prev[KC - 2] = cur;
@@ -144,11 +142,11 @@ __device__ __forceinline__ void conv1d_silu_l2norm_body(const ConvNormArgs &a) {
             const int64_t xr = r0 + i;  // X row; < KC-1 only for r0 == 0 (R >= KC-1)
             prev[j][i] = !ok[j] ? 0.0f
                          : xr < KC - 1 ? a.window[xr * a.conv_dim + ch[j]]
-                                       : a.m[(xr - (KC - 1)) * a.ldm + ch[j]];
+                                       : a.m.ptr[(xr - (KC - 1)) * a.m.ld + ch[j]];
         }
 #pragma unroll
         for (int k = 0; k < R; ++k)
-            x[k][j] = ok[j] && r0 + k < a.rows ? a.m[(r0 + k) * a.ldm + ch[j]] : 0.0f;
+            x[k][j] = ok[j] && r0 + k < a.rows ? a.m.ptr[(r0 + k) * a.m.ld + ch[j]] : 0.0f;
     }
     // Warp-uniform: which part of qkv this group is.
     const bool norm = grp < 2 * (int64_t)a.n_k_heads;
@@ -177,7 +175,7 @@ __device__ __forceinline__ void conv1d_silu_l2norm_body(const ConvNormArgs &a) {
 #pragma unroll
             for (int j = 0; j < PER; ++j) y[j] = y[j] * f;
         }
-        float *ur = a.u + (r0 + k) * a.ldu;
+        float *ur = a.u.ptr + (r0 + k) * a.u.ld;
 #pragma unroll
         for (int j = 0; j < PER; ++j)
             if (ok[j]) ur[ch[j]] = y[j];
@@ -203,8 +201,8 @@ __global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_
     const int64_t row0 = a.seq_row0[blockIdx.z], rows = a.seq_rows[blockIdx.z];
     if ((int64_t)blockIdx.x * kConvNormRows >= rows) return;
     ConvNormArgs s = a;
-    s.m = a.m + row0 * a.ldm;
-    s.u = a.u + row0 * a.ldu;
+    s.m.ptr = a.m.ptr + row0 * a.m.ld;
+    s.u.ptr = a.u.ptr + row0 * a.u.ld;
     s.rows = rows;
     s.window = a.seq_window[blockIdx.z];
     conv1d_silu_l2norm_body<KC, PER>(s);
@@ -213,8 +211,7 @@ __global__ void __launch_bounds__(kConvNormWarps *kWarpSize) conv1d_silu_l2norm_
 // ------------------------------------------------------------------------------ L2 norm
 
 struct L2Args {
-    float *x;
-    int64_t ld;
+    MatF x;
     int64_t rows;
     int32_t n_heads;
     int64_t head_stride;
@@ -227,7 +224,7 @@ struct L2Args {
 __global__ void l2norm_kernel(const __grid_constant__ L2Args a) {
     int64_t r, h;
     if (!warp_row_head(a.rows, a.n_heads, r, h)) return;
-    float *x = a.x + r * a.ld + h * a.head_stride;
+    float *x = a.x.ptr + r * a.x.ld + h * a.head_stride;
     const float s = warp_sum_squares(x, a.head_dim);
     const float f = (1.0f / sqrtf(s + a.eps)) * a.scale;  // HF: x * rsqrt(sum x^2 + eps)
     for (int i = threadIdx.x % kWarpSize; i < a.head_dim; i += kWarpSize) x[i] = x[i] * f;
@@ -236,16 +233,10 @@ __global__ void l2norm_kernel(const __grid_constant__ L2Args a) {
 // ------------------------------------------------------------------------------ gates
 
 struct GatesArgs {
-    const float *b;
-    int64_t ldb;
-    const float *alpha;
-    int64_t ld_alpha;
+    CMatF b, alpha;
     const float *ssm_a;
     const float *dt_bias;
-    float *beta;
-    int64_t ld_beta;
-    float *g;
-    int64_t ld_g;
+    MatF beta, g;
     int64_t rows;
     int32_t n_v_heads;
 };
@@ -255,23 +246,19 @@ __global__ void gates_kernel(const __grid_constant__ GatesArgs a) {
     if (idx >= a.rows * a.n_v_heads) return;
     const int64_t r = idx / a.n_v_heads;
     const int j = (int)(idx % a.n_v_heads);
-    const float bl = a.b[r * a.ldb + j];
-    a.beta[r * a.ld_beta + j] = 1.0f / (1.0f + expf(-bl));
-    const float x = a.alpha[r * a.ld_alpha + j] + a.dt_bias[j];
+    const float bl = a.b.ptr[r * a.b.ld + j];
+    a.beta.ptr[r * a.beta.ld + j] = 1.0f / (1.0f + expf(-bl));
+    const float x = a.alpha.ptr[r * a.alpha.ld + j] + a.dt_bias[j];
     const float sp = x > 20.0f ? x : log1pf(expf(x));  // PyTorch/ggml threshold: exp would overflow
-    a.g[r * a.ld_g + j] = a.ssm_a[j] * sp;
+    a.g.ptr[r * a.g.ld + j] = a.ssm_a[j] * sp;
 }
 
 // ------------------------------------------------------------------------------ gated RMSNorm
 
 struct GatedNormArgs {
-    const float *o;
-    int64_t ldo;
-    const float *z;
-    int64_t ldz;
+    CMatF o, z;
     const float *w;
-    float *y;
-    int64_t ldy;
+    MatF y;
     int64_t rows;
     int32_t n_v_heads;
     int32_t dv;
@@ -284,9 +271,9 @@ __global__ void gated_rms_norm_kernel(const __grid_constant__ GatedNormArgs a) {
     int64_t r, h;
     if (!warp_row_head(a.rows, a.n_v_heads, r, h)) return;
     const int64_t col = h * a.dv;
-    const float *o = a.o + r * a.ldo + col;
-    const float *z = a.z + r * a.ldz + col;
-    float *y = a.y + r * a.ldy + col;
+    const float *o = a.o.ptr + r * a.o.ld + col;
+    const float *z = a.z.ptr + r * a.z.ld + col;
+    float *y = a.y.ptr + r * a.y.ld + col;
     const float s = warp_sum_squares(o, a.dv);
     const float inv = 1.0f / sqrtf(s / (float)a.dv + a.eps);
     for (int i = threadIdx.x % kWarpSize; i < a.dv; i += kWarpSize)
@@ -294,10 +281,7 @@ __global__ void gated_rms_norm_kernel(const __grid_constant__ GatedNormArgs a) {
 }
 
 struct GatedNormF16Args {
-    const float *o;
-    int64_t ldo;
-    const float *z;
-    int64_t ldz;
+    CMatF o, z;
     const float *w;
     int32_t n_v_heads;
     int32_t dv;
@@ -313,7 +297,7 @@ __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_kernel(cons
     extern __shared__ float head_inv[];  // [n_v_heads], then [cols] staged values when staged
     __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
-    const float *o = a.o + r * a.ldo, *z = a.z + r * a.ldz;
+    const float *o = a.o.ptr + r * a.o.ld, *z = a.z.ptr + r * a.z.ld;
     const int warp = threadIdx.x / kWarpSize, n_warps = blockDim.x / kWarpSize;
     for (int h = warp; h < a.n_v_heads; h += n_warps) {
         const float s = warp_sum_squares(o + (int64_t)h * a.dv, a.dv);
@@ -335,7 +319,7 @@ template <int PER, int HW>
 __global__ void __launch_bounds__(kF16RowThreads) gated_rms_norm_f16_reg_kernel(const __grid_constant__ GatedNormF16Args a) {
     __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
-    const float *o = a.o + r * a.ldo, *z = a.z + r * a.ldz;
+    const float *o = a.o.ptr + r * a.o.ld, *z = a.z.ptr + r * a.z.ld;
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, n_warps = blockDim.x / kWarpSize;
     float ov[HW][PER], zv[HW][PER];
 #pragma unroll
@@ -382,19 +366,9 @@ constexpr int kScanParts = 8;  // threads per value column: the dk sums split 8 
 constexpr int kScanTile = 16;  // tokens per shared-memory tile (double-buffered)
 
 struct ScanArgs {
-    const float *q;
-    int64_t ldq;
-    const float *k;
-    int64_t ldk;
-    const float *v;
-    int64_t ldv;
-    const float *beta;
-    int64_t ld_beta;
-    const float *g;
-    int64_t ld_g;
+    CMatF q, k, v, beta, g;  // the entry's views (GdnScanArgs)
     float *state;
-    float *o;
-    int64_t ldo;
+    MatF o;
     int64_t rows;
     int32_t n_k_heads;
     int32_t dv;
@@ -487,19 +461,19 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
             constexpr int V = decltype(piece)::value;
             for (int e = tid; e < nt * (DK / V); e += kThreads) {
                 const int tt = e / (DK / V), d = (e % (DK / V)) * V;
-                __pipeline_memcpy_async(&sk[b][tt][d], a.k + (r0 + t0 + tt) * a.ldk + hk_col + d, 4 * V);
-                __pipeline_memcpy_async(&sq[b][tt][d], a.q + (r0 + t0 + tt) * a.ldq + hk_col + d, 4 * V);
+                __pipeline_memcpy_async(&sk[b][tt][d], a.k.ptr + (r0 + t0 + tt) * a.k.ld + hk_col + d, 4 * V);
+                __pipeline_memcpy_async(&sq[b][tt][d], a.q.ptr + (r0 + t0 + tt) * a.q.ld + hk_col + d, 4 * V);
             }
             for (int e = tid; e < nt * (COLS / V); e += kThreads) {
                 const int tt = e / (COLS / V), cc = (e % (COLS / V)) * V;
-                __pipeline_memcpy_async(&sv[b][tt][cc], a.v + (r0 + t0 + tt) * a.ldv + hv_col + cc, 4 * V);
+                __pipeline_memcpy_async(&sv[b][tt][cc], a.v.ptr + (r0 + t0 + tt) * a.v.ld + hv_col + cc, 4 * V);
             }
         };
         if (a.vec4) copy_kqv(std::integral_constant<int, 4>{});
         else copy_kqv(std::integral_constant<int, 1>{});
         for (int e = tid; e < nt; e += kThreads) {
-            __pipeline_memcpy_async(&sbeta[b][e], a.beta + (r0 + t0 + e) * a.ld_beta + j, 4);
-            __pipeline_memcpy_async(&sg[b][e], a.g + (r0 + t0 + e) * a.ld_g + j, 4);
+            __pipeline_memcpy_async(&sbeta[b][e], a.beta.ptr + (r0 + t0 + e) * a.beta.ld + j, 4);
+            __pipeline_memcpy_async(&sg[b][e], a.g.ptr + (r0 + t0 + e) * a.g.ld + j, 4);
         }
         __pipeline_commit();
     };
@@ -551,7 +525,7 @@ __global__ void __launch_bounds__(COLS *kScanParts) scan_kernel(const __grid_con
         __syncthreads();  // so[] complete; buffer `cur` fully read before it is refilled
         for (int e = tid; e < nt * COLS; e += kThreads) {
             const int tt = e / COLS, cc = e % COLS;
-            a.o[(r0 + t0 + tt) * a.ldo + hv_col + cc] = so[tt][cc];
+            a.o.ptr[(r0 + t0 + tt) * a.o.ld + hv_col + cc] = so[tt][cc];
         }
         // so[] is written again only after the next tile's __syncthreads: these reads are done.
     }
@@ -594,7 +568,7 @@ pf_status gdn_conv1d_rows(CMatF mm, float *window, const float *weight, MatF uu,
     // Rows per thread: at least kConvMinChunk, more when gridDim.y would exceed its limit.
     int64_t chunk = (rows + kMaxGridY - 1) / kMaxGridY;
     if (chunk < kConvMinChunk) chunk = kConvMinChunk;
-    const ConvArgs a{{m, ldm, window, weight, u, ldu, rows, conv_dim}, chunk};
+    const ConvArgs a{{mm, window, weight, uu, rows, conv_dim}, chunk};
     const int64_t gx = (conv_dim + kConvThreads - 1) / kConvThreads;
     PF_CHECK_ARG(gx <= kMaxGridX, "gdn_conv1d_rows: conv_dim=%lld too large", (long long)conv_dim);
     const dim3 grid((unsigned)gx, (unsigned)((rows + chunk - 1) / chunk), 1);
@@ -622,7 +596,7 @@ pf_status gdn_l2norm_rows(MatF xx, int64_t rows, int32_t n_heads, int64_t head_s
                  (long long)rows);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x != nullptr, "gdn_l2norm_rows: x is NULL");
-    const L2Args a{x, ld, rows, n_heads, head_stride, head_dim, eps, scale};
+    const L2Args a{xx, rows, n_heads, head_stride, head_dim, eps, scale};
     const int64_t warps = rows * n_heads;
     l2norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("l2norm_kernel");
@@ -659,7 +633,7 @@ pf_status gdn_conv1d_l2norm_rows(const GdnConvNormArgs &args, cudaStream_t strea
                  (long long)conv_dim);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(m && window && weight && u, "gdn_conv1d_l2norm_rows: null pointer");
-    const ConvNormArgs a{{m, ldm, window, weight, u, ldu, rows, conv_dim}, n_k_heads, eps, q_scale};
+    const ConvNormArgs a{{args.m, window, weight, args.u, rows, conv_dim}, n_k_heads, eps, q_scale};
     const dim3 grid((unsigned)gx, (unsigned)gy, 1);
     constexpr int kThreads = kConvNormWarps * kWarpSize;
     if (!with_conv_kc(kc, [&](auto KC) { conv1d_silu_l2norm_kernel<KC, 4><<<grid, kThreads, 0, stream>>>(a); }))
@@ -694,8 +668,7 @@ pf_status gdn_conv1d_l2norm_rows_varlen(const GdnConvNormArgs &args, const GdnCo
     const int64_t gx = (max_rows + kConvNormRows - 1) / kConvNormRows;
     const int64_t gy = (conv_dim + kConvNormWarps * dk - 1) / (kConvNormWarps * dk);
     PF_CHECK_ARG(gy <= kMaxGridY, "gdn_conv1d_l2norm_rows_varlen: conv_dim=%lld too large", (long long)conv_dim);
-    ConvNormArgs a{{args.m.ptr, args.m.ld, nullptr, args.weight, args.u.ptr, args.u.ld, 0, conv_dim}, n_k_heads,
-                   args.eps, args.q_scale};
+    ConvNormArgs a{{args.m, nullptr, args.weight, args.u, 0, conv_dim}, n_k_heads, args.eps, args.q_scale};
     a.seq_row0 = seqs.row0;
     a.seq_rows = seqs.rows;
     a.seq_window = seqs.windows;
@@ -726,8 +699,7 @@ pf_status gdn_gates_rows(const GdnGatesArgs &args, cudaStream_t stream) {
                  (long long)rows);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(b && alpha && ssm_a && dt_bias && beta && g, "gdn_gates_rows: null pointer");
-    const GatesArgs a{b, ldb, alpha, ld_alpha, ssm_a, dt_bias, beta, ld_beta, g, ld_g, rows,
-                      n_v_heads};
+    const GatesArgs a{args.b, args.alpha, ssm_a, dt_bias, args.beta, args.g, rows, n_v_heads};
     const int64_t n = rows * n_v_heads;
     gates_kernel<<<(unsigned)((n + block - 1) / block), block, 0, stream>>>(a);
     PF_LAUNCH_CHECK("gates_kernel");
@@ -753,7 +725,7 @@ pf_status gdn_gated_rms_norm_rows(const GdnGatedNormArgs &args, MatF yy, cudaStr
                  "gdn_gated_rms_norm_rows: rows=%lld too large", (long long)rows);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && z && w && y, "gdn_gated_rms_norm_rows: null pointer");
-    const GatedNormArgs a{o, ldo, z, ldz, w, y, ldy, rows, n_v_heads, dv, eps};
+    const GatedNormArgs a{args.o, args.z, w, yy, rows, n_v_heads, dv, eps};
     const int64_t warps = rows * n_v_heads;
     gated_rms_norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_kernel");
@@ -780,14 +752,14 @@ pf_status gdn_gated_rms_norm_rows_f16(const GdnGatedNormArgs &args, const F16Out
     // The register form (dv = 128: every qwen35), heads per warp from 1 to 6.
     if (out.form.regs && dv == 4 * kWarpSize &&
         with_smallest_fit<1, 2, 4, 6>(ceil_div(n_v_heads, kF16RowThreads / kWarpSize), [&](auto hw) {
-            const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, 0};
+            const GatedNormF16Args a{args.o, args.z, w, n_v_heads, dv, eps, out, 0};
             gated_rms_norm_f16_reg_kernel<4, decltype(hw)::value><<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
         })) {
         PF_LAUNCH_CHECK("gated_rms_norm_f16_reg_kernel");
         return PF_STATUS_OK;
     }
     const size_t heads = size_t(n_v_heads) * sizeof(float), stage = f16_stage_bytes(width, out.form, heads);
-    const GatedNormF16Args a{o, ldo, z, ldz, w, n_v_heads, dv, eps, out, stage ? 1 : 0};
+    const GatedNormF16Args a{args.o, args.z, w, n_v_heads, dv, eps, out, stage ? 1 : 0};
     gated_rms_norm_f16_kernel<<<(unsigned)rows, kF16RowThreads, heads + stage, stream>>>(a);
     PF_LAUNCH_CHECK("gated_rms_norm_f16_kernel");
     return PF_STATUS_OK;
@@ -840,8 +812,8 @@ pf_status scan_rows(const char *fn, const GdnScanArgs &args, const GdnSeqs *seqs
     // Row r of a sequence starts (row0 + r) * ld floats in: 16-byte aligned with the base.
     const int32_t vec4 = aligned(q) && aligned(k) && aligned(v) && ldq % 4 == 0 && ldk % 4 == 0 &&
                          ldv % 4 == 0;
-    ScanArgs a{q, ldq, k, ldk, v, ldv, beta, ld_beta, g, ld_g, state, o, ldo, rows,
-               n_k_heads, dv, vec4, nullptr, nullptr, nullptr, 0};
+    ScanArgs a{args.q, args.k, args.v, args.beta, args.g, state, args.o, rows, n_k_heads, dv, vec4, nullptr,
+               nullptr, nullptr, 0};
     if (seqs != nullptr) {
         a.seq_row0 = seqs->row0;
         a.seq_rows = seqs->rows;

@@ -163,10 +163,10 @@ pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t work
         Workspace w{};
         workspace_layout(nc, n_k_heads, n_v_heads,
                          static_cast<char *>(workspace) + (chain ? size_t(pass & 1) * half : 0), &w);
-        const PrepArgs pa{a.q.row(r0), a.q.ld, a.k.row(r0), a.k.ld, a.beta.row(r0), a.beta.ld,
-                          a.g.row(r0), a.g.ld, n, n_k_heads, n_v_heads, nc, w, SeqTable{}};
+        const PrepArgs pa{a.q.rows_from(r0), a.k.rows_from(r0), a.beta.rows_from(r0), a.g.rows_from(r0), n,
+                          n_k_heads, n_v_heads, nc, w, SeqTable{}};
         PF_TRY(launch_prep(pa, L.vec_qk, chain && pass > 0, stream));
-        const StateArgs sa{a.v.row(r0), a.v.ld, a.state, a.o.row(r0), a.o.ld, n, n_k_heads, n_v_heads, nc, w,
+        const StateArgs sa{a.v.rows_from(r0), a.state, a.o.rows_from(r0), n, n_k_heads, n_v_heads, nc, w,
                            chain ? 1 : 0, SeqTable{}};
         if (wg) PF_TRY(launch_state_wg(sa, L.vec_v, pdl, stream));
         else PF_TRY(launch_state_warp(sa, L.vec_v, sm_count, pdl, stream));
@@ -214,10 +214,9 @@ pf_status gdn_chunk_scan_rows_varlen(const GdnScanArgs &a, const GdnSeqs &seqs, 
     Workspace w{};
     workspace_layout(nc, n_k_heads, n_v_heads, workspace, &w);
     const SeqTable t{seqs.row0, seqs.rows, seqs.chunk0, seqs.state, seqs.n};
-    const PrepArgs pa{a.q.ptr, a.q.ld, a.k.ptr, a.k.ld, a.beta.ptr, a.beta.ld, a.g.ptr, a.g.ld, a.rows,
-                      n_k_heads, n_v_heads, nc, w, t};
+    const PrepArgs pa{a.q, a.k, a.beta, a.g, a.rows, n_k_heads, n_v_heads, nc, w, t};
     PF_TRY(launch_prep(pa, L.vec_qk, false, stream));
-    const StateArgs sa{a.v.ptr, a.v.ld, nullptr, a.o.ptr, a.o.ld, a.rows, n_k_heads, n_v_heads, nc, w, 0, t};
+    const StateArgs sa{a.v, nullptr, a.o, a.rows, n_k_heads, n_v_heads, nc, w, 0, t};
     if (L.wg) return launch_state_wg(sa, L.vec_v, L.pdl, stream);
     return launch_state_warp(sa, L.vec_v, L.sm_count, L.pdl, stream);
 }

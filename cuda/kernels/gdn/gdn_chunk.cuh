@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/mat.h"
 #include "ptx/common.cuh"
 #include "ptx/mma.cuh"
 
@@ -88,14 +89,7 @@ struct SeqTable {
 };
 
 struct PrepArgs {
-    const float *q;
-    int64_t ldq;
-    const float *k;
-    int64_t ldk;
-    const float *beta;
-    int64_t ld_beta;
-    const float *g;
-    int64_t ld_g;
+    CMatF q, k, beta, g;  // the launcher's views (GdnScanArgs), from the pass's first row
     int64_t rows;  // rows of this pass (one sequence)
     int32_t n_k_heads, n_v_heads, nc;  // nc: chunks of the pass (all sequences')
     Workspace w;
@@ -105,11 +99,9 @@ struct PrepArgs {
 // ----------------------------------------------------------------------------- state kernel
 
 struct StateArgs {
-    const float *v;
-    int64_t ldv;
+    CMatF v;  // the launcher's views (GdnScanArgs), from the pass's first row
     float *state;
-    float *o;
-    int64_t ldo;
+    MatF o;
     int64_t rows;  // rows of this pass (one sequence)
     int32_t n_k_heads, n_v_heads, nc;  // nc: chunks of the pass (all sequences')
     Workspace w;

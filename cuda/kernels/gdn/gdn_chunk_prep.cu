@@ -16,12 +16,12 @@ __device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, ChunkRows c
     const size_t hc = (size_t)j * a.nc + c;
     float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
     if (2 * lane < cr.lim) {
-        g0 = a.g[(t0 + 2 * lane) * a.ld_g + j];
-        b0 = a.beta[(t0 + 2 * lane) * a.ld_beta + j];
+        g0 = a.g.ptr[(t0 + 2 * lane) * a.g.ld + j];
+        b0 = a.beta.ptr[(t0 + 2 * lane) * a.beta.ld + j];
     }
     if (2 * lane + 1 < cr.lim) {
-        g1 = a.g[(t0 + 2 * lane + 1) * a.ld_g + j];
-        b1 = a.beta[(t0 + 2 * lane + 1) * a.ld_beta + j];
+        g1 = a.g.ptr[(t0 + 2 * lane + 1) * a.g.ld + j];
+        b1 = a.beta.ptr[(t0 + 2 * lane + 1) * a.beta.ld + j];
     }
     float x = g0 + g1;
 #pragma unroll
@@ -61,8 +61,8 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows
             const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
             kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (i < cr.lim) {
-                const float *kp = a.k + (t0 + i) * a.ldk + (int64_t)jk * kDK + d;
-                const float *qp = a.q + (t0 + i) * a.ldq + (int64_t)jk * kDK + d;
+                const float *kp = a.k.row(t0 + i) + (int64_t)jk * kDK + d;
+                const float *qp = a.q.row(t0 + i) + (int64_t)jk * kDK + d;
                 if (VEC) {
                     kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
                     qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));
@@ -151,35 +151,22 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-template <bool VEC, int NH>
-__global__ void __launch_bounds__(kPrepThreads, 5)
-    gdn_chunk_prep_kernel(const __grid_constant__ PrepArgs a) {
-    static_assert(NH >= 1 && NH <= kPrepWarps, "one warp per head's gates");
-    pdl_launch_dependents();  // the state kernel may start its prologue (it waits for this grid)
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    PrepSmem<NH> &s = *reinterpret_cast<PrepSmem<NH> *>(smem_raw);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g8 = lane >> 2, tig = lane & 3;
-    const int round = blockIdx.x, c = blockIdx.y, jk = blockIdx.z;
-    // Head h of this CTA: value head jk + (NH round + h) Hk; hc(h) its (head, chunk) index.
-    const auto head_hc = [&](int h) {
-        return (size_t)(jk + (NH * round + h) * a.n_k_heads) * a.nc + c;
-    };
+// The CTA's work: chunk c of key head jk and the NH value heads jk + (NH round + h) Hk, h < NH.
+struct PrepCta {
+    int round, c, jk;
+};
+// The (value head, chunk) index of the CTA's head h: its place in the workspace's Tm, P, meta.
+template <int NH>
+__device__ __forceinline__ size_t prep_hc(const PrepArgs &a, PrepCta p, int h) {
+    return (size_t)(p.jk + (NH * p.round + h) * a.n_k_heads) * a.nc + p.c;
+}
 
-    // The chunk's rows (each warp finds them: varlen, a search in the sequence table).
-    const ChunkRows cr = prep_chunk_rows(a, c);
-
-    // Gates first (one warp per head), then the K/Q traffic.
-    if (warp < NH) prep_gates(a, c, cr, jk + (NH * round + warp) * a.n_k_heads, s.gam[warp], s.beta[warp]);
-    if (tid < NH) s.max_t[tid] = s.max_rs[tid] = 0u;
-
-    // K and Q rows to fp16; only round 0 writes them to the workspace.
-    prep_load_kq<VEC, kPrepThreads>(a, c, cr, jk, tid, s.u.in.kh, s.u.in.qh, round == 0);
-    __syncthreads();  // K, Q tiles and the gates complete
-
-    // K K^T and Q K^T, row strip w of both (k steps 0..7 in order). Only n-tiles nt <= 2w + 1 (the lower
-    // triangle) are computed; A and P need nothing else.
-    float ak[8][4], aq[8][4];
+// K K^T and Q K^T, row strip `warp` of both (k steps 0..7 in order), into the warp's mma
+// accumulators. Only n-tiles nt <= 2 warp + 1 (the lower triangle) are computed; A and P need
+// nothing else.
+template <int NH>
+__device__ __forceinline__ void prep_products(const PrepSmem<NH> &s, int warp, int lane, float (&ak)[8][4],
+                                              float (&aq)[8][4]) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -200,18 +187,26 @@ __global__ void __launch_bounds__(kPrepThreads, 5)
             mma_m16n8k16(aq[2 * np + 1], fq, bf[2], bf[3]);
         }
     }
-    __syncthreads();  // every warp is done with kh, qh: the inverse tiles overlay them
+}
 
-    // A (transposed, strict upper triangle of the head's tile) and P (straight to the workspace
-    // as fp16, zeros above the diagonal) for row strip w, from the accumulators: v1's
-    // expressions (d shared by A and P; bi * kk * d multiplied left to right). The heads are the
-    // innermost loop so that each accumulator dies after its last use (register pressure).
+// A (transposed, strict upper triangle of the head's tile) and P (straight to the workspace
+// as fp16, zeros above the diagonal) for row strip `warp`, from the accumulators: v1's
+// expressions (d shared by A and P; bi * kk * d multiplied left to right). The heads are the
+// innermost loop so that each accumulator dies after its last use (register pressure). It takes
+// the gates and tiles as arrays, not PrepSmem: a room is simplified before it is inlined, and
+// from the struct the arrays' shared-memory offsets end up in registers instead of in the loads'
+// immediates (the code of the kernel before the split, instruction for instruction).
+template <int NH>
+__device__ __forceinline__ void prep_a_and_p(const PrepArgs &a, const float (&gam)[NH][kC],
+                                             const float (&beta)[NH][kC], float (&t)[NH][kC][kLdF], PrepCta p,
+                                             int warp, int g8, int tig, const float (&ak)[8][4],
+                                             const float (&aq)[8][4]) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         const int i = 16 * warp + g8 + 8 * hr;
         float gi[NH], bi[NH];
 #pragma unroll
-        for (int h = 0; h < NH; ++h) gi[h] = s.gam[h][i], bi[h] = s.beta[h][i];
+        for (int h = 0; h < NH; ++h) gi[h] = gam[h][i], bi[h] = beta[h][i];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -221,195 +216,139 @@ __global__ void __launch_bounds__(kPrepThreads, 5)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int col = 8 * nt + 2 * tig + e;
-                        const float d = col <= i ? __expf(gi[h] - s.gam[h][col]) : 0.0f;  // exponent <= 0
-                        if (col < i) s.u.inv.t[h][col][i] = bi[h] * ak[nt][2 * hr + e] * d;  // A_i,col at [col][i]
+                        const float d = col <= i ? __expf(gi[h] - gam[h][col]) : 0.0f;  // exponent <= 0
+                        if (col < i) t[h][col][i] = bi[h] * ak[nt][2 * hr + e] * d;  // A_i,col at [col][i]
                         pv[e] = col <= i ? aq[nt][2 * hr + e] * d : 0.0f;
                     }
                 }
-                *reinterpret_cast<uint32_t *>(a.w.p + (head_hc(h) * kC + i) * kC + 8 * nt + 2 * tig) =
+                *reinterpret_cast<uint32_t *>(a.w.p + (prep_hc<NH>(a, p, h) * kC + i) * kC + 8 * nt + 2 * tig) =
                     pack_half2(pv[0], pv[1]);
             }
         }
     }
-    __syncwarp();  // the warp's diagonal block of A is complete (it wrote all of it)
+}
 
-    // Diagonal 16x16 blocks of (I + A)^-1: warp w owns block w, lane l < 16 column l (lanes
-    // 16..31 repeat 0..15); v1's two FMA chains, the NH heads interleaved.
-    {
-        const int b0 = 16 * warp, col = lane & 15;
-        float x[NH][16];
-        float m[NH];
+// Diagonal 16x16 blocks of (I + A)^-1: warp w owns block w, lane l < 16 column l (lanes
+// 16..31 repeat 0..15); v1's two FMA chains, the NH heads interleaved. The warp's block of A
+// must be complete (it wrote all of it: __syncwarp before).
+template <int NH>
+__device__ __forceinline__ void prep_diagonal_inverse(PrepSmem<NH> &s, int warp, int lane) {
+    const int b0 = 16 * warp, col = lane & 15;
+    float x[NH][16];
+    float m[NH];
 #pragma unroll
-        for (int h = 0; h < NH; ++h) m[h] = 0.0f;
+    for (int h = 0; h < NH; ++h) m[h] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-#pragma unroll
-            for (int h = 0; h < NH; ++h) {
-                const float(&t)[kC][kLdF] = s.u.inv.t[h];
-                float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
-                for (int mm = 0; mm < i; ++mm) {
-                    if (mm & 1) acc1 = fmaf(a_at(t, b0 + i, b0 + mm), x[h][mm], acc1);
-                    else acc0 = fmaf(a_at(t, b0 + i, b0 + mm), x[h][mm], acc0);
-                }
-                x[h][i] = i == col ? 1.0f : (i < col ? 0.0f : -(acc0 + acc1));
-                m[h] = fmaxf(m[h], fabsf(x[h][i]));
-            }
-        }
-        __syncwarp();  // all lanes' reads of A's diagonal block precede the overwrite below
+    for (int i = 0; i < 16; ++i) {
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
-            if (lane < 16) {
+            const float(&t)[kC][kLdF] = s.u.inv.t[h];
+            float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 16; ++i) s.u.inv.t[h][b0 + i][b0 + col] = x[h][i];
+            for (int mm = 0; mm < i; ++mm) {
+                if (mm & 1) acc1 = fmaf(a_at(t, b0 + i, b0 + mm), x[h][mm], acc1);
+                else acc0 = fmaf(a_at(t, b0 + i, b0 + mm), x[h][mm], acc0);
             }
-            publish_max(&s.max_t[h], m[h]);
+            x[h][i] = i == col ? 1.0f : (i < col ? 0.0f : -(acc0 + acc1));
+            m[h] = fmaxf(m[h], fabsf(x[h][i]));
         }
     }
-    // The 16 -> 32 merges need the two diagonal blocks of a pair of warps (and A's block below
-    // them, written by the pair's second warp): a barrier of that pair only.
-    if (warp < 2) named_barrier(1, 64);  // ids as constants: ptxas then reserves 3 barriers, not 16
-    else named_barrier(2, 64);
+    __syncwarp();  // all lanes' reads of A's diagonal block precede the overwrite below
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+        if (lane < 16) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) s.u.inv.t[h][b0 + i][b0 + col] = x[h][i];
+        }
+        publish_max(&s.max_t[h], m[h]);
+    }
+}
 
-    // Merge 16 -> 32, blocks (1,0) (warps 0, 1) and (3,2) (warps 2, 3), 8 columns per warp:
-    // X = A_rc Tm_cc[:, cols], then Tm_rc[:, cols] = -Tm_rr X (v1's two halves per n-tile).
-    {
-        const int pr = warp >> 1, nt = warp & 1;
-        const int rb = 16 * (2 * pr + 1), cb = 32 * pr;
+// One level of the block merges of Tm = (I + A)^-1 (the two levels, 16 -> 32 and 32 -> 64,
+// are this one loop): for the off-diagonal block of rows rb .. rb + 16 MT - 1 and columns cb ..
+// cb + 16 MT - 1, the warp's 8 output columns cb + 8 nt ..: X = A_rc Tm_cc[:, cols] (MT 16-row
+// tiles, 2 MT k-steps of 8 on TF32 tensor cores, the NH heads interleaved), then Tm_rc[:, cols] =
+// -Tm_rr X (v1's two halves per n-tile). X goes through the warp's scratch xs: the second
+// product needs only the warp's own X columns, so the halves are separated by __syncwarp only.
+// Publishes the new elements' max |Tm| per head.
+template <int NH, int MT>
+__device__ __forceinline__ void prep_merge(PrepSmem<NH> &s, int warp, int g8, int tig, int rb, int cb, int nt) {
+    constexpr int KS = 2 * MT;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int r = rb + 16 * mt + g8;  // the fragment's rows r, r + 8
         float acc[NH][4];
 #pragma unroll
         for (int h = 0; h < NH; ++h)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
+        for (int ks = 0; ks < KS; ++ks) {
             const int k0 = 8 * ks;
 #pragma unroll
             for (int h = 0; h < NH; ++h) {
                 const float(&t)[kC][kLdF] = s.u.inv.t[h];
-                mma_m16n8k8_tf32(acc[h], to_tf32(a_at(t, rb + g8, cb + k0 + tig)),
-                         to_tf32(a_at(t, rb + g8 + 8, cb + k0 + tig)),
-                         to_tf32(a_at(t, rb + g8, cb + k0 + tig + 4)),
-                         to_tf32(a_at(t, rb + g8 + 8, cb + k0 + tig + 4)),
-                         to_tf32(tm_at(t, cb + k0 + tig, cb + 8 * nt + g8)),
-                         to_tf32(tm_at(t, cb + k0 + tig + 4, cb + 8 * nt + g8)));
+                mma_m16n8k8_tf32(acc[h], to_tf32(a_at(t, r, cb + k0 + tig)), to_tf32(a_at(t, r + 8, cb + k0 + tig)),
+                                 to_tf32(a_at(t, r, cb + k0 + tig + 4)), to_tf32(a_at(t, r + 8, cb + k0 + tig + 4)),
+                                 to_tf32(tm_at(t, cb + k0 + tig, cb + 8 * nt + g8)),
+                                 to_tf32(tm_at(t, cb + k0 + tig + 4, cb + 8 * nt + g8)));
             }
         }
 #pragma unroll
         for (int h = 0; h < NH; ++h)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                s.u.inv.xs[warp][h][g8 + 8 * (e >> 1)][2 * tig + (e & 1)] = acc[h][e];
-        __syncwarp();
-        float acc2[NH][4];
+                s.u.inv.xs[warp][h][16 * mt + g8 + 8 * (e >> 1)][2 * tig + (e & 1)] = acc[h][e];
+    }
+    __syncwarp();
+    float m[NH];
+#pragma unroll
+    for (int h = 0; h < NH; ++h) m[h] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int r = rb + 16 * mt + g8;
+        float acc[NH][4];
 #pragma unroll
         for (int h = 0; h < NH; ++h)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc2[h][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
+        for (int ks = 0; ks < KS; ++ks) {
             const int k0 = 8 * ks;
 #pragma unroll
             for (int h = 0; h < NH; ++h) {
                 const float(&t)[kC][kLdF] = s.u.inv.t[h];
                 const float(&x)[32][8] = s.u.inv.xs[warp][h];
-                mma_m16n8k8_tf32(acc2[h], to_tf32(tm_at(t, rb + g8, rb + k0 + tig)),
-                         to_tf32(tm_at(t, rb + g8 + 8, rb + k0 + tig)),
-                         to_tf32(tm_at(t, rb + g8, rb + k0 + tig + 4)),
-                         to_tf32(tm_at(t, rb + g8 + 8, rb + k0 + tig + 4)),
-                         to_tf32(x[k0 + tig][g8]), to_tf32(x[k0 + tig + 4][g8]));
+                mma_m16n8k8_tf32(acc[h], to_tf32(tm_at(t, r, rb + k0 + tig)), to_tf32(tm_at(t, r + 8, rb + k0 + tig)),
+                                 to_tf32(tm_at(t, r, rb + k0 + tig + 4)), to_tf32(tm_at(t, r + 8, rb + k0 + tig + 4)),
+                                 to_tf32(x[k0 + tig][g8]), to_tf32(x[k0 + tig + 4][g8]));
             }
         }
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
-            float m = 0.0f;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s.u.inv.t[h][rb + g8 + 8 * (e >> 1)][cb + 8 * nt + 2 * tig + (e & 1)] = -acc2[h][e];
-                m = fmaxf(m, fabsf(acc2[h][e]));
+                s.u.inv.t[h][r + 8 * (e >> 1)][cb + 8 * nt + 2 * tig + (e & 1)] = -acc[h][e];
+                m[h] = fmaxf(m[h], fabsf(acc[h][e]));
             }
-            publish_max(&s.max_t[h], m);
+            if (MT == 1) publish_max(&s.max_t[h], m[h]);  // one m-tile: the head's max is final here
         }
     }
-    __syncthreads();  // Tm[0:32][0:32], Tm[32:64][32:64] and A's lower-left quadrant complete
-
-    // Merge 32 -> 64: X = A[32:64][0:32] Tm[0:32][0:32], Tm[32:64][0:32] = -Tm[32:64][32:64] X.
-    // Warp w owns the 8 output columns 8w..8w+7 (both 16-row tiles): its X columns are all
-    // the second product needs, so the two halves are separated by __syncwarp only.
-    {
-        const int nt = warp;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-            float acc[NH][4];
-#pragma unroll
-            for (int h = 0; h < NH; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                const int k0 = 8 * ks;
-#pragma unroll
-                for (int h = 0; h < NH; ++h) {
-                    const float(&t)[kC][kLdF] = s.u.inv.t[h];
-                    mma_m16n8k8_tf32(acc[h], to_tf32(a_at(t, 32 + 16 * mt + g8, k0 + tig)),
-                             to_tf32(a_at(t, 32 + 16 * mt + g8 + 8, k0 + tig)),
-                             to_tf32(a_at(t, 32 + 16 * mt + g8, k0 + tig + 4)),
-                             to_tf32(a_at(t, 32 + 16 * mt + g8 + 8, k0 + tig + 4)),
-                             to_tf32(tm_at(t, k0 + tig, 8 * nt + g8)),
-                             to_tf32(tm_at(t, k0 + tig + 4, 8 * nt + g8)));
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < NH; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s.u.inv.xs[warp][h][16 * mt + g8 + 8 * (e >> 1)][2 * tig + (e & 1)] = acc[h][e];
-        }
-        __syncwarp();
-        float m[NH];
-#pragma unroll
-        for (int h = 0; h < NH; ++h) m[h] = 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-            float acc[NH][4];
-#pragma unroll
-            for (int h = 0; h < NH; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                const int k0 = 8 * ks;
-#pragma unroll
-                for (int h = 0; h < NH; ++h) {
-                    const float(&t)[kC][kLdF] = s.u.inv.t[h];
-                    const float(&x)[32][8] = s.u.inv.xs[warp][h];
-                    mma_m16n8k8_tf32(acc[h], to_tf32(tm_at(t, 32 + 16 * mt + g8, 32 + k0 + tig)),
-                             to_tf32(tm_at(t, 32 + 16 * mt + g8 + 8, 32 + k0 + tig)),
-                             to_tf32(tm_at(t, 32 + 16 * mt + g8, 32 + k0 + tig + 4)),
-                             to_tf32(tm_at(t, 32 + 16 * mt + g8 + 8, 32 + k0 + tig + 4)),
-                             to_tf32(x[k0 + tig][g8]), to_tf32(x[k0 + tig + 4][g8]));
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < NH; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s.u.inv.t[h][32 + 16 * mt + g8 + 8 * (e >> 1)][8 * nt + 2 * tig + (e & 1)] = -acc[h][e];
-                    m[h] = fmaxf(m[h], fabsf(acc[h][e]));
-                }
-        }
+    if (MT > 1) {
 #pragma unroll
         for (int h = 0; h < NH; ++h) publish_max(&s.max_t[h], m[h]);
     }
-    __syncthreads();  // Tm complete, max |Tm| final
+}
 
-    // Tm (scaled fp16) to the workspace, warp w rows 16w..16w+15, zeros above the diagonal; max
-    // row sum of |Tm| (v1's pairs and butterfly, so the same fp32 sums).
+// Tm (scaled fp16) to the workspace, warp w rows 16w..16w+15, zeros above the diagonal; max
+// row sum of |Tm| (v1's pairs and butterfly, so the same fp32 sums). Tm and max |Tm| complete.
+template <int NH>
+__device__ __forceinline__ void prep_store_tm(const PrepArgs &a, PrepSmem<NH> &s, PrepCta p, int warp, int lane) {
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
         const float(&t)[kC][kLdF] = s.u.inv.t[h];
         const float st = pow2_scale(s.max_t[h]);
-        __half *tm = a.w.tm + head_hc(h) * kC * kC;
+        __half *tm = a.w.tm + prep_hc<NH>(a, p, h) * kC * kC;
         float worst = 0.0f;
 #pragma unroll 4
         for (int i = 16 * warp; i < 16 * warp + 16; ++i) {
@@ -422,9 +361,55 @@ __global__ void __launch_bounds__(kPrepThreads, 5)
         }
         if (lane == 0) atomicMax(&s.max_rs[h], __float_as_uint(worst));
     }
+}
+
+// The kernel orchestrates the rooms above, one CTA barrier (or the pair barrier) between
+// phases that read what other warps wrote.
+template <bool VEC, int NH>
+__global__ void __launch_bounds__(kPrepThreads, 5)
+    gdn_chunk_prep_kernel(const __grid_constant__ PrepArgs a) {
+    static_assert(NH >= 1 && NH <= kPrepWarps, "one warp per head's gates");
+    pdl_launch_dependents();  // the state kernel may start its prologue (it waits for this grid)
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    PrepSmem<NH> &s = *reinterpret_cast<PrepSmem<NH> *>(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, tig = lane & 3;  // mma fragment coordinates
+    const PrepCta p{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+
+    // The chunk's rows (each warp finds them: varlen, a search in the sequence table).
+    const ChunkRows cr = prep_chunk_rows(a, p.c);
+
+    // Gates first (one warp per head), then the K/Q traffic.
+    if (warp < NH) prep_gates(a, p.c, cr, p.jk + (NH * p.round + warp) * a.n_k_heads, s.gam[warp], s.beta[warp]);
+    if (tid < NH) s.max_t[tid] = s.max_rs[tid] = 0u;
+
+    // K and Q rows to fp16; only round 0 writes them to the workspace.
+    prep_load_kq<VEC, kPrepThreads>(a, p.c, cr, p.jk, tid, s.u.in.kh, s.u.in.qh, p.round == 0);
+    __syncthreads();  // K, Q tiles and the gates complete
+
+    float ak[8][4], aq[8][4];
+    prep_products(s, warp, lane, ak, aq);
+    __syncthreads();  // every warp is done with kh, qh: the inverse tiles overlay them
+    prep_a_and_p(a, s.gam, s.beta, s.u.inv.t, p, warp, g8, tig, ak, aq);
+    __syncwarp();  // the warp's diagonal block of A is complete (it wrote all of it)
+    prep_diagonal_inverse(s, warp, lane);
+
+    // The 16 -> 32 merges need the two diagonal blocks of a pair of warps (and A's block below
+    // them, written by the pair's second warp): a barrier of that pair only.
+    if (warp < 2) named_barrier(1, 64);  // ids as constants: ptxas then reserves 3 barriers, not 16
+    else named_barrier(2, 64);
+    // Merge 16 -> 32, blocks (1,0) (warps 0, 1) and (3,2) (warps 2, 3), 8 columns per warp.
+    prep_merge<NH, 1>(s, warp, g8, tig, 16 * (2 * (warp >> 1) + 1), 32 * (warp >> 1), warp & 1);
+    __syncthreads();  // Tm[0:32][0:32], Tm[32:64][32:64] and A's lower-left quadrant complete
+    // Merge 32 -> 64: X = A[32:64][0:32] Tm[0:32][0:32], Tm[32:64][0:32] = -Tm[32:64][32:64] X;
+    // warp w owns the 8 output columns 8w..8w+7 (both 16-row tiles).
+    prep_merge<NH, 2>(s, warp, g8, tig, 32, 0, warp);
+    __syncthreads();  // Tm complete, max |Tm| final
+
+    prep_store_tm(a, s, p, warp, lane);
     __syncthreads();
     if (tid < NH)
-        *reinterpret_cast<float4 *>(a.w.meta + head_hc(tid) * 4) =
+        *reinterpret_cast<float4 *>(a.w.meta + prep_hc<NH>(a, p, tid) * 4) =
             make_float4(pow2_scale(s.max_t[tid]), __uint_as_float(s.max_rs[tid]), 0.0f, 0.0f);
     // Chained sub-passes (gdn_chunk_scan_rows): this grid may run beside the state kernel of the
     // sub-pass before it (launched as its programmatic dependent); one CTA waits for that grid

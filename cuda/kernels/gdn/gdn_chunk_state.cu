@@ -38,14 +38,14 @@ __device__ __forceinline__ void stage_chunk(Stage &d, const StateArgs &a, const 
         for (int e = t; e < kC * BV / 4; e += NT) {
             const int i = e / (BV / 4), d4 = (e % (BV / 4)) * 4;
             const bool ok = i < lim;
-            cp_async16_zfill(&d.vst[i][d4], vg + (ok ? i : 0) * a.ldv + d4, ok);
+            cp_async16_zfill(&d.vst[i][d4], vg + (ok ? i : 0) * a.v.ld + d4, ok);
         }
     } else {
 #pragma unroll kU4
         for (int e = t; e < kC * BV; e += NT) {
             const int i = e / BV, d1 = e % BV;
             const bool ok = i < lim;
-            cp_async4_zfill(&d.vst[i][d1], vg + (ok ? i : 0) * a.ldv + d1, ok);
+            cp_async4_zfill(&d.vst[i][d1], vg + (ok ? i : 0) * a.v.ld + d1, ok);
         }
     }
     for (int e = t; e < 2 * kC / 4 + 1; e += NT) {
@@ -118,12 +118,12 @@ template <int BV, int NS, bool VEC, class Stage>
 __device__ __forceinline__ void produce_state_operands(const StateArgs &a, Stage *st, const SeqSpan &sq,
                                                        int j, int jk, int col0) {
     const int lane = threadIdx.x & 31;
-    const float *vg = a.v + sq.r0 * a.ldv + (int64_t)j * kDK + col0;
+    const float *vg = a.v.ptr + sq.r0 * a.v.ld + (int64_t)j * kDK + col0;
     // Chunk c: workspace chunk sq.c0 + c, V rows from 64 c, valid rows min(64, rows - 64 c).
     const auto stage = [&](int c) {
         const int64_t t0 = (int64_t)c * kC;
         const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;
-        stage_chunk<BV, VEC, 32>(st[c % NS], a, vg + t0 * a.ldv, lim, j, jk, sq.c0 + c, lane);
+        stage_chunk<BV, VEC, 32>(st[c % NS], a, vg + t0 * a.v.ld, lim, j, jk, sq.c0 + c, lane);
     };
     // The workspace is the prep grid's output: wait for that grid when this kernel was launched
     // as its programmatic dependent (returns at once otherwise). The compute warps read only the
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
     // The CTA's sequence (varlen: blockIdx.y's) for every warp, through shared memory.
     if (tid == 0) s.seq = state_seq(a);
     __syncthreads();
-    float *og = a.o + s.seq.r0 * a.ldo + (int64_t)j * kDK + col0 + vc;
+    float *og = a.o.ptr + s.seq.r0 * a.o.ld + (int64_t)j * kDK + col0 + vc;
     float *state = s.seq.state + (int64_t)j * kDK * kDK + col0 + vc;
 
     if (warp == NW) {  // the producer
@@ -339,14 +339,14 @@ __global__ void __launch_bounds__(32 * (NW + 1), 1)
                 }
             const int64_t t0 = (int64_t)c * kC, left = s.seq.rows - t0;
             const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
-            float *orow = og + (t0 + 2 * tig) * a.ldo + g8;              // row 2 tig of the chunk
+            float *orow = og + (t0 + 2 * tig) * a.o.ld + g8;              // row 2 tig of the chunk
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
+            for (int nt = 0; nt < 8; ++nt, orow += 8 * a.o.ld)
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {
                     const int i = 8 * nt + 2 * tig + u;
                     if (i < lim) {
-                        float *p = orow + (u ? a.ldo : 0);
+                        float *p = orow + (u ? a.o.ld : 0);
                         p[0] = fmaf(op[nt][u], inv_v, eg[nt][u] * xq[nt][u]);
                         p[8] = fmaf(op[nt][2 + u], inv_v, eg[nt][u] * xq[nt][2 + u]);
                     }

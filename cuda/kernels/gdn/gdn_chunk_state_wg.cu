@@ -58,7 +58,9 @@ constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte 
 #define PF_GDN_WGMMA_DEVICE 1
 #endif
 
-#ifdef PF_GDN_WGMMA_DEVICE  // the warpgroup kernel's device helpers (sm_90a only)
+#ifdef PF_GDN_WGMMA_DEVICE  // the warpgroup kernel's device helpers and rooms (sm_90a only)
+using namespace hopper;
+
 constexpr uint32_t kWgTmaBytes = 2 * kC * kDK * 2 + 2 * kC * kC * 2;  // K, Q, Tm, P (fp16)
 constexpr uint32_t kWgVBytes = kC * 64 * 4;                           // V's 64 columns (fp32)
 constexpr uint32_t kWgGateBytes = 2 * kC * 4 + 16;                    // gamma, beta, meta
@@ -115,6 +117,352 @@ __device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float 
     }
 }
 
+// The CTA's place: value head j, its key head jk (tiled pairing, qwen35 GGUF, spec.md G6) and
+// its 64 value columns from col0 (two CTAs per head).
+struct WgCta {
+    int j, jk, col0;
+};
+// The kernel's five TMA maps (its __grid_constant__ parameters).
+struct WgMaps {
+    const CUtensorMap *k, *q, *t, *p, *v;
+};
+
+// --------------------------------------------------------------- the producer warp
+// Lane 0's part of staging chunk c (of the CTA's sequence sq) in stage d: it arms `full` with
+// the chunk's byte count, then issues K, Q, Tm, P (and V when tma_v) by TMA and the gates and
+// meta by bulk copies; every copy completes on `full`.
+__device__ __forceinline__ void wg_issue_stage(StateWgSmem::Stage &d, uint32_t full, const StateArgs &a,
+                                               const WgMaps &m, WgCta w, const SeqSpan &sq, int c,
+                                               int64_t t0, bool tma_v) {
+    // Workspace chunk sq.c0 + c; row coordinates < 2^31 (the launcher checks).
+    const int64_t gc = sq.c0 + c;
+    const int kr = int((w.jk * a.nc + gc) * kC), tr = int((w.j * a.nc + gc) * kC);
+    const size_t hc = (size_t)w.j * a.nc + gc;
+    const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh), vs = smem_addr(d.vst);
+    mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (tma_v ? kWgVBytes : 0));
+    tma_load_2d(kh, m.k, 0, kr, full);
+    tma_load_2d(kh + kC * kSwizzleRow, m.k, kSwizzleCols, kr, full);
+    tma_load_2d(qh, m.q, 0, kr, full);
+    tma_load_2d(qh + kC * kSwizzleRow, m.q, kSwizzleCols, kr, full);
+    tma_load_2d(smem_addr(d.tm), m.t, 0, tr, full);
+    tma_load_2d(smem_addr(d.ph), m.p, 0, tr, full);
+    if (tma_v) {
+        const int vrow = int(sq.r0 + t0);
+        tma_load_2d(vs, m.v, w.j * kDK + w.col0, vrow, full);
+        tma_load_2d(vs + kC * 32 * 4, m.v, w.j * kDK + w.col0 + 32, vrow, full);
+    }
+    bulk_load(smem_addr(d.gam), a.w.gam + hc * kC, kC * 4, full);
+    bulk_load(smem_addr(d.beta), a.w.bet + hc * kC, kC * 4, full);
+    bulk_load(smem_addr(d.meta), a.w.meta + hc * 4, 16, full);
+}
+
+// V of a chunk by the warp's lanes (the chunk has fewer than 64 rows of its sequence, or V's rows
+// are not 16-byte aligned): cp.async of 16 (VEC) or 4 bytes into the swizzled places the TMA
+// would fill, zeros from row lim on; each lane's copies complete as one arrival on `full`.
+template <bool VEC>
+__device__ __forceinline__ void wg_copy_v(StateWgSmem::Stage &d, uint32_t full, const float *vg, int64_t ldv,
+                                          int lim, int lane) {
+    if (VEC) {  // 4 columns of a row are 16 contiguous bytes of the swizzled block
+#pragma unroll 4
+        for (int e = lane; e < kC * 16; e += 32) {
+            const int i = e >> 4, d4 = (e & 15) * 4;
+            const bool ok = i < lim;
+            cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * ldv + d4, ok);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = lane; e < kC * 64; e += 32) {
+            const int i = e >> 6, d1 = e & 63;
+            const bool ok = i < lim;
+            cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * ldv + d1, ok);
+        }
+    }
+    cp_async_arrive_noinc(full);
+}
+
+// The producer warp: the CTA's chunks into the three stages, each refilled once the 4 consumer
+// warps released it (`empty`). It waits for the prep grid (PDL) before its first copy.
+template <bool VEC>
+__device__ __forceinline__ void wg_state_producer(StateWgSmem &s, const StateArgs &a, const WgMaps &m, WgCta w,
+                                                  int lane) {
+    constexpr int NS = kWgStateStages;
+    const SeqSpan sq = s.seq;
+    pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
+    // The next sub-pass's prep may start beside this grid (chained sub-passes): its
+    // workspace half was last read by the state grid before the prep just waited for.
+    pdl_launch_dependents();
+    const float *vseq = a.v.ptr + sq.r0 * a.v.ld + (int64_t)w.j * kDK + w.col0;
+    for (int c = 0; c < sq.nc; ++c) {
+        const int b = c % NS;
+        StateWgSmem::Stage &d = s.st[b];
+        const uint32_t full = smem_addr(&s.full[b]);
+        const int64_t t0 = (int64_t)c * kC;
+        const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;  // rows of the sequence
+        const bool tma_v = VEC && lim == kC;  // else V by cp.async, zeros from row lim
+        if (c >= NS) mbar_wait(smem_addr(&s.empty[b]), uint32_t(c / NS - 1) & 1u);
+        if (lane == 0) wg_issue_stage(d, full, a, m, w, sq, c, t0, tma_v);
+        if (tma_v) {
+            mbar_arrive(full);
+        } else {
+            wg_copy_v<VEC>(d, full, vseq + t0 * a.v.ld, a.v.ld, lim, lane);
+        }
+    }
+    cp_async_wait_all();
+}
+
+// ------------------------------------------------------------ the consumer warpgroup
+// What a consumer thread carries from chunk to chunk: its 64 elements of S^T (S_true = S u per
+// row), the A fragments of S^T entering the chunk, their rows' max |S_acc| and factors u / z.
+struct WgCarry {
+    float S[64];  // S^T[v][x] / u[h]: x = 8 (e >> 2) + 2 tig + (e & 1)
+    float u[2];
+    uint32_t sa[8][4];
+    float ms[2], f[2];
+};
+
+// The wgmma descriptors of a stage: K K-major and MN-major (the same bytes), Q, Tm, P.
+struct WgDescs {
+    uint64_t dK, dKt, dQ, dT, dP;
+};
+__device__ __forceinline__ WgDescs wg_descs(const StateWgSmem::Stage &d) {
+    const uint32_t kaddr = smem_addr(d.kh);
+    return WgDescs{smem_desc(kaddr, 16, kSwizzleAtom),                // K-major
+                   smem_desc(kaddr, kC * kSwizzleRow, kSwizzleAtom),  // MN-major
+                   smem_desc(smem_addr(d.qh), 16, kSwizzleAtom), smem_desc(smem_addr(d.tm), 16, kSwizzleAtom),
+                   smem_desc(smem_addr(d.ph), 16, kSwizzleAtom)};
+}
+
+// What the chunk's gates and scales give a thread for its chunk rows i = 8 nt + 2 tig + w and
+// its two value columns: e^gamma, e^(gamma_last - gamma), beta V sigma_R, the factor of X_acc in
+// R, and per column sigma_V, the V' factor and the master state's multiplier.
+struct WgScales {
+    float eg[8][2], dd[8][2], bv[32], rx[32];
+    float sig_v[2], k_v[2], smul[2];
+};
+
+// The scales of a chunk, while X and S^T Q^T run (everything read from shared memory is loaded
+// here: the waits after are memory clobbers that no load moves across): e^gamma, beta e^gamma,
+// beta V and e^(gamma_last - gamma) of the thread's rows; the bounds and scales of its columns.
+__device__ __forceinline__ void wg_chunk_scales(const StateWgSmem::Stage &d, int tig, int vr0, const WgCarry &st,
+                                                WgScales &sc) {
+    const float gl = d.gam[kC - 1], el = __expf(gl);
+    float be[8][2];
+    float vm[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const float2 gg = *reinterpret_cast<const float2 *>(&d.gam[8 * nt + 2 * tig]);
+        const float2 bb = *reinterpret_cast<const float2 *>(&d.beta[8 * nt + 2 * tig]);
+        sc.eg[nt][0] = __expf(gg.x);
+        sc.eg[nt][1] = __expf(gg.y);
+        sc.dd[nt][0] = __expf(gl - gg.x);  // exponent <= 0
+        sc.dd[nt][1] = __expf(gl - gg.y);
+        be[nt][0] = bb.x * sc.eg[nt][0];
+        be[nt][1] = bb.y * sc.eg[nt][1];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // element e = 4 nt + q: w = q & 1, h = q >> 1
+            const float vx = d.vst[wg_v_offset(8 * nt + 2 * tig + (q & 1), vr0 + 8 * (q >> 1))];
+            vm[q >> 1] = fmaxf(vm[q >> 1], fabsf(vx));
+            sc.bv[4 * nt + q] = (q & 1 ? bb.y : bb.x) * vx;
+        }
+    }
+    const float sig_t = d.meta[0], rs_t = d.meta[1];
+    float sig_r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), max |V'| <= max_i sum_j |Tm_ij| max|R|
+        const float r_bound = quad_max(vm[h]) + kSqrtDk * (st.ms[h] * st.u[h]);
+        sig_r[h] = pow2_scale_f(r_bound);
+        sc.sig_v[h] = pow2_scale_f(rs_t * r_bound);
+        sc.k_v[h] = sc.sig_v[h] * pow2_inv(sig_t) * pow2_inv(sig_r[h]);  // exact: powers of two
+        sc.smul[h] = st.u[h] * el * sc.sig_v[h];
+    }
+    // R = (beta V) sigma_R - (beta e^gamma f sigma_R) X_acc: one FFMA per element below.
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+        const int h = (e >> 1) & 1;
+        sc.rx[e] = -be[e >> 2][e & 1] * (st.f[h] * sig_r[h]);
+        sc.bv[e] *= sig_r[h];
+    }
+    // Pinned here, before the wait: the compiler would otherwise sink this arithmetic (no
+    // memory access) below it, onto the chain.
+    fence_regs(sc.eg);
+    fence_regs(sc.rx);
+    fence_regs(sc.dd);
+    fence_regs(sc.bv);
+    fence_regs(sc.k_v);
+    fence_regs(sc.smul);
+}
+
+// Eight fp32 accumulator values as the four fp16 A registers of one k-step.
+__device__ __forceinline__ void wg_pack_a(const float (&x)[8], uint32_t (&a)[4]) {
+    a[0] = pack_half2(x[0], x[1]);
+    a[1] = pack_half2(x[2], x[3]);
+    a[2] = pack_half2(x[4], x[5]);
+    a[3] = pack_half2(x[6], x[7]);
+}
+
+// R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i), from X^T.
+__device__ __forceinline__ void wg_delta_a(const WgScales &sc, const float (&xa)[32], uint32_t (&ra)[4][4]) {
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+        float r[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) r[q] = fmaf(sc.rx[8 * kb + q], xa[8 * kb + q], sc.bv[8 * kb + q]);
+        wg_pack_a(r, ra[kb]);
+    }
+}
+
+// V' * sigma_V (the outputs' A operand, pa) and e^(gamma_last - gamma) V' * sigma_V (the
+// update's, ua), from V'^T.
+__device__ __forceinline__ void wg_update_a(const WgScales &sc, const float (&va)[32], uint32_t (&pa)[4][4],
+                                            uint32_t (&ua)[4][4]) {
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+        float x[8], y[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int e = 8 * kb + q;
+            x[q] = va[e] * sc.k_v[(e >> 1) & 1];
+            y[q] = x[q] * sc.dd[e >> 2][e & 1];
+        }
+        wg_pack_a(x, pa[kb]);
+        wg_pack_a(y, ua[kb]);
+    }
+}
+
+// The chunk step of one consumer thread (stage d landed): X and half of S^T Q^T (which runs while
+// R is computed), V' and the other half of S^T Q^T, the update, P V' (the next chunk's
+// conversion of S runs while P V' does). oa: the chunk's outputs O^T, in the units of u.
+__device__ __forceinline__ void wg_chunk_step(const StateWgSmem::Stage &d, int tig, int vr0, WgCarry &st,
+                                              float (&oa)[32]) {
+    const WgDescs ds = wg_descs(d);
+    // X^T = S^T K^T, then the first half (k-steps over x < 64) of S^T Q^T, the outputs' part:
+    // it runs while R is computed. Its second half goes in behind V', so that V' waits in the
+    // tensor pipe behind 4 k-steps of it, not 8 (device run s23-3: 0.3539 vs 0.3614 ms at
+    // 16/32 heads, T = 8192; 0.4032 vs 0.4093 at 16/48).
+    float xa[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb)
+        wgmma::wgmma_rsk<64>(xa, st.sa[kb], desc_add(ds.dK, uint32_t(kb >> 2) * kC * kSwizzleRow + 32u * (kb & 3)),
+                             kb > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, st.sa[kb], desc_add(ds.dQ, 32u * kb), kb > 0);
+    wgmma_commit();
+    WgScales sc;
+    wg_chunk_scales(d, tig, vr0, st, sc);
+    wgmma_wait<1>();
+    fence_regs(xa);
+    uint32_t ra[4][4];
+    wg_delta_a(sc, xa, ra);
+
+    // V'^T = R^T Tm^T, then the second half of S^T Q^T; the master state into the update's
+    // units meanwhile.
+    float va[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(va, ra[kb], desc_add(ds.dT, 32u * kb), kb > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kb = 4; kb < 8; ++kb)
+        wgmma::wgmma_rsk<64>(oa, st.sa[kb], desc_add(ds.dQ, kC * kSwizzleRow + 32u * (kb & 3)), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int e = 0; e < 64; ++e) st.S[e] *= sc.smul[(e >> 1) & 1];
+    wgmma_wait<1>();  // V' done; S^T Q^T may still run
+    fence_regs(va);
+    fence_regs(ra);
+    uint32_t pa[4][4], ua[4][4];
+    wg_update_a(sc, va, pa, ua);
+
+    // S^T += (e^(gamma_last - gamma) V' sigma_V)^T K; then, with S^T Q^T complete, O^T in the
+    // units of V' sigma_V: e^gamma (S^T Q^T) f sigma_V, and O^T += (V' sigma_V)^T P^T.
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+        wgmma::wgmma_rs<128>(st.S, ua[kb], desc_add(ds.dKt, uint32_t(kb) * 2 * kSwizzleAtom), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T Q^T done; the update may still run
+    fence_regs(oa);
+    fence_regs(st.sa);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+        const int h = (e >> 1) & 1;
+        oa[e] *= sc.eg[e >> 2][e & 1] * (st.f[h] * sc.sig_v[h]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, pa[kb], desc_add(ds.dP, 32u * kb), 1);
+    wgmma_commit();
+    st.u[0] = pow2_inv(sc.sig_v[0]);
+    st.u[1] = pow2_inv(sc.sig_v[1]);
+
+    // The next chunk's A fragments once the update is done (P V' may still run).
+    wgmma_wait<1>();
+    fence_regs(st.S);
+    fence_regs(ua);
+    wg_state_to_a(st.S, st.u, st.sa, st.ms, st.f);
+    wgmma_wait<0>();
+    fence_regs(oa);
+    fence_regs(pa);
+}
+
+// The epilogue of a chunk: this thread's 2 value columns x 16 rows of chunk c, the rows of its
+// sequence only. og: the thread's first column at the sequence's row 0.
+__device__ __forceinline__ void wg_store_outputs(float *og, int64_t ldo, int64_t rows, int c, int tig,
+                                                 const float (&oa)[32], const float (&u)[2]) {
+    const int64_t t0 = (int64_t)c * kC, left = rows - t0;
+    const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
+    float *orow = og + (t0 + 2 * tig) * ldo;  // row 2 tig of the chunk
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt, orow += 8 * ldo)
+#pragma unroll
+        for (int w = 0; w < 2; ++w)
+            if (8 * nt + 2 * tig + w < lim) {
+                float *p = orow + (w ? ldo : 0);
+                p[0] = oa[4 * nt + w] * u[0];
+                p[8] = oa[4 * nt + 2 + w] * u[1];
+            }
+}
+
+// The consumer warpgroup (warps 0-3): S^T of its 64 value columns from the state, the chunks in
+// turn (each stage released to the producer as soon as its operands are read), S^T back.
+// This thread's two accumulator rows (value columns): vr0 + 8 h of the CTA's 64, vr0 =
+// 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
+// 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
+__device__ __forceinline__ void wg_state_consumer(StateWgSmem &s, const StateArgs &a, WgCta w, int warp,
+                                                  int lane, int g8, int tig) {
+    constexpr int NS = kWgStateStages;
+    const int vr0 = 16 * warp + g8;
+    float *og = a.o.ptr + s.seq.r0 * a.o.ld + (int64_t)w.j * kDK + w.col0 + vr0;
+    float *state = s.seq.state + (int64_t)w.j * kDK * kDK + w.col0 + vr0;
+
+    // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
+    // the prep grid's completion implies its completion (the prep's last wait).
+    if (a.chain) pdl_wait();
+    WgCarry st;
+#pragma unroll
+    for (int e = 0; e < 64; ++e)
+        st.S[e] = state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)];
+    st.u[0] = st.u[1] = 1.0f;
+    wg_state_to_a(st.S, st.u, st.sa, st.ms, st.f);
+
+    for (int c = 0; c < s.seq.nc; ++c) {
+        const int b = c % NS;
+        mbar_wait(smem_addr(&s.full[b]), uint32_t(c / NS) & 1u);
+        float oa[32];
+        wg_chunk_step(s.st[b], tig, vr0, st, oa);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&s.empty[b]));  // this warp is done with stage b
+        wg_store_outputs(og, a.o.ld, s.seq.rows, c, tig, oa, st.u);
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e)
+        state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)] =
+            st.S[e] * st.u[(e >> 1) & 1];
+}
+
 #endif  // PF_GDN_WGMMA_DEVICE
 
 // Pipeline (FlashAttention-3's producer/consumer form): per stage a `full` mbarrier that the
@@ -128,9 +476,8 @@ __device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float 
 // warp's lanes instead, cp.async of 16 (4) bytes into the same swizzled places with zero fill
 // from the sequence's end, each lane's copies completing as an arrival on `full`. `full` counts
 // 1 + 32 arrivals: lane 0's arming, then one per lane (its cp.async, or a plain arrival when TMA
-// brought V).
-// The chunk step: X and half of S^T Q^T (which runs while R is computed), V' and the other half
-// of S^T Q^T, the update, P V' (the next chunk's conversion of S runs while P V' does).
+// brought V). The kernel sets up the barriers and orchestrates the rooms above: the producer
+// warp (wg_state_producer), the consumer warpgroup (wg_state_consumer, wg_chunk_step).
 template <bool VEC>
 __global__ void __launch_bounds__(kWgStateThreads, 1)
     gdn_chunk_state_wg_kernel(const __grid_constant__ StateArgs a,
@@ -140,19 +487,17 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
                               const __grid_constant__ CUtensorMap tm_p,
                               const __grid_constant__ CUtensorMap tm_v) {
 #ifdef PF_GDN_WGMMA_DEVICE
-    using namespace hopper;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
     StateWgSmem &s = *reinterpret_cast<StateWgSmem *>(base);
-    constexpr int NS = kWgStateStages;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g8 = lane >> 2, tig = lane & 3;
+    const int g8 = lane >> 2, tig = lane & 3;  // mma fragment coordinates
     const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
-    const int jk = j % a.n_k_heads;  // tiled pairing (qwen35 GGUF, spec.md G6)
+    const WgCta w{j, j % a.n_k_heads, col0};
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < NS; ++b) {
+        for (int b = 0; b < kWgStateStages; ++b) {
             mbar_init(smem_addr(&s.full[b]), 1 + 32);
             mbar_init(smem_addr(&s.empty[b]), 4);
         }
@@ -162,268 +507,10 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
     __syncthreads();  // the only CTA barrier
 
     if (warp == 4) {  // the producer
-        const SeqSpan sq = s.seq;
-        pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
-        // The next sub-pass's prep may start beside this grid (chained sub-passes): its
-        // workspace half was last read by the state grid before the prep just waited for.
-        pdl_launch_dependents();
-        const float *vseq = a.v + sq.r0 * a.ldv + (int64_t)j * kDK + col0;
-        for (int c = 0; c < sq.nc; ++c) {
-            const int b = c % NS;
-            StateWgSmem::Stage &d = s.st[b];
-            const uint32_t full = smem_addr(&s.full[b]);
-            const int64_t t0 = (int64_t)c * kC;
-            const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;  // rows of the sequence
-            const bool tma_v = VEC && lim == kC;  // else V by cp.async, zeros from row lim
-            if (c >= NS) mbar_wait(smem_addr(&s.empty[b]), uint32_t(c / NS - 1) & 1u);
-            if (lane == 0) {
-                // Workspace chunk sq.c0 + c; row coordinates < 2^31 (the launcher checks).
-                const int64_t gc = sq.c0 + c;
-                const int kr = int((jk * a.nc + gc) * kC), tr = int((j * a.nc + gc) * kC);
-                const size_t hc = (size_t)j * a.nc + gc;
-                const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh), vs = smem_addr(d.vst);
-                mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (tma_v ? kWgVBytes : 0));
-                tma_load_2d(kh, &tm_k, 0, kr, full);
-                tma_load_2d(kh + kC * kSwizzleRow, &tm_k, kSwizzleCols, kr, full);
-                tma_load_2d(qh, &tm_q, 0, kr, full);
-                tma_load_2d(qh + kC * kSwizzleRow, &tm_q, kSwizzleCols, kr, full);
-                tma_load_2d(smem_addr(d.tm), &tm_t, 0, tr, full);
-                tma_load_2d(smem_addr(d.ph), &tm_p, 0, tr, full);
-                if (tma_v) {
-                    const int vrow = int(sq.r0 + t0);
-                    tma_load_2d(vs, &tm_v, j * kDK + col0, vrow, full);
-                    tma_load_2d(vs + kC * 32 * 4, &tm_v, j * kDK + col0 + 32, vrow, full);
-                }
-                bulk_load(smem_addr(d.gam), a.w.gam + hc * kC, kC * 4, full);
-                bulk_load(smem_addr(d.beta), a.w.bet + hc * kC, kC * 4, full);
-                bulk_load(smem_addr(d.meta), a.w.meta + hc * 4, 16, full);
-            }
-            if (tma_v) {
-                mbar_arrive(full);
-            } else {
-                const float *vg = vseq + t0 * a.ldv;
-                if (VEC) {  // 4 columns of a row are 16 contiguous bytes of the swizzled block
-#pragma unroll 4
-                    for (int e = lane; e < kC * 16; e += 32) {
-                        const int i = e >> 4, d4 = (e & 15) * 4;
-                        const bool ok = i < lim;
-                        cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * a.ldv + d4, ok);
-                    }
-                } else {
-#pragma unroll 4
-                    for (int e = lane; e < kC * 64; e += 32) {
-                        const int i = e >> 6, d1 = e & 63;
-                        const bool ok = i < lim;
-                        cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * a.ldv + d1, ok);
-                    }
-                }
-                cp_async_arrive_noinc(full);
-            }
-        }
-        cp_async_wait_all();
+        wg_state_producer<VEC>(s, a, WgMaps{&tm_k, &tm_q, &tm_t, &tm_p, &tm_v}, w, lane);
         return;
     }
-
-    // This thread's two accumulator rows (value columns): vr0 + 8 h of the CTA's 64, vr0 =
-    // 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
-    // 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
-    const int vr0 = 16 * warp + g8;
-    float *og = a.o + s.seq.r0 * a.ldo + (int64_t)j * kDK + col0 + vr0;
-    float *state = s.seq.state + (int64_t)j * kDK * kDK + col0 + vr0;
-
-    // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
-    // the prep grid's completion implies its completion (the prep's last wait).
-    if (a.chain) pdl_wait();
-    float S[64];  // S^T[v][x] / u[h]: x = 8 (e >> 2) + 2 tig + (e & 1)
-#pragma unroll
-    for (int e = 0; e < 64; ++e)
-        S[e] = state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)];
-    float u[2] = {1.0f, 1.0f};
-    uint32_t sa[8][4];  // the A fragments of the state entering the chunk
-    float ms[2], f[2];
-    wg_state_to_a(S, u, sa, ms, f);
-
-    for (int c = 0; c < s.seq.nc; ++c) {
-        const int b = c % NS;
-        const StateWgSmem::Stage &d = s.st[b];
-        mbar_wait(smem_addr(&s.full[b]), uint32_t(c / NS) & 1u);
-        const uint32_t kaddr = smem_addr(d.kh);
-        const uint64_t dK = smem_desc(kaddr, 16, kSwizzleAtom);                // K-major
-        const uint64_t dKt = smem_desc(kaddr, kC * kSwizzleRow, kSwizzleAtom);  // MN-major
-        const uint64_t dQ = smem_desc(smem_addr(d.qh), 16, kSwizzleAtom);
-        const uint64_t dT = smem_desc(smem_addr(d.tm), 16, kSwizzleAtom);
-        const uint64_t dP = smem_desc(smem_addr(d.ph), 16, kSwizzleAtom);
-
-        // X^T = S^T K^T, then the first half (k-steps over x < 64) of S^T Q^T, the outputs' part:
-        // it runs while R is computed. Its second half goes in behind V', so that V' waits in the
-        // tensor pipe behind 4 k-steps of it, not 8 (device run s23-3: 0.3539 vs 0.3614 ms at
-        // 16/32 heads, T = 8192; 0.4032 vs 0.4093 at 16/48).
-        float xa[32], oa[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb)
-            wgmma::wgmma_rsk<64>(xa, sa[kb], desc_add(dK, uint32_t(kb >> 2) * kC * kSwizzleRow + 32u * (kb & 3)), kb > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb)
-            wgmma::wgmma_rsk<64>(oa, sa[kb], desc_add(dQ, 32u * kb), kb > 0);
-        wgmma_commit();
-
-        // While it runs (everything read from shared memory is loaded here: the waits below are
-        // memory clobbers that no load moves across): for this thread's chunk rows
-        // i = 8 nt + 2 tig + w, e^gamma, beta e^gamma, beta V and e^(gamma_last - gamma); the
-        // bounds and scales of its two value columns.
-        const float gl = d.gam[kC - 1], el = __expf(gl);
-        float eg[8][2], be[8][2], dd[8][2], bv[32];
-        float vm[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const float2 gg = *reinterpret_cast<const float2 *>(&d.gam[8 * nt + 2 * tig]);
-            const float2 bb = *reinterpret_cast<const float2 *>(&d.beta[8 * nt + 2 * tig]);
-            eg[nt][0] = __expf(gg.x);
-            eg[nt][1] = __expf(gg.y);
-            dd[nt][0] = __expf(gl - gg.x);  // exponent <= 0
-            dd[nt][1] = __expf(gl - gg.y);
-            be[nt][0] = bb.x * eg[nt][0];
-            be[nt][1] = bb.y * eg[nt][1];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {  // element e = 4 nt + q: w = q & 1, h = q >> 1
-                const float vx = d.vst[wg_v_offset(8 * nt + 2 * tig + (q & 1), vr0 + 8 * (q >> 1))];
-                vm[q >> 1] = fmaxf(vm[q >> 1], fabsf(vx));
-                bv[4 * nt + q] = (q & 1 ? bb.y : bb.x) * vx;
-            }
-        }
-        const float sig_t = d.meta[0], rs_t = d.meta[1];
-        float sig_r[2], sig_v[2], k_v[2], smul[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            // |R| <= max|V| + sqrt(dk) max|S| (q, k unit vectors), max |V'| <= max_i sum_j |Tm_ij| max|R|
-            const float r_bound = quad_max(vm[h]) + kSqrtDk * (ms[h] * u[h]);
-            sig_r[h] = pow2_scale_f(r_bound);
-            sig_v[h] = pow2_scale_f(rs_t * r_bound);
-            k_v[h] = sig_v[h] * pow2_inv(sig_t) * pow2_inv(sig_r[h]);  // exact: powers of two
-            smul[h] = u[h] * el * sig_v[h];
-        }
-        // R = (beta V) sigma_R - (beta e^gamma f sigma_R) X_acc: one FFMA per element below.
-        float rx[32];
-#pragma unroll
-        for (int e = 0; e < 32; ++e) {
-            const int h = (e >> 1) & 1;
-            rx[e] = -be[e >> 2][e & 1] * (f[h] * sig_r[h]);
-            bv[e] *= sig_r[h];
-        }
-        // Pinned here, before the wait: the compiler would otherwise sink this arithmetic (no
-        // memory access) below it, onto the chain.
-        fence_regs(eg);
-        fence_regs(rx);
-        fence_regs(dd);
-        fence_regs(bv);
-        fence_regs(k_v);
-        fence_regs(smul);
-
-        // R^T = beta (V^T - e^gamma X^T) as scaled fp16 A fragments (4 k-blocks over rows i).
-        wgmma_wait<1>();
-        fence_regs(xa);
-        uint32_t ra[4][4];
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-            float r[8];
-#pragma unroll
-            for (int q = 0; q < 8; ++q) r[q] = fmaf(rx[8 * kb + q], xa[8 * kb + q], bv[8 * kb + q]);
-            ra[kb][0] = pack_half2(r[0], r[1]);
-            ra[kb][1] = pack_half2(r[2], r[3]);
-            ra[kb][2] = pack_half2(r[4], r[5]);
-            ra[kb][3] = pack_half2(r[6], r[7]);
-        }
-
-        // V'^T = R^T Tm^T, then the second half of S^T Q^T; the master state into the update's
-        // units meanwhile.
-        float va[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(va, ra[kb], desc_add(dT, 32u * kb), kb > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kb = 4; kb < 8; ++kb)
-            wgmma::wgmma_rsk<64>(oa, sa[kb], desc_add(dQ, kC * kSwizzleRow + 32u * (kb & 3)), 1);
-        wgmma_commit();
-#pragma unroll
-        for (int e = 0; e < 64; ++e) S[e] *= smul[(e >> 1) & 1];
-        wgmma_wait<1>();  // V' done; S^T Q^T may still run
-        fence_regs(va);
-        fence_regs(ra);
-
-        // V' * sigma_V (outputs) and e^(gamma_last - gamma) V' * sigma_V (the update).
-        uint32_t pa[4][4], ua[4][4];
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-            float x[8], y[8];
-#pragma unroll
-            for (int q = 0; q < 8; ++q) {
-                const int e = 8 * kb + q;
-                x[q] = va[e] * k_v[(e >> 1) & 1];
-                y[q] = x[q] * dd[e >> 2][e & 1];
-            }
-            pa[kb][0] = pack_half2(x[0], x[1]);
-            pa[kb][1] = pack_half2(x[2], x[3]);
-            pa[kb][2] = pack_half2(x[4], x[5]);
-            pa[kb][3] = pack_half2(x[6], x[7]);
-            ua[kb][0] = pack_half2(y[0], y[1]);
-            ua[kb][1] = pack_half2(y[2], y[3]);
-            ua[kb][2] = pack_half2(y[4], y[5]);
-            ua[kb][3] = pack_half2(y[6], y[7]);
-        }
-
-        // S^T += (e^(gamma_last - gamma) V' sigma_V)^T K; then, with S^T Q^T complete, O^T in the
-        // units of V' sigma_V: e^gamma (S^T Q^T) f sigma_V, and O^T += (V' sigma_V)^T P^T.
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb)
-            wgmma::wgmma_rs<128>(S, ua[kb], desc_add(dKt, uint32_t(kb) * 2 * kSwizzleAtom), 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // S^T Q^T done; the update may still run
-        fence_regs(oa);
-        fence_regs(sa);
-#pragma unroll
-        for (int e = 0; e < 32; ++e) {
-            const int h = (e >> 1) & 1;
-            oa[e] *= eg[e >> 2][e & 1] * (f[h] * sig_v[h]);
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, pa[kb], desc_add(dP, 32u * kb), 1);
-        wgmma_commit();
-        u[0] = pow2_inv(sig_v[0]);
-        u[1] = pow2_inv(sig_v[1]);
-
-        // The next chunk's A fragments once the update is done (P V' may still run).
-        wgmma_wait<1>();
-        fence_regs(S);
-        fence_regs(ua);
-        wg_state_to_a(S, u, sa, ms, f);
-        wgmma_wait<0>();
-        fence_regs(oa);
-        fence_regs(pa);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&s.empty[b]));  // this warp is done with stage b
-
-        // The outputs: this thread's 2 value columns x 16 rows of the chunk.
-        const int64_t t0 = (int64_t)c * kC, left = s.seq.rows - t0;
-        const int lim = left < kC ? int(left) : kC;  // rows of this chunk (of its sequence)
-        float *orow = og + (t0 + 2 * tig) * a.ldo;  // row 2 tig of the chunk
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt, orow += 8 * a.ldo)
-#pragma unroll
-            for (int w = 0; w < 2; ++w)
-                if (8 * nt + 2 * tig + w < lim) {
-                    float *p = orow + (w ? a.ldo : 0);
-                    p[0] = oa[4 * nt + w] * u[0];
-                    p[8] = oa[4 * nt + 2 + w] * u[1];
-                }
-    }
-#pragma unroll
-    for (int e = 0; e < 64; ++e)
-        state[(int64_t)(8 * (e >> 2) + 2 * tig + (e & 1)) * kDK + 8 * ((e >> 1) & 1)] = S[e] * u[(e >> 1) & 1];
+    wg_state_consumer(s, a, w, warp, lane, g8, tig);
 #else
     __trap();  // sm_90a only: the host never launches it elsewhere (gdn_state_wg_available)
 #endif
@@ -449,12 +536,12 @@ pf_status launch_state_wg_vec(const StateArgs &a, bool pdl, cudaStream_t stream)
                         (long long)m.rows, (long long)m.cols, int(r));
     }
     if (VEC) {  // V (fp32, [rows][ldv]) in boxes of 64 rows x 32 columns, 128-byte swizzle
-        const CUresult r = hopper::encode_2d_sw128(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.v,
-                                                   (int64_t)a.n_v_heads * kDK, a.rows, a.ldv * 4,
+        const CUresult r = hopper::encode_2d_sw128(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.v.ptr,
+                                                   (int64_t)a.n_v_heads * kDK, a.rows, a.v.ld * 4,
                                                    32, kC);
         if (r != CUDA_SUCCESS)
             return fail(PF_STATUS_CUDA_ERROR, "gdn_chunk_scan_rows: TMA map of v (%lld rows, ld %lld): CUresult %d",
-                        (long long)a.rows, (long long)a.ldv, int(r));
+                        (long long)a.rows, (long long)a.v.ld, int(r));
     } else {
         maps[4] = maps[0];  // unused: V by cp.async
     }

@@ -177,7 +177,7 @@ pf_status launch_gemm_i8(I8Mat a, I8Mat w, int64_t rows, int64_t n, int64_t k, f
         return fail(PF_STATUS_CUDA_ERROR,
                     "gemm_i8: cuTensorMapEncodeTiled(rows=%lld, n=%lld, k=%lld) failed: %d",
                     (long long)rows, (long long)n, (long long)k, int(r));
-    const i8k::i8_gemm_args f = i8k::make_args(rows, n, k, y, ldy, accumulate, kBN, w.r);
+    const i8k::I8GemmArgs f = i8k::make_args(rows, n, k, y, ldy, accumulate, kBN, w.r);
     const auto kernel = i8k::gemm_i8_kernel<kBN, i8k::kI8Cvt, true, true, kCM, kCN>;
     PF_TRY(set_max_dynamic_smem(kernel, int(i8k::i8_smem_bytes<kBN, true>()), "gemm_i8_kernel"));
     int clusters = i8_grid_clusters();

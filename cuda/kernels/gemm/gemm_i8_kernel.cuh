@@ -1,5 +1,5 @@
 // gemm_i8_kernel.cuh — the 8-bit leg's GEMM kernel (sm_90a) and its launch, self-contained
-// (CUDA runtime and hopper.cuh only), so that the library (gemm_i8.cu) and the kernel's
+// (CUDA runtime, mat.h and hopper.cuh only), so that the library (gemm_i8.cu) and the kernel's
 // micro-benchmark (tests/cpp/bench_gemm_i8.cu) build the same code. Operand forms: gemm_i8.cuh.
 //
 // The GEMM (the structure of DeepGEMM's FP8 GEMM, DeepSeek 2025, written here for int8 with
@@ -37,6 +37,7 @@
 
 #include <cstdint>
 
+#include "base/mat.h"
 #include "kernels/gemm/gemm_i8.cuh"
 #include "ptx/hopper.cuh"
 #include "ptx/wgmma.cuh"
@@ -80,9 +81,8 @@ static_assert(i8_smem_bytes<128>() <= kSm90SmemOptinI8, "6 stages of 128 x 128 f
 static_assert(i8_smem_bytes<128, true>() <= kSm90SmemOptinI8, "6 rank-1 stages of 128 x 128 fit");
 static_assert(i8_smem_bytes<192>() <= kSm90SmemOptinI8, "5 stages of 128 x 192 fit");
 
-struct i8_gemm_args {
-    float *y;
-    int64_t ldy;
+struct I8GemmArgs {
+    MatF y;  // the output rows (the launcher's y, ldy)
     int32_t rows, n, groups;
     int32_t m_tiles, n_tiles;
     int32_t accumulate;
@@ -147,6 +147,242 @@ __device__ __forceinline__ void fence_iregs(int32_t (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+
+// The block's shared memory as 32-bit shared-window addresses (what TMA, mbarriers and the wgmma
+// descriptors take): S stages of A tiles, of W tiles, of A scales (128 fp32), of W scales (BN
+// fp32, or the rank-1 form's 128-byte box), then the full and the empty mbarrier of each stage;
+// base is the dynamic shared memory rounded up to the 1024-byte swizzle atom, base_ptr the same
+// as a generic pointer (the consumers' plain loads of the scales).
+template <int BN, bool R1>
+struct I8Smem {
+    static constexpr int S = i8_stages<BN>();
+    static constexpr uint32_t kTileW = uint32_t(BN) * 128;
+    static constexpr uint32_t kSwBytes = R1 ? 128 : BN * 4;
+    const unsigned char *base_ptr;
+    uint32_t base;
+    uint32_t sA0;   // stage s at sA0 + s * kI8TileA
+    uint32_t sW0;   // stage s at sW0 + s * kTileW
+    uint32_t sSa0;  // 128 fp32 per stage
+    uint32_t sSw0;  // kSwBytes per stage
+    uint32_t bars;
+    __device__ __forceinline__ uint32_t full(int st) const { return bars + 8 * st; }
+    __device__ __forceinline__ uint32_t empty(int st) const { return bars + 8 * (S + st); }
+    __device__ __forceinline__ const float *sa_ptr(int st) const {
+        return reinterpret_cast<const float *>(base_ptr + (sSa0 - base) + st * kI8BM * 4);
+    }
+    __device__ __forceinline__ const float *sw_ptr(int st) const {
+        return reinterpret_cast<const float *>(base_ptr + (sSw0 - base) + st * kSwBytes);
+    }
+};
+
+// The tile scheduler: cluster tiles of CM x CN output tiles, rastered in bands of kBand cluster
+// rows (kI8Band row tiles), the cluster row running fastest inside a band, so that the blocks
+// resident at once share their weight tiles in L2. This block (rank rm + CM rn in its cluster)
+// runs the cluster tiles cluster, cluster + clusters, ... of `tiles`.
+template <int CM, int CN>
+struct I8Raster {
+    static constexpr int kBand = kI8Band / CM;
+    int rm, rn, cluster, clusters, cm_tiles, cn_tiles, tiles;
+    // Output tile (mt, nt) of cluster tile t: a block past the matrix reads zeros.
+    __device__ __forceinline__ void tile_of(int t, int &mt, int &nt) const {
+        const int band_tiles = kBand * cn_tiles;
+        const int band = t / band_tiles, in_band = t - band * band_tiles;
+        const int band_rows = min(kBand, cm_tiles - band * kBand);
+        mt = (band * kBand + in_band % band_rows) * CM + rm;
+        nt = (in_band / band_rows) * CN + rn;
+    }
+};
+
+// This block's raster: its rank in the cluster, its first cluster tile and stride, the tiles.
+template <int CM, int CN>
+__device__ __forceinline__ I8Raster<CM, CN> i8_raster(const I8GemmArgs &a) {
+    constexpr int CS = CM * CN;
+    const int rank = CS > 1 ? int(cluster_ctarank()) : 0;
+    const int rm = rank % CM, rn = rank / CM;
+    const int cluster = int(blockIdx.x) / CS, clusters = int(gridDim.x) / CS;
+    const int cm_tiles = (a.m_tiles + CM - 1) / CM, cn_tiles = (a.n_tiles + CN - 1) / CN;
+    return I8Raster<CM, CN>{rm, rn, cluster, clusters, cm_tiles, cn_tiles, cm_tiles * cn_tiles};
+}
+
+// The producer (thread 0 of the producer warpgroup): every group of every tile of the block into
+// the S stages, each refilled once every consumer warp of the cluster released it; with
+// clusters the A tile (CN > 1) or the W tile (CM > 1) comes in 1 / CN (1 / CM) slices, each
+// block loading its slice and multicasting it to the blocks that share the tile.
+template <int BN, bool R1, int CM, int CN>
+__device__ __forceinline__ void i8_produce(const I8Smem<BN, R1> &L, const I8Raster<CM, CN> &R, int G,
+                                           const CUtensorMap *tm_a, const CUtensorMap *tm_w,
+                                           const CUtensorMap *tm_sa, const CUtensorMap *tm_sw) {
+    constexpr int S = I8Smem<BN, R1>::S;
+    constexpr uint32_t kTileW = I8Smem<BN, R1>::kTileW, kSwBytes = I8Smem<BN, R1>::kSwBytes;
+    constexpr uint32_t kStageTx = uint32_t(i8_stage_tx<BN, R1>());
+    uint16_t a_mask = 0, w_mask = 0;  // the blocks sharing my row tile, my weight tile
+    for (int j = 0; j < CN; ++j) a_mask |= uint16_t(1u << (R.rm + CM * j));
+    for (int i = 0; i < CM; ++i) w_mask |= uint16_t(1u << (i + CM * R.rn));
+    int it = 0;  // groups loaded so far (over the tiles): stage it % S, use it / S
+    for (int t = R.cluster; t < R.tiles; t += R.clusters) {
+        int mt, nt;
+        R.tile_of(t, mt, nt);
+        const int m0 = mt * kI8BM, n0 = nt * BN;
+        for (int g = 0; g < G; ++g, ++it) {
+            const int st = it % S, use = it / S;
+            if (use > 0) mbar_wait(L.empty(st), (use - 1) & 1);
+            mbar_arrive_expect_tx(L.full(st), kStageTx);  // every byte landing here
+            if constexpr (CN == 1) {
+                tma_load_2d(L.sA0 + st * kI8TileA, tm_a, g * 128, m0, L.full(st));
+            } else {
+                tma_load_2d_multicast(L.sA0 + st * kI8TileA + R.rn * (kI8TileA / CN), tm_a, g * 128,
+                                      m0 + R.rn * (kI8BM / CN), L.full(st), a_mask);
+            }
+            if constexpr (CM == 1) {
+                tma_load_2d(L.sW0 + st * kTileW, tm_w, g * 128, n0, L.full(st));
+            } else {
+                tma_load_2d_multicast(L.sW0 + st * kTileW + R.rm * (kTileW / CM), tm_w, g * 128,
+                                      n0 + R.rm * (BN / CM), L.full(st), w_mask);
+            }
+            tma_load_2d(L.sSa0 + st * kI8BM * 4, tm_sa, m0, g, L.full(st));
+            tma_load_2d(L.sSw0 + st * kSwBytes, tm_sw, R1 ? nt / kI8R1Box * kI8R1Box : n0, g, L.full(st));
+        }
+    }
+    // Every stage released by the whole cluster before this block ends: the other blocks'
+    // consumers arrive on this block's barriers until then.
+    for (int j = it > S ? it - S : 0; j < it; ++j) mbar_wait(L.empty(j % S), (j / S) & 1);
+}
+
+// A consumer thread's place: warpgroup wg (rows 64 wg ..), warp within it, lane and its fragment
+// coordinates gid, tig; its rows row_in_tile and row_in_tile + 8 of the tile.
+struct I8Thread {
+    int wg, warp, lane, gid, tig, row_in_tile;
+};
+
+// The consumer's part of pipeline step it + g (group g of the tile whose groups start at step
+// it): i8_issue_group waits for the stage and issues its four wgmma into fragment p;
+// i8_promote_group adds the finished fragment into acc with its scales and releases the stage
+// (once this warp's products of it are done and its scales read: one arrival per warp on the
+// barrier of every block of the cluster, whose producers multicast into this block's stage).
+template <int BN, bool R1>
+__device__ __forceinline__ void i8_issue_group(const I8Smem<BN, R1> &L, uint64_t da0, uint64_t dw0, int it, int g,
+                                               int32_t (&p)[BN / 2]) {
+    constexpr int S = I8Smem<BN, R1>::S;
+    const int st = (it + g) % S;
+    mbar_wait(L.full(st), ((it + g) / S) & 1);
+    i8_issue<BN>(p, desc_add(da0, uint32_t(st) * kI8TileA), desc_add(dw0, uint32_t(st) * I8Smem<BN, R1>::kTileW));
+}
+template <int BN, int Conv, bool R1, int CS>
+__device__ __forceinline__ void i8_promote_group(const I8Smem<BN, R1> &L, const I8Thread &th, int it, int nt, int g,
+                                                 const int32_t (&p)[BN / 2], float (&acc)[BN / 2]) {
+    const int st = (it + g) % I8Smem<BN, R1>::S;
+    const float *sa = L.sa_ptr(st);
+    if constexpr (R1) {
+        const float b = L.sw_ptr(st)[nt % kI8R1Box];
+        i8_promote_r1<BN, Conv>(acc, p, sa[th.row_in_tile] * b, sa[th.row_in_tile + 8] * b);
+    } else {
+        i8_promote<BN, Conv>(acc, p, L.sw_ptr(st), sa[th.row_in_tile], sa[th.row_in_tile + 8], th.tig);
+    }
+    __syncwarp();
+    if constexpr (CS == 1) {
+        mbar_arrive_if(L.empty(st), th.lane == 0);
+    } else {
+        mbar_arrive_cluster_if(L.empty(st), uint32_t(th.lane), th.lane < CS);
+    }
+}
+
+// The main loop of one tile: its G groups into acc (zeroed first). Group g's products go into fragment g % 2
+// with two fragments (Two); group g + 1's are issued before group g is promoted. Every branch
+// commits and waits for the same groups on every path (ptxas tracks the wgmma groups statically
+// and otherwise serializes them with injected waits).
+template <int BN, int Conv, bool Two, bool R1, int CS>
+__device__ __forceinline__ void i8_tile_mainloop(const I8Smem<BN, R1> &L, const I8Thread &th, uint64_t da0,
+                                                 uint64_t dw0, int it, int nt, int G, float (&acc)[BN / 2]) {
+    static_assert(!Two || BN <= 128, "two fragments of 192 columns do not fit the registers");
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    int32_t p0[BN / 2], p1[Two ? BN / 2 : 1];  // nothing in flight between tiles
+    if constexpr (Two) {
+        i8_issue_group(L, da0, dw0, it, 0, p0);
+        int g = 0;
+        for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
+            i8_issue_group(L, da0, dw0, it, g + 1, p1);
+            wgmma_wait<1>();
+            fence_iregs(p0);
+            i8_promote_group<BN, Conv, R1, CS>(L, th, it, nt, g, p0, acc);
+            i8_issue_group(L, da0, dw0, it, g + 2, p0);
+            wgmma_wait<1>();
+            fence_iregs(p1);
+            i8_promote_group<BN, Conv, R1, CS>(L, th, it, nt, g + 1, p1, acc);
+        }
+        if (g + 1 < G) {  // two groups left
+            i8_issue_group(L, da0, dw0, it, g + 1, p1);
+            wgmma_wait<1>();
+            fence_iregs(p0);
+            i8_promote_group<BN, Conv, R1, CS>(L, th, it, nt, g, p0, acc);
+            wgmma_wait<0>();
+            fence_iregs(p1);
+            i8_promote_group<BN, Conv, R1, CS>(L, th, it, nt, g + 1, p1, acc);
+        } else {
+            wgmma_wait<0>();
+            fence_iregs(p0);
+            i8_promote_group<BN, Conv, R1, CS>(L, th, it, nt, g, p0, acc);
+        }
+    } else {  // one fragment: only the other warpgroup's products overlap a promotion
+        for (int g = 0; g < G; ++g) {
+            i8_issue_group(L, da0, dw0, it, g, p0);
+            wgmma_wait<0>();
+            fence_iregs(p0);
+            i8_promote_group<BN, Conv, R1, CS>(L, th, it, nt, g, p0, acc);
+        }
+    }
+}
+
+// The epilogue of a tile (rows m0 .., columns n0 ..): rows row_in_tile and row_in_tile + 8 of
+// this warp, columns 8 j + 2 tig (+1); the rank-1 form's row factors first. A whole tile of
+// plain float2 stores goes without the bounds checks.
+template <int BN, bool R1>
+__device__ __forceinline__ void i8_epilogue(const I8GemmArgs &a, const I8Thread &th, int m0, int n0,
+                                            float (&acc)[BN / 2]) {
+    const int tig = th.tig;
+    const bool whole = m0 + kI8BM <= a.rows && n0 + BN <= a.n && a.y_vec2 && !a.accumulate;
+    if constexpr (R1) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int c = n0 + 8 * j + 2 * tig;
+            const float r0 = whole || c < a.n ? __ldg(a.wr + c) : 0.f;
+            const float r1 = whole || c + 1 < a.n ? __ldg(a.wr + c + 1) : 0.f;
+            acc[4 * j] *= r0, acc[4 * j + 1] *= r1, acc[4 * j + 2] *= r0, acc[4 * j + 3] *= r1;
+        }
+    }
+    if (whole) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float *yr = a.y.ptr + int64_t(m0 + th.row_in_tile + 8 * h) * a.y.ld + n0 + 2 * tig;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+                *reinterpret_cast<float2 *>(yr + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = m0 + th.row_in_tile + 8 * h;
+        if (r >= a.rows) continue;
+        float *yr = a.y.ptr + int64_t(r) * a.y.ld;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int c = n0 + 8 * j + 2 * tig;
+            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (a.y_vec2 && c + 1 < a.n) {
+                float2 *dst = reinterpret_cast<float2 *>(yr + c);
+                if (a.accumulate) {
+                    const float2 old = *dst;
+                    v0 += old.x, v1 += old.y;
+                }
+                *dst = make_float2(v0, v1);
+            } else {
+                if (c < a.n) yr[c] = a.accumulate ? yr[c] + v0 : v0;
+                if (c + 1 < a.n) yr[c + 1] = a.accumulate ? yr[c + 1] + v1 : v1;
+            }
+        }
+    }
+}
 #endif  // PF_I8_DEVICE
 
 // BN: weight rows per block (128 or 192); Conv: I8Convert; Two: two int32 fragments per consumer
@@ -161,55 +397,34 @@ __device__ __forceinline__ void fence_iregs(int32_t (&r)[N]) {
 // tile's first group before this tile's epilogue measured slower (3.23 against 3.13 ms back to
 // back at 8192 x 34816 x 5120, 1 x 2 clusters: ptxas injects a wgmma wait on the tile loop's back
 // edge, C7517) and was removed (NOTES.md, session 35).
+// The kernel sets up the shared memory, the raster and the barriers, then splits into the roles
+// (setmaxnreg in the role branch, where ptxas needs it: C7508): the producer (i8_produce) and the
+// consumers' tile loop (i8_tile_mainloop, i8_epilogue).
 template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 __global__ void __launch_bounds__(kI8Threads, 1)
-    gemm_i8_kernel(const __grid_constant__ i8_gemm_args a, const __grid_constant__ CUtensorMap tm_a,
+    gemm_i8_kernel(const __grid_constant__ I8GemmArgs a, const __grid_constant__ CUtensorMap tm_a,
                    const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_sa,
                    const __grid_constant__ CUtensorMap tm_sw) {
 #ifdef PF_I8_DEVICE
-    constexpr int S = i8_stages<BN>();
-    constexpr int CS = CM * CN;
-    constexpr uint32_t kTileW = uint32_t(BN) * 128;
+    using Smem = I8Smem<BN, R1>;
+    constexpr int S = Smem::S, CS = CM * CN;
     static_assert(!R1 || BN == 128, "a rank-1 factor covers 128 weight rows");
     static_assert(CS <= 4 && (CM == 1 || CM == 2) && (CN == 1 || CN == 2), "clusters of 1, 2 or 2 x 2");
-    constexpr uint32_t kStageTx = uint32_t(i8_stage_tx<BN, R1>());
-    constexpr uint32_t kSwBytes = R1 ? 128 : BN * 4;
     constexpr int kConsumerWarps = kI8Consumers / 32;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
     const uint32_t base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
-    const unsigned char *const base_ptr = smem_raw + (base - raw);
-    const uint32_t sA0 = base;                          // stage s at sA0 + s * kI8TileA
-    const uint32_t sW0 = sA0 + S * kI8TileA;            // stage s at sW0 + s * kTileW
-    const uint32_t sSa0 = sW0 + S * kTileW;             // 128 fp32 per stage
-    const uint32_t sSw0 = sSa0 + S * kI8BM * 4;         // BN fp32 per stage
-    const uint32_t bars = sSw0 + S * kSwBytes;
-    const auto full = [&](int st) { return bars + 8 * st; };
-    const auto empty = [&](int st) { return bars + 8 * (S + st); };
+    const uint32_t sW0 = base + S * kI8TileA, sSa0 = sW0 + S * Smem::kTileW, sSw0 = sSa0 + S * kI8BM * 4;
+    const Smem L{smem_raw + (base - raw), base, base, sW0, sSa0, sSw0, sSw0 + S * Smem::kSwBytes};
 
-    // Cluster tiles: CM x CN output tiles; rastered in bands of kBand cluster rows (kI8Band row
-    // tiles), the cluster row running fastest inside a band, so that the blocks resident at once
-    // share their weight tiles in L2.
-    const int rank = CS > 1 ? int(cluster_ctarank()) : 0;
-    const int rm = rank % CM, rn = rank / CM;
-    const int cluster = int(blockIdx.x) / CS, clusters = int(gridDim.x) / CS;
-    const int cm_tiles = (a.m_tiles + CM - 1) / CM, cn_tiles = (a.n_tiles + CN - 1) / CN;
-    const int tiles = cm_tiles * cn_tiles;
-    constexpr int kBand = kI8Band / CM;
-    const auto tile_of = [&](int t, int &mt, int &nt) {  // a block past the matrix reads zeros
-        const int band_tiles = kBand * cn_tiles;
-        const int band = t / band_tiles, in_band = t - band * band_tiles;
-        const int band_rows = min(kBand, cm_tiles - band * kBand);
-        mt = (band * kBand + in_band % band_rows) * CM + rm;
-        nt = (in_band / band_rows) * CN + rn;
-    };
+    const I8Raster<CM, CN> R = i8_raster<CM, CN>(a);
     const int G = a.groups;
 
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int st = 0; st < S; ++st) {
-            mbar_init(full(st), 1);
-            mbar_init(empty(st), kConsumerWarps * CS);  // every consumer warp of the cluster
+            mbar_init(L.full(st), 1);
+            mbar_init(L.empty(st), kConsumerWarps * CS);  // every consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -219,187 +434,28 @@ __global__ void __launch_bounds__(kI8Threads, 1)
         __syncthreads();
     }
 
-    if (tid < 128) {
+    if (tid < 128) {  // the producer warpgroup: its registers go to the consumers
         setmaxnreg_dec<kI8ProducerRegs>();
-        if (tid == 0) {
-            uint16_t a_mask = 0, w_mask = 0;  // the blocks sharing my row tile, my weight tile
-            for (int j = 0; j < CN; ++j) a_mask |= uint16_t(1u << (rm + CM * j));
-            for (int i = 0; i < CM; ++i) w_mask |= uint16_t(1u << (i + CM * rn));
-            int it = 0;  // groups loaded so far (over the tiles): stage it % S, use it / S
-            for (int t = cluster; t < tiles; t += clusters) {
-                int mt, nt;
-                tile_of(t, mt, nt);
-                const int m0 = mt * kI8BM, n0 = nt * BN;
-                for (int g = 0; g < G; ++g, ++it) {
-                    const int st = it % S, use = it / S;
-                    if (use > 0) mbar_wait(empty(st), (use - 1) & 1);
-                    mbar_arrive_expect_tx(full(st), kStageTx);  // every byte landing here
-                    if constexpr (CN == 1) {
-                        tma_load_2d(sA0 + st * kI8TileA, &tm_a, g * 128, m0, full(st));
-                    } else {
-                        tma_load_2d_multicast(sA0 + st * kI8TileA + rn * (kI8TileA / CN), &tm_a, g * 128,
-                                              m0 + rn * (kI8BM / CN), full(st), a_mask);
-                    }
-                    if constexpr (CM == 1) {
-                        tma_load_2d(sW0 + st * kTileW, &tm_w, g * 128, n0, full(st));
-                    } else {
-                        tma_load_2d_multicast(sW0 + st * kTileW + rm * (kTileW / CM), &tm_w, g * 128,
-                                              n0 + rm * (BN / CM), full(st), w_mask);
-                    }
-                    tma_load_2d(sSa0 + st * kI8BM * 4, &tm_sa, m0, g, full(st));
-                    tma_load_2d(sSw0 + st * kSwBytes, &tm_sw, R1 ? nt / kI8R1Box * kI8R1Box : n0, g, full(st));
-                }
-            }
-            // Every stage released by the whole cluster before this block ends: the other blocks'
-            // consumers arrive on this block's barriers until then.
-            for (int j = it > S ? it - S : 0; j < it; ++j) mbar_wait(empty(j % S), (j / S) & 1);
-        }
+        if (tid == 0) i8_produce<BN, R1, CM, CN>(L, R, G, &tm_a, &tm_w, &tm_sa, &tm_sw);
         return;
     }
-
     setmaxnreg_inc<kI8ConsumerRegs>();
     const int ctid = tid - 128;
-    const int wg = ctid >> 7;
-    const int warp = (ctid >> 5) & 3;
-    const int lane = ctid & 31, gid = lane >> 2, tig = lane & 3;
-    const int row_in_tile = wg * 64 + warp * 16 + gid;  // and row_in_tile + 8
-
-    const uint64_t da0 = smem_desc(sA0 + uint32_t(wg) * 64 * kSwizzleRow, 16, kSwizzleAtom);
-    const uint64_t dw0 = smem_desc(sW0, 16, kSwizzleAtom);
-    const auto da = [&](int st) { return desc_add(da0, uint32_t(st) * kI8TileA); };
-    const auto dw = [&](int st) { return desc_add(dw0, uint32_t(st) * kTileW); };
-    const auto sa_ptr = [&](int st) {
-        return reinterpret_cast<const float *>(base_ptr + (sSa0 - base) + st * kI8BM * 4);
-    };
-    const auto sw_ptr = [&](int st) {
-        return reinterpret_cast<const float *>(base_ptr + (sSw0 - base) + st * kSwBytes);
-    };
-    // A stage is released once this warp's products of it are done and its scales read: one
-    // arrival per warp on the barrier of every block of the cluster (their producers multicast
-    // into this block's stage).
-    const auto release = [&](int st) {
-        __syncwarp();
-        if constexpr (CS == 1) {
-            mbar_arrive_if(empty(st), lane == 0);
-        } else {
-            mbar_arrive_cluster_if(empty(st), uint32_t(lane), lane < CS);
-        }
-    };
+    I8Thread th;
+    th.wg = ctid >> 7;
+    th.warp = (ctid >> 5) & 3;
+    th.lane = ctid & 31, th.gid = th.lane >> 2, th.tig = th.lane & 3;
+    th.row_in_tile = th.wg * 64 + th.warp * 16 + th.gid;  // and row_in_tile + 8
+    const uint64_t da0 = smem_desc(L.sA0 + uint32_t(th.wg) * 64 * kSwizzleRow, 16, kSwizzleAtom);
+    const uint64_t dw0 = smem_desc(L.sW0, 16, kSwizzleAtom);
 
     float acc[BN / 2];
-    static_assert(!Two || BN <= 128, "two fragments of 192 columns do not fit the registers");
-    constexpr bool kTwoFragments = Two;
-
-    // Group g (of the tile whose groups start at pipeline step `it`)'s products go into fragment
-    // g % 2; group g + 1's are issued before group g is promoted, and a stage is released once
-    // its scales have been read.
-    const auto promote = [&](int it, int nt, int g, int32_t(&p)[BN / 2]) {
-        const int st = (it + g) % S;
-        const float *sa = sa_ptr(st);
-        if constexpr (R1) {
-            const float b = sw_ptr(st)[nt % kI8R1Box];
-            i8_promote_r1<BN, Conv>(acc, p, sa[row_in_tile] * b, sa[row_in_tile + 8] * b);
-        } else {
-            i8_promote<BN, Conv>(acc, p, sw_ptr(st), sa[row_in_tile], sa[row_in_tile + 8], tig);
-        }
-        release(st);
-    };
-    const auto issue = [&](int it, int g, int32_t(&p)[BN / 2]) {
-        const int st = (it + g) % S;
-        mbar_wait(full(st), ((it + g) / S) & 1);
-        i8_issue<BN>(p, da(st), dw(st));
-    };
-    // Rows row_in_tile and row_in_tile + 8 of this warp, columns 8 j + 2 tig (+1); the rank-1
-    // form's row factors first. A whole tile of plain float2 stores goes without the bounds checks.
-    const auto epilogue = [&](int m0, int n0) {
-        const bool whole = m0 + kI8BM <= a.rows && n0 + BN <= a.n && a.y_vec2 && !a.accumulate;
-        if constexpr (R1) {
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const int c = n0 + 8 * j + 2 * tig;
-                const float r0 = whole || c < a.n ? __ldg(a.wr + c) : 0.f;
-                const float r1 = whole || c + 1 < a.n ? __ldg(a.wr + c + 1) : 0.f;
-                acc[4 * j] *= r0, acc[4 * j + 1] *= r1, acc[4 * j + 2] *= r0, acc[4 * j + 3] *= r1;
-            }
-        }
-        if (whole) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float *yr = a.y + int64_t(m0 + row_in_tile + 8 * h) * a.ldy + n0 + 2 * tig;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j)
-                    *reinterpret_cast<float2 *>(yr + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
-            return;
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = m0 + row_in_tile + 8 * h;
-            if (r >= a.rows) continue;
-            float *yr = a.y + int64_t(r) * a.ldy;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const int c = n0 + 8 * j + 2 * tig;
-                float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                if (a.y_vec2 && c + 1 < a.n) {
-                    float2 *dst = reinterpret_cast<float2 *>(yr + c);
-                    if (a.accumulate) {
-                        const float2 old = *dst;
-                        v0 += old.x, v1 += old.y;
-                    }
-                    *dst = make_float2(v0, v1);
-                } else {
-                    if (c < a.n) yr[c] = a.accumulate ? yr[c] + v0 : v0;
-                    if (c + 1 < a.n) yr[c + 1] = a.accumulate ? yr[c + 1] + v1 : v1;
-                }
-            }
-        }
-    };
-
-    // Every branch below commits and waits for the same groups on every path (ptxas tracks the
-    // wgmma groups statically and otherwise serializes them with injected waits).
     int it = 0;  // pipeline steps (groups) before this tile
-    for (int t = cluster; t < tiles; t += clusters, it += G) {
+    for (int t = R.cluster; t < R.tiles; t += R.clusters, it += G) {
         int mt, nt;
-        tile_of(t, mt, nt);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        int32_t p0[BN / 2], p1[kTwoFragments ? BN / 2 : 1];  // nothing in flight between tiles
-        if constexpr (kTwoFragments) {
-            issue(it, 0, p0);
-            int g = 0;
-            for (; g + 2 < G; g += 2) {  // p0 holds group g in flight; groups g + 1 and g + 2 exist
-                issue(it, g + 1, p1);
-                wgmma_wait<1>();
-                fence_iregs(p0);
-                promote(it, nt, g, p0);
-                issue(it, g + 2, p0);
-                wgmma_wait<1>();
-                fence_iregs(p1);
-                promote(it, nt, g + 1, p1);
-            }
-            if (g + 1 < G) {  // two groups left
-                issue(it, g + 1, p1);
-                wgmma_wait<1>();
-                fence_iregs(p0);
-                promote(it, nt, g, p0);
-                wgmma_wait<0>();
-                fence_iregs(p1);
-                promote(it, nt, g + 1, p1);
-            } else {
-                wgmma_wait<0>();
-                fence_iregs(p0);
-                promote(it, nt, g, p0);
-            }
-        } else {  // one fragment: only the other warpgroup's products overlap a promotion
-            for (int g = 0; g < G; ++g) {
-                issue(it, g, p0);
-                wgmma_wait<0>();
-                fence_iregs(p0);
-                promote(it, nt, g, p0);
-            }
-        }
-        epilogue(mt * kI8BM, nt * BN);
+        R.tile_of(t, mt, nt);
+        i8_tile_mainloop<BN, Conv, Two, R1, CS>(L, th, da0, dw0, it, nt, G, acc);
+        i8_epilogue<BN, R1>(a, th, mt * kI8BM, nt * BN, acc);
     }
 #endif  // PF_I8_DEVICE
 }
@@ -441,12 +497,11 @@ inline CUresult make_maps(Maps *m, const I8Mat &a, const I8Mat &w, int64_t rows,
     return r;
 }
 
-inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int64_t ldy,
-                              bool accumulate, int bn, const float *wr = nullptr) {
-    i8_gemm_args f;
+inline I8GemmArgs make_args(int64_t rows, int64_t n, int64_t k, float *y, int64_t ldy,
+                            bool accumulate, int bn, const float *wr = nullptr) {
+    I8GemmArgs f;
     f.wr = wr;
-    f.y = y;
-    f.ldy = ldy;
+    f.y = MatF{y, ldy};
     f.rows = int32_t(rows);
     f.n = int32_t(n);
     f.groups = int32_t(i8_groups(k));
@@ -462,7 +517,7 @@ inline i8_gemm_args make_args(int64_t rows, int64_t n, int64_t k, float *y, int6
 // max_clusters > 0: a persistent grid of at most that many clusters (max_active_clusters);
 // 0: one cluster per cluster tile.
 template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
-cudaError_t launch(const Maps &m, const i8_gemm_args &f, cudaStream_t st, int max_clusters = 0) {
+cudaError_t launch(const Maps &m, const I8GemmArgs &f, cudaStream_t st, int max_clusters = 0) {
     constexpr size_t smem = i8_smem_bytes<BN, R1>();
     constexpr int CS = CM * CN;
     int64_t clusters = int64_t((f.m_tiles + CM - 1) / CM) * ((f.n_tiles + CN - 1) / CN);

@@ -28,19 +28,18 @@ constexpr int kPad = 1;       // row stride 33 floats: the column reads of the i
                               // 32 different banks
 constexpr int kGemvWarps = 8; // outputs per GEMV block
 
-struct qgemm_args {
+struct QgemmArgs {
     const uint8_t *w;   // [n_rows_w][row_bytes]
     int64_t row_bytes;
     int64_t n, k;       // output columns, reduction length
-    const float *x;     // [rows][ldx]
-    int64_t ldx, rows;
-    float *y;           // [rows][ldy]
-    int64_t ldy;
+    CMatF x;            // [rows][x.ld], the entry's view
+    int64_t rows;
+    MatF y;             // [rows][y.ld], the entry's view
     int accumulate;
 };
 
 template <int Q, bool kSwiglu>
-__global__ void __launch_bounds__(kThreads) qgemm_kernel(const __grid_constant__ qgemm_args a) {
+__global__ void __launch_bounds__(kThreads) qgemm_kernel(const __grid_constant__ QgemmArgs a) {
     constexpr int G = kSwiglu ? 2 : 1;  // gate and up tiles for SwiGLU
     __shared__ float xs[kBM][kBK + kPad];
     __shared__ float ws[G][kBN][kBK + kPad];
@@ -64,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_kernel(const __grid_constant__
             const int idx = threadIdx.x + it * kThreads;
             const int r = idx >> 5, c = idx & 31;
             const int64_t row = m0 + r;
-            xs[r][c] = row < a.rows ? a.x[row * a.ldx + k0 + c] : 0.0f;
+            xs[r][c] = row < a.rows ? a.x.ptr[row * a.x.ld + k0 + c] : 0.0f;
         }
         // W tile: one block of 32 per weight row, decoded to fp32 (exact, see quant.cuh).
 #pragma unroll
@@ -99,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_kernel(const __grid_constant__
         for (int j = 0; j < kTN; ++j) {
             const int64_t col = n0 + tx + 16 * j;
             if (col >= a.n) continue;
-            float *yp = a.y + row * a.ldy + col;
+            float *yp = a.y.ptr + row * a.y.ld + col;
             if (kSwiglu) {
                 const float g = acc[0][i][j], u = acc[G - 1][i][j];
                 *yp = g / (1.0f + expf(-g)) * u;  // silu(g) * u; exp overflow gives -0, not NaN
@@ -110,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_kernel(const __grid_constant__
     }
 }
 
-struct qgemv_args {
+struct QgemvArgs {
     const uint8_t *w;
     int64_t row_bytes, n, k;
     const float *x;
@@ -123,7 +122,7 @@ struct qgemv_args {
 // decodes each group with one header read; element types: one element per lane and step.
 // A shuffle reduction ends it.
 template <int Q, bool kVecX>
-__global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(const __grid_constant__ qgemv_args a) {
+__global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(const __grid_constant__ QgemvArgs a) {
     const int64_t j = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
     if (j >= a.n) return;  // whole warps leave together: the shuffles below stay full-warp
     const int lane = threadIdx.x & 31;
@@ -177,14 +176,11 @@ pf_status launch_gemm(const QMatrix &wm, CMatF xm, MatF ym, int64_t rows, bool a
                       cudaStream_t stream, const char *what) {
     const void *w = wm.blocks;
     const int32_t qtype = wm.qtype;
-    const int64_t n = wm.n, k = wm.k, ldx = xm.ld, ldy = ym.ld;
-    const float *x = xm.ptr;
-    float *y = ym.ptr;
+    const int64_t n = wm.n, k = wm.k;
     int64_t rb = 0;
     PF_TRY(check_shape(qtype, n, k, rows, true, &rb, what));
     if (rows == 0) return PF_STATUS_OK;
-    const qgemm_args a{static_cast<const uint8_t *>(w), rb, n, k, x, ldx, rows, y, ldy,
-                       accumulate ? 1 : 0};
+    const QgemmArgs a{static_cast<const uint8_t *>(w), rb, n, k, xm, rows, ym, accumulate ? 1 : 0};
     const dim3 grid(unsigned((n + kBN - 1) / kBN), unsigned((rows + kBM - 1) / kBM));
     dispatch_qtype(qtype, [&](auto tag) {
         qgemm_kernel<decltype(tag)::value, kSwiglu><<<grid, kThreads, 0, stream>>>(a);
@@ -207,7 +203,7 @@ pf_status qgemv(const QMatrix &wm, const float *x, float *y, bool accumulate, cu
     const int64_t n = wm.n, k = wm.k;
     int64_t rb = 0;
     PF_TRY(check_shape(qtype, n, k, 1, false, &rb, "qgemv"));
-    const qgemv_args a{static_cast<const uint8_t *>(w), rb, n, k, x, y, accumulate ? 1 : 0};
+    const QgemvArgs a{static_cast<const uint8_t *>(w), rb, n, k, x, y, accumulate ? 1 : 0};
     const unsigned grid = unsigned((n + kGemvWarps - 1) / kGemvWarps);
     const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0;  // float4 loads of x
     dispatch_qtype(qtype, [&](auto tag) {

@@ -25,11 +25,9 @@ __device__ __forceinline__ float swiglu_value(float g, float u) { return (g / (1
 // ------------------------------------------------------------------------------ RMSNorm
 
 struct RmsNormArgs {
-    const float *x;
-    int64_t ldx;
+    CMatF x;
     const float *w;
-    float *y;
-    int64_t ldy;
+    MatF y;
     int64_t cols;
     float eps;
 };
@@ -39,8 +37,8 @@ struct RmsNormArgs {
 __global__ void rms_norm_kernel(const __grid_constant__ RmsNormArgs a) {
     __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
-    const float *x = a.x + r * a.ldx;
-    float *y = a.y + r * a.ldy;
+    const float *x = a.x.ptr + r * a.x.ld;
+    float *y = a.y.ptr + r * a.y.ld;
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
     s = block_sum(s, red);
@@ -51,8 +49,7 @@ __global__ void rms_norm_kernel(const __grid_constant__ RmsNormArgs a) {
 // ------------------------------------------------------------------------------ per-head RMSNorm
 
 struct HeadNormArgs {
-    float *x;
-    int64_t ld;
+    MatF x;
     int64_t rows;
     int32_t n_heads;
     int64_t head_stride;
@@ -65,7 +62,7 @@ struct HeadNormArgs {
 __global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
     int64_t r, h;
     if (!warp_row_head(a.rows, a.n_heads, r, h)) return;
-    float *x = a.x + r * a.ld + h * a.head_stride;
+    float *x = a.x.ptr + r * a.x.ld + h * a.head_stride;
     const float inv = head_norm_inv(warp_sum_squares(x, a.head_dim), a.head_dim, a.eps);
     for (int i = threadIdx.x % kWarpSize; i < a.head_dim; i += kWarpSize)
         x[i] = head_norm_value(x[i], inv, a.w[i]);
@@ -74,8 +71,7 @@ __global__ void head_rms_norm_kernel(const __grid_constant__ HeadNormArgs a) {
 // ------------------------------------------------------------------------------ RoPE
 
 struct RopeArgs {
-    float *x;
-    int64_t ld;
+    MatF x;
     int64_t rows;
     int32_t n_heads;
     int64_t head_stride;
@@ -99,7 +95,7 @@ __global__ void rope_neox_kernel(const __grid_constant__ RopeArgs a) {
     const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
     float c, s;
     rope_cos_sin(a.base, a.rot, i, pos0 + t, c, s);
-    float *row = a.x + t * a.ld + i;
+    float *row = a.x.ptr + t * a.x.ld + i;
     for (int h = 0; h < a.n_heads; ++h) {
         float *p = row + h * a.head_stride;
         const float u0 = p[0], u1 = p[a.half];
@@ -139,19 +135,15 @@ __global__ void __launch_bounds__(kElemBlock) elementwise_kernel(const __grid_co
 }
 
 struct SwigluArgs {
-    const float *g;
-    int64_t ldg;
-    const float *u;
-    int64_t ldu;
-    float *out;
-    int64_t ldo;
+    CMatF g, u;
+    MatF out;
     int64_t cols;
 
     struct Row {
         const float *g, *u;
         float *out;
     };
-    __device__ Row row(int64_t r) const { return {g + r * ldg, u + r * ldu, out + r * ldo}; }
+    __device__ Row row(int64_t r) const { return {g.ptr + r * g.ld, u.ptr + r * u.ld, out.ptr + r * out.ld}; }
     __device__ float in0(const Row &w, int64_t c) const { return w.g[c]; }
     __device__ float in1(const Row &w, int64_t c) const { return w.u[c]; }
     __device__ void store(const Row &w, int64_t c, float gv, float uv) const {
@@ -160,27 +152,23 @@ struct SwigluArgs {
 };
 
 struct AddArgs {
-    float *y;
-    int64_t ldy;
-    const float *x;
-    int64_t ldx;
+    MatF y;
+    CMatF x;
     int64_t cols;
 
     struct Row {
         float *y;
         const float *x;
     };
-    __device__ Row row(int64_t r) const { return {y + r * ldy, x + r * ldx}; }
+    __device__ Row row(int64_t r) const { return {y.ptr + r * y.ld, x.ptr + r * x.ld}; }
     __device__ float in0(const Row &w, int64_t c) const { return w.y[c]; }
     __device__ float in1(const Row &w, int64_t c) const { return w.x[c]; }
     __device__ void store(const Row &w, int64_t c, float yv, float xv) const { w.y[c] = yv + xv; }
 };
 
 struct GateArgs {
-    float *o;
-    int64_t ldo;
-    const float *gate;
-    int64_t ldgate;
+    MatF o;
+    CMatF gate;
     int64_t gate_head_stride;
     int32_t head_dim;
     int32_t cols;  // n_heads * head_dim (< 2^31: 32-bit division per element)
@@ -189,7 +177,7 @@ struct GateArgs {
         float *o;
         const float *gate;
     };
-    __device__ Row row(int64_t r) const { return {o + r * ldo, gate + r * ldgate}; }
+    __device__ Row row(int64_t r) const { return {o.ptr + r * o.ld, gate.ptr + r * gate.ld}; }
     __device__ float in0(const Row &w, int64_t c) const { return w.o[c]; }
     __device__ float in1(const Row &w, int64_t c) const {
         const int ci = (int)c;
@@ -206,8 +194,7 @@ struct GateArgs {
 // fp32 value computed by the same expression as the fp32 twin, then f16_write_row.
 
 struct RmsNormF16Args {
-    const float *x;
-    int64_t ldx;
+    CMatF x;
     const float *w;
     int64_t cols;
     float eps;
@@ -221,7 +208,7 @@ __global__ void rms_norm_f16_kernel(const __grid_constant__ RmsNormF16Args a) {
     __shared__ float red[kWarpSize];
     extern __shared__ float stage[];  // [cols] when staged (f16_stage_bytes), else none
     const int64_t r = blockIdx.x;
-    const float *x = a.x + r * a.ldx;
+    const float *x = a.x.ptr + r * a.x.ld;
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
     s = block_sum(s, red);
@@ -231,10 +218,7 @@ __global__ void rms_norm_f16_kernel(const __grid_constant__ RmsNormF16Args a) {
 }
 
 struct SwigluF16Args {
-    const float *g;
-    int64_t ldg;
-    const float *u;
-    int64_t ldu;
+    CMatF g, u;
     int64_t cols;
     F16Out out;
     int staged;
@@ -244,7 +228,7 @@ __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_kernel(const __grid
     __shared__ float red[kWarpSize];
     extern __shared__ float stage[];
     const int64_t r = blockIdx.x;
-    const float *g = a.g + r * a.ldg, *u = a.u + r * a.ldu;
+    const float *g = a.g.ptr + r * a.g.ld, *u = a.u.ptr + r * a.u.ld;
     f16_write_row(a.out, r, a.cols, [&](int64_t c) { return swiglu_value(g[c], u[c]); }, red,
                   a.staged ? stage : nullptr);
 }
@@ -256,7 +240,7 @@ template <int NPER>
 __global__ void rms_norm_f16_reg_kernel(const __grid_constant__ RmsNormF16Args a) {
     __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x;
-    const float *x = a.x + r * a.ldx;
+    const float *x = a.x.ptr + r * a.x.ld;
     float xv[NPER], wv[NPER];
 #pragma unroll
     for (int i = 0; i < NPER; ++i) {
@@ -280,8 +264,8 @@ template <int NPER>
 __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_reg_kernel(const __grid_constant__ SwigluF16Args a) {
     __shared__ float red[kWarpSize];
     const int64_t r = blockIdx.x, n4 = a.cols / 4;
-    const float4 *g = reinterpret_cast<const float4 *>(a.g + r * a.ldg);
-    const float4 *u = reinterpret_cast<const float4 *>(a.u + r * a.ldu);
+    const float4 *g = reinterpret_cast<const float4 *>(a.g.ptr + r * a.g.ld);
+    const float4 *u = reinterpret_cast<const float4 *>(a.u.ptr + r * a.u.ld);
     float4 gv[NPER], uv[NPER];
 #pragma unroll
     for (int i = 0; i < NPER; ++i) {
@@ -300,10 +284,7 @@ __global__ void __launch_bounds__(kF16RowThreads) swiglu_f16_reg_kernel(const __
 }
 
 struct GateF16Args {
-    const float *o;
-    int64_t ldo;
-    const float *gate;
-    int64_t ldgate;
+    CMatF o, gate;
     int64_t gate_head_stride;
     int32_t head_dim;
     int32_t cols;
@@ -315,7 +296,7 @@ __global__ void __launch_bounds__(kF16RowThreads) sigmoid_gate_f16_kernel(const 
     __shared__ float red[kWarpSize];
     extern __shared__ float stage[];
     const int64_t r = blockIdx.x;
-    const float *o = a.o + r * a.ldo, *gate = a.gate + r * a.ldgate;
+    const float *o = a.o.ptr + r * a.o.ld, *gate = a.gate.ptr + r * a.gate.ld;
     f16_write_row(a.out, r, a.cols, [&](int64_t c) {
         const int ci = (int)c;
         return o[c] * sigmoidf_(gate[(int64_t)(ci / a.head_dim) * a.gate_head_stride + ci % a.head_dim]);
@@ -340,7 +321,7 @@ dim3 elementwise_grid(int64_t rows, int64_t cols) {
 
 // ---------------------------------------------------------------------------------- argmax
 
-struct argmax_args {
+struct ArgmaxArgs {
     const float *x;
     int64_t n, ld;
     int32_t *out;
@@ -355,7 +336,7 @@ __device__ __forceinline__ bool ranks_before(float v1, int32_t i1, float v2, int
     return v1 > v2 || (v1 == v2 && i1 < i2);
 }
 
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __grid_constant__ argmax_args a) {
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __grid_constant__ ArgmaxArgs a) {
     __shared__ float sv[kArgmaxThreads / 32];
     __shared__ int32_t si[kArgmaxThreads / 32];
     const float *x = a.x + int64_t(blockIdx.x) * a.ld;
@@ -383,17 +364,16 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const __gri
 
 constexpr int kGatherRows = 32;  // rows per gather launch (their indices are kernel arguments)
 struct GatherArgs {
-    const float *x;
-    int64_t ldx;
-    float *out;
-    int64_t ldo, cols;
+    CMatF x;
+    MatF out;
+    int64_t cols;
     int32_t n;
     int64_t rows[kGatherRows];
 };
 // Block r copies row rows[r] of x to row r of out.
 __global__ void gather_rows_kernel(const __grid_constant__ GatherArgs a) {
-    const float *src = a.x + a.rows[blockIdx.x] * a.ldx;
-    float *dst = a.out + int64_t(blockIdx.x) * a.ldo;
+    const float *src = a.x.ptr + a.rows[blockIdx.x] * a.x.ld;
+    float *dst = a.out.ptr + int64_t(blockIdx.x) * a.out.ld;
     for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) dst[c] = src[c];
 }
 
@@ -428,7 +408,7 @@ pf_status rms_norm_rows(CMatF xm, const float *w, MatF ym, int64_t rows, int64_t
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x && w && y, "rms_norm_rows: null pointer (x=%p w=%p y=%p)", (const void *)x,
                  (const void *)w, (void *)y);
-    const RmsNormArgs a{x, ldx, w, y, ldy, cols, eps};
+    const RmsNormArgs a{xm, w, ym, cols, eps};
     // Small rows (qwen 0.6B/0.8B hidden 1024): 128 threads, 8 elements each; larger: 256.
     const int block = cols <= 1024 ? 128 : kNormBlock;
     rms_norm_kernel<<<(unsigned)rows, block, 0, stream>>>(a);
@@ -464,7 +444,7 @@ pf_status head_rms_norm_rows(MatF xm, int64_t rows, HeadLayout heads, const floa
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x && w, "head_rms_norm_rows: null pointer (x=%p w=%p)", (void *)x,
                  (const void *)w);
-    const HeadNormArgs a{x, ld, rows, n_heads, head_stride, head_dim, w, eps};
+    const HeadNormArgs a{xm, rows, n_heads, head_stride, head_dim, w, eps};
     const int64_t warps = rows * n_heads;
     head_rms_norm_kernel<<<head_warp_blocks(warps), kHeadWarps * kWarpSize, 0, stream>>>(a);
     PF_LAUNCH_CHECK("head_rms_norm_kernel");
@@ -488,7 +468,7 @@ pf_status rope_launch(MatF xm, int64_t rows, HeadLayout heads, int32_t rot_dim, 
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(x != nullptr, "rope_neox_rows: x is NULL");
     const int32_t half = rot_dim / 2;
-    const RopeArgs a{x, ld, rows, n_heads, head_stride, half, pos0, pos0_dev, (double)base, (double)rot_dim};
+    const RopeArgs a{xm, rows, n_heads, head_stride, half, pos0, pos0_dev, (double)base, (double)rot_dim};
     const int64_t threads = rows * half;
     const int block = 128;
     PF_CHECK_ARG((threads + block - 1) / block <= kMaxGridX, "rope_neox_rows: rows=%lld too large",
@@ -522,7 +502,7 @@ pf_status swiglu_rows(CMatF gm, CMatF um, MatF om, int64_t rows, int64_t cols, c
                  (long long)ldu, (long long)ldo, (long long)cols);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(g && u && out, "swiglu_rows: null pointer");
-    const SwigluArgs a{g, ldg, u, ldu, out, ldo, cols};
+    const SwigluArgs a{gm, um, om, cols};
     elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
     PF_LAUNCH_CHECK("elementwise_kernel<SwigluArgs>");
     return PF_STATUS_OK;
@@ -539,7 +519,7 @@ pf_status add_rows(MatF ym, CMatF xm, int64_t rows, int64_t cols, cudaStream_t s
                  (long long)ldy, (long long)ldx, (long long)cols);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(y && x, "add_rows: null pointer");
-    const AddArgs a{y, ldy, x, ldx, cols};
+    const AddArgs a{ym, xm, cols};
     elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
     PF_LAUNCH_CHECK("elementwise_kernel<AddArgs>");
     return PF_STATUS_OK;
@@ -567,7 +547,7 @@ pf_status sigmoid_gate_rows(MatF om, CMatF gm, HeadLayout gate_heads, int64_t ro
                  (long long)ldgate);
     if (rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(o && gate, "sigmoid_gate_rows: null pointer");
-    const GateArgs a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols};
+    const GateArgs a{om, gm, gate_head_stride, head_dim, (int32_t)cols};
     elementwise_kernel<<<elementwise_grid(rows, cols), kElemBlock, 0, stream>>>(a);
     PF_LAUNCH_CHECK("elementwise_kernel<GateArgs>");
     return PF_STATUS_OK;
@@ -589,14 +569,14 @@ pf_status rms_norm_rows_f16(CMatF xm, const float *w, const F16Out &out, int64_t
     const int block = cols <= 1024 ? 128 : kNormBlock;  // rms_norm_rows' choice: the same sums
     if (out.form.regs &&
         with_smallest_fit<2, 4, 8, 10, 12, 16, 20>(ceil_div(cols, block), [&](auto n) {
-            const RmsNormF16Args a{x, ldx, w, cols, eps, out, 0};
+            const RmsNormF16Args a{xm, w, cols, eps, out, 0};
             rms_norm_f16_reg_kernel<decltype(n)::value><<<(unsigned)rows, block, 0, stream>>>(a);
         })) {
         PF_LAUNCH_CHECK("rms_norm_f16_reg_kernel");
         return PF_STATUS_OK;
     }
     const size_t stage = f16_stage_bytes(cols, out.form);
-    const RmsNormF16Args a{x, ldx, w, cols, eps, out, stage ? 1 : 0};
+    const RmsNormF16Args a{xm, w, cols, eps, out, stage ? 1 : 0};
     rms_norm_f16_kernel<<<(unsigned)rows, block, stage, stream>>>(a);
     PF_LAUNCH_CHECK("rms_norm_f16_kernel");
     return PF_STATUS_OK;
@@ -618,14 +598,14 @@ pf_status swiglu_rows_f16(CMatF gm, CMatF um, const F16Out &out, int64_t rows, i
                       aligned(g, 16) && aligned(u, 16) && aligned(out.x16, 8);
     if (vec4 && out.form.regs &&
         with_smallest_fit<1, 2, 4, 6, 8, 10, 12, 16>(ceil_div(cols / 4, kF16RowThreads), [&](auto n) {
-            const SwigluF16Args a{g, ldg, u, ldu, cols, out, 0};
+            const SwigluF16Args a{gm, um, cols, out, 0};
             swiglu_f16_reg_kernel<decltype(n)::value><<<(unsigned)rows, kF16RowThreads, 0, stream>>>(a);
         })) {
         PF_LAUNCH_CHECK("swiglu_f16_reg_kernel");
         return PF_STATUS_OK;
     }
     const size_t stage = f16_stage_bytes(cols, out.form);
-    const SwigluF16Args a{g, ldg, u, ldu, cols, out, stage ? 1 : 0};
+    const SwigluF16Args a{gm, um, cols, out, stage ? 1 : 0};
     swiglu_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);
     PF_LAUNCH_CHECK("swiglu_f16_kernel");
     return PF_STATUS_OK;
@@ -649,7 +629,7 @@ pf_status sigmoid_gate_rows_f16(CMatF om, CMatF gm, HeadLayout gate_heads, const
     PF_CHECK_ARG(o && gate, "sigmoid_gate_rows_f16: null pointer");
     PF_TRY(check_f16_out("sigmoid_gate_rows_f16", out, cols));
     const size_t stage = f16_stage_bytes(cols, out.form);
-    const GateF16Args a{o, ldo, gate, ldgate, gate_head_stride, head_dim, (int32_t)cols, out, stage ? 1 : 0};
+    const GateF16Args a{om, gm, gate_head_stride, head_dim, (int32_t)cols, out, stage ? 1 : 0};
     sigmoid_gate_f16_kernel<<<(unsigned)rows, kF16RowThreads, stage, stream>>>(a);
     PF_LAUNCH_CHECK("sigmoid_gate_f16_kernel");
     return PF_STATUS_OK;
@@ -675,7 +655,7 @@ pf_status argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int32
                  "argmax_rows: rows=%lld n=%lld ld=%lld", (long long)rows, (long long)n,
                  (long long)ld);
     if (rows == 0) return PF_STATUS_OK;
-    argmax_rows_kernel<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(argmax_args{x, n, ld, out_ids});
+    argmax_rows_kernel<<<unsigned(rows), kArgmaxThreads, 0, stream>>>(ArgmaxArgs{x, n, ld, out_ids});
     PF_LAUNCH_CHECK("argmax_rows_kernel");
     return PF_STATUS_OK;
 }
@@ -687,10 +667,8 @@ pf_status gather_rows(CMatF x, const int64_t *rows, int64_t n, MatF out, int64_t
                  (long long)out.ld);
     for (int64_t i = 0; i < n; i += kGatherRows) {
         GatherArgs a;
-        a.x = x.ptr;
-        a.ldx = x.ld;
-        a.out = out.ptr + i * out.ld;
-        a.ldo = out.ld;
+        a.x = x;
+        a.out = out.rows_from(i);
         a.cols = cols;
         a.n = int32_t(std::min<int64_t>(kGatherRows, n - i));
         for (int32_t j = 0; j < a.n; ++j) a.rows[j] = rows[i + j];
