@@ -16,6 +16,7 @@ import numpy as np
 from ._errors import _check
 from ._ffi import enum_map, enum_value, ffi, lib
 from . import tuning as _tuning
+from ._defaults import DEFAULT_CAPACITY, batch_max_tokens
 from ._progress import StageBars
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
@@ -139,7 +140,7 @@ class Model(_Owner):
         _check(lib.pf_model_weight(self.ptr, str(name).encode(), out))
         return Weight._borrowed(out[0], self.ctx, self)
 
-    def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
+    def session(self, max_tokens: int = DEFAULT_CAPACITY, *, chunk: int = 0, kv: str = "f16",
                 gemm="default", attention: str = "auto", graphs: bool = True,
                 tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
                 snapshot_at_end: bool = False, snapshot_slots: int = 0) -> "Session":
@@ -176,14 +177,14 @@ class Model(_Owner):
             if b is not None:
                 b.close()
             b = self._batch = self.batch(max_items=need["max_items"],
-                                         max_tokens=max(need["max_tokens"], 16384),
-                                         max_context=max(need["max_context"], 4096),
+                                         max_tokens=max(need["max_tokens"], batch_max_tokens()),
+                                         max_context=max(need["max_context"], DEFAULT_CAPACITY),
                                          kv=next(iter(kvs)) if kvs else "f16")
         return b.prefill([dict(session=s, tokens=t, logits=logits) for s, t in zip(sessions, tokens)])
 
     def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
         """A fresh session holding a state saved by Session.save()."""
-        s = self.session(max_tokens=max_tokens or 4096, **kw)
+        s = self.session(max_tokens=max_tokens or DEFAULT_CAPACITY, **kw)
         s.restore(state)
         return s
 
@@ -224,7 +225,7 @@ class Model(_Owner):
 class Session(_Owner):
     """One sequence on a Model: KV caches, conv windows, recurrent states, position."""
 
-    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 0, kv: str = "f16",
+    def __init__(self, model: Model, *, max_tokens: int = DEFAULT_CAPACITY, chunk: int = 0, kv: str = "f16",
                  gemm="default", attention: str = "auto", graphs: bool = True,
                  tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
                  snapshot_at_end: bool = False, snapshot_slots: int = 0, _handle=None):
@@ -365,8 +366,8 @@ class Batch(_Owner):
         model._sessions.add(self)                 # closed before the model, like its sessions
         self.model, self.kv = model, kv
         self.max_items = max_items
-        self.max_tokens = max_tokens or 8 * (step_tokens or 2048)
-        self.max_context = max_context or 4096
+        self.max_tokens = max_tokens or batch_max_tokens(step_tokens)   # the library's 0
+        self.max_context = max_context or DEFAULT_CAPACITY
         self._pending = None
 
     def plan(self, items) -> None:

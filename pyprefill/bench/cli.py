@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._defaults import DEFAULT_STEP_TOKENS
 from ..cli import DeprecatedOption
 from ..errors import PrefillError
 from ..formats.synth import MIXES
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "onepass, warpstate (pyprefill.bench.model.VARIANT_TUNING; before/after "
                         "in one run) "
                         "(default: FILE auto, suites f16,f32)")
-    p.add_argument("--chunk", type=int, default=2048,
+    p.add_argument("--chunk", type=int, default=DEFAULT_STEP_TOKENS,
                    help="session chunk: rows per internal step (0 = the session's default)")
     p.add_argument("--peer", choices=["hf", "none"], default="hf",
                    help="whole-model peer: HF transformers bf16 sdpa (+FLA), or none")
@@ -90,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=7, help="timed batches per kernel (median)")
     p.add_argument("--model-reps", type=int, default=5, help="timed prefills per model and length")
     p.add_argument("--steps", nargs="+", metavar="N",
-                   help="batch suite: the batch's step sizes in tokens (default 2048)")
+                   help=f"batch suite: the batch's step sizes in tokens (default {DEFAULT_STEP_TOKENS})")
     p.add_argument("--no-variants", action="store_true",
                    help="batch suite: skip the tuning variants (varlen off)")
     p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=float, default=[],
@@ -150,7 +151,7 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
     a.models = _split(a.models) or (QUICK_MODELS if a.quick else
                                     list(BATCH_MODELS) if a.suite == "batch" else list(MODELS))
     try:
-        a.steps = _split(a.steps, int) or [2048]
+        a.steps = _split(a.steps, int) or [DEFAULT_STEP_TOKENS]
     except ValueError:
         raise UsageError(f"--steps: expected integers, got {' '.join(a.steps)}") from None
     if min(a.steps) < 1:
