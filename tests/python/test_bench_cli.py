@@ -162,7 +162,7 @@ def test_a_file_run_would_refuse_is_refused_before_the_gpu(tmp_path, capsys):
     bad.write_bytes(TINY.read_bytes()[:5000])
     assert cli.main([str(bad), "-p", "16"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("pyprefill bench: GGUFError: ") and "truncated GGUF" in err
+    assert err.startswith("pyprefill bench: GGUFFormatError: PF_STATUS_FORMAT_ERROR: ") and "truncated GGUF" in err
 
 
 def test_bad_choice_fails():

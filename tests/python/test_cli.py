@@ -75,6 +75,7 @@ def _fails_in_one_line(capsys, argv, needle, rc=1):
     assert lines[0].startswith(f"pyprefill {argv[0]}"), lines[0]
     assert needle in lines[0], f"{argv}: {lines[0]!r} lacks {needle!r}"
     assert "Traceback" not in err
+    return lines[0]
 
 
 def test_synth_into_a_missing_directory_is_one_line(tmp_path):
@@ -132,8 +133,8 @@ def test_quant_names_in_any_case_in_the_python_api():
     assert choose_qtype("blk.0.ffn_up.weight", w, "Q8_0") == choose_qtype("blk.0.ffn_up.weight", w, "q8_0") == 8
 
 
-BAD_FILES = ["missing", "directory", "not_gguf", "short_text", "empty", "truncated_header",
-             "truncated_data", "wrong_arch"]
+BAD_FILES = ["missing", "directory", "fifo", "not_gguf", "short_text", "text_19_bytes", "empty",
+             "truncated_header", "truncated_data", "extra_tensor_count", "wrong_arch"]
 
 
 def _bad_file(case, tmp_path, tiny_gguf):
@@ -150,22 +151,42 @@ def _bad_file(case, tmp_path, tiny_gguf):
         path.write_bytes(b"")
     elif case == "truncated_header":
         path.write_bytes(data[:5000])
+    elif case == "fifo":                   # open() would block until a writer came: refused first
+        os.mkfifo(path)
+    elif case == "text_19_bytes":
+        path.write_text("just some text here")
+    elif case == "extra_tensor_count":     # the header claims one tensor more than it holds
+        import struct
+        raw = bytearray(data)
+        struct.pack_into("<Q", raw, 8, struct.unpack_from("<Q", raw, 8)[0] + 1)
+        path.write_bytes(bytes(raw))
     elif case == "truncated_data":
         path.write_bytes(data[:len(data) // 2])
     elif case == "wrong_arch":
         from gguf_helpers import tiny_desc, write_gguf
         path = write_gguf(path, tiny_desc("qwen3-tiny"), arch="llama")
-    needle = {"missing": "cannot open", "directory": "not a regular file",
-              "not_gguf": "not a GGUF", "short_text": "truncated GGUF", "empty": "truncated GGUF",
-              "truncated_header": "truncated GGUF", "truncated_data": "truncated GGUF",
-              "wrong_arch": "llama"}[case]
+    io, fmt = "GGUFError: PF_STATUS_IO_ERROR: ", "GGUFFormatError: PF_STATUS_FORMAT_ERROR: "
+    needle = {"missing": (io, "cannot open: No such file"),
+              "directory": (io, "not a regular file (a directory)"),
+              "fifo": (io, "not a regular file (a FIFO)"),
+              "not_gguf": (fmt, 'not a GGUF file (bad magic "hell", expected "GGUF")'),
+              "short_text": (fmt, 'not a GGUF file (bad magic "hell", expected "GGUF")'),
+              "text_19_bytes": (fmt, 'not a GGUF file (bad magic "just", expected "GGUF")'),
+              "empty": (fmt, "empty file (0 bytes): not a GGUF file"),
+              "truncated_header": (fmt, "truncated GGUF"),
+              "truncated_data": (fmt, "truncated GGUF"),
+              "extra_tensor_count": (fmt, "has an empty name; is tensor_count too large?"),
+              "wrong_arch": ("UnsupportedError: ", "llama")}[case]
     return str(path), needle
 
 
 @pytest.mark.parametrize("case", BAD_FILES)
 def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
-    path, needle = _bad_file(case, tmp_path, tiny_gguf)
-    _fails_in_one_line(capsys, ["info", path], needle)
+    """One line each, with the status that names the class of fault: IO_ERROR for a file that
+    cannot be read, FORMAT_ERROR for its contents (GGUFFormatError, a GGUFError)."""
+    path, (kind, words) = _bad_file(case, tmp_path, tiny_gguf)
+    line = _fails_in_one_line(capsys, ["info", path], words)
+    assert line.startswith(f"pyprefill info: {kind}"), line
 
 
 @pytest.mark.parametrize("case", BAD_FILES)
@@ -213,7 +234,7 @@ def test_info_without_the_library_says_so(tmp_path, tiny_gguf):
     out = subprocess.run([sys.executable, "-m", "pyprefill", "info", str(tmp_path / "bad.gguf")],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "pyprefill info: GGUFError:" in out.stderr
+    assert "pyprefill info: GGUFFormatError: " in out.stderr     # the Python reader: the same class
 
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "bad_token", "no_tokens", "negative",
@@ -222,7 +243,7 @@ def test_run_user_mistakes(case, tmp_path, tiny_gguf, short_context_gguf, capsys
     (tmp_path / "notes.txt").write_text("not a model")
     argv, needle, rc = {
         "missing": ([str(tmp_path / "none.gguf"), "--tokens", "1"], "cannot open", 1),
-        "not_gguf": ([str(tmp_path / "notes.txt"), "--tokens", "1"], "truncated GGUF", 1),
+        "not_gguf": ([str(tmp_path / "notes.txt"), "--tokens", "1"], "not a GGUF file", 1),
         "bad_token": ([tiny_gguf, "--tokens", "1,x,3"], "'x' is not a token id", 1),
         "no_tokens": ([tiny_gguf, "--tokens", " , "], "no token ids given", 1),
         "negative": ([tiny_gguf, "--tokens", "5 -1"], "-1 is not a token id", 1),
