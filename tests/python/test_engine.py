@@ -189,7 +189,7 @@ def test_errors_leave_the_session_unchanged(rng):
         s.prefill(rng.integers(0, V, size=40).astype(np.int32))
     bad = tokens[30:].copy()
     bad[3] = V + 5
-    with pytest.raises(errors.InvalidArgumentError, match=rf"tokens\[3\]={V + 5} is outside the vocabulary"):
+    with pytest.raises(errors.InvalidArgumentError, match=rf"tokens\[3\] = {V + 5} is outside the vocabulary \[0, {V}\)"):
         s.prefill(bad)
     bad[3] = -1
     with pytest.raises(errors.InvalidArgumentError, match="outside the vocabulary"):
