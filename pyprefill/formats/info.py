@@ -17,6 +17,7 @@ import struct
 import sys
 from typing import Any
 
+from .._cli_args import nonempty_path
 from ..errors import PrefillError
 from .gguf_model import load_model_desc, qtype_name
 from .model_desc import QTYPE_BLOCK, ModelDesc
@@ -264,6 +265,6 @@ def add_info_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=describe.__doc__.split("\n")[0] + " The verdict is "
                               "libprefill's, the one `pyprefill run` gives; without the library, "
                               "the Python reader's.")
-    p.add_argument("file", help="path to a .gguf file")
+    p.add_argument("file", type=nonempty_path, help="path to a .gguf file")
     p.set_defaults(func=_run)
     return p

@@ -112,25 +112,16 @@ def test_leg_variants_name_their_tuning():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["m.gguf", "--models", "qwen3-4b"], "--models"),
-    (["all", "--json"], "--json"),
-    (["model", "--models", "qwen9-huge"], "unknown preset"),
-    (["m.gguf", "-p", "5x"], "integers"),
-    (["m.gguf", "-p", "0"], "positive"),
-    (["kernels", "--families", "gdn,mla"], "unknown mla"),
-    (["model", "--gemm", "f99"], "--gemm: unknown leg 'f99'"),
-    (["m.gguf", "--gemm", "auto,f16/nofus"], "--gemm: unknown variant 'nofus' in 'f16/nofus'"),
-    (["model", "--quant", "q3_xl"], "--quant: unknown quant mix 'q3_xl'"),
-    (["kernels", "--reps", "0"], "--reps: 0 is less than 1"),
-    (["model", "--model-reps", "-2"], "--model-reps: -2 is less than 1"),
-    (["m.gguf", "--chunk", "-1"], "--chunk: -1 is less than 0"),
+    (["m.gguf", "--models", "qwen3-4b"], "--models picks the model suite's presets"),
+    (["all", "--json"], "the suites write JSON under --out"),
     (["all", "--out", "FILE"], "--out: FILE exists and is not a directory"),
     (["all", "--out", "FILE/sub"], "is not a directory"),
     (["model", "--gguf-dir", "FILE"], "--gguf-dir: FILE exists and is not a directory"),
     (["model", "--plot", "DIR"], "--plot: DIR is a directory"),
 ])
 def test_usage_errors(argv, words, tmp_path, capsys):
-    """Every argument is checked before a GPU is looked for: exit 2 and one line, on any machine."""
+    """An option that does not apply to the mode, or an output that cannot be written: exit 2 and
+    one line, on any machine, before a GPU is looked for."""
     (tmp_path / "f.txt").write_text("x")
     subst = {"FILE": str(tmp_path / "f.txt"), "FILE/sub": str(tmp_path / "f.txt" / "sub"),
              "DIR": str(tmp_path)}
@@ -139,6 +130,40 @@ def test_usage_errors(argv, words, tmp_path, capsys):
     assert cli.run(cli.build_parser().parse_args(argv)) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["model", "--models", "qwen9-huge"], "argument --models: unknown preset 'qwen9-huge' (known: qwen3-0.6b"),
+    (["m.gguf", "-p", "5x"], "argument -p/--lengths: '5x': [0] = '5x' is not a prompt length"),
+    (["m.gguf", "-p", "0"], "argument -p/--lengths: '0': [0] = 0 is not a prompt length >= 1"),
+    (["m.gguf", "-p", "512,,2048"], "argument -p/--lengths: '512,,2048': [1] is empty"),
+    (["m.gguf", "-p", "512", "16,-1"], "argument -p/--lengths: '16,-1': [1] = -1 is not a prompt length >= 1"),
+    (["kernels", "--families", "gdn,mla"], "argument --families: unknown family 'mla' (known: gemm, rows, gdn, attention)"),
+    (["model", "--gemm", "f99"], "argument --gemm: unknown leg 'f99' in 'f99'"),
+    (["m.gguf", "--gemm", "auto,f16/nofus"], "argument --gemm: unknown variant 'nofus' in 'f16/nofus'"),
+    (["model", "--quant", "q3_xl"], "argument --quant: unknown quant mix 'q3_xl'"),
+    (["batch", "--quant", "q3_xl"], "argument --quant: unknown quant mix 'q3_xl'"),
+    (["kernels", "--shapes", "llama-7b"], "argument --shapes: unknown preset 'llama-7b'"),
+    (["kernels", "--reps", "0"], "argument --reps: 0 is less than 1"),
+    (["model", "--model-reps", "-2"], "argument --model-reps: -2 is less than 1"),
+    (["m.gguf", "--chunk", "-1"], "argument --chunk: -1 is less than 0"),
+    (["m.gguf", "--chunk", "2k"], "argument --chunk: '2k' is not an integer"),
+    (["batch", "--steps", "2048,0"], "argument --steps: '2048,0': [1] = 0 is not a step size >= 1"),
+    (["m.gguf", "--memory-budget", "-1"], "argument --memory-budget: -1 is not a positive number (GiB)"),
+    (["m.gguf", "--memory-budget", "0"], "argument --memory-budget: 0 is not a positive number (GiB)"),
+    (["m.gguf", "--memory-budget", "24G"], "argument --memory-budget: '24G' is not a number (GiB)"),
+    (["m.gguf", "--memory-budget", "nan"], "argument --memory-budget: nan is not a positive number"),
+    (["m.gguf", "--out", ""], "argument --out: an empty path"),
+    (["", "-p", "16"], "argument FILE|kernels|model|all|batch: an empty path"),
+])
+def test_values_are_checked_where_they_are_parsed(argv, words, capsys):
+    """Each value is refused by argparse with its flag's name (exit 2), before anything runs."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"pyprefill bench: error: {words}" in err, err
+    assert "Traceback" not in err
 
 
 def test_mix_is_a_deprecated_spelling_of_quant(capsys):

@@ -90,15 +90,23 @@ def test_synth_into_a_missing_directory_is_one_line(tmp_path):
                                   "missing_dir does not exist")
 
 
-@pytest.mark.parametrize("case", ["dir_output", "file_as_dir", "bad_layers", "bad_vocab",
+@pytest.mark.parametrize("case", ["dir_output", "file_as_dir", "empty_output", "bad_layers",
+                                  "bad_vocab", "huge_vocab", "negative_seed", "text_seed",
                                   "unknown_quant", "unknown_model"])
 def test_synth_user_mistakes(case, tmp_path, capsys):
+    """Each value is checked where it is parsed, with the flag's name (exit 2), or by the writer
+    before it creates anything (exit 1); no message from the gguf writer or NumPy, no file."""
     (tmp_path / "f.txt").write_text("x")
+    out = str(tmp_path / "m.gguf")
     argv, needle, rc = {
         "dir_output": (["-o", str(tmp_path)], "is a directory", 1),
         "file_as_dir": (["-o", str(tmp_path / "f.txt" / "m.gguf")], "is not a directory", 1),
-        "bad_layers": (["-o", str(tmp_path / "m.gguf"), "--layers", "0"], "n_layer must be >= 1", 1),
-        "bad_vocab": (["-o", str(tmp_path / "m.gguf"), "--vocab", "10"], "n_vocab must be >=", 1),
+        "empty_output": (["-o", ""], "argument -o/--output: an empty path", 2),
+        "bad_layers": (["-o", out, "--layers", "0"], "argument --layers: 0 is less than 1", 2),
+        "bad_vocab": (["-o", out, "--vocab", "10"], "argument --vocab: 10 is less than 260", 2),
+        "huge_vocab": (["-o", out, "--vocab", str(2**31)], "argument --vocab: 2147483648 is more than", 2),
+        "negative_seed": (["-o", out, "--seed", "-1"], "argument --seed: -1 is less than 0", 2),
+        "text_seed": (["-o", out, "--seed", "x"], "argument --seed: 'x' is not an integer", 2),
         "unknown_quant": (["-o", str(tmp_path / "m.gguf"), "--quant", "q3_xl"], "invalid choice", 2),
         "unknown_model": (["-o", str(tmp_path / "m.gguf"), "--model", "llama-7b"], "invalid choice", 2),
     }[case]
@@ -143,14 +151,6 @@ def _bad_file(case, tmp_path, tiny_gguf):
     data = open(tiny_gguf, "rb").read()
     if case == "directory":
         path = tmp_path
-    elif case == "not_gguf":
-        path.write_text("hello world, this is not a model at all. " * 10)
-    elif case == "short_text":
-        path.write_text("hello")
-    elif case == "empty":
-        path.write_bytes(b"")
-    elif case == "truncated_header":
-        path.write_bytes(data[:5000])
     elif case == "fifo":                   # open() would block until a writer came: refused first
         os.mkfifo(path)
     elif case == "text_19_bytes":
@@ -160,6 +160,14 @@ def _bad_file(case, tmp_path, tiny_gguf):
         raw = bytearray(data)
         struct.pack_into("<Q", raw, 8, struct.unpack_from("<Q", raw, 8)[0] + 1)
         path.write_bytes(bytes(raw))
+    elif case == "not_gguf":
+        path.write_text("hello world, this is not a model at all. " * 10)
+    elif case == "short_text":
+        path.write_text("hello")
+    elif case == "empty":
+        path.write_bytes(b"")
+    elif case == "truncated_header":
+        path.write_bytes(data[:5000])
     elif case == "truncated_data":
         path.write_bytes(data[:len(data) // 2])
     elif case == "wrong_arch":
@@ -237,23 +245,39 @@ def test_info_without_the_library_says_so(tmp_path, tiny_gguf):
     assert "pyprefill info: GGUFFormatError: " in out.stderr     # the Python reader: the same class
 
 
-@pytest.mark.parametrize("case", ["missing", "not_gguf", "bad_token", "no_tokens", "negative",
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "empty_path", "bad_token", "no_tokens",
+                                  "empty_item", "trailing_comma", "negative", "beyond_int32",
                                   "beyond_vocab", "longer_than_context", "n_predict", "chunk"])
 def test_run_user_mistakes(case, tmp_path, tiny_gguf, short_context_gguf, capsys):
-    (tmp_path / "notes.txt").write_text("not a model")
+    """--tokens is checked where it is parsed (exit 2, naming the item by its index from 0 and
+    its value: never read as another prompt); the vocabulary once the file is read (exit 1)."""
+    (tmp_path / "notes.txt").write_text("not a model, just a note in a text file")
     argv, needle, rc = {
         "missing": ([str(tmp_path / "none.gguf"), "--tokens", "1"], "cannot open", 1),
         "not_gguf": ([str(tmp_path / "notes.txt"), "--tokens", "1"], "not a GGUF file", 1),
-        "bad_token": ([tiny_gguf, "--tokens", "1,x,3"], "'x' is not a token id", 1),
-        "no_tokens": ([tiny_gguf, "--tokens", " , "], "no token ids given", 1),
-        "negative": ([tiny_gguf, "--tokens", "5 -1"], "-1 is not a token id", 1),
-        "beyond_vocab": ([tiny_gguf, "--tokens", "1,1024"], "outside the model's vocabulary [0, 1024)", 1),
+        "empty_path": (["", "--tokens", "1"], "argument file: an empty path", 2),
+        "bad_token": ([tiny_gguf, "--tokens", "1,x,3"], "argument --tokens: '1,x,3': [1] = 'x' is not a token id", 2),
+        "no_tokens": ([tiny_gguf, "--tokens", " , "], "argument --tokens: ' , ': no token ids given", 2),
+        "empty_item": ([tiny_gguf, "--tokens", "1,,2"], "argument --tokens: '1,,2': [1] is empty", 2),
+        "trailing_comma": ([tiny_gguf, "--tokens", "1,2,"], "'1,2,': [2] is empty", 2),
+        "negative": ([tiny_gguf, "--tokens", "5 -1"], "'5 -1': [1] = -1 is not a token id in [0, 2147483647]", 2),
+        "beyond_int32": ([tiny_gguf, "--tokens", "4294967301"], "[0] = 4294967301 is not a token id", 2),
+        "beyond_vocab": ([tiny_gguf, "--tokens", "1,1024"], "--tokens[1] = 1024 is outside the vocabulary [0, 1024)", 1),
         "longer_than_context": ([short_context_gguf, "--tokens", ",".join(["7"] * 12)],
                                 "context_length is 16", 1),
-        "n_predict": ([tiny_gguf, "--tokens", "1", "--n-predict", "-1"], "--n-predict", 2),
-        "chunk": ([tiny_gguf, "--tokens", "1", "--chunk", "0"], "--chunk", 2),
+        "n_predict": ([tiny_gguf, "--tokens", "1", "--n-predict", "-1"], "argument --n-predict: -1 is less than 0", 2),
+        "chunk": ([tiny_gguf, "--tokens", "1", "--chunk", "-1"], "argument --chunk: -1 is less than 0", 2),
     }[case]
     _fails_in_one_line(capsys, ["run", *argv], needle, rc)
+
+
+def test_run_and_bench_take_chunk_0_alike():
+    """--chunk 0 is the session's own chunk in both (the README's bench line uses it)."""
+    from pyprefill.cli import build_parser
+    assert build_parser().parse_args(["run", "m.gguf", "--tokens", "1", "--chunk", "0"]).chunk == 0
+    assert build_parser().parse_args(["run", "m.gguf", "--tokens", "1"]).chunk == 0
+    assert build_parser().parse_args(["bench", "m.gguf", "--chunk", "0"]).chunk == 0
+    assert build_parser().parse_args(["run", "m.gguf", "--tokens", "1, 2 3"]).tokens == [1, 2, 3]
 
 
 def test_run_without_a_gpu_is_one_line(tiny_gguf, capsys):
