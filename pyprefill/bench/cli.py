@@ -15,8 +15,11 @@ against one; fork and snapshot rollback at 8192 tokens); bench_<suite>.json (eve
 bench_<suite>.md under --out. --plot draws tok/s against prompt length, ours against each
 peer. `python3 -m pyprefill.bench` takes the same arguments.
 
-Missing peers (torch, FLA, transformers, matplotlib) each print one "skipped: <what>: <why>"
-line and the run goes on; without a GPU: "no GPU: benchmarks skipped", exit status 0.
+Missing peers (torch, FLA, transformers) each print one "skipped: <what>: <why>" line and the run
+goes on. Every value is checked where it is parsed, and a FILE by the library, before a GPU is
+looked for (exit status 2 for a usage error, 1 for a file the library refuses); --plot without
+matplotlib is a usage error. Without a usable GPU the reason goes to stderr in the words of
+`pyprefill run` and the exit status is 1: no benchmark ran.
 """
 from __future__ import annotations
 
@@ -100,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="whole-model peer: HF transformers bf16 sdpa (+FLA), or none")
     p.add_argument("--json", action="store_true", help="FILE: print the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", type=nonempty_path,
-                   help="tok/s against prompt length (matplotlib)")
+                   help="tok/s against prompt length (needs matplotlib: the `plot` extra)")
     p.add_argument("--out", metavar="DIR", type=nonempty_path,
                    help="write bench_<name>.json and bench_<name>.md here")
     p.add_argument("--quick", action="store_true",
@@ -180,6 +183,9 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
         if os.path.isdir(a.plot):
             raise UsageError(f"--plot: {a.plot} is a directory (expected FILE.png)")
         _check_writable_dir("--plot", os.path.dirname(os.path.abspath(a.plot)))
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot: matplotlib is not installed (the `plot` extra: "
+                             "pip install matplotlib)")
     if a.quick:
         a.reps, a.model_reps = min(a.reps, 3), min(a.model_reps, 2)
     return a
@@ -308,27 +314,55 @@ def run_file(a) -> int:
     return 0 if any(r.get("tok_s") for r in rows if r["impl"].startswith("ours")) else 1
 
 
+def _file_problem(path: str) -> str | None:
+    """Why FILE cannot be a GGUF to benchmark before the library reads it, or None."""
+    also = f" (a GGUF file, or a suite: {', '.join(SUITES)})"
+    if not os.path.exists(path):
+        return f"{path}: no such file" + also
+    if os.path.isdir(path):
+        return f"{path}: is a directory" + also
+    if not os.path.isfile(path):
+        return f"{path}: not a regular file" + also
+    return None
+
+
+def _no_device_line(suite: bool) -> str | None:
+    """None when a benchmark can run; else the one line `pyprefill run` prints for the same
+    machine: the library's own error from opening device 0 (NoDeviceError and its reason), or
+    why libprefill cannot load. A suite whose library cannot load still runs its peers where
+    torch sees a GPU."""
+    try:
+        from ..core import Context, device_count
+    except ImportError as exc:
+        if suite and detect_gpu()[0]:
+            return None
+        return user_error_line(exc)
+    if device_count() > 0:
+        return None
+    try:
+        Context(0).close()             # the library says why (driver, stub, no GPU) as for run
+    except PrefillError as exc:
+        return user_error_line(exc)
+    return None
+
+
 def run(a: argparse.Namespace) -> int:
     try:
         resolve(a)
     except UsageError as exc:
         print(f"pyprefill bench: {exc}", file=sys.stderr)
         return 2
-    if a.suite is None and not os.path.isfile(a.target):
-        print(f"pyprefill bench: {a.target}: no such file (or a suite: {', '.join(SUITES)})",
-              file=sys.stderr)
-        return 1
-    if a.suite is None and (why := _check_gguf(a.target)):
+    if a.suite is None and (why := _file_problem(a.target) or _check_gguf(a.target)):
         print(f"pyprefill bench: {why}", file=sys.stderr)
         return 1
-    ok, why = detect_gpu()
-    if not ok:
-        print(f"no GPU: benchmarks skipped ({why})")
-        return 0
+    why = _no_device_line(a.suite is not None)
+    if why is not None:                # nothing was measured: a script must not count a pass
+        print(f"pyprefill bench: {why}", file=sys.stderr)
+        return 1
     try:
         return run_suites(a) if a.suite else run_file(a)
     except PrefillError as exc:       # a clear one-line error, not a traceback
-        print(f"pyprefill bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"pyprefill bench: {user_error_line(exc)}", file=sys.stderr)
         return 1
 
 

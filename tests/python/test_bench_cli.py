@@ -166,6 +166,17 @@ def test_values_are_checked_where_they_are_parsed(argv, words, capsys):
     assert "Traceback" not in err
 
 
+def test_plot_without_matplotlib_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    """--plot is checked before a benchmark runs, not skipped at its end."""
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main([str(TINY), "--plot", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "pyprefill bench: --plot: matplotlib is not installed (the `plot` extra: pip install matplotlib)"
+
+
 def test_mix_is_a_deprecated_spelling_of_quant(capsys):
     """The quant mix is --quant, as `pyprefill synth` names it; --mix still works and warns."""
     assert _args("model", "--quant", "q8_0").mix == "q8_0"
@@ -194,20 +205,52 @@ def test_bad_choice_fails():
     assert _bench("all", "--peer", "vllm").returncode != 0
 
 
-def test_missing_file_is_an_error_on_any_machine(tmp_path, capsys):
-    assert cli.main([str(tmp_path / "missing.gguf")]) == 1
-    assert "no such file" in capsys.readouterr().err
+@pytest.mark.parametrize("case, words", [
+    ("missing", "MISSING: no such file (a GGUF file, or a suite: kernels, model, all, batch)"),
+    ("directory", "DIR: is a directory (a GGUF file, or a suite: kernels, model, all, batch)"),
+    ("fifo", "FIFO: not a regular file (a GGUF file, or a suite: kernels, model, all, batch)"),
+])
+def test_a_file_that_is_not_one_is_named_on_any_machine(case, words, tmp_path, capsys):
+    paths = {"MISSING": str(tmp_path / "missing.gguf"), "DIR": str(tmp_path / "adir"),
+             "FIFO": str(tmp_path / "fifo.gguf")}
+    os.mkdir(paths["DIR"])
+    os.mkfifo(paths["FIFO"])
+    key = {"missing": "MISSING", "directory": "DIR", "fifo": "FIFO"}[case]
+    assert cli.main([paths[key]]) == 1
+    assert capsys.readouterr().err.strip() == f"pyprefill bench: {words.replace(key, paths[key])}"
+
+
+def _run_line(*argv) -> tuple[int, str]:
+    """`pyprefill run ...`'s exit status and stderr, in a fresh interpreter."""
+    r = subprocess.run([sys.executable, "-m", "pyprefill", "run", *argv], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    return r.returncode, r.stderr
 
 
 @pytest.mark.skipif(_has_gpu(), reason="a GPU is present: the real run is device-check.sh's")
-@pytest.mark.parametrize("argv", [["all", "--quick", "--out", "OUT"],
-                                  [str(TINY), "-p", "16", "--json"]], ids=["suites", "file"])
-def test_no_gpu_skips_with_status_0(tmp_path, argv):
-    argv = [str(tmp_path) if a == "OUT" else a for a in argv]
-    r = _bench(*argv, "--plot", str(tmp_path / "p.png"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "no GPU: benchmarks skipped" in r.stdout
-    assert "Traceback" not in r.stderr
+@pytest.mark.parametrize("argv", [["all", "--quick", "--out", "OUT"], ["FILE", "-p", "16", "--json"],
+                                  ["FILE", "-p", "16", "--chunk", "0"],
+                                  ["FILE", "--memory-budget", "24"], ["batch", "--quick"]],
+                         ids=["suites", "file", "chunk-0", "memory-budget", "batch"])
+def test_no_gpu_is_a_failure_with_runs_words(tmp_path, argv):
+    """Nothing measured is no pass: exit 1, and on stderr the one line `pyprefill run` prints for
+    this machine (the library's NoDeviceError and its reason, or why the library cannot load)."""
+    argv = [str(tmp_path) if a == "OUT" else str(TINY) if a == "FILE" else a for a in argv]
+    r = _bench(*argv)
+    run_rc, run_err = _run_line(str(TINY), "--tokens", "1")
+    assert r.returncode == 1 == run_rc, r.stdout + r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].removeprefix("pyprefill bench: ") == run_err.strip().splitlines()[0].removeprefix("pyprefill run: ")
+    assert lines[0].startswith("pyprefill bench: ")
+    assert not list(tmp_path.iterdir())            # no report written for a run that did not happen
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: the real run is device-check.sh's")
+def test_no_gpu_with_a_plot_is_a_failure_too(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the `plot` extra) is not installed here")
+    r = _bench(str(TINY), "-p", "16", "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 1 and r.stderr.startswith("pyprefill bench: ") and not (tmp_path / "p.png").exists()
 
 
 # ------------------------------------------------------------------------------ timer
