@@ -19,6 +19,11 @@ def __getattr__(name):
     raise AttributeError(f"module 'pyprefill' has no attribute {name!r}")
 
 
+def __dir__():
+    """The lazy names too (Model, Session, Batch, ...): dir() and completion show the API."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = ["__version__", "PrefillError", "InvalidArgumentError", "UnsupportedError",
            "OutOfMemoryError", "GGUFError", "GGUFFormatError", "CudaError", "NoDeviceError",
            "AbiMismatchError", *_LAZY]

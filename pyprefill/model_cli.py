@@ -29,17 +29,25 @@ def _top(logits: np.ndarray, k: int = 5) -> str:
 
 def cmd_demo(args) -> int:
     """Write a small synthetic model, prefill a prompt on the GPU and check the logits against
-    the NumPy reference; without a GPU, run the reference alone."""
-    from .formats.synth import write_synthetic
-    from .reference.model import ReferenceModel
-
+    the NumPy reference; without a GPU, run the reference alone. The models go to --dir (kept,
+    and reused by the next run) or to a temporary directory removed at the end; either is named."""
     ok, why = _gpu_available()
     if not ok:
         print(f"no GPU: {why}")
         print("running the NumPy reference alone")
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)   # OSError (a file in the way, no permission): one line
+        print(f"synthetic models in {args.dir} (kept)")
+        return _demo(args, args.dir, ok)
+    with tempfile.TemporaryDirectory(prefix="pyprefill-demo-") as workdir:
+        print(f"synthetic models in {workdir} (removed at the end; --dir DIR keeps them)")
+        return _demo(args, workdir, ok)
+
+
+def _demo(args, workdir: str, gpu: bool) -> int:
+    from .formats.synth import write_synthetic
+    from .reference.model import ReferenceModel
     rng = np.random.default_rng(args.seed)
-    workdir = args.dir or tempfile.mkdtemp(prefix="pyprefill-demo-")
-    os.makedirs(workdir, exist_ok=True)   # OSError (a file in the way, no permission): one line
     status = 0
     for preset, mix in (("qwen35-tiny", "q4_k_m"), ("qwen3-tiny", "q8_0")):
         path = os.path.join(workdir, f"{preset}-{mix}.gguf")
@@ -53,7 +61,7 @@ def cmd_demo(args) -> int:
         print(f"{preset} ({mix}): {ref.desc.n_layer} layers, d={ref.desc.n_embd}, "
               f"vocab {ref.desc.n_vocab}; prompt of {len(tokens)} tokens")
         print(f"  reference (NumPy float64, {t_ref:.2f} s): top-5 {_top(want)}")
-        if not ok:
+        if not gpu:
             continue
         from .model import Model
         for gemm, kv in (("f32", "f32"), ("auto", "f16")):
@@ -71,7 +79,7 @@ def cmd_demo(args) -> int:
             print(f"  libprefill (gemm={gemm}, kv={kv}, {dt * 1e3:.1f} ms): top-5 {_top(got)}")
             print(f"    rel error vs reference {err:.2e} (bound {bound:.0e}), greedy token {tok} "
                   f"{'equal' if same else 'DIFFERENT'}: {verdict}")
-    if not ok:
+    if not gpu:
         print("the NumPy reference ran alone; on a CUDA machine the demo compares libprefill with it")
     return status
 
@@ -154,7 +162,8 @@ def add_parsers(sub) -> None:
                    new="--length", why="`run --tokens` takes token ids; this is a length")
     p.add_argument("--seed", type=int_in(0), default=0)
     p.add_argument("--dir", type=nonempty_path,
-                   help="where to write the synthetic models (default: a temp dir)")
+                   help="where to write the synthetic models, kept for the next run (default: a "
+                        "temporary directory, removed at the end)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="prefill a prompt and print the next tokens")

@@ -300,6 +300,22 @@ def test_run_prompt_at_the_context_limit_fits(short_context_gguf, capsys):
     assert main(["run", short_context_gguf, "--tokens", ",".join(["7"] * 12), "--n-predict", "3"]) == 0
 
 
+def test_demo_names_its_models_and_removes_a_temporary_dir(tmp_path, capsys):
+    """Without --dir the synthetic models go to a temporary directory that the output names and
+    the end removes (it used to stay, 6 MB a run, unnamed); --dir keeps them, named, for the next
+    run to reuse."""
+    import re
+    assert main(["demo", "--length", "4"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"^synthetic models in (\S+) \(removed at the end; --dir DIR keeps them\)$", out, re.M)
+    assert m, out
+    assert os.path.basename(m.group(1)).startswith("pyprefill-demo-") and not os.path.exists(m.group(1))
+    keep = tmp_path / "models"
+    assert main(["demo", "--length", "4", "--dir", str(keep)]) == 0
+    assert f"synthetic models in {keep} (kept)" in capsys.readouterr().out
+    assert sorted(p.name for p in keep.iterdir()) == ["qwen3-tiny-q8_0.gguf", "qwen35-tiny-q4_k_m.gguf"]
+
+
 def test_demo_user_mistakes(tmp_path, capsys):
     (tmp_path / "f.txt").write_text("x")
     _fails_in_one_line(capsys, ["demo", "--length", "0"], "--length", 2)

@@ -1,5 +1,5 @@
-"""How the package hangs together (CPU): the command-line modules import one way, and the three
-version numbers agree."""
+"""How the package hangs together (CPU): the command-line modules import one way, the three
+version numbers agree, and the public names show in dir(pyprefill)."""
 import ast
 import re
 from pathlib import Path
@@ -77,3 +77,11 @@ def test_versions_agree():
     except ImportError:
         return
     assert lib.pf_version() == hv[0] * 10000 + hv[1] * 100 + hv[2]
+
+
+def test_dir_lists_the_lazy_api():
+    """dir(pyprefill) shows Model, Session, Batch, ... (loaded on first use) as well."""
+    names = dir(pyprefill)
+    for name in ("Model", "Session", "Batch", "Context", "Tokenizer", "GGUFFormatError", "__version__"):
+        assert name in names, name
+    assert set(pyprefill.__all__) <= set(names)
