@@ -165,7 +165,8 @@ def describe_library(path: str | os.PathLike[str]) -> str:
         meta, tensors = {}, []          # validated by the library; the extras are a nicety
     arch = i["arch"]
     key = lambda k: meta.get(f"{arch}.{k}")   # noqa: E731
-    lines = [f"{path}", f"  arch: {arch}"]
+    lines = [f"{path}", "  verdict: valid: libprefill's reader and model checks accept it (those of "
+                        "`run` and Model.load)", f"  arch: {arch}"]
     if meta.get("general.name"):
         lines.append(f"  name: {meta['general.name']}")
     n_block = key("block_count")
@@ -206,7 +207,8 @@ def describe_python(path: str | os.PathLike[str]) -> str:
     """The summary with the Python reader's verdict (pyprefill.formats.gguf_model): arch, every
     ModelDesc field, layer schedule, tensor count and bytes per qtype, total."""
     desc: ModelDesc = load_model_desc(path)
-    lines = [f"{desc.path}", f"  arch: {desc.arch}"]
+    lines = [f"{desc.path}", "  verdict: valid for the Python reader (pyprefill.formats; the engine's own "
+                             "reader did not judge it)", f"  arch: {desc.arch}"]
     for f in dataclasses.fields(desc):
         if f.name in ("path", "arch", "tensors", "layer_kinds"):
             continue

@@ -24,6 +24,8 @@ def test_synth_then_info(tmp_path, capsys):
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "arch: qwen35" in out and "Q4_K" in out
+    assert ("  verdict: valid: libprefill's reader and model checks accept it (those of `run` and "
+            "Model.load)") in out.splitlines()
 
 
 def test_engine_commands_fail_cleanly(tmp_path, capsys):
@@ -238,6 +240,7 @@ def test_info_without_the_library_says_so(tmp_path, tiny_gguf):
     assert out.stderr.startswith("note: libprefill is not loadable (cannot load libprefill")
     assert "the Python reader checked this file instead" in out.stderr
     assert "arch: qwen3" in out.stdout and "Q8_0" in out.stdout
+    assert out.stdout.splitlines()[1].startswith("  verdict: valid for the Python reader")
     (tmp_path / "bad.gguf").write_bytes(open(tiny_gguf, "rb").read()[:5000])
     out = subprocess.run([sys.executable, "-m", "pyprefill", "info", str(tmp_path / "bad.gguf")],
                          capture_output=True, text=True, env=env)
