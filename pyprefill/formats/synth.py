@@ -378,7 +378,8 @@ def _run(args: argparse.Namespace) -> int:
             raise OSError(e.errno, e.strerror, args.output) from e
         raise
     size = os.path.getsize(args.output)
-    print(f"wrote {args.output}: {size / 2**30:.2f} GiB in {time.monotonic() - t0:.1f} s")
+    shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"   # tiny: MiB
+    print(f"wrote {args.output}: {shown} in {time.monotonic() - t0:.1f} s")
     return 0
 
 

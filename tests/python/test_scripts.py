@@ -301,6 +301,27 @@ def test_readme_commands_exist():
     assert "pyprefill demo" in (ROOT / "scripts" / "demo.sh").read_text()
 
 
+def test_readme_names_what_exists():
+    """The README's install line names the extras pyproject.toml defines; its CMakeLists asks for
+    this version of the package; the tiny presets it offers for a machine without a GPU exist."""
+    readme = (ROOT / "README.md").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    m = re.search(r'pip install -v "\.\[([\w,]+)\]"', readme)
+    assert m, "no one-command install with the extras in the README"
+    for extra in m.group(1).split(","):
+        assert re.search(rf"^{extra} = \[", pyproject, re.M), extra
+    header = (ROOT / "include" / "prefill.h").read_text()
+    major_minor = ".".join(re.search(rf"#define PF_VERSION_{p} (\d+)", header).group(1)
+                           for p in ("MAJOR", "MINOR"))
+    for doc in (readme, (ROOT / "docs" / "usage.md").read_text(),
+                (ROOT / "tests" / "consumer" / "CMakeLists.txt").read_text()):
+        assert re.findall(r"find_package\(prefill ([\d.]+)", doc) == [major_minor]
+    from pyprefill.formats.synth import PRESETS
+    tiny = re.findall(r"`(qwen3\w*-tiny[\w-]*)`", readme)
+    assert len(tiny) >= 4 and all(t in PRESETS for t in tiny), tiny
+    assert {p for p in PRESETS if "tiny" in p} <= set(tiny)
+
+
 # ------------------------------------------------------------------------ the repository's docs
 
 PENDING_DOCS = {"docs/tuning.md"}   # written with the change that makes the switches tuning fields
