@@ -13,7 +13,7 @@ pf_build ON -DPython3_EXECUTABLE="$PYTHON"
 rm -f "$BUILD_DIR/Testing/Temporary/LastTest.log"   # the summary reads this run's, not an old one
 set +e
 echo "ctest: $(ctest --test-dir "$BUILD_DIR" -N "$@" | sed -n 's/^Total Tests: //p') tests; pytest" \
-     "prints a row of dots per ~70 tests (a few minutes on 2 cores)"
+     "prints a row of dots per ~70 tests (a minute or two on 2 cores without a GPU)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -V "$@" 2>&1 | tee "$BUILD_DIR/ctest.log" \
   | awk -f scripts/ctest-progress.awk
 rc=${PIPESTATUS[0]}
