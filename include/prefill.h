@@ -67,7 +67,9 @@
  * pf_gdn_scan_varlen_plan, pf_gdn_scan_varlen); and the many-sequence API: batches
  * (pf_batch_*), pf_session_copy / _fork, snapshots and pf_session_rollback, with
  * pf_session_options.own_executor and snapshot_* at its end; pf_context_options.memory_budget_bytes
- * and pf_prewarm_report.partial at their ends.
+ * and pf_prewarm_report.partial at their ends. Version 0.6 adds PF_STATUS_FORMAT_ERROR for the
+ * faults of a GGUF's contents, which were IO_ERROR (IO_ERROR keeps those of reading the file;
+ * a non-regular file is refused before it is opened, so a FIFO no longer blocks the call).
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -82,7 +84,7 @@
 #endif
 
 #define PF_VERSION_MAJOR 0
-#define PF_VERSION_MINOR 5
+#define PF_VERSION_MINOR 6
 #define PF_VERSION_PATCH 0
 
 #ifdef __cplusplus
@@ -100,11 +102,15 @@ typedef enum pf_status {
     PF_STATUS_OUT_OF_MEMORY = 3,    /* host or device allocation failed; the context stays usable */
     PF_STATUS_CUDA_ERROR = 4,       /* a CUDA runtime call failed */
     PF_STATUS_CUBLAS_ERROR = 5,     /* a cuBLAS call failed */
-    PF_STATUS_IO_ERROR = 6,         /* GGUF missing, truncated or malformed */
+    PF_STATUS_IO_ERROR = 6,         /* a file cannot be read: missing, no permission, not a
+                                       regular file (a directory, a FIFO, a device) */
     PF_STATUS_ABI_MISMATCH = 7,     /* struct_size differs between caller and library */
     PF_STATUS_NO_DEVICE = 8,        /* no CUDA driver or device, or the ordinal does not exist */
     PF_STATUS_INTERNAL = 9,         /* a bug: report it with pf_last_error() */
-    PF_STATUS_COUNT = 10
+    PF_STATUS_FORMAT_ERROR = 10,    /* a GGUF's contents: not a GGUF, truncated, malformed, or not
+                                       the model it claims (a tensor missing or of a wrong shape,
+                                       inconsistent metadata) */
+    PF_STATUS_COUNT = 11
 } pf_status;
 
 PF_API uint32_t pf_version(void);                 /* major*10000 + minor*100 + patch */
@@ -799,9 +805,11 @@ typedef struct pf_model_info {
 } pf_model_info;
 
 PF_API pf_status pf_model_options_init(pf_model_options *opts, size_t struct_size);
-/* Loads `path` onto ctx's device. IO_ERROR for a missing/truncated/malformed file or a tensor
- * that is missing or of the wrong shape (the message names it); UNSUPPORTED for another arch or
- * a quantization type this build does not know. opts NULL = defaults. */
+/* Loads `path` onto ctx's device. IO_ERROR for a file that cannot be read (missing, not a regular
+ * file: checked before it is opened); FORMAT_ERROR for one that is not a GGUF, is truncated or
+ * malformed, or lacks a tensor or has one of the wrong shape (the message names it);
+ * UNSUPPORTED for another arch or a quantization type this build does not know. opts NULL =
+ * defaults. */
 PF_API pf_status pf_model_load(pf_model **out, pf_context *ctx, const char *path,
                                const pf_model_options *opts);
 PF_API void pf_model_destroy(pf_model *model);

@@ -3,8 +3,8 @@ the status name and the library's own message (pf_last_error, read right after t
 from __future__ import annotations
 
 from ._ffi import ffi, lib
-from .errors import (AbiMismatchError, CudaError, GGUFError, InvalidArgumentError, NoDeviceError,
-                     OutOfMemoryError, PrefillError, UnsupportedError)
+from .errors import (AbiMismatchError, CudaError, GGUFError, GGUFFormatError, InvalidArgumentError,
+                     NoDeviceError, OutOfMemoryError, PrefillError, UnsupportedError)
 
 _BY_STATUS = {
     lib.PF_STATUS_INVALID_ARGUMENT: InvalidArgumentError,
@@ -13,6 +13,7 @@ _BY_STATUS = {
     lib.PF_STATUS_CUDA_ERROR: CudaError,
     lib.PF_STATUS_CUBLAS_ERROR: CudaError,
     lib.PF_STATUS_IO_ERROR: GGUFError,
+    lib.PF_STATUS_FORMAT_ERROR: GGUFFormatError,
     lib.PF_STATUS_ABI_MISMATCH: AbiMismatchError,
     lib.PF_STATUS_NO_DEVICE: NoDeviceError,
 }

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._checks import int_arg, token_ids
 from .errors import GGUFError, InvalidArgumentError, UnsupportedError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -217,9 +218,8 @@ def generate_reply(session, prompt_ids, tokenizer, max_new_tokens: int,
     """Prefill `prompt_ids` on `session` (a Session from its position), then greedy tokens until
     one of tokenizer.end_of_turn_ids or max_new_tokens. on_text receives the reply's text as it
     grows (whole characters only: a character cut across tokens comes with the token ending it)."""
-    if max_new_tokens <= 0:
-        raise InvalidArgumentError(f"max_new_tokens: must be positive, got {max_new_tokens}")
-    ids = np.ascontiguousarray(np.asarray(prompt_ids), dtype=np.int32).reshape(-1)
+    max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", 1)
+    ids = token_ids(prompt_ids, "prompt_ids")     # the vocabulary: session.prefill's check
     stop = tokenizer.end_of_turn_ids
     stream = tokenizer.stream()
     pieces: list[str] = []

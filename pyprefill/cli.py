@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from . import __version__
+from ._cli_args import int_in, user_error_line
 from .errors import PrefillError
 
 
@@ -45,22 +46,6 @@ def cmd_check(args) -> int:
     return 0
 
 
-class DeprecatedOption(argparse.Action):
-    """An option's old spelling, kept for a while: stores into the new option's dest and warns
-    once on stderr, naming the new spelling (and why it changed)."""
-
-    def __init__(self, option_strings, dest, new: str = "", why: str = "", **kw):
-        self.new, self.why = new, why
-        kw.setdefault("help", argparse.SUPPRESS)
-        super().__init__(option_strings, dest, **kw)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        why = f" ({self.why})" if self.why else ""
-        print(f"{parser.prog}: warning: {option_string} is deprecated{why}: use {self.new}",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
 def _optional(register, subparsers):
     try:
         register(subparsers)
@@ -74,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pyprefill {__version__}")
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("check", help="version, devices and a GPU smoke check (the default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_in(0), default=0)
     p.set_defaults(func=cmd_check)
 
     def add_info_parser(s):
@@ -100,23 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     return parser
-
-
-def user_error_line(exc: BaseException) -> str:
-    """One line naming what went wrong, for an error a user's input can cause. A library that
-    cannot load is the exception: its whole reason (which file, why, how to install) is kept,
-    indented lines included."""
-    if isinstance(exc, PrefillError):
-        text = f"{type(exc).__name__}: {exc}"
-    elif isinstance(exc, OSError) and exc.filename is not None:   # a path: name it and why
-        text = f"{exc.filename}: {exc.strerror or exc}"
-    elif isinstance(exc, ImportError):
-        text = str(exc).strip()
-        return text if text.startswith("cannot load libprefill") else f"libprefill is not loadable: {text}"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    lines = text.strip().splitlines() or [type(exc).__name__]
-    return lines[0] + (" (...)" if len(lines) > 1 else "")
 
 
 def main(argv=None) -> int:

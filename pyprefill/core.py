@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 
+from ._checks import INT32_MAX, int_arg
 from ._errors import _check
 from ._ffi import enum_map, enum_value, ffi, lib
 from .errors import InvalidArgumentError, PrefillError
@@ -104,13 +105,11 @@ class Context(_Owner):
         kernel leaves unwritten shows (PF_CONTEXT_POISON; for tests). memory_budget: the most
         device bytes the context may hold (0: the device's memory), to run as a smaller card
         would: the prewarm caches what fits in it and streams the rest."""
-        if not isinstance(memory_budget, int) or memory_budget < 0:
-            raise InvalidArgumentError(f"memory_budget: {memory_budget!r} must be an int >= 0 (bytes)")
-        opts = ffi.new("pf_context_options *")
+        opts = ffi.new("pf_context_options *")                  # every argument before the device
         _check(lib.pf_context_options_init(opts, ffi.sizeof("pf_context_options")))
-        opts.device = device
-        opts.workspace_bytes = workspace_bytes
-        opts.memory_budget_bytes = memory_budget
+        opts.device = int_arg(device, "device", 0, INT32_MAX)
+        opts.workspace_bytes = int_arg(workspace_bytes, "workspace_bytes", 0, 2**63 - 1)
+        opts.memory_budget_bytes = int_arg(memory_budget, "memory_budget", 0, 2**63 - 1)   # bytes
         opts.flags = lib.PF_CONTEXT_POISON if poison else 0
         out = ffi.new("pf_context **")
         _check(lib.pf_context_create(out, opts))

@@ -27,7 +27,13 @@ class OutOfMemoryError(PrefillError, MemoryError):
 
 
 class GGUFError(PrefillError, OSError):
-    """A GGUF file is missing, truncated, malformed, or does not hold the model it claims."""
+    """A GGUF file is missing, unreadable, not a regular file (PF_STATUS_IO_ERROR), or its
+    contents are wrong (GGUFFormatError, a subclass: `except GGUFError` catches both)."""
+
+
+class GGUFFormatError(GGUFError):
+    """A GGUF's contents (PF_STATUS_FORMAT_ERROR): not a GGUF, truncated, malformed, or not the
+    model it claims (a tensor missing or of a wrong shape, inconsistent metadata)."""
 
 
 class CudaError(PrefillError, RuntimeError):

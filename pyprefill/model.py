@@ -16,6 +16,8 @@ import numpy as np
 from ._errors import _check
 from ._ffi import enum_map, enum_value, ffi, lib
 from . import tuning as _tuning
+from ._checks import INT32_MAX, int_arg, path_arg, token_id, token_ids
+from ._defaults import DEFAULT_CAPACITY, batch_max_tokens
 from ._progress import StageBars
 from .core import Context, _Owner, as_carray
 from .errors import InvalidArgumentError
@@ -34,11 +36,18 @@ def _leg_id(gemm) -> int:
 
 def _kv_attention_ids(kv: str, attention: str) -> tuple[int, int]:
     """A session's or batch's KV dtype and attention path as their C values, named when wrong."""
-    if kv not in _KV:
+    if not isinstance(kv, str) or kv not in _KV:
         raise InvalidArgumentError(f"kv: {kv!r} is not one of {list(_KV)}")
-    if attention not in _ATTN:
+    if not isinstance(attention, str) or attention not in _ATTN:
         raise InvalidArgumentError(f"attention: {attention!r} is not one of {list(_ATTN)}")
     return _KV[kv], _ATTN[attention]
+
+
+def _check_model(model) -> None:
+    """A session's or batch's model: an open pyprefill.Model (InvalidArgumentError otherwise)."""
+    if not isinstance(model, Model):
+        raise InvalidArgumentError(f"model: expected a pyprefill.Model, got {type(model).__name__}")
+    model.ptr                                 # InvalidArgumentError when it is closed
 
 
 def _info_dict(i) -> dict:
@@ -49,8 +58,9 @@ def _info_dict(i) -> dict:
 
 def inspect(path: str) -> dict:
     """Parse and validate a GGUF as Model.load does, without a device: the model's info."""
+    path = path_arg(path)
     i = ffi.new("pf_model_info *")
-    _check(lib.pf_model_inspect(str(path).encode(), i))
+    _check(lib.pf_model_inspect(path.encode(), i))
     return _info_dict(i)
 
 
@@ -63,13 +73,24 @@ class Model(_Owner):
                  prewarm_headroom: int = 0, progress: bool = True, context: Context | None = None,
                  tuning: dict | None = None):
         """tuning: pyprefill.tuning fields over the context's (the prewarm's fuse_groups and
-        prewarm_* fields; the rest is inherited by the sessions)."""
+        prewarm_* fields; the rest is inherited by the sessions).
+
+        Every argument, and the file itself (pf_model_inspect: missing, not a regular file, not
+        a GGUF, not a model of this library), is checked before the device is asked for."""
+        path = path_arg(path)
+        if context is None:
+            device = int_arg(device, "device", 0, INT32_MAX)
+        elif not isinstance(context, Context):
+            raise InvalidArgumentError(f"context: expected a pyprefill.Context, got {type(context).__name__}")
+        else:
+            context.ptr                       # InvalidArgumentError when it is closed
         opts = ffi.new("pf_model_options *")
         _check(lib.pf_model_options_init(opts, ffi.sizeof("pf_model_options")))
         opts.gemm_leg = _leg_id(gemm)
         opts.prewarm = 1 if prewarm else 0
-        opts.prewarm_headroom_bytes = prewarm_headroom
+        opts.prewarm_headroom_bytes = int_arg(prewarm_headroom, "prewarm_headroom", 0, 2**63 - 1)
         _tuning.fill(opts.tuning, tuning)     # before the context: a bad field leaves nothing behind
+        inspect(path)                         # the file's faults, in the library's words
         self._own_ctx = context is None
         self.ctx = context if context is not None else Context(device)
         bars = StageBars(progress)
@@ -85,7 +106,7 @@ class Model(_Owner):
         self._progress_cb = _progress   # the library calls it again on a later prewarm: keep it alive
         out = ffi.new("pf_model **")
         try:
-            _check(lib.pf_model_load(out, self.ctx.ptr, str(path).encode(), opts))
+            _check(lib.pf_model_load(out, self.ctx.ptr, path.encode(), opts))
         except BaseException:
             if self._own_ctx:
                 self.ctx.close()
@@ -93,7 +114,7 @@ class Model(_Owner):
         finally:
             bars.close()
         self._adopt(out[0], lib.pf_model_destroy, self.ctx)
-        self.path = str(path)
+        self.path = path
         self.ctx._children.add(self)    # closing the context first closes this model
         # weak: a Session holds its Model (so the model outlives it), never the other way round,
         # so garbage collection can never free a model before one of its sessions
@@ -139,7 +160,7 @@ class Model(_Owner):
         _check(lib.pf_model_weight(self.ptr, str(name).encode(), out))
         return Weight._borrowed(out[0], self.ctx, self)
 
-    def session(self, max_tokens: int = 4096, *, chunk: int = 0, kv: str = "f16",
+    def session(self, max_tokens: int = DEFAULT_CAPACITY, *, chunk: int = 0, kv: str = "f16",
                 gemm="default", attention: str = "auto", graphs: bool = True,
                 tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
                 snapshot_at_end: bool = False, snapshot_slots: int = 0) -> "Session":
@@ -164,8 +185,12 @@ class Model(_Owner):
         sessions, tokens = list(sessions), list(tokens)
         if len(sessions) != len(tokens):
             raise InvalidArgumentError(f"sessions: {len(sessions)} sessions for {len(tokens)} token arrays")
+        for i, s in enumerate(sessions):
+            if not isinstance(s, Session):
+                raise InvalidArgumentError(f"sessions[{i}]: expected a pyprefill.Session, got {type(s).__name__}")
+        tokens = [token_ids(t, f"tokens[{i}]", n_vocab=self.n_vocab) for i, t in enumerate(tokens)]
         need = dict(max_items=max(64, len(sessions)),
-                    max_tokens=sum(int(np.asarray(t).size) for t in tokens),
+                    max_tokens=sum(t.size for t in tokens),
                     max_context=max((s.max_tokens for s in sessions), default=0))
         kvs = {s.kv for s in sessions}
         if len(kvs) > 1:
@@ -176,14 +201,14 @@ class Model(_Owner):
             if b is not None:
                 b.close()
             b = self._batch = self.batch(max_items=need["max_items"],
-                                         max_tokens=max(need["max_tokens"], 16384),
-                                         max_context=max(need["max_context"], 4096),
+                                         max_tokens=max(need["max_tokens"], batch_max_tokens()),
+                                         max_context=max(need["max_context"], DEFAULT_CAPACITY),
                                          kv=next(iter(kvs)) if kvs else "f16")
         return b.prefill([dict(session=s, tokens=t, logits=logits) for s, t in zip(sessions, tokens)])
 
     def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
         """A fresh session holding a state saved by Session.save()."""
-        s = self.session(max_tokens=max_tokens or 4096, **kw)
+        s = self.session(max_tokens=max_tokens or DEFAULT_CAPACITY, **kw)
         s.restore(state)
         return s
 
@@ -224,7 +249,7 @@ class Model(_Owner):
 class Session(_Owner):
     """One sequence on a Model: KV caches, conv windows, recurrent states, position."""
 
-    def __init__(self, model: Model, *, max_tokens: int = 4096, chunk: int = 0, kv: str = "f16",
+    def __init__(self, model: Model, *, max_tokens: int = DEFAULT_CAPACITY, chunk: int = 0, kv: str = "f16",
                  gemm="default", attention: str = "auto", graphs: bool = True,
                  tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
                  snapshot_at_end: bool = False, snapshot_slots: int = 0, _handle=None):
@@ -232,28 +257,27 @@ class Session(_Owner):
         into the session's execution plan once, here. own_executor=False: state only, for
         sessions that run in batches (Model.batch / prefill_batch). snapshot_every (a multiple
         of 64), snapshot_at_end, snapshot_slots: keep the recurrent state on the device at those
-        positions, for rollback()."""
-        self.model = model
-        self.max_tokens = max_tokens
-        self.kv = kv
+        positions, for rollback(). Every argument is checked before any device work."""
         if _handle is not None:                   # pf_session_fork's new session
+            self.model, self.max_tokens, self.kv = model, max_tokens, kv
             self._adopt(_handle, lib.pf_session_destroy, model)
             model._sessions.add(self)
             return
-        kv_id, attn_id = _kv_attention_ids(kv, attention)
+        max_tokens = int_arg(max_tokens, "max_tokens", 1, INT32_MAX)
         opts = ffi.new("pf_session_options *")
         _check(lib.pf_session_options_init(opts, ffi.sizeof("pf_session_options")))
         opts.max_tokens = max_tokens
-        opts.chunk_tokens = chunk
-        opts.kv_dtype = kv_id
+        opts.chunk_tokens = int_arg(chunk, "chunk", 0, INT32_MAX)
+        opts.kv_dtype, opts.attn_path = _kv_attention_ids(kv, attention)
         opts.gemm_leg = _leg_id(gemm)
-        opts.attn_path = attn_id
         opts.cuda_graphs = 1 if graphs else 0
         _tuning.fill(opts.tuning, tuning)
         opts.own_executor = 1 if own_executor else 0
-        opts.snapshot_every = snapshot_every
+        opts.snapshot_every = int_arg(snapshot_every, "snapshot_every", 0, INT32_MAX)
         opts.snapshot_at_end = 1 if snapshot_at_end else 0
-        opts.snapshot_slots = snapshot_slots
+        opts.snapshot_slots = int_arg(snapshot_slots, "snapshot_slots", 0, INT32_MAX)
+        _check_model(model)
+        self.model, self.max_tokens, self.kv = model, max_tokens, kv
         out = ffi.new("pf_session **")
         _check(lib.pf_session_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_session_destroy, model)
@@ -268,12 +292,10 @@ class Session(_Owner):
     def prefill(self, tokens, logits: str = "last", *, return_token: bool = False):
         """Run `tokens` from the session's position. Returns the logits ((n_vocab,) for "last",
         (n, n_vocab) for "all", None for "none"), and the greedy next token if return_token."""
-        ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32).reshape(-1)
-        if ids.size == 0:
-            raise InvalidArgumentError("tokens: need at least one token")
-        if logits not in LOGITS:
+        if not isinstance(logits, str) or logits not in LOGITS:
             raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(LOGITS)}")
         V = self.model.n_vocab
+        ids = token_ids(tokens, "tokens", n_vocab=V)
         out = None
         if logits == "last":
             out = np.empty(V, np.float32)
@@ -289,12 +311,11 @@ class Session(_Owner):
         return out
 
     def decode(self, token: int) -> np.ndarray:
-        return self.prefill([token], "last")
+        return self.prefill([token_id(token, "token", n_vocab=self.model.n_vocab)], "last")
 
     def generate(self, n: int) -> np.ndarray:
         """Greedy: n tokens, each fed back (needs a prior prefill)."""
-        if n <= 0:
-            raise InvalidArgumentError(f"n: must be positive, got {n}")
+        n = int_arg(n, "n", 1, INT32_MAX)
         out = np.empty(n, np.int32)
         _check(lib.pf_session_generate(self.ptr, n, ffi.from_buffer("int32_t[]", out, require_writable=True)))
         return out
@@ -336,7 +357,8 @@ class Session(_Owner):
     def rollback(self, pos: int) -> None:
         """Back to position pos exactly as if only the first pos tokens had been prefilled (a
         snapshot at pos for a qwen35 model; UnsupportedError naming the nearest otherwise)."""
-        _check(lib.pf_session_rollback(self.ptr, int(pos)))
+        pos = int_arg(pos, "pos", 0, INT32_MAX)
+        _check(lib.pf_session_rollback(self.ptr, pos))
 
 
 class Batch(_Owner):
@@ -352,6 +374,12 @@ class Batch(_Owner):
     def __init__(self, model: Model, *, max_items: int = 64, step_tokens: int = 0,
                  max_tokens: int = 0, max_context: int = 0, kv: str = "f16", gemm="default",
                  attention: str = "auto", graphs: bool = True, tuning: dict | None = None):
+        """Every argument is checked before any device work (the library judges the ranges it
+        documents in pf_batch_options: max_items up to 4096, ...)."""
+        max_items = int_arg(max_items, "max_items", 1, INT32_MAX)
+        step_tokens = int_arg(step_tokens, "step_tokens", 0, INT32_MAX)
+        max_tokens = int_arg(max_tokens, "max_tokens", 0, INT32_MAX)
+        max_context = int_arg(max_context, "max_context", 0, INT32_MAX)
         kv_id, attn_id = _kv_attention_ids(kv, attention)
         opts = ffi.new("pf_batch_options *")
         _check(lib.pf_batch_options_init(opts, ffi.sizeof("pf_batch_options")))
@@ -359,35 +387,44 @@ class Batch(_Owner):
         opts.max_context, opts.kv_dtype, opts.gemm_leg = max_context, kv_id, _leg_id(gemm)
         opts.attn_path, opts.cuda_graphs = attn_id, 1 if graphs else 0
         _tuning.fill(opts.tuning, tuning)
+        _check_model(model)
         out = ffi.new("pf_batch **")
         _check(lib.pf_batch_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_batch_destroy, model)
         model._sessions.add(self)                 # closed before the model, like its sessions
         self.model, self.kv = model, kv
         self.max_items = max_items
-        self.max_tokens = max_tokens or 8 * (step_tokens or 2048)
-        self.max_context = max_context or 4096
+        self.max_tokens = max_tokens or batch_max_tokens(step_tokens)   # the library's 0
+        self.max_context = max_context or DEFAULT_CAPACITY
         self._pending = None
 
     def plan(self, items) -> None:
         """Checks and plans `items` (dicts: session, tokens, logits = "last" | "all" | "none");
         run() then launches them."""
+        if not isinstance(items, (list, tuple)):
+            raise InvalidArgumentError(f"items: expected a list of dicts, got {type(items).__name__}")
+        if not items:
+            raise InvalidArgumentError("items: empty (a batch needs at least one item)")
         V = self.model.n_vocab
-        c = ffi.new("pf_batch_item[]", max(len(items), 1))
-        keep, results = [], []
-        for i, it in enumerate(items):
+        checked = []
+        for i, it in enumerate(items):        # every item checked before anything is built
             if not isinstance(it, dict) or "session" not in it or "tokens" not in it:
                 raise InvalidArgumentError(f"items[{i}]: expected a dict with 'session' and 'tokens'")
             mode = it.get("logits", "last")
-            if mode not in LOGITS:
+            if not isinstance(mode, str) or mode not in LOGITS:
                 raise InvalidArgumentError(f"items[{i}].logits: {mode!r} is not one of {list(LOGITS)}")
-            ids = np.ascontiguousarray(np.asarray(it["tokens"]), dtype=np.int32).reshape(-1)
-            sess = it["session"]
+            if not isinstance(it["session"], Session):
+                raise InvalidArgumentError(f"items[{i}].session: expected a pyprefill.Session, got "
+                                           f"{type(it['session']).__name__}")
+            checked.append((token_ids(it["tokens"], f"items[{i}].tokens", n_vocab=V), it["session"], mode))
+        c = ffi.new("pf_batch_item[]", len(items))
+        keep, results = [], []
+        for i, (ids, sess, mode) in enumerate(checked):
             out = {"last": lambda: np.empty(V, np.float32), "all": lambda: np.empty((ids.size, V), np.float32),
                    "none": lambda: None}[mode]()
             tok = ffi.new("int32_t *", -1)
-            c[i].session = sess.ptr if sess is not None else ffi.NULL
-            c[i].tokens = ffi.from_buffer("int32_t[]", ids) if ids.size else ffi.NULL
+            c[i].session = sess.ptr
+            c[i].tokens = ffi.from_buffer("int32_t[]", ids)
             c[i].n_tokens = ids.size
             c[i].logits_mode = LOGITS[mode]
             c[i].logits = ffi.cast("float *", ffi.from_buffer("float[]", out, require_writable=True)) \

@@ -9,6 +9,9 @@ import time
 
 import numpy as np
 
+from ._cli_args import INT32_MAX, DeprecatedOption, int_in, int_list, nonempty_path
+from ._defaults import DEFAULT_STEP_TOKENS
+
 
 def _gpu_available() -> tuple[bool, str]:
     try:
@@ -26,17 +29,25 @@ def _top(logits: np.ndarray, k: int = 5) -> str:
 
 def cmd_demo(args) -> int:
     """Write a small synthetic model, prefill a prompt on the GPU and check the logits against
-    the NumPy reference; without a GPU, run the reference alone."""
-    from .formats.synth import write_synthetic
-    from .reference.model import ReferenceModel
-
+    the NumPy reference; without a GPU, run the reference alone. The models go to --dir (kept,
+    and reused by the next run) or to a temporary directory removed at the end; either is named."""
     ok, why = _gpu_available()
     if not ok:
         print(f"no GPU: {why}")
         print("running the NumPy reference alone")
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)   # OSError (a file in the way, no permission): one line
+        print(f"synthetic models in {args.dir} (kept)")
+        return _demo(args, args.dir, ok)
+    with tempfile.TemporaryDirectory(prefix="pyprefill-demo-") as workdir:
+        print(f"synthetic models in {workdir} (removed at the end; --dir DIR keeps them)")
+        return _demo(args, workdir, ok)
+
+
+def _demo(args, workdir: str, gpu: bool) -> int:
+    from .formats.synth import write_synthetic
+    from .reference.model import ReferenceModel
     rng = np.random.default_rng(args.seed)
-    workdir = args.dir or tempfile.mkdtemp(prefix="pyprefill-demo-")
-    os.makedirs(workdir, exist_ok=True)   # OSError (a file in the way, no permission): one line
     status = 0
     for preset, mix in (("qwen35-tiny", "q4_k_m"), ("qwen3-tiny", "q8_0")):
         path = os.path.join(workdir, f"{preset}-{mix}.gguf")
@@ -50,7 +61,7 @@ def cmd_demo(args) -> int:
         print(f"{preset} ({mix}): {ref.desc.n_layer} layers, d={ref.desc.n_embd}, "
               f"vocab {ref.desc.n_vocab}; prompt of {len(tokens)} tokens")
         print(f"  reference (NumPy float64, {t_ref:.2f} s): top-5 {_top(want)}")
-        if not ok:
+        if not gpu:
             continue
         from .model import Model
         for gemm, kv in (("f32", "f32"), ("auto", "f16")):
@@ -68,29 +79,9 @@ def cmd_demo(args) -> int:
             print(f"  libprefill (gemm={gemm}, kv={kv}, {dt * 1e3:.1f} ms): top-5 {_top(got)}")
             print(f"    rel error vs reference {err:.2e} (bound {bound:.0e}), greedy token {tok} "
                   f"{'equal' if same else 'DIFFERENT'}: {verdict}")
-    if not ok:
+    if not gpu:
         print("the NumPy reference ran alone; on a CUDA machine the demo compares libprefill with it")
     return status
-
-
-def parse_token_ids(text: str) -> np.ndarray:
-    """Token ids from "1,2 3": integers >= 0 separated by commas or spaces (InvalidArgumentError
-    naming the first bad entry)."""
-    from .errors import InvalidArgumentError
-    parts = text.replace(",", " ").split()
-    if not parts:
-        raise InvalidArgumentError("--tokens: no token ids given")
-    ids = []
-    for p in parts:
-        try:
-            v = int(p)
-        except ValueError:
-            raise InvalidArgumentError(f"--tokens: {p!r} is not a token id (integers separated "
-                                       "by commas or spaces)") from None
-        if not 0 <= v < 2**31:
-            raise InvalidArgumentError(f"--tokens: {v} is not a token id (ids are >= 0)")
-        ids.append(v)
-    return np.array(ids, np.int32)
 
 
 _CHAT_N_PREDICT = 512   # --chat's default --n-predict (a reply, not a peek at the next tokens)
@@ -100,7 +91,7 @@ def _load_tokens(args, path: str):
     """(prompt ids, the Tokenizer or None): --tokens as given; --prompt and --chat through the
     GGUF's own tokenizer, built once here and reused to print the reply."""
     if args.tokens is not None:
-        return parse_token_ids(args.tokens), None
+        return args.tokens, None
     from .tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(path)
     if args.chat is not None:
@@ -110,10 +101,11 @@ def _load_tokens(args, path: str):
                                       add_generation_prompt=True, **kwargs)
     else:
         ids = tok.encode(args.prompt)
-    return np.array(ids, np.int32), tok
+    return ids, tok
 
 
 def cmd_run(args) -> int:
+    from ._checks import token_ids
     from .errors import InvalidArgumentError
     from .model import Model, inspect
     if (args.system is not None or args.no_think) and args.chat is None:
@@ -125,18 +117,17 @@ def cmd_run(args) -> int:
         raise InvalidArgumentError("--n-predict 0 with --chat: no reply to generate")
     info = inspect(args.file)          # the file's faults first, on any machine (no device)
     ids, tok = _load_tokens(args, args.file)
-    if len(ids) == 0:
-        raise InvalidArgumentError("the prompt has no tokens")
-    if ids.max() >= info["n_vocab"]:
-        raise InvalidArgumentError(f"token id {int(ids.max())} is outside the model's vocabulary "
-                                   f"[0, {info['n_vocab']})")
+    # the engine's own conversion, before the device: an id beyond the model's vocabulary (from
+    # --tokens, or a tokenizer larger than the embedding) named with its place in the prompt
+    ids = token_ids(ids, "--tokens" if args.tokens is not None else "prompt",
+                    n_vocab=info["n_vocab"])
     need = len(ids) + n_predict + 1
     if info["context_length"] > 0 and need > info["context_length"]:
         raise InvalidArgumentError(f"a prompt of {len(ids)} tokens and {n_predict} predicted "
                                    f"need {need} positions; the model's context_length is "
                                    f"{info['context_length']}")
     with Model.load(args.file, gemm=args.gemm, prewarm=not args.no_prewarm) as m:
-        s = m.session(max_tokens=need, chunk=args.chunk or 0)
+        s = m.session(max_tokens=need, chunk=args.chunk)
         if args.chat is not None:
             from .chat import generate_reply
             reply = generate_reply(s, ids, tok, n_predict,
@@ -163,49 +154,36 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _int_at_least(low: int):
-    """An argparse type: an int >= low (argparse prints the error and exits 2)."""
-    import argparse
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{v} is less than {low}")
-        return v
-    parse.__name__ = f"int >= {low}"
-    return parse
-
-
 def add_parsers(sub) -> None:
-    from .cli import DeprecatedOption
     p = sub.add_parser("demo", help="the main job: a synthetic model's prefill vs the NumPy reference")
-    p.add_argument("--length", type=_int_at_least(1), default=96,
+    p.add_argument("--length", type=int_in(1), default=96,
                    help="prompt length in tokens (random ids; default 96)")
-    p.add_argument("--tokens", dest="length", type=_int_at_least(1), action=DeprecatedOption,
+    p.add_argument("--tokens", dest="length", type=int_in(1), action=DeprecatedOption,
                    new="--length", why="`run --tokens` takes token ids; this is a length")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", help="where to write the synthetic models (default: a temp dir)")
+    p.add_argument("--seed", type=int_in(0), default=0)
+    p.add_argument("--dir", type=nonempty_path,
+                   help="where to write the synthetic models, kept for the next run (default: a "
+                        "temporary directory, removed at the end)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="prefill a prompt and print the next tokens")
-    p.add_argument("file")
+    p.add_argument("file", type=nonempty_path)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt",
                    help="text, through the GGUF's tokenizer (needs the `tokenizer` extra)")
-    g.add_argument("--tokens", help="token ids, comma or space separated")
+    g.add_argument("--tokens", type=int_list(0, INT32_MAX, noun="token ids", what="a token id"),
+                   help="token ids, comma or space separated")
     g.add_argument("--chat", metavar="TEXT",
                    help="a user message through the GGUF's chat template; the reply is printed "
                         "as it is generated and stops at the end of the turn")
     p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     p.add_argument("--no-think", action="store_true",
                    help="with --chat: enable_thinking=False for the template (Qwen3: no <think>)")
-    p.add_argument("--n-predict", type=_int_at_least(0), default=None,
+    p.add_argument("--n-predict", type=int_in(0), default=None,
                    help=f"tokens to generate (default 8; {_CHAT_N_PREDICT} with --chat)")
     p.add_argument("--gemm", default="default", type=str.lower, choices=["default", "auto", "f16", "f32"])
-    p.add_argument("--chunk", type=_int_at_least(1), default=None,
-                   help="rows per internal chunk (default: the session's, 2048 within free memory)")
+    p.add_argument("--chunk", type=int_in(0), default=0,
+                   help="rows per internal chunk (default 0: the session's own, "
+                        f"{DEFAULT_STEP_TOKENS} within free memory)")
     p.add_argument("--no-prewarm", action="store_true")
     p.set_defaults(func=cmd_run)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import heapq
+import numbers
 import os
 import re
 import unicodedata
@@ -35,6 +36,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ._checks import token_id as token_id_arg, token_ids
 from .errors import GGUFError, InvalidArgumentError, UnsupportedError
 
 # tokenizer.ggml.token_type values (gguf.TokenType, llama.cpp llama_token_type)
@@ -338,16 +340,16 @@ class Tokenizer:
         return b
 
     def _check_id(self, token_id) -> int:
-        if isinstance(token_id, (bool, np.bool_)) or not isinstance(token_id, (int, np.integer)):
-            raise InvalidArgumentError(f"token id {token_id!r} is not an integer")
-        if not 0 <= token_id < self.n_vocab:
-            raise InvalidArgumentError(f"token id {int(token_id)} is outside the vocabulary "
-                                       f"[0, {self.n_vocab})")
-        return int(token_id)
+        return token_id_arg(token_id, "token id", n_vocab=self.n_vocab)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """The text of `ids` (invalid UTF-8, e.g. a cut multi-byte character, becomes U+FFFD)."""
-        return b"".join(self.token_bytes(i, skip_special=skip_special) for i in _id_list(ids)
+        """The text of `ids` (one id, or a 1-D sequence of them, possibly empty; invalid UTF-8,
+        e.g. a cut multi-byte character, becomes U+FFFD). The ids are checked as a session's
+        tokens are (pyprefill._checks.token_ids): ints in the vocabulary, naming the first bad one."""
+        if isinstance(ids, numbers.Integral) and not isinstance(ids, (bool, np.bool_)):
+            ids = [ids]
+        ids = token_ids(ids, "ids", n_vocab=self.n_vocab, allow_empty=True)
+        return b"".join(self.token_bytes(i, skip_special=skip_special) for i in ids.tolist()
                         ).decode("utf-8", "replace")
 
     def token_text(self, token_id: int) -> str:
@@ -457,14 +459,6 @@ def _split_keeping_gaps(pattern, text: str) -> list[str]:
     if pos < len(text):
         out.append(text[pos:])
     return out
-
-
-def _id_list(ids) -> list:
-    if isinstance(ids, np.ndarray):
-        return ids.reshape(-1).tolist()
-    if isinstance(ids, (int, np.integer)):
-        return [ids]
-    return list(ids)
 
 
 __all__ = ["Tokenizer", "TextStream", "PreTokenizer", "PRE_TOKENIZERS", "NORMAL", "UNKNOWN",

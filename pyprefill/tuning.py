@@ -73,6 +73,9 @@ def _value(name: str, value) -> int:
 def fill(struct, tuning: dict | None) -> None:
     """Sets the fields of a pf_tuning (cffi struct or pointer) from `tuning` (None = defaults).
     The library checks the ranges; an unknown field name is an InvalidArgumentError here."""
+    if tuning is not None and not isinstance(tuning, dict):
+        raise InvalidArgumentError(f"tuning: expected a dict of pyprefill.tuning fields, got "
+                                   f"{type(tuning).__name__}")
     for name, value in (tuning or {}).items():
         if name not in FIELDS:
             raise InvalidArgumentError(f"tuning: unknown field {name!r} (known: {', '.join(FIELDS)})")

@@ -13,7 +13,7 @@ const char *const kStatusNames[PF_STATUS_COUNT] = {
     "PF_STATUS_OK",          "PF_STATUS_INVALID_ARGUMENT", "PF_STATUS_UNSUPPORTED",
     "PF_STATUS_OUT_OF_MEMORY", "PF_STATUS_CUDA_ERROR",     "PF_STATUS_CUBLAS_ERROR",
     "PF_STATUS_IO_ERROR",    "PF_STATUS_ABI_MISMATCH",     "PF_STATUS_NO_DEVICE",
-    "PF_STATUS_INTERNAL",
+    "PF_STATUS_INTERNAL",    "PF_STATUS_FORMAT_ERROR",
 };
 const char *const kStatusStrings[PF_STATUS_COUNT] = {
     "success",
@@ -22,10 +22,12 @@ const char *const kStatusStrings[PF_STATUS_COUNT] = {
     "out of memory (host or device); the context is still usable",
     "a CUDA runtime call failed (see pf_last_error())",
     "a cuBLAS call failed (see pf_last_error())",
-    "GGUF file missing, truncated or malformed",
+    "a file cannot be read (missing, no permission, or not a regular file)",
     "options struct size differs between caller and library (rebuild against this header)",
     "no CUDA driver or device (or the device ordinal does not exist)",
     "internal error: please report it with the text of pf_last_error()",
+    "not a well-formed GGUF of a supported model (truncated, malformed, or a tensor missing or "
+    "of a wrong shape; see pf_last_error())",
 };
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "base/error.h"
@@ -29,7 +30,7 @@ class Cursor {
 
     pf_status bytes(void *dst, size_t n, const char *what) {
         if (n > size_ - pos_)
-            return fail(PF_STATUS_IO_ERROR, "%s: truncated GGUF (reading %s at byte %zu of %zu)",
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: truncated GGUF (reading %s at byte %zu of %zu)",
                         path_.c_str(), what, pos_, size_);
         if (dst) std::memcpy(dst, base_ + pos_, n);
         pos_ += n;
@@ -41,7 +42,7 @@ class Cursor {
         uint64_t n = 0;
         PF_TRY(get(&n, what));
         if (n > kMaxStringBytes || n > size_ - pos_)
-            return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: %s has length %llu at byte %zu",
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: %s has length %llu at byte %zu",
                         path_.c_str(), what, (unsigned long long)n, pos_);
         if (s) s->assign(reinterpret_cast<const char *>(base_ + pos_), size_t(n));
         pos_ += size_t(n);
@@ -75,6 +76,31 @@ int64_t saturate_to_int64(double x) {
     return int64_t(x);
 }
 
+// What a path that is not a regular file is, for the message that refuses it.
+const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "a special file";
+}
+
+// The first bytes of a file as C-escaped text ("GGML", "\x7fELF"), for the message that refuses it.
+std::string shown_bytes(const uint8_t *p, size_t n) {
+    std::string out;
+    char buf[8];
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '"' && p[i] != '\\') {
+            out += char(p[i]);
+        } else {
+            std::snprintf(buf, sizeof buf, "\\x%02x", p[i]);
+            out += buf;
+        }
+    }
+    return out;
+}
+
 // Reads one scalar of type t into v (num and inum).
 pf_status read_scalar(Cursor &c, GgufType t, GgufValue *v, const std::string &key) {
     uint8_t raw[8] = {0};
@@ -105,18 +131,26 @@ GgufFile::~GgufFile() {
 
 pf_status GgufFile::open(const char *path) {
     path_ = path;
-    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(PF_STATUS_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
+    // A FIFO, a device or a directory is refused before it is opened: open() on a FIFO blocks
+    // until a writer comes (`pyprefill info` hung on one), and a device may act on an open.
     struct stat st;
+    if (stat(path, &st) != 0)
+        return fail(PF_STATUS_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return fail(PF_STATUS_IO_ERROR, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    // O_NONBLOCK: should the path become a FIFO between the stat and here, the open returns at
+    // once and the fstat below refuses it (on a regular file the flag changes nothing).
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fail(PF_STATUS_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
         return fail(PF_STATUS_IO_ERROR, "%s: not a regular file", path);
     }
     size_ = size_t(st.st_size);
-    if (size_ < 24) {
+    if (size_ == 0) {  // mmap refuses a length of 0; parse() words the fault
         ::close(fd);
-        return fail(PF_STATUS_IO_ERROR, "%s: truncated GGUF (%zu bytes, the header alone is 24)",
-                    path, size_);
+        static const uint8_t kNothing = 0;
+        return parse(&kNothing);
     }
     map_ = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
@@ -130,33 +164,43 @@ pf_status GgufFile::open(const char *path) {
 pf_status GgufFile::open_memory(const void *data, size_t size, const char *name) {
     path_ = name;
     size_ = size;
-    if (size_ < 24)
-        return fail(PF_STATUS_IO_ERROR, "%s: truncated GGUF (%zu bytes, the header alone is 24)",
-                    name, size_);
-    return parse(static_cast<const uint8_t *>(data));
+    static const uint8_t kNothing = 0;
+    return parse(size ? static_cast<const uint8_t *>(data) : &kNothing);
 }
 
 pf_status GgufFile::parse(const uint8_t *base) {
     const char *path = path_.c_str();
+    // The magic first: a short text file is "not a GGUF", not a "truncated" one.
+    const size_t shown = size_ < 4 ? size_ : 4;
+    if (size_ == 0)
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: empty file (0 bytes): not a GGUF file", path);
+    if (std::memcmp(base, "GGUF", shown) != 0)
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: not a GGUF file (bad magic \"%s\", expected \"GGUF\")",
+                    path, shown_bytes(base, shown).c_str());
+    if (size_ < 24)
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: truncated GGUF (%zu bytes, the header alone is 24)",
+                    path, size_);
     Cursor c(base, size_, path_);
-    char magic[4] = {0, 0, 0, 0};
-    PF_TRY(c.bytes(magic, 4, "magic"));
-    if (std::memcmp(magic, "GGUF", 4) != 0)
-        return fail(PF_STATUS_IO_ERROR, "%s: bad magic (not a GGUF file)", path);
+    PF_TRY(c.bytes(nullptr, 4, "magic"));
     uint32_t version = 0;
     uint64_t n_tensors = 0, n_kv = 0;
     PF_TRY(c.get(&version, "version"));
     if (version != 2 && version != 3)
-        return fail(PF_STATUS_IO_ERROR, "%s: GGUF version %u is not supported (2 or 3)", path, version);
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: GGUF version %u is not supported (2 or 3)", path, version);
     PF_TRY(c.get(&n_tensors, "tensor_count"));
     PF_TRY(c.get(&n_kv, "kv_count"));
     // Each kv pair and tensor info takes at least 12 bytes: a cheap sanity bound on the counts.
     if (n_tensors > size_ / 12 || n_kv > size_ / 12)
-        return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: %llu tensors, %llu keys in %zu bytes",
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: %llu tensors, %llu keys in %zu bytes",
                     path, (unsigned long long)n_tensors, (unsigned long long)n_kv, size_);
     for (uint64_t i = 0; i < n_kv; i++) {
         std::string key;
+        const size_t at = c.pos();
         PF_TRY(c.str(&key, "metadata key"));
+        if (key.empty())  // e.g. a key count larger than the keys written: padding read as a key
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: metadata key %llu of %llu (at byte "
+                        "%zu) has an empty name; is kv_count too large?", path, (unsigned long long)i,
+                        (unsigned long long)n_kv, at);
         uint32_t t = 0;
         PF_TRY(c.get(&t, key.c_str()));
         GgufValue v;
@@ -173,10 +217,10 @@ pf_status GgufFile::parse(const uint8_t *base) {
             } else {
                 const size_t es = scalar_size(v.elem_type);
                 if (es == 0)
-                    return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: key %s has array type %u",
+                    return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: key %s has array type %u",
                                 path, key.c_str(), et);
                 if (v.count > (size_ - c.pos()) / es)
-                    return fail(PF_STATUS_IO_ERROR, "%s: truncated GGUF (array %s)", path, key.c_str());
+                    return fail(PF_STATUS_FORMAT_ERROR, "%s: truncated GGUF (array %s)", path, key.c_str());
                 const bool keep = v.count <= 4096;  // small int arrays (sections, layer flags)
                 for (uint64_t j = 0; j < v.count; j++) {
                     GgufValue e;
@@ -186,7 +230,7 @@ pf_status GgufFile::parse(const uint8_t *base) {
             }
         } else {
             if (scalar_size(v.type) == 0)
-                return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: key %s has type %u", path,
+                return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: key %s has type %u", path,
                             key.c_str(), t);
             PF_TRY(read_scalar(c, v.type, &v, key));
         }
@@ -195,17 +239,26 @@ pf_status GgufFile::parse(const uint8_t *base) {
     tensors_.reserve(size_t(n_tensors));
     for (uint64_t i = 0; i < n_tensors; i++) {
         GgufTensor ti;
-        PF_TRY(c.str(&ti.name, "tensor name"));
+        const size_t at = c.pos();
+        // A tensor_count larger than the infos written reads the padding or the data as an info:
+        // the message names the info's index and the count (fail() copes with its own text).
+        if (const pf_status s = c.str(&ti.name, "tensor name"); s != PF_STATUS_OK)
+            return fail(s, "%s (tensor info %llu of tensor_count %llu, at byte %zu)", pf_last_error(),
+                        (unsigned long long)i, (unsigned long long)n_tensors, at);
+        if (ti.name.empty())  // a tensor count larger than the infos written: padding read as one
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: tensor info %llu of %llu (at byte "
+                        "%zu) has an empty name; is tensor_count too large?", path,
+                        (unsigned long long)i, (unsigned long long)n_tensors, at);
         uint32_t nd = 0;
         PF_TRY(c.get(&nd, ti.name.c_str()));
         if (nd == 0 || nd > kMaxDims)
-            return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: tensor %s has %u dims", path,
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: tensor %s has %u dims", path,
                         ti.name.c_str(), nd);
         for (uint32_t d = 0; d < nd; d++) {
             uint64_t ne = 0;
             PF_TRY(c.get(&ne, ti.name.c_str()));
             if (ne == 0 || ne > (uint64_t(1) << 40))
-                return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: tensor %s has ne[%u]=%llu", path,
+                return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: tensor %s has ne[%u]=%llu", path,
                             ti.name.c_str(), d, (unsigned long long)ne);
             ti.ne.push_back(int64_t(ne));
         }
@@ -214,7 +267,7 @@ pf_status GgufFile::parse(const uint8_t *base) {
         int64_t rows = 1;  // each ne <= 2^40, but their product can pass 2^63 (found by fuzz_gguf)
         for (size_t d = 1; d < ti.ne.size(); d++) {
             if (rows > INT64_MAX / ti.ne[d] || rows * ti.ne[d] > INT64_MAX / ti.ne[0])
-                return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: tensor %s has more than 2^63 elements",
+                return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: tensor %s has more than 2^63 elements",
                             path, ti.name.c_str());
             rows *= ti.ne[d];
         }
@@ -224,10 +277,10 @@ pf_status GgufFile::parse(const uint8_t *base) {
                         "(supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS)",
                         path, ti.name.c_str(), ti.type);
         if (s != PF_STATUS_OK)
-            return fail(PF_STATUS_IO_ERROR, "%s: malformed tensor %s: %s", path, ti.name.c_str(),
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed tensor %s: %s", path, ti.name.c_str(),
                         pf_last_error());
         if (index_.count(ti.name))
-            return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: tensor %s appears twice", path,
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: tensor %s appears twice", path,
                         ti.name.c_str());
         index_[ti.name] = tensors_.size();
         tensors_.push_back(std::move(ti));
@@ -235,15 +288,15 @@ pf_status GgufFile::parse(const uint8_t *base) {
     int64_t alignment = 32;
     if (const GgufValue *a = find("general.alignment")) alignment = a->inum;
     if (alignment <= 0 || (alignment & (alignment - 1)))
-        return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: general.alignment=%lld", path,
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: general.alignment=%lld", path,
                     (long long)alignment);
     const size_t data_start = (c.pos() + size_t(alignment) - 1) / size_t(alignment) * size_t(alignment);
     for (GgufTensor &t : tensors_) {
         if (t.offset % uint64_t(alignment))
-            return fail(PF_STATUS_IO_ERROR, "%s: malformed GGUF: tensor %s offset %llu is not aligned",
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: malformed GGUF: tensor %s offset %llu is not aligned",
                         path, t.name.c_str(), (unsigned long long)t.offset);
         if (data_start > size_ || t.offset > size_ - data_start || t.bytes > size_ - data_start - t.offset)
-            return fail(PF_STATUS_IO_ERROR,
+            return fail(PF_STATUS_FORMAT_ERROR,
                         "%s: truncated GGUF: tensor %s needs bytes [%zu, %zu) of a %zu-byte file", path,
                         t.name.c_str(), size_t(data_start + t.offset),
                         size_t(data_start + t.offset + t.bytes), size_);
@@ -266,11 +319,11 @@ pf_status GgufFile::get_u32(const std::string &key, int64_t *out, bool required)
     const GgufValue *v = find(key);
     if (!v) {
         if (!required) return PF_STATUS_OK;
-        return fail(PF_STATUS_IO_ERROR, "%s: metadata key %s is missing", path_.c_str(), key.c_str());
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: metadata key %s is missing", path_.c_str(), key.c_str());
     }
     if (v->type == GgufType::STRING || v->type == GgufType::ARRAY || v->type == GgufType::F32 ||
         v->type == GgufType::F64)
-        return fail(PF_STATUS_IO_ERROR, "%s: metadata key %s is not an integer", path_.c_str(), key.c_str());
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: metadata key %s is not an integer", path_.c_str(), key.c_str());
     *out = v->inum;
     return PF_STATUS_OK;
 }
@@ -279,10 +332,10 @@ pf_status GgufFile::get_f32(const std::string &key, double *out, bool required) 
     const GgufValue *v = find(key);
     if (!v) {
         if (!required) return PF_STATUS_OK;
-        return fail(PF_STATUS_IO_ERROR, "%s: metadata key %s is missing", path_.c_str(), key.c_str());
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: metadata key %s is missing", path_.c_str(), key.c_str());
     }
     if (v->type == GgufType::STRING || v->type == GgufType::ARRAY)
-        return fail(PF_STATUS_IO_ERROR, "%s: metadata key %s is not a number", path_.c_str(), key.c_str());
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: metadata key %s is not a number", path_.c_str(), key.c_str());
     *out = v->num;
     return PF_STATUS_OK;
 }
@@ -291,10 +344,10 @@ pf_status GgufFile::get_str(const std::string &key, std::string *out, bool requi
     const GgufValue *v = find(key);
     if (!v) {
         if (!required) return PF_STATUS_OK;
-        return fail(PF_STATUS_IO_ERROR, "%s: metadata key %s is missing", path_.c_str(), key.c_str());
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: metadata key %s is missing", path_.c_str(), key.c_str());
     }
     if (v->type != GgufType::STRING)
-        return fail(PF_STATUS_IO_ERROR, "%s: metadata key %s is not a string", path_.c_str(), key.c_str());
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: metadata key %s is not a string", path_.c_str(), key.c_str());
     *out = v->str;
     return PF_STATUS_OK;
 }

@@ -46,8 +46,10 @@ class GgufFile {
     GgufFile(const GgufFile &) = delete;
     GgufFile &operator=(const GgufFile &) = delete;
 
-    // Maps and parses `path`. IO_ERROR for a missing, truncated or malformed file;
-    // UNSUPPORTED for a tensor type this build does not know.
+    // Maps and parses `path`. IO_ERROR for a file that cannot be read (missing, no permission,
+    // not a regular file: refused before it is opened, so a FIFO never blocks); FORMAT_ERROR for
+    // one that is not a GGUF, is truncated or malformed; UNSUPPORTED for a tensor type this build
+    // does not know.
     pf_status open(const char *path);
     // Parses `size` bytes at `data` (not copied: they must outlive this object); `name` stands
     // for the path in messages. The same checks and errors as open().
@@ -59,7 +61,7 @@ class GgufFile {
     const std::vector<GgufTensor> &tensors() const { return tensors_; }
     size_t file_bytes() const { return size_; }
 
-    // Typed metadata getters: IO_ERROR naming the key when absent (required) or of a wrong type.
+    // Typed metadata getters: FORMAT_ERROR naming the key when absent (required) or of a wrong type.
     pf_status get_u32(const std::string &key, int64_t *out, bool required = true) const;
     pf_status get_f32(const std::string &key, double *out, bool required = true) const;
     pf_status get_str(const std::string &key, std::string *out, bool required = true) const;

@@ -66,7 +66,7 @@ pf_status read_hparams(const GgufFile &f, Hparams *hp) {
     PF_TRY(f.get_u32(a + "rope.dimension_count", &hp->rope_dim, false));
     const char *p = f.path().c_str();
     auto bad = [&](const char *what) {
-        return fail(PF_STATUS_IO_ERROR, "%s: inconsistent metadata: %s", p, what);
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: inconsistent metadata: %s", p, what);
     };
     if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 ||
         hp->n_head_kv <= 0 || hp->head_dim <= 0)
@@ -201,13 +201,13 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
     const std::vector<bool> attn = schedule(f, hp);
 
     const GgufTensor *emb = f.tensor("token_embd.weight");
-    if (!emb) return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight is missing", path);
+    if (!emb) return fail(PF_STATUS_FORMAT_ERROR, "%s: tensor token_embd.weight is missing", path);
     if (emb->ne.size() != 2 || emb->ne[0] != hp.n_embd)
-        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight: expected ne [%lld, n_vocab], found %s",
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: tensor token_embd.weight: expected ne [%lld, n_vocab], found %s",
                     path, (long long)hp.n_embd, ne_str(emb->ne).c_str());
     hp.n_vocab = emb->ne[1];
     if (hp.n_vocab > INT32_MAX)  // token ids are int32 across the API
-        return fail(PF_STATUS_IO_ERROR, "%s: tensor token_embd.weight has %lld rows: more tokens than int32 ids",
+        return fail(PF_STATUS_FORMAT_ERROR, "%s: tensor token_embd.weight has %lld rows: more tokens than int32 ids",
                     path, (long long)hp.n_vocab);
     // The tensor set must match the schedule (spec.md §3.3 warning): fail loudly otherwise.
     for (int64_t il = 0; hp.arch == PF_ARCH_QWEN35 && il < hp.n_layer; il++) {
@@ -215,12 +215,12 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
         const bool has_q = f.tensor(b + "attn_q.weight") != nullptr;
         const bool has_qkv = f.tensor(b + "attn_qkv.weight") != nullptr;
         if (attn[size_t(il)] && !has_q)
-            return fail(PF_STATUS_IO_ERROR,
+            return fail(PF_STATUS_FORMAT_ERROR,
                         "%s: layer %lld should be an attention layer (full_attention_interval=%lld) "
                         "but tensor %sattn_q.weight is missing%s", path, (long long)il,
                         (long long)hp.interval, b.c_str(), has_qkv ? " (it has attn_qkv: a GDN layer)" : "");
         if (!attn[size_t(il)] && !has_qkv)
-            return fail(PF_STATUS_IO_ERROR,
+            return fail(PF_STATUS_FORMAT_ERROR,
                         "%s: layer %lld should be a Gated DeltaNet layer (full_attention_interval=%lld) "
                         "but tensor %sattn_qkv.weight is missing%s", path, (long long)il,
                         (long long)hp.interval, b.c_str(), has_q ? " (it has attn_q: an attention layer)" : "");
@@ -232,10 +232,10 @@ pf_status model_plan(const GgufFile &f, ModelPlan *plan) {
     for (PlannedTensor &e : ex) {
         const GgufTensor *t = f.tensor(e.name);
         if (!t)
-            return fail(PF_STATUS_IO_ERROR, "%s: tensor %s is missing (expected ne %s)", path,
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: tensor %s is missing (expected ne %s)", path,
                         e.name.c_str(), ne_str(e.ne).c_str());
         if (t->ne != e.ne)
-            return fail(PF_STATUS_IO_ERROR, "%s: tensor %s: expected ne %s, found %s", path,
+            return fail(PF_STATUS_FORMAT_ERROR, "%s: tensor %s: expected ne %s, found %s", path,
                         e.name.c_str(), ne_str(e.ne).c_str(), ne_str(t->ne).c_str());
         if (e.kind != TensorKind::Matrix && t->type != PF_QTYPE_F32)
             return fail(PF_STATUS_UNSUPPORTED, "%s: tensor %s: expected type F32, found %s (%u)", path,

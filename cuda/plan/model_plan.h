@@ -94,7 +94,7 @@ struct ModelPlan {
 };
 
 // Reads the metadata of an opened file, checks every expected tensor (name, shape, type) and
-// fills *plan. IO_ERROR / UNSUPPORTED naming the fault, as pf_model_load reports them.
+// fills *plan. FORMAT_ERROR / UNSUPPORTED naming the fault, as pf_model_load reports them.
 pf_status model_plan(const GgufFile &f, ModelPlan *plan);
 // The expected tensor table of a model with these hyper-parameters (n_vocab set), layer schedule
 // (attn[il]: an attention layer) and output (tied: no output.weight): sets plan->hp, layers,

@@ -1,7 +1,7 @@
 """Benchmarks on a GPU: one GGUF's prefill tokens/s, or the kernel and whole-model suites.
 
     pyprefill bench FILE [-p 512,2048,8192] [--gemm auto] [--chunk N] [--peer hf|none]
-                         [--json] [--plot FILE.png]
+                         [--json] [--plot FILE.png] [--memory-budget GIB ...]
     pyprefill bench kernels|model|all [--out DIR] [--quick] [--lengths 512,2048,8192]
                          [--models qwen35-4b,qwen3-4b] [--gemm f16,f32] [--plot FILE.png]
     pyprefill bench batch [--models ...] [--steps 2048] [--peer hf|none] [--quick]
@@ -15,13 +15,17 @@ against one; fork and snapshot rollback at 8192 tokens); bench_<suite>.json (eve
 bench_<suite>.md under --out. --plot draws tok/s against prompt length, ours against each
 peer. `python3 -m pyprefill.bench` takes the same arguments.
 
-Missing peers (torch, FLA, transformers, matplotlib) each print one "skipped: <what>: <why>"
-line and the run goes on; without a GPU: "no GPU: benchmarks skipped", exit status 0.
+Missing peers (torch, FLA, transformers) each print one "skipped: <what>: <why>" line and the run
+goes on. Every value is checked where it is parsed, and a FILE by the library, before a GPU is
+looked for (exit status 2 for a usage error, 1 for a file the library refuses); --plot without
+matplotlib is a usage error. Without a usable GPU the reason goes to stderr in the words of
+`pyprefill run` and the exit status is 1: no benchmark ran.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -29,9 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..cli import DeprecatedOption
+from .._cli_args import (DeprecatedOption, flatten, int_in, int_list, name_list, nonempty_path,
+                         positive_float, user_error_line)
+from .._defaults import DEFAULT_STEP_TOKENS
 from ..errors import PrefillError
-from ..formats.synth import MIXES
+from ..formats.synth import MIXES, PRESETS
 from . import report
 from ._common import Bench, Recorder, detect_gpu, meta
 from .model import VARIANT_TUNING
@@ -50,13 +56,42 @@ class UsageError(Exception):
     pass
 
 
+def _leg_problem(leg: str) -> str | None:
+    """Why --gemm's LEG[/VARIANT...] is wrong, or None."""
+    base, *variants = leg.split("/")
+    if base == "blocks" and not variants:   # the kernel suite's f16 leg on the GGUF blocks (resolve)
+        return None
+    if base not in LEG_NAMES:
+        return f"unknown leg {base!r} in {leg!r} (known: {', '.join(LEG_NAMES)})"
+    unknown = [v for v in variants if v not in VARIANT_TUNING]
+    if unknown:
+        return f"unknown variant {unknown[0]!r} in {leg!r} (known: {', '.join(VARIANT_TUNING)})"
+    return None
+
+
+def _preset(text: str) -> str:
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {text!r} (known: {', '.join(PRESETS)})")
+    return text
+
+
+def _mix(text: str) -> str:
+    if text.lower() not in MIXES:
+        raise argparse.ArgumentTypeError(f"unknown quant mix {text!r} (known: {', '.join(MIXES)})")
+    return text.lower()
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="FILE|kernels|model|all",
+    """Every value is checked here, where argparse parses it: a bad one is a usage error naming
+    its flag (exit 2) before anything runs."""
+    p.add_argument("target", metavar="FILE|" + "|".join(SUITES), type=nonempty_path,
                    help="a GGUF file, or the suite to run")
     p.add_argument("-p", "--lengths", nargs="+", metavar="N",
+                   type=int_list(1, noun="lengths", what="a prompt length"),
                    help="prompt lengths, comma or space separated "
                         f"(default {','.join(map(str, LENGTHS))}; --quick: 512)")
     p.add_argument("--gemm", nargs="+", metavar="LEG",
+                   type=name_list(LEG_NAMES, noun="leg", check=_leg_problem),
                    help="projection legs: auto, f16, f32, int8; LEG/VARIANT runs LEG with one "
                         "tuning field changed (combinable: LEG/nofuse/noact16/nograph): nofuse, "
                         "noact16, nograph, noqkrope, norowregs, nolt, noconvnorm, seqscan, "
@@ -64,39 +99,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "before/after in one run); the kernel suite also takes blocks (the f16 leg "
                         "on the GGUF blocks against cuBLAS on the cache) "
                         "(default: FILE auto, suites f16,f32)")
-    p.add_argument("--chunk", type=int, default=2048,
-                   help="session chunk: rows per internal step (0 = the session's default)")
+    p.add_argument("--chunk", type=int_in(0), default=DEFAULT_STEP_TOKENS,
+                   help=f"session chunk: rows per internal step (default {DEFAULT_STEP_TOKENS}; "
+                        "0 = the session's own, as `run --chunk 0`)")
     p.add_argument("--peer", choices=["hf", "none"], default="hf",
                    help="whole-model peer: HF transformers bf16 sdpa (+FLA), or none")
     p.add_argument("--json", action="store_true", help="FILE: print the results as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="tok/s against prompt length (matplotlib)")
-    p.add_argument("--out", metavar="DIR", help="write bench_<name>.json and bench_<name>.md here")
+    p.add_argument("--plot", metavar="FILE.png", type=nonempty_path,
+                   help="tok/s against prompt length (needs matplotlib: the `plot` extra)")
+    p.add_argument("--out", metavar="DIR", type=nonempty_path,
+                   help="write bench_<name>.json and bench_<name>.md here")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: T=512, one shape per family, qwen35-0.8b, the f16 leg, "
                         "few repeats")
     p.add_argument("--families", nargs="+", metavar="NAME",
+                   type=name_list(FAMILIES, noun="family", nouns="families"),
                    help=f"kernel suite: the families to run (default {','.join(FAMILIES)})")
-    p.add_argument("--shapes", default="qwen35-4b", metavar="PRESET",
+    p.add_argument("--shapes", default="qwen35-4b", metavar="PRESET", type=_preset,
                    help="kernel suite: the synth preset whose projection shapes gemm runs "
                         "(default qwen35-4b)")
-    p.add_argument("--models", nargs="+", metavar="PRESET",
+    p.add_argument("--models", nargs="+", metavar="PRESET", type=name_list(PRESETS, noun="preset"),
                    help=f"model suite: formats.synth presets (default {','.join(MODELS)})")
-    p.add_argument("--quant", dest="mix", default="q4_k_m",
-                   help="model suite: quant mix of the synthetic GGUFs, as `pyprefill synth "
-                        "--quant` takes it (default q4_k_m)")
-    p.add_argument("--mix", dest="mix", action=DeprecatedOption, new="--quant",
+    p.add_argument("--quant", dest="mix", default="q4_k_m", type=_mix,
+                   help="model and batch suites: quant mix of the synthetic GGUFs, as `pyprefill "
+                        "synth --quant` takes it (default q4_k_m)")
+    p.add_argument("--mix", dest="mix", action=DeprecatedOption, new="--quant", type=_mix,
                    why="`pyprefill synth` calls it --quant")
-    p.add_argument("--gguf-dir", help="model suite: where synthetic GGUFs are written and reused "
-                                      "(default: the temp dir)")
-    p.add_argument("--reps", type=int, default=7, help="timed batches per kernel (median)")
-    p.add_argument("--model-reps", type=int, default=5, help="timed prefills per model and length")
+    p.add_argument("--gguf-dir", type=nonempty_path,
+                   help="model suite: where synthetic GGUFs are written and reused "
+                        "(default: the temp dir)")
+    p.add_argument("--reps", type=int_in(1), default=7, help="timed batches per kernel (median)")
+    p.add_argument("--model-reps", type=int_in(1), default=5,
+                   help="timed prefills per model and length")
     p.add_argument("--steps", nargs="+", metavar="N",
-                   help="batch suite: the batch's step sizes in tokens (default 2048)")
+                   type=int_list(1, noun="step sizes", what="a step size"),
+                   help=f"batch suite: the batch's step sizes in tokens (default {DEFAULT_STEP_TOKENS})")
     p.add_argument("--no-variants", action="store_true",
                    help="batch suite: skip the tuning variants (varlen off)")
-    p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=float, default=[],
+    p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=positive_float("GiB"), default=[],
                    help="model suite and FILE: also run ours on a context with each memory budget "
-                        "(GiB: a smaller card; the prewarm caches what fits, the rest streams), "
+                        "(GiB > 0: a smaller card; the prewarm caches what fits, the rest streams), "
                         "with the ratio to the unbudgeted run")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of skipped parts")
 
@@ -119,63 +161,27 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _split(values, conv=str) -> list:
-    """"a,b c" -> [a, b, c] (comma or space separated, as -p and --lengths take them)."""
-    return [conv(v) for s in values or [] for v in str(s).split(",") if v.strip()]
-
-
 def resolve(a: argparse.Namespace) -> argparse.Namespace:
-    """Defaults that depend on the mode; UsageError for an option that does not apply or a value
-    out of range (lengths, legs and their variants, families, presets, mix, repeats, chunk, the
-    output paths): all checked before any GPU is looked for."""
-    from ..formats.synth import PRESETS
+    """Defaults that depend on the mode, and UsageError for an option that does not apply to it
+    or an output path that cannot be written: all before any GPU is looked for (each value was
+    checked where it was parsed)."""
     a.suite = a.target if a.target in SUITES else None
-    try:
-        a.lengths = _split(a.lengths, int) or ([512] if a.quick else list(LENGTHS))
-    except ValueError:
-        raise UsageError(f"-p/--lengths: expected integers, got {' '.join(a.lengths)}") from None
-    if min(a.lengths) < 1:
-        raise UsageError(f"-p/--lengths: lengths must be positive, got {a.lengths}")
-    a.gemm = _split(a.gemm) or (["auto"] if a.suite is None else
-                                ["f16"] if a.quick else ["f16", "f32"])
+    a.lengths = flatten(a.lengths) or ([512] if a.quick else list(LENGTHS))
+    a.gemm = flatten(a.gemm) or (["auto"] if a.suite is None else
+                                 ["f16"] if a.quick else ["f16", "f32"])
     if a.suite is None:
         if a.models:
             raise UsageError("--models picks the model suite's presets; a FILE is benchmarked "
                              "as it is")
     elif a.json:
         raise UsageError("--json applies to a FILE; the suites write JSON under --out")
-    a.families = _split(a.families) or list(FAMILIES)
-    unknown = [f for f in a.families if f not in FAMILIES]
-    if unknown:
-        raise UsageError(f"--families: unknown {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
-    a.models = _split(a.models) or (QUICK_MODELS if a.quick else
-                                    list(BATCH_MODELS) if a.suite == "batch" else list(MODELS))
-    try:
-        a.steps = _split(a.steps, int) or [2048]
-    except ValueError:
-        raise UsageError(f"--steps: expected integers, got {' '.join(a.steps)}") from None
-    if min(a.steps) < 1:
-        raise UsageError(f"--steps: step sizes must be positive, got {a.steps}")
-    unknown = [m for m in a.models if m not in PRESETS]
-    if unknown:
-        raise UsageError(f"--models: unknown preset(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(PRESETS)})")
-    for leg in a.gemm:
-        base, *variants = leg.split("/")
-        if base == "blocks" and a.suite == "kernels":   # the f16 leg on the GGUF blocks (gemm family)
-            continue
-        if base not in LEG_NAMES:
-            raise UsageError(f"--gemm: unknown leg {base!r} in {leg!r} (known: {', '.join(LEG_NAMES)})")
-        unknown = [v for v in variants if v not in VARIANT_TUNING]
-        if unknown:
-            raise UsageError(f"--gemm: unknown variant {unknown[0]!r} in {leg!r} (known: "
-                             f"{', '.join(VARIANT_TUNING)})")
-    if a.suite in ("model", "all") and a.mix.lower() not in MIXES:
-        raise UsageError(f"--quant: unknown quant mix {a.mix!r} (known: {', '.join(MIXES)})")
-    for opt, value, low in (("--reps", a.reps, 1), ("--model-reps", a.model_reps, 1),
-                            ("--chunk", a.chunk, 0)):
-        if value < low:
-            raise UsageError(f"{opt}: {value} is less than {low}")
+    a.families = flatten(a.families) or list(FAMILIES)
+    a.models = flatten(a.models) or (QUICK_MODELS if a.quick else
+                                     list(BATCH_MODELS) if a.suite == "batch" else list(MODELS))
+    a.steps = flatten(a.steps) or [DEFAULT_STEP_TOKENS]
+    if a.suite != "kernels" and any(g.split("/")[0] == "blocks" for g in a.gemm):
+        raise UsageError("--gemm blocks: the kernel suite's f16 leg on the GGUF blocks; whole models take "
+                         "LEG/blocks (e.g. auto/blocks)")
     for opt, path in (("--out", a.out), ("--gguf-dir", a.gguf_dir)):
         if path is not None:
             _check_writable_dir(opt, path)
@@ -183,6 +189,9 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
         if os.path.isdir(a.plot):
             raise UsageError(f"--plot: {a.plot} is a directory (expected FILE.png)")
         _check_writable_dir("--plot", os.path.dirname(os.path.abspath(a.plot)))
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot: matplotlib is not installed (the `plot` extra: "
+                             "pip install matplotlib)")
     if a.quick:
         a.reps, a.model_reps = min(a.reps, 3), min(a.model_reps, 2)
     return a
@@ -311,27 +320,55 @@ def run_file(a) -> int:
     return 0 if any(r.get("tok_s") for r in rows if r["impl"].startswith("ours")) else 1
 
 
+def _file_problem(path: str) -> str | None:
+    """Why FILE cannot be a GGUF to benchmark before the library reads it, or None."""
+    also = f" (a GGUF file, or a suite: {', '.join(SUITES)})"
+    if not os.path.exists(path):
+        return f"{path}: no such file" + also
+    if os.path.isdir(path):
+        return f"{path}: is a directory" + also
+    if not os.path.isfile(path):
+        return f"{path}: not a regular file" + also
+    return None
+
+
+def _no_device_line(suite: bool) -> str | None:
+    """None when a benchmark can run; else the one line `pyprefill run` prints for the same
+    machine: the library's own error from opening device 0 (NoDeviceError and its reason), or
+    why libprefill cannot load. A suite whose library cannot load still runs its peers where
+    torch sees a GPU."""
+    try:
+        from ..core import Context, device_count
+    except ImportError as exc:
+        if suite and detect_gpu()[0]:
+            return None
+        return user_error_line(exc)
+    if device_count() > 0:
+        return None
+    try:
+        Context(0).close()             # the library says why (driver, stub, no GPU) as for run
+    except PrefillError as exc:
+        return user_error_line(exc)
+    return None
+
+
 def run(a: argparse.Namespace) -> int:
     try:
         resolve(a)
     except UsageError as exc:
         print(f"pyprefill bench: {exc}", file=sys.stderr)
         return 2
-    if a.suite is None and not os.path.isfile(a.target):
-        print(f"pyprefill bench: {a.target}: no such file (or a suite: {', '.join(SUITES)})",
-              file=sys.stderr)
-        return 1
-    if a.suite is None and (why := _check_gguf(a.target)):
+    if a.suite is None and (why := _file_problem(a.target) or _check_gguf(a.target)):
         print(f"pyprefill bench: {why}", file=sys.stderr)
         return 1
-    ok, why = detect_gpu()
-    if not ok:
-        print(f"no GPU: benchmarks skipped ({why})")
-        return 0
+    why = _no_device_line(a.suite is not None)
+    if why is not None:                # nothing was measured: a script must not count a pass
+        print(f"pyprefill bench: {why}", file=sys.stderr)
+        return 1
     try:
         return run_suites(a) if a.suite else run_file(a)
     except PrefillError as exc:       # a clear one-line error, not a traceback
-        print(f"pyprefill bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"pyprefill bench: {user_error_line(exc)}", file=sys.stderr)
         return 1
 
 

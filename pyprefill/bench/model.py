@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._defaults import DEFAULT_STEP_TOKENS
 from ..formats.gguf_model import load_model_desc
 from ._common import first_line
 from .timer import HostClock, measure
@@ -313,7 +314,7 @@ def bench_hf(rec, torch, path: str, label: str, lengths, *, reps: int, rng) -> l
     return rows
 
 
-def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = 2048, reps: int = 5,
+def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = DEFAULT_STEP_TOKENS, reps: int = 5,
                peer: str = "hf", torch=None, peak_tflops: float | None = None,
                seed: int = 99, budgets=()) -> list[dict]:
     """Ours on each leg, then the HF peer, on one GGUF; every row carries the file's size and

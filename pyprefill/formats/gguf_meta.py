@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..errors import GGUFError
+from ..errors import GGUFError, GGUFFormatError
 
 _MAGIC = b"GGUF"
 # GGUF value types (gguf.GGUFValueType): scalar type -> (struct format, NumPy dtype)
@@ -37,7 +37,7 @@ class _Cursor:
         self.size = len(buf)
 
     def fail(self, what: str) -> GGUFError:
-        return GGUFError(f"{self.path}: {what} (reading {self.key} at byte {self.off})")
+        return GGUFFormatError(f"{self.path}: {what} (reading {self.key} at byte {self.off})")
 
     def need(self, n: int) -> None:
         if n < 0 or self.off + n > self.size:
@@ -145,6 +145,8 @@ def read_metadata(path: str | os.PathLike[str],
     (a key it lacks is simply absent from the result)."""
     path = os.fspath(path)
     want = None if keys is None else set(keys)
+    if os.path.exists(path) and not os.path.isfile(path):   # before open(): a FIFO would block it
+        raise GGUFError(f"{path}: not a regular file")
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -155,7 +157,7 @@ def read_metadata(path: str | os.PathLike[str],
         try:
             size = os.fstat(f.fileno()).st_size
             if size < 24:
-                raise GGUFError(f"{path}: not a GGUF file ({size} bytes)")
+                raise GGUFFormatError(f"{path}: not a GGUF file ({size} bytes)")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:
             raise GGUFError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from e
@@ -167,14 +169,14 @@ def read_metadata(path: str | os.PathLike[str],
 
 def _parse(buf, path: str, want: set[str] | None) -> dict[str, Any]:
     if buf[:4] != _MAGIC:
-        raise GGUFError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected {_MAGIC!r})")
+        raise GGUFFormatError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected {_MAGIC!r})")
     c = _Cursor(buf, path)
     c.off = 4
     version = c.u32()
     if version not in (2, 3):
         what = "big-endian or unknown" if version > 0xFFFF else "unsupported"
-        raise GGUFError(f"{path}: GGUF version {version} ({what}; pyprefill reads versions 2 "
-                        "and 3)")
+        raise GGUFFormatError(f"{path}: GGUF version {version} ({what}; pyprefill reads versions 2 "
+                              "and 3)")
     c.u64()                      # tensor count: the tensors are not read here
     n_kv = c.u64()
     out: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GGUFError, UnsupportedError
+from ..errors import GGUFError, GGUFFormatError, UnsupportedError
 from .model_desc import (QTYPE_BF16, QTYPE_BLOCK, QTYPE_F16, QTYPE_F32, QTYPE_IQ4_XS, QTYPE_NAME,
                          QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_0,
                          SUPPORTED_ARCHS, ModelDesc, TensorInfo)
@@ -112,11 +112,11 @@ def _open_reader(path: str):
     except OSError as e:
         raise GGUFError(f"{path}: cannot read ({e.strerror or e})") from e
     if magic != _GGUF_MAGIC:
-        raise GGUFError(f"{path}: not a GGUF file (magic {magic!r}, expected {_GGUF_MAGIC!r})")
+        raise GGUFFormatError(f"{path}: not a GGUF file (magic {magic!r}, expected {_GGUF_MAGIC!r})")
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as e:  # the reader raises ValueError, struct/IndexError, OverflowError...
-        raise GGUFError(f"{path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from e
+        raise GGUFFormatError(f"{path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from e
 
 
 def _field_value(field: Any) -> Any:
@@ -135,12 +135,12 @@ class _Meta:
         field = self.reader.fields.get(full)
         if field is None:
             if required:
-                raise GGUFError(f"{self.path}: missing metadata key '{full}'")
+                raise GGUFFormatError(f"{self.path}: missing metadata key '{full}'")
             return default
         try:
             return _field_value(field)
         except Exception as e:
-            raise GGUFError(f"{self.path}: cannot read metadata key '{full}' ({e})") from e
+            raise GGUFFormatError(f"{self.path}: cannot read metadata key '{full}' ({e})") from e
 
     def get_int(self, key: str, default: int | None = None) -> int:
         v = self.raw(key, default, required=default is None)
@@ -150,21 +150,21 @@ class _Meta:
                                        f"({v[:8]}...); only uniform values are supported")
             v = v[0]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise GGUFError(f"{self.path}: metadata key '{self.arch}.{key}' must be a "
+            raise GGUFFormatError(f"{self.path}: metadata key '{self.arch}.{key}' must be a "
                             f"non-negative integer, found {v!r}")
         return int(v)
 
     def get_float(self, key: str, default: float | None = None) -> float:
         v = self.raw(key, default, required=default is None)
         if not isinstance(v, (int, float, np.floating, np.integer)) or isinstance(v, bool):
-            raise GGUFError(f"{self.path}: metadata key '{self.arch}.{key}' must be a number, "
+            raise GGUFFormatError(f"{self.path}: metadata key '{self.arch}.{key}' must be a number, "
                             f"found {v!r}")
         return float(v)
 
 
 def _require(cond: bool, msg: str) -> None:
     if not cond:
-        raise GGUFError(msg)
+        raise GGUFFormatError(msg)
 
 
 def _tensor_table(reader: Any, path: str) -> dict[str, TensorInfo]:
@@ -177,7 +177,7 @@ def _tensor_table(reader: Any, path: str) -> dict[str, TensorInfo]:
         info = TensorInfo(name=t.name, qtype=qtype, shape=shape, offset=int(t.data_offset),
                           nbytes=int(t.n_bytes))
         if info.offset + info.nbytes > size:
-            raise GGUFError(f"{path}: truncated: tensor '{t.name}' needs bytes "
+            raise GGUFFormatError(f"{path}: truncated: tensor '{t.name}' needs bytes "
                             f"[{info.offset}, {info.offset + info.nbytes}) but the file has "
                             f"{size} bytes")
         out[t.name] = info
@@ -191,11 +191,11 @@ def _layer_schedule(meta: _Meta, arch: str, n_layer: int, interval: int) -> tupl
     recurrent = meta.raw("attention.recurrent_layers", None, required=False)
     if recurrent is not None:
         if len(recurrent) < n_layer:
-            raise GGUFError(f"{meta.path}: '{arch}.attention.recurrent_layers' has "
+            raise GGUFFormatError(f"{meta.path}: '{arch}.attention.recurrent_layers' has "
                             f"{len(recurrent)} entries, expected >= {n_layer}")
         return tuple("gdn" if recurrent[i] else "attn" for i in range(n_layer))
     if interval <= 0:
-        raise GGUFError(f"{meta.path}: '{arch}.full_attention_interval' must be > 0, "
+        raise GGUFFormatError(f"{meta.path}: '{arch}.full_attention_interval' must be > 0, "
                         f"found {interval}")
     return tuple("attn" if (il + 1) % interval == 0 else "gdn" for il in range(n_layer))
 
@@ -207,7 +207,7 @@ def _check_schedule(path: str, kinds: tuple[str, ...], names: set[str], interval
         has_qkv = f"blk.{il}.attn_qkv.weight" in names
         want, other = (("attn_q", "attn_qkv") if kind == "attn" else ("attn_qkv", "attn_q"))
         if (kind == "attn" and has_qkv and not has_q) or (kind == "gdn" and has_q and not has_qkv):
-            raise GGUFError(
+            raise GGUFFormatError(
                 f"{path}: layer schedule mismatch: full_attention_interval={interval} makes "
                 f"blk.{il} a {'full-attention' if kind == 'attn' else 'GDN'} layer "
                 f"(needs blk.{il}.{want}.weight), but the file has blk.{il}.{other}.weight "
@@ -220,13 +220,13 @@ def _validate_tensors(desc: ModelDesc, tensors: dict[str, TensorInfo]) -> None:
     for name, (shape, allowed) in expected.items():
         t = tensors.get(name)
         if t is None:
-            raise GGUFError(f"{path}: missing tensor '{name}' (expected shape {shape})")
+            raise GGUFFormatError(f"{path}: missing tensor '{name}' (expected shape {shape})")
         if t.qtype not in SUPPORTED_QTYPES:
             raise UnsupportedError(
                 f"{path}: tensor '{name}' has unsupported type {qtype_name(t.qtype)} "
                 f"({t.qtype}); supported: {', '.join(QTYPE_NAME[q] for q in SUPPORTED_QTYPES)}")
         if t.shape != shape:
-            raise GGUFError(f"{path}: tensor '{name}' has shape {t.shape}, expected {shape} "
+            raise GGUFFormatError(f"{path}: tensor '{name}' has shape {t.shape}, expected {shape} "
                             f"(NumPy order)")
         if t.qtype not in allowed:
             raise UnsupportedError(
@@ -248,7 +248,7 @@ def load_model_desc(path: str | os.PathLike[str]) -> ModelDesc:
     reader = _open_reader(path)
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
-        raise GGUFError(f"{path}: missing metadata key 'general.architecture'")
+        raise GGUFFormatError(f"{path}: missing metadata key 'general.architecture'")
     arch = str(_field_value(arch_field))
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedError(f"unsupported architecture '{arch}' "
@@ -275,7 +275,7 @@ def load_model_desc(path: str | os.PathLike[str]) -> ModelDesc:
 
     te = tensors.get("token_embd.weight")
     if te is None:
-        raise GGUFError(f"{path}: missing tensor 'token_embd.weight'")
+        raise GGUFFormatError(f"{path}: missing tensor 'token_embd.weight'")
     _require(len(te.shape) == 2, f"{path}: tensor 'token_embd.weight' has shape {te.shape}, "
                                  f"expected (n_vocab, {n_embd})")
     n_vocab = te.shape[0]
@@ -328,7 +328,7 @@ def read_tensor(desc_or_reader: Any, name: str, dtype: Any = np.float32) -> np.n
     if isinstance(desc_or_reader, ModelDesc):
         t = desc_or_reader.tensors.get(name)
         if t is None:
-            raise GGUFError(f"{desc_or_reader.path}: no tensor '{name}'")
+            raise GGUFFormatError(f"{desc_or_reader.path}: no tensor '{name}'")
         elems, nbytes = QTYPE_BLOCK[t.qtype]
         raw = np.memmap(desc_or_reader.path, dtype=np.uint8, mode="r", offset=t.offset,
                         shape=(t.nbytes,))
@@ -337,7 +337,7 @@ def read_tensor(desc_or_reader: Any, name: str, dtype: Any = np.float32) -> np.n
     else:
         found = [t for t in desc_or_reader.tensors if t.name == name]
         if not found:
-            raise GGUFError(f"no tensor '{name}' in the GGUF")
+            raise GGUFFormatError(f"no tensor '{name}' in the GGUF")
         t = found[0]
         raw, qtype = t.data, int(t.tensor_type)
         shape = tuple(int(n) for n in reversed(list(t.shape)))

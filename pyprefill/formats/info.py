@@ -17,6 +17,7 @@ import struct
 import sys
 from typing import Any
 
+from .._cli_args import nonempty_path
 from ..errors import PrefillError
 from .gguf_model import load_model_desc, qtype_name
 from .model_desc import QTYPE_BLOCK, ModelDesc
@@ -164,7 +165,8 @@ def describe_library(path: str | os.PathLike[str]) -> str:
         meta, tensors = {}, []          # validated by the library; the extras are a nicety
     arch = i["arch"]
     key = lambda k: meta.get(f"{arch}.{k}")   # noqa: E731
-    lines = [f"{path}", f"  arch: {arch}"]
+    lines = [f"{path}", "  verdict: valid: libprefill's reader and model checks accept it (those of "
+                        "`run` and Model.load)", f"  arch: {arch}"]
     if meta.get("general.name"):
         lines.append(f"  name: {meta['general.name']}")
     n_block = key("block_count")
@@ -205,7 +207,8 @@ def describe_python(path: str | os.PathLike[str]) -> str:
     """The summary with the Python reader's verdict (pyprefill.formats.gguf_model): arch, every
     ModelDesc field, layer schedule, tensor count and bytes per qtype, total."""
     desc: ModelDesc = load_model_desc(path)
-    lines = [f"{desc.path}", f"  arch: {desc.arch}"]
+    lines = [f"{desc.path}", "  verdict: valid for the Python reader (pyprefill.formats; the engine's own "
+                             "reader did not judge it)", f"  arch: {desc.arch}"]
     for f in dataclasses.fields(desc):
         if f.name in ("path", "arch", "tensors", "layer_kinds"):
             continue
@@ -264,6 +267,6 @@ def add_info_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=describe.__doc__.split("\n")[0] + " The verdict is "
                               "libprefill's, the one `pyprefill run` gives; without the library, "
                               "the Python reader's.")
-    p.add_argument("file", help="path to a .gguf file")
+    p.add_argument("file", type=nonempty_path, help="path to a .gguf file")
     p.set_defaults(func=_run)
     return p

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .._checks import int_arg, path_arg
+from .._cli_args import INT32_MAX, int_in, nonempty_path
 from .._progress import byte_bar
 from ..errors import InvalidArgumentError, PrefillError
 from .gguf_model import expected_tensors, load_model_desc
@@ -85,6 +87,11 @@ _SPECIAL_BASE = {"qwen3": 151643, "qwen35": 248044}  # id of <|endoftext|> in th
 _CHUNK_BYTES = 64 << 20
 
 
+def min_vocab() -> int:
+    """The smallest vocabulary a synthetic model can have: 256 byte tokens, the specials, one more."""
+    return 256 + len(_SPECIALS) + 1
+
+
 def preset_desc(model: str, n_layer: int | None = None, n_vocab: int | None = None,
                 path: str = "", interval: int | None = None) -> ModelDesc:
     """The ModelDesc a synthetic file of this preset would have (no tensors, nothing written).
@@ -99,8 +106,8 @@ def preset_desc(model: str, n_layer: int | None = None, n_vocab: int | None = No
     V = p.n_vocab if n_vocab is None else int(n_vocab)
     if L < 1:
         raise InvalidArgumentError(f"n_layer must be >= 1, got {L}")
-    if V < 256 + len(_SPECIALS) + 1:
-        raise InvalidArgumentError(f"n_vocab must be >= {256 + len(_SPECIALS) + 1} "
+    if V < min_vocab():
+        raise InvalidArgumentError(f"n_vocab must be >= {min_vocab()} "
                                    f"(256 byte tokens + specials), got {V}")
     iv = p.interval if interval is None else int(interval)
     if p.arch == "qwen3":
@@ -309,7 +316,8 @@ def write_synthetic(model: str, mix: str, out_path: str | os.PathLike[str], seed
     mix, model = mix.lower(), model.lower()   # "Q4_K_M" as llama.cpp writes it, or "q4_k_m"
     if mix not in MIXES:
         raise InvalidArgumentError(f"unknown quant mix '{mix}' (known: {', '.join(MIXES)})")
-    out_path = os.fspath(out_path)
+    out_path = path_arg(out_path, "out_path")
+    seed = int_arg(seed, "seed", 0)
     if os.path.isdir(out_path):
         raise InvalidArgumentError(f"{out_path}: is a directory (give the path of the .gguf to write)")
     parent = os.path.dirname(os.path.abspath(out_path))
@@ -370,7 +378,8 @@ def _run(args: argparse.Namespace) -> int:
             raise OSError(e.errno, e.strerror, args.output) from e
         raise
     size = os.path.getsize(args.output)
-    print(f"wrote {args.output}: {size / 2**30:.2f} GiB in {time.monotonic() - t0:.1f} s")
+    shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"   # tiny: MiB
+    print(f"wrote {args.output}: {shown} in {time.monotonic() - t0:.1f} s")
     return 0
 
 
@@ -381,10 +390,13 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, type=str.lower, choices=list(PRESETS), help="shape preset")
     p.add_argument("--quant", default="q4_k_m", type=str.lower, choices=list(MIXES),
                    help="quant mix, any case (Q4_K_M as llama.cpp writes it)")
-    p.add_argument("-o", "--output", required=True, help="output .gguf path")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=None, help="override the layer count")
-    p.add_argument("--vocab", type=int, default=None, help="override the vocabulary size")
+    p.add_argument("-o", "--output", required=True, type=nonempty_path, help="output .gguf path")
+    p.add_argument("--seed", type=int_in(0), default=0)
+    p.add_argument("--layers", type=int_in(1, INT32_MAX), default=None,
+                   help="override the layer count (>= 1)")
+    p.add_argument("--vocab", type=int_in(min_vocab(), INT32_MAX), default=None,
+                   help=f"override the vocabulary size (>= {min_vocab()}: 256 byte tokens, the "
+                        "specials and one merge)")
     p.add_argument("--exact", action="store_true",
                    help="quantize random normal weights instead of random blocks (slow)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -19,6 +19,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+from .._checks import token_id, token_ids
 from ..errors import InvalidArgumentError
 from ..formats.gguf_model import load_model_desc, read_tensor
 from ..formats.model_desc import ModelDesc
@@ -197,7 +198,7 @@ class ReferenceSession:
 
     def decode(self, token: int) -> np.ndarray:
         """One decode step: a prefill of one token; logits (V,)."""
-        return self.prefill([token], "last")
+        return self.prefill([token_id(token, "token", n_vocab=self.model.desc.n_vocab)], "last")
 
     def prefill(self, tokens: Sequence[int], logits: LogitsMode = "last") -> np.ndarray:
         """Run `tokens` at positions pos .. pos+T-1 and advance the session.
@@ -205,14 +206,10 @@ class ReferenceSession:
         Returns logits (V,) for "last", (T, V) for "all", an empty (0, V) array for "none".
         """
         m, d, dt = self.model, self.model.desc, self.model.dtype
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        T = ids.shape[0]
-        if logits not in ("last", "all", "none"):
+        if not isinstance(logits, str) or logits not in ("last", "all", "none"):
             raise InvalidArgumentError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
-        if T == 0:
-            raise InvalidArgumentError("prefill needs at least one token")
-        if ids.min() < 0 or ids.max() >= d.n_vocab:
-            raise InvalidArgumentError(f"token id out of range [0, {d.n_vocab})")
+        ids = token_ids(tokens, "tokens", n_vocab=d.n_vocab)     # the engine's own checks
+        T = ids.shape[0]
         pos0 = self.pos
         x = m.token_embd[ids].astype(dt)                                  # (T, d)
         for i, layer in enumerate(m.layers):

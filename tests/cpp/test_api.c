@@ -3,7 +3,10 @@
 #include "prefill.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int failures = 0;
 
@@ -20,6 +23,21 @@ static int failures = 0;
             failures++;                                                                      \
         }                                                                                    \
     } while (0)
+
+/* Writes `n` bytes of `bytes` to dir/name, expects pf_model_inspect to refuse it with `want` and
+ * a message holding `needle`, and removes the file. */
+static void expect_file(const char *dir, const char *name, const char *bytes, size_t n,
+                        pf_status want, const char *needle) {
+    char path[512];
+    pf_model_info mi;
+    FILE *f;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    f = fopen(path, "wb");
+    if (!f || fwrite(bytes, 1, n, f) != n) { fprintf(stderr, "FAIL cannot write %s\n", path); failures++; }
+    if (f) fclose(f);
+    EXPECT_STATUS(pf_model_inspect(path, &mi), want, needle);
+    unlink(path);
+}
 
 int main(void) {
     size_t bytes = 0;
@@ -93,6 +111,28 @@ int main(void) {
         if (m != NULL || ss != NULL) { fprintf(stderr, "FAIL out handles not NULL after failure\n"); failures++; }
         pf_session_destroy(NULL);
         pf_model_destroy(NULL);
+    }
+
+    /* GGUF files (0.6): IO_ERROR for a file that cannot be read, refused before it is opened when
+     * it is not a regular file (a FIFO would block the open); FORMAT_ERROR for its contents */
+    {
+        char dir[] = "/tmp/pf_test_api_XXXXXX";
+        char fifo[600];
+        pf_model_info mi;
+        if (!mkdtemp(dir)) { fprintf(stderr, "FAIL mkdtemp\n"); failures++; return 1; }
+        EXPECT_STATUS(pf_model_inspect(dir, &mi), PF_STATUS_IO_ERROR, "not a regular file (a directory)");
+        snprintf(fifo, sizeof fifo, "%s/fifo.gguf", dir);
+        if (mkfifo(fifo, 0600) != 0) { fprintf(stderr, "FAIL mkfifo\n"); failures++; }
+        EXPECT_STATUS(pf_model_inspect(fifo, &mi), PF_STATUS_IO_ERROR, "not a regular file (a FIFO)");
+        unlink(fifo);
+        expect_file(dir, "empty.gguf", "", 0, PF_STATUS_FORMAT_ERROR, "empty file (0 bytes): not a GGUF");
+        expect_file(dir, "notes.txt", "just some text here", 19, PF_STATUS_FORMAT_ERROR,
+                    "not a GGUF file (bad magic \"just\", expected \"GGUF\")");
+        expect_file(dir, "elf.so", "\177ELF", 4, PF_STATUS_FORMAT_ERROR, "bad magic \"\\x7fELF\"");
+        expect_file(dir, "short.gguf", "GG", 2, PF_STATUS_FORMAT_ERROR, "truncated GGUF (2 bytes");
+        expect_file(dir, "header.gguf", "GGUF\3\0\0\0", 8, PF_STATUS_FORMAT_ERROR,
+                    "truncated GGUF (8 bytes, the header alone is 24)");
+        if (rmdir(dir) != 0) { fprintf(stderr, "FAIL %s left behind\n", dir); failures++; }
     }
 
     /* kernel level (0.2): views, argument structs, and the checking order (scalars and shapes,

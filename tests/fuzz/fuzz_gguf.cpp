@@ -1,8 +1,9 @@
 // fuzz_gguf.cpp — libFuzzer target: the GGUF reader and the model validation that
 // pf_model_inspect / pf_model_load run before any device work, on arbitrary bytes.
-// Contract checked beyond "no crash, no leak, no UB" (ASan + UBSan): every failure is IO_ERROR or
-// UNSUPPORTED with a message; every tensor of a valid file lies inside the input (the upload
-// reads each one: so does this target, byte for byte); the inspect report matches the plan.
+// Contract checked beyond "no crash, no leak, no UB" (ASan + UBSan): every failure is FORMAT_ERROR
+// or UNSUPPORTED with a message (bytes in memory are never an IO_ERROR, the status of reading a
+// file); every tensor of a valid file lies inside the input (the upload reads each one: so does
+// this target, byte for byte); the inspect report matches the plan.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +18,7 @@
 namespace {
 
 void check_failure(pf_status s) {
-    if (s != PF_STATUS_IO_ERROR && s != PF_STATUS_UNSUPPORTED) broken(pf_status_name(s));
+    if (s != PF_STATUS_FORMAT_ERROR && s != PF_STATUS_UNSUPPORTED) broken(pf_status_name(s));
     if (pf_last_error()[0] == '\0') broken("a failure without a message");
 }
 

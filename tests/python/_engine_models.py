@@ -7,8 +7,14 @@ import os
 import struct
 
 
+def cache_dir() -> str:
+    """Where the synthetic models are kept between runs ($PF_TEST_TMP; conftest.py names it at
+    the end of a run that left files there)."""
+    return os.environ.get("PF_TEST_TMP", "/tmp/pyprefill-tests")
+
+
 def test_dir() -> str:
-    d = os.environ.get("PF_TEST_TMP", "/tmp/pyprefill-tests")
+    d = cache_dir()
     os.makedirs(d, exist_ok=True)
     return d
 

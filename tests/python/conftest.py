@@ -59,6 +59,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Name what the run leaves on disk: the synthetic models kept for the next run (GPU tests
+    write them once per machine; $PF_TEST_TMP moves them)."""
+    from _engine_models import cache_dir
+    d = cache_dir()
+    if not os.path.isdir(d):
+        return
+    files = [os.path.join(d, f) for f in os.listdir(d)]
+    size = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    if files:
+        terminalreporter.write_line(f"synthetic models kept for the next run: {d} ({len(files)} files, "
+                                    f"{size / 2**20:.0f} MiB; PF_TEST_TMP moves them, rm -r frees them)")
+
+
 @pytest.fixture(scope="session")
 def ctx():
     """One context for the GPU tests of the session (kernels, legs)."""

@@ -461,19 +461,29 @@ def test_bad_items_are_refused_before_any_change(rng):
             cases = [
                 ([dict(session=a, tokens=toks), dict(session=a, tokens=toks)], r"items\[0\] and items\[1\] name the same session"),
                 ([dict(session=a, tokens=toks), dict(session=foreign, tokens=toks)], r"items\[1\].session belongs to another model"),
-                ([dict(session=a, tokens=np.array([1, V, 2], np.int32))], r"items\[0\].tokens\[1\]=%d is outside" % V),
+                ([dict(session=a, tokens=np.array([1, V, 2], np.int32))], r"items\[0\]\.tokens\[1\] = %d is outside the vocabulary" % V),
                 ([dict(session=a, tokens=toks), dict(session=small, tokens=random_tokens(rng, 65, V))], r"items\[1\]: 65 tokens at position 0 exceed"),
-                ([], r"n_items=0"),
-                ([dict(session=a, tokens=np.zeros(0, np.int32))], r"items\[0\].n_tokens=0"),
+                ([], r"items: empty"),
+                ([dict(session=a, tokens=np.zeros(0, np.int32))], r"items\[0\]\.tokens: empty"),
                 ([dict(session=b2, tokens=toks), dict(session=f32kv, tokens=toks)], r"items\[1\].session has kv_dtype=1"),
             ]
             for items, match in cases:
                 with pytest.raises(errors.InvalidArgumentError, match=match):
                     b.plan(items)
-            # NULL and short buffers, through the C entry itself
+            # what Python refuses first, and NULL and short buffers, through the C entry itself
             c = ffi.new("pf_batch_item[]", 1)
-            ids = ffi.new("int32_t[]", [1, 2, 3])
+            ids = ffi.new("int32_t[]", [1, V, 3])
             c[0].session, c[0].tokens, c[0].n_tokens = a.ptr, ids, 3
+            c[0].logits_mode = lib.PF_LOGITS_NONE
+            st, msg = status_and_error(lib.pf_batch_plan(b.ptr, c, 1))
+            assert st == lib.PF_STATUS_INVALID_ARGUMENT and "items[0].tokens[1]=%d is outside" % V in msg, msg
+            ids[1] = 2
+            st, msg = status_and_error(lib.pf_batch_plan(b.ptr, c, 0))
+            assert st == lib.PF_STATUS_INVALID_ARGUMENT and "n_items=0" in msg, msg
+            c[0].n_tokens = 0
+            st, msg = status_and_error(lib.pf_batch_plan(b.ptr, c, 1))
+            assert st == lib.PF_STATUS_INVALID_ARGUMENT and "items[0].n_tokens=0" in msg, msg
+            c[0].n_tokens = 3
             c[0].logits_mode = lib.PF_LOGITS_ALL
             st, msg = status_and_error(lib.pf_batch_plan(b.ptr, c, 1))
             assert st == lib.PF_STATUS_INVALID_ARGUMENT and "items[0].logits is NULL" in msg, msg

@@ -112,25 +112,16 @@ def test_leg_variants_name_their_tuning():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["m.gguf", "--models", "qwen3-4b"], "--models"),
-    (["all", "--json"], "--json"),
-    (["model", "--models", "qwen9-huge"], "unknown preset"),
-    (["m.gguf", "-p", "5x"], "integers"),
-    (["m.gguf", "-p", "0"], "positive"),
-    (["kernels", "--families", "gdn,mla"], "unknown mla"),
-    (["model", "--gemm", "f99"], "--gemm: unknown leg 'f99'"),
-    (["m.gguf", "--gemm", "auto,f16/nofus"], "--gemm: unknown variant 'nofus' in 'f16/nofus'"),
-    (["model", "--quant", "q3_xl"], "--quant: unknown quant mix 'q3_xl'"),
-    (["kernels", "--reps", "0"], "--reps: 0 is less than 1"),
-    (["model", "--model-reps", "-2"], "--model-reps: -2 is less than 1"),
-    (["m.gguf", "--chunk", "-1"], "--chunk: -1 is less than 0"),
+    (["m.gguf", "--models", "qwen3-4b"], "--models picks the model suite's presets"),
+    (["all", "--json"], "the suites write JSON under --out"),
     (["all", "--out", "FILE"], "--out: FILE exists and is not a directory"),
     (["all", "--out", "FILE/sub"], "is not a directory"),
     (["model", "--gguf-dir", "FILE"], "--gguf-dir: FILE exists and is not a directory"),
     (["model", "--plot", "DIR"], "--plot: DIR is a directory"),
 ])
 def test_usage_errors(argv, words, tmp_path, capsys):
-    """Every argument is checked before a GPU is looked for: exit 2 and one line, on any machine."""
+    """An option that does not apply to the mode, or an output that cannot be written: exit 2 and
+    one line, on any machine, before a GPU is looked for."""
     (tmp_path / "f.txt").write_text("x")
     subst = {"FILE": str(tmp_path / "f.txt"), "FILE/sub": str(tmp_path / "f.txt" / "sub"),
              "DIR": str(tmp_path)}
@@ -139,6 +130,51 @@ def test_usage_errors(argv, words, tmp_path, capsys):
     assert cli.run(cli.build_parser().parse_args(argv)) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["model", "--models", "qwen9-huge"], "argument --models: unknown preset 'qwen9-huge' (known: qwen3-0.6b"),
+    (["m.gguf", "-p", "5x"], "argument -p/--lengths: '5x': [0] = '5x' is not a prompt length"),
+    (["m.gguf", "-p", "0"], "argument -p/--lengths: '0': [0] = 0 is not a prompt length >= 1"),
+    (["m.gguf", "-p", "512,,2048"], "argument -p/--lengths: '512,,2048': [1] is empty"),
+    (["m.gguf", "-p", "512", "16,-1"], "argument -p/--lengths: '16,-1': [1] = -1 is not a prompt length >= 1"),
+    (["kernels", "--families", "gdn,mla"], "argument --families: unknown family 'mla' (known: gemm, rows, gdn, attention)"),
+    (["model", "--gemm", "f99"], "argument --gemm: unknown leg 'f99' in 'f99'"),
+    (["m.gguf", "--gemm", "auto,f16/nofus"], "argument --gemm: unknown variant 'nofus' in 'f16/nofus'"),
+    (["model", "--quant", "q3_xl"], "argument --quant: unknown quant mix 'q3_xl'"),
+    (["batch", "--quant", "q3_xl"], "argument --quant: unknown quant mix 'q3_xl'"),
+    (["kernels", "--shapes", "llama-7b"], "argument --shapes: unknown preset 'llama-7b'"),
+    (["kernels", "--reps", "0"], "argument --reps: 0 is less than 1"),
+    (["model", "--model-reps", "-2"], "argument --model-reps: -2 is less than 1"),
+    (["m.gguf", "--chunk", "-1"], "argument --chunk: -1 is less than 0"),
+    (["m.gguf", "--chunk", "2k"], "argument --chunk: '2k' is not an integer"),
+    (["batch", "--steps", "2048,0"], "argument --steps: '2048,0': [1] = 0 is not a step size >= 1"),
+    (["m.gguf", "--memory-budget", "-1"], "argument --memory-budget: -1 is not a positive number (GiB)"),
+    (["m.gguf", "--memory-budget", "0"], "argument --memory-budget: 0 is not a positive number (GiB)"),
+    (["m.gguf", "--memory-budget", "24G"], "argument --memory-budget: '24G' is not a number (GiB)"),
+    (["m.gguf", "--memory-budget", "nan"], "argument --memory-budget: nan is not a positive number"),
+    (["m.gguf", "--out", ""], "argument --out: an empty path"),
+    (["", "-p", "16"], "argument FILE|kernels|model|all|batch: an empty path"),
+])
+def test_values_are_checked_where_they_are_parsed(argv, words, capsys):
+    """Each value is refused by argparse with its flag's name (exit 2), before anything runs."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"pyprefill bench: error: {words}" in err, err
+    assert "Traceback" not in err
+
+
+def test_plot_without_matplotlib_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    """--plot is checked before a benchmark runs, not skipped at its end."""
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main([str(TINY), "--plot", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "pyprefill bench: --plot: matplotlib is not installed (the `plot` extra: pip install matplotlib)"
 
 
 def test_mix_is_a_deprecated_spelling_of_quant(capsys):
@@ -162,27 +198,59 @@ def test_a_file_run_would_refuse_is_refused_before_the_gpu(tmp_path, capsys):
     bad.write_bytes(TINY.read_bytes()[:5000])
     assert cli.main([str(bad), "-p", "16"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("pyprefill bench: GGUFError: ") and "truncated GGUF" in err
+    assert err.startswith("pyprefill bench: GGUFFormatError: PF_STATUS_FORMAT_ERROR: ") and "truncated GGUF" in err
 
 
 def test_bad_choice_fails():
     assert _bench("all", "--peer", "vllm").returncode != 0
 
 
-def test_missing_file_is_an_error_on_any_machine(tmp_path, capsys):
-    assert cli.main([str(tmp_path / "missing.gguf")]) == 1
-    assert "no such file" in capsys.readouterr().err
+@pytest.mark.parametrize("case, words", [
+    ("missing", "MISSING: no such file (a GGUF file, or a suite: kernels, model, all, batch)"),
+    ("directory", "DIR: is a directory (a GGUF file, or a suite: kernels, model, all, batch)"),
+    ("fifo", "FIFO: not a regular file (a GGUF file, or a suite: kernels, model, all, batch)"),
+])
+def test_a_file_that_is_not_one_is_named_on_any_machine(case, words, tmp_path, capsys):
+    paths = {"MISSING": str(tmp_path / "missing.gguf"), "DIR": str(tmp_path / "adir"),
+             "FIFO": str(tmp_path / "fifo.gguf")}
+    os.mkdir(paths["DIR"])
+    os.mkfifo(paths["FIFO"])
+    key = {"missing": "MISSING", "directory": "DIR", "fifo": "FIFO"}[case]
+    assert cli.main([paths[key]]) == 1
+    assert capsys.readouterr().err.strip() == f"pyprefill bench: {words.replace(key, paths[key])}"
+
+
+def _run_line(*argv) -> tuple[int, str]:
+    """`pyprefill run ...`'s exit status and stderr, in a fresh interpreter."""
+    r = subprocess.run([sys.executable, "-m", "pyprefill", "run", *argv], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    return r.returncode, r.stderr
 
 
 @pytest.mark.skipif(_has_gpu(), reason="a GPU is present: the real run is device-check.sh's")
-@pytest.mark.parametrize("argv", [["all", "--quick", "--out", "OUT"],
-                                  [str(TINY), "-p", "16", "--json"]], ids=["suites", "file"])
-def test_no_gpu_skips_with_status_0(tmp_path, argv):
-    argv = [str(tmp_path) if a == "OUT" else a for a in argv]
-    r = _bench(*argv, "--plot", str(tmp_path / "p.png"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "no GPU: benchmarks skipped" in r.stdout
-    assert "Traceback" not in r.stderr
+@pytest.mark.parametrize("argv", [["all", "--quick", "--out", "OUT"], ["FILE", "-p", "16", "--json"],
+                                  ["FILE", "-p", "16", "--chunk", "0"],
+                                  ["FILE", "--memory-budget", "24"], ["batch", "--quick"]],
+                         ids=["suites", "file", "chunk-0", "memory-budget", "batch"])
+def test_no_gpu_is_a_failure_with_runs_words(tmp_path, argv):
+    """Nothing measured is no pass: exit 1, and on stderr the one line `pyprefill run` prints for
+    this machine (the library's NoDeviceError and its reason, or why the library cannot load)."""
+    argv = [str(tmp_path) if a == "OUT" else str(TINY) if a == "FILE" else a for a in argv]
+    r = _bench(*argv)
+    run_rc, run_err = _run_line(str(TINY), "--tokens", "1")
+    assert r.returncode == 1 == run_rc, r.stdout + r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].removeprefix("pyprefill bench: ") == run_err.strip().splitlines()[0].removeprefix("pyprefill run: ")
+    assert lines[0].startswith("pyprefill bench: ")
+    assert not list(tmp_path.iterdir())            # no report written for a run that did not happen
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: the real run is device-check.sh's")
+def test_no_gpu_with_a_plot_is_a_failure_too(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the `plot` extra) is not installed here")
+    r = _bench(str(TINY), "-p", "16", "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 1 and r.stderr.startswith("pyprefill bench: ") and not (tmp_path / "p.png").exists()
 
 
 # ------------------------------------------------------------------------------ timer

@@ -285,7 +285,7 @@ def test_cli_file_and_model_suite_on_a_fake_device(monkeypatch, tmp_path, capsys
     from pyprefill.bench import cli
     monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
     monkeypatch.setattr(pyprefill.model, "Model", FakeModel)
-    monkeypatch.setattr(cli, "detect_gpu", lambda: (True, ""))
+    monkeypatch.setattr(cli, "_no_device_line", lambda suite: None)   # a device is there
     path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_tiny.f32.gguf")
     assert cli.main([path, "-p", "16,32", "--peer", "none", "--json", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr()

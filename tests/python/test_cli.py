@@ -24,6 +24,8 @@ def test_synth_then_info(tmp_path, capsys):
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "arch: qwen35" in out and "Q4_K" in out
+    assert ("  verdict: valid: libprefill's reader and model checks accept it (those of `run` and "
+            "Model.load)") in out.splitlines()
 
 
 def test_engine_commands_fail_cleanly(tmp_path, capsys):
@@ -75,6 +77,7 @@ def _fails_in_one_line(capsys, argv, needle, rc=1):
     assert lines[0].startswith(f"pyprefill {argv[0]}"), lines[0]
     assert needle in lines[0], f"{argv}: {lines[0]!r} lacks {needle!r}"
     assert "Traceback" not in err
+    return lines[0]
 
 
 def test_synth_into_a_missing_directory_is_one_line(tmp_path):
@@ -89,15 +92,23 @@ def test_synth_into_a_missing_directory_is_one_line(tmp_path):
                                   "missing_dir does not exist")
 
 
-@pytest.mark.parametrize("case", ["dir_output", "file_as_dir", "bad_layers", "bad_vocab",
+@pytest.mark.parametrize("case", ["dir_output", "file_as_dir", "empty_output", "bad_layers",
+                                  "bad_vocab", "huge_vocab", "negative_seed", "text_seed",
                                   "unknown_quant", "unknown_model"])
 def test_synth_user_mistakes(case, tmp_path, capsys):
+    """Each value is checked where it is parsed, with the flag's name (exit 2), or by the writer
+    before it creates anything (exit 1); no message from the gguf writer or NumPy, no file."""
     (tmp_path / "f.txt").write_text("x")
+    out = str(tmp_path / "m.gguf")
     argv, needle, rc = {
         "dir_output": (["-o", str(tmp_path)], "is a directory", 1),
         "file_as_dir": (["-o", str(tmp_path / "f.txt" / "m.gguf")], "is not a directory", 1),
-        "bad_layers": (["-o", str(tmp_path / "m.gguf"), "--layers", "0"], "n_layer must be >= 1", 1),
-        "bad_vocab": (["-o", str(tmp_path / "m.gguf"), "--vocab", "10"], "n_vocab must be >=", 1),
+        "empty_output": (["-o", ""], "argument -o/--output: an empty path", 2),
+        "bad_layers": (["-o", out, "--layers", "0"], "argument --layers: 0 is less than 1", 2),
+        "bad_vocab": (["-o", out, "--vocab", "10"], "argument --vocab: 10 is less than 260", 2),
+        "huge_vocab": (["-o", out, "--vocab", str(2**31)], "argument --vocab: 2147483648 is more than", 2),
+        "negative_seed": (["-o", out, "--seed", "-1"], "argument --seed: -1 is less than 0", 2),
+        "text_seed": (["-o", out, "--seed", "x"], "argument --seed: 'x' is not an integer", 2),
         "unknown_quant": (["-o", str(tmp_path / "m.gguf"), "--quant", "q3_xl"], "invalid choice", 2),
         "unknown_model": (["-o", str(tmp_path / "m.gguf"), "--model", "llama-7b"], "invalid choice", 2),
     }[case]
@@ -132,8 +143,8 @@ def test_quant_names_in_any_case_in_the_python_api():
     assert choose_qtype("blk.0.ffn_up.weight", w, "Q8_0") == choose_qtype("blk.0.ffn_up.weight", w, "q8_0") == 8
 
 
-BAD_FILES = ["missing", "directory", "not_gguf", "short_text", "empty", "truncated_header",
-             "truncated_data", "wrong_arch"]
+BAD_FILES = ["missing", "directory", "fifo", "not_gguf", "short_text", "text_19_bytes", "empty",
+             "truncated_header", "truncated_data", "extra_tensor_count", "wrong_arch"]
 
 
 def _bad_file(case, tmp_path, tiny_gguf):
@@ -142,6 +153,15 @@ def _bad_file(case, tmp_path, tiny_gguf):
     data = open(tiny_gguf, "rb").read()
     if case == "directory":
         path = tmp_path
+    elif case == "fifo":                   # open() would block until a writer came: refused first
+        os.mkfifo(path)
+    elif case == "text_19_bytes":
+        path.write_text("just some text here")
+    elif case == "extra_tensor_count":     # the header claims one tensor more than it holds
+        import struct
+        raw = bytearray(data)
+        struct.pack_into("<Q", raw, 8, struct.unpack_from("<Q", raw, 8)[0] + 1)
+        path.write_bytes(bytes(raw))
     elif case == "not_gguf":
         path.write_text("hello world, this is not a model at all. " * 10)
     elif case == "short_text":
@@ -155,17 +175,28 @@ def _bad_file(case, tmp_path, tiny_gguf):
     elif case == "wrong_arch":
         from gguf_helpers import tiny_desc, write_gguf
         path = write_gguf(path, tiny_desc("qwen3-tiny"), arch="llama")
-    needle = {"missing": "cannot open", "directory": "not a regular file",
-              "not_gguf": "not a GGUF", "short_text": "truncated GGUF", "empty": "truncated GGUF",
-              "truncated_header": "truncated GGUF", "truncated_data": "truncated GGUF",
-              "wrong_arch": "llama"}[case]
+    io, fmt = "GGUFError: PF_STATUS_IO_ERROR: ", "GGUFFormatError: PF_STATUS_FORMAT_ERROR: "
+    needle = {"missing": (io, "cannot open: No such file"),
+              "directory": (io, "not a regular file (a directory)"),
+              "fifo": (io, "not a regular file (a FIFO)"),
+              "not_gguf": (fmt, 'not a GGUF file (bad magic "hell", expected "GGUF")'),
+              "short_text": (fmt, 'not a GGUF file (bad magic "hell", expected "GGUF")'),
+              "text_19_bytes": (fmt, 'not a GGUF file (bad magic "just", expected "GGUF")'),
+              "empty": (fmt, "empty file (0 bytes): not a GGUF file"),
+              "truncated_header": (fmt, "truncated GGUF"),
+              "truncated_data": (fmt, "truncated GGUF"),
+              "extra_tensor_count": (fmt, "has an empty name; is tensor_count too large?"),
+              "wrong_arch": ("UnsupportedError: ", "llama")}[case]
     return str(path), needle
 
 
 @pytest.mark.parametrize("case", BAD_FILES)
 def test_info_user_mistakes(case, tmp_path, tiny_gguf, capsys):
-    path, needle = _bad_file(case, tmp_path, tiny_gguf)
-    _fails_in_one_line(capsys, ["info", path], needle)
+    """One line each, with the status that names the class of fault: IO_ERROR for a file that
+    cannot be read, FORMAT_ERROR for its contents (GGUFFormatError, a GGUFError)."""
+    path, (kind, words) = _bad_file(case, tmp_path, tiny_gguf)
+    line = _fails_in_one_line(capsys, ["info", path], words)
+    assert line.startswith(f"pyprefill info: {kind}"), line
 
 
 @pytest.mark.parametrize("case", BAD_FILES)
@@ -209,30 +240,47 @@ def test_info_without_the_library_says_so(tmp_path, tiny_gguf):
     assert out.stderr.startswith("note: libprefill is not loadable (cannot load libprefill")
     assert "the Python reader checked this file instead" in out.stderr
     assert "arch: qwen3" in out.stdout and "Q8_0" in out.stdout
+    assert out.stdout.splitlines()[1].startswith("  verdict: valid for the Python reader")
     (tmp_path / "bad.gguf").write_bytes(open(tiny_gguf, "rb").read()[:5000])
     out = subprocess.run([sys.executable, "-m", "pyprefill", "info", str(tmp_path / "bad.gguf")],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "pyprefill info: GGUFError:" in out.stderr
+    assert "pyprefill info: GGUFFormatError: " in out.stderr     # the Python reader: the same class
 
 
-@pytest.mark.parametrize("case", ["missing", "not_gguf", "bad_token", "no_tokens", "negative",
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "empty_path", "bad_token", "no_tokens",
+                                  "empty_item", "trailing_comma", "negative", "beyond_int32",
                                   "beyond_vocab", "longer_than_context", "n_predict", "chunk"])
 def test_run_user_mistakes(case, tmp_path, tiny_gguf, short_context_gguf, capsys):
-    (tmp_path / "notes.txt").write_text("not a model")
+    """--tokens is checked where it is parsed (exit 2, naming the item by its index from 0 and
+    its value: never read as another prompt); the vocabulary once the file is read (exit 1)."""
+    (tmp_path / "notes.txt").write_text("not a model, just a note in a text file")
     argv, needle, rc = {
         "missing": ([str(tmp_path / "none.gguf"), "--tokens", "1"], "cannot open", 1),
-        "not_gguf": ([str(tmp_path / "notes.txt"), "--tokens", "1"], "truncated GGUF", 1),
-        "bad_token": ([tiny_gguf, "--tokens", "1,x,3"], "'x' is not a token id", 1),
-        "no_tokens": ([tiny_gguf, "--tokens", " , "], "no token ids given", 1),
-        "negative": ([tiny_gguf, "--tokens", "5 -1"], "-1 is not a token id", 1),
-        "beyond_vocab": ([tiny_gguf, "--tokens", "1,1024"], "outside the model's vocabulary [0, 1024)", 1),
+        "not_gguf": ([str(tmp_path / "notes.txt"), "--tokens", "1"], "not a GGUF file", 1),
+        "empty_path": (["", "--tokens", "1"], "argument file: an empty path", 2),
+        "bad_token": ([tiny_gguf, "--tokens", "1,x,3"], "argument --tokens: '1,x,3': [1] = 'x' is not a token id", 2),
+        "no_tokens": ([tiny_gguf, "--tokens", " , "], "argument --tokens: ' , ': no token ids given", 2),
+        "empty_item": ([tiny_gguf, "--tokens", "1,,2"], "argument --tokens: '1,,2': [1] is empty", 2),
+        "trailing_comma": ([tiny_gguf, "--tokens", "1,2,"], "'1,2,': [2] is empty", 2),
+        "negative": ([tiny_gguf, "--tokens", "5 -1"], "'5 -1': [1] = -1 is not a token id in [0, 2147483647]", 2),
+        "beyond_int32": ([tiny_gguf, "--tokens", "4294967301"], "[0] = 4294967301 is not a token id", 2),
+        "beyond_vocab": ([tiny_gguf, "--tokens", "1,1024"], "--tokens[1] = 1024 is outside the vocabulary [0, 1024)", 1),
         "longer_than_context": ([short_context_gguf, "--tokens", ",".join(["7"] * 12)],
                                 "context_length is 16", 1),
-        "n_predict": ([tiny_gguf, "--tokens", "1", "--n-predict", "-1"], "--n-predict", 2),
-        "chunk": ([tiny_gguf, "--tokens", "1", "--chunk", "0"], "--chunk", 2),
+        "n_predict": ([tiny_gguf, "--tokens", "1", "--n-predict", "-1"], "argument --n-predict: -1 is less than 0", 2),
+        "chunk": ([tiny_gguf, "--tokens", "1", "--chunk", "-1"], "argument --chunk: -1 is less than 0", 2),
     }[case]
     _fails_in_one_line(capsys, ["run", *argv], needle, rc)
+
+
+def test_run_and_bench_take_chunk_0_alike():
+    """--chunk 0 is the session's own chunk in both (the README's bench line uses it)."""
+    from pyprefill.cli import build_parser
+    assert build_parser().parse_args(["run", "m.gguf", "--tokens", "1", "--chunk", "0"]).chunk == 0
+    assert build_parser().parse_args(["run", "m.gguf", "--tokens", "1"]).chunk == 0
+    assert build_parser().parse_args(["bench", "m.gguf", "--chunk", "0"]).chunk == 0
+    assert build_parser().parse_args(["run", "m.gguf", "--tokens", "1, 2 3"]).tokens == [1, 2, 3]
 
 
 def test_run_without_a_gpu_is_one_line(tiny_gguf, capsys):
@@ -253,6 +301,22 @@ def test_run_on_a_gpu(tiny_gguf, capsys):
 def test_run_prompt_at_the_context_limit_fits(short_context_gguf, capsys):
     """12 prompt tokens + 3 predicted + 1 = 16 positions: exactly the context length."""
     assert main(["run", short_context_gguf, "--tokens", ",".join(["7"] * 12), "--n-predict", "3"]) == 0
+
+
+def test_demo_names_its_models_and_removes_a_temporary_dir(tmp_path, capsys):
+    """Without --dir the synthetic models go to a temporary directory that the output names and
+    the end removes (it used to stay, 6 MB a run, unnamed); --dir keeps them, named, for the next
+    run to reuse."""
+    import re
+    assert main(["demo", "--length", "4"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"^synthetic models in (\S+) \(removed at the end; --dir DIR keeps them\)$", out, re.M)
+    assert m, out
+    assert os.path.basename(m.group(1)).startswith("pyprefill-demo-") and not os.path.exists(m.group(1))
+    keep = tmp_path / "models"
+    assert main(["demo", "--length", "4", "--dir", str(keep)]) == 0
+    assert f"synthetic models in {keep} (kept)" in capsys.readouterr().out
+    assert sorted(p.name for p in keep.iterdir()) == ["qwen3-tiny-q8_0.gguf", "qwen35-tiny-q4_k_m.gguf"]
 
 
 def test_demo_user_mistakes(tmp_path, capsys):

@@ -96,3 +96,36 @@ def test_a_wrapped_cause_survives(tmp_path):
     msg = str(info.value)
     assert msg.count("malformed tensor") == 1, msg
     assert f"k={ne0 - 12} is not a multiple of the Q8_0 block size 32" in msg, msg
+
+
+def test_reading_and_contents_have_their_own_status(tmp_path):
+    """IO_ERROR (GGUFError) for a file that cannot be read; FORMAT_ERROR (GGUFFormatError, a
+    GGUFError too, so `except GGUFError` keeps working) for its contents."""
+    from pyprefill._ffi import lib
+    with pytest.raises(errors.GGUFError) as info:
+        inspect(str(tmp_path / "none.gguf"))
+    assert not isinstance(info.value, errors.GGUFFormatError)
+    assert info.value.status == lib.PF_STATUS_IO_ERROR and "PF_STATUS_IO_ERROR" in str(info.value)
+    with pytest.raises(errors.GGUFError) as info:
+        inspect(str(tmp_path))
+    assert info.value.status == lib.PF_STATUS_IO_ERROR and "not a regular file (a directory)" in str(info.value)
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGML" + bytes(100))
+    with pytest.raises(errors.GGUFFormatError) as info:
+        inspect(str(p))
+    assert info.value.status == lib.PF_STATUS_FORMAT_ERROR and isinstance(info.value, OSError)
+    assert 'not a GGUF file (bad magic "GGML", expected "GGUF")' in str(info.value)
+
+
+def test_a_tensor_count_too_large_is_named(tmp_path):
+    """One tensor more in the header than in the file: the padding or the data after the last
+    tensor info is read as one; the message names the info's index and the count (the CLI test
+    has the file whose padding reads as an empty name: "is tensor_count too large?")."""
+    import struct
+    raw = bytearray(open(GOOD, "rb").read())
+    n = struct.unpack_from("<Q", raw, 8)[0]
+    struct.pack_into("<Q", raw, 8, n + 1)
+    p = tmp_path / "extra.gguf"
+    p.write_bytes(bytes(raw))
+    with pytest.raises(errors.GGUFFormatError, match=rf"tensor info {n} of tensor_count {n + 1}, at byte \d+"):
+        inspect(str(p))

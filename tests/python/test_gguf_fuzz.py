@@ -1,5 +1,7 @@
 """The library's GGUF reader on corrupted files: every mutation either validates or raises a
-typed error; nothing crashes the process (CPU: pf_model_inspect needs no device)."""
+typed error, GGUFFormatError (PF_STATUS_FORMAT_ERROR: the bytes of a readable file are never an
+IO_ERROR) or UnsupportedError; nothing crashes the process (CPU: pf_model_inspect needs no
+device)."""
 import os
 
 import numpy as np
@@ -45,11 +47,11 @@ def test_corrupt_files_never_crash(tmp_path, name):
         try:
             inspect(str(path))
             outcomes["ok"] += 1
-        except (errors.GGUFError, errors.UnsupportedError) as exc:
+        except (errors.GGUFFormatError, errors.UnsupportedError) as exc:
             assert str(exc), "an error without a message"
             outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
     # a flip inside a string or an unused key may still validate; most mutations must be caught
-    assert outcomes.get("GGUFError", 0) + outcomes.get("UnsupportedError", 0) > 150, outcomes
+    assert outcomes.get("GGUFFormatError", 0) + outcomes.get("UnsupportedError", 0) > 150, outcomes
 
 
 REGRESSIONS = os.path.join(os.path.dirname(__file__), "..", "fuzz", "regressions", "gguf")
@@ -59,6 +61,6 @@ REGRESSIONS = os.path.join(os.path.dirname(__file__), "..", "fuzz", "regressions
 def test_fuzz_findings_are_typed_errors(name):
     """Each input scripts/fuzz.sh once crashed on (UB, a huge allocation) is now a typed error
     through the public entry point, with a message naming the fault."""
-    with pytest.raises((errors.GGUFError, errors.UnsupportedError)) as info:
+    with pytest.raises((errors.GGUFFormatError, errors.UnsupportedError)) as info:
         inspect(os.path.join(REGRESSIONS, name))
     assert name in str(info.value)   # the message names the file (and then the fault)

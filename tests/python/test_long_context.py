@@ -233,16 +233,16 @@ def test_full_depth_long_prefill_is_finite(preset):
     assert finite, f"{preset}: NaN/Inf in the last logits after {TOKENS} tokens"
 
 
-def test_position_reference_matches_the_whole_sequence_reference():
+def test_position_reference_matches_the_whole_sequence_reference(tmp_path):
     """CPU: the shortcut references equal ReferenceModel.prefill(..., "all") at the positions,
-    for each one-layer model, on a short prompt (small vocab to keep it quick)."""
+    for each one-layer model, on a short prompt (small vocab to keep it quick). The models go to
+    tmp_path: a CPU run leaves nothing in $PF_TEST_TMP (60 MB stayed there)."""
     from pyprefill.formats.synth import write_synthetic
     from pyprefill.reference.model import ReferenceModel
     for name, (preset, n_layer, interval) in SHORT.items():
-        path = os.path.join(_test_dir(), f"poscheck-{name}.gguf")
-        if not os.path.exists(path):
-            write_synthetic(preset, "q8_0", path, seed=3, progress=False, n_layer=n_layer,
-                            n_vocab=512, interval=interval)
+        path = str(tmp_path / f"poscheck-{name}.gguf")
+        write_synthetic(preset, "q8_0", path, seed=3, progress=False, n_layer=n_layer,
+                        n_vocab=512, interval=interval)
         ref = ReferenceModel(path, np.float64)
         ids = random_tokens(np.random.default_rng(5), 150, ref.desc.n_vocab)
         positions = [0, 63, 64, 149]

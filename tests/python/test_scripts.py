@@ -179,6 +179,77 @@ def test_scripts_are_bash_clean():
         assert _bash("-n", ROOT / "scripts" / name).returncode == 0, name
 
 
+# ------------------------------------------------------------------------ test.sh's live view
+
+CTEST_V = """\
+UpdateCTestConfiguration  from :/b/DartConfiguration.tcl
+Test project /b
+Constructing a list of tests
+Checking test dependency graph end
+test 3
+    Start 3: api_checks
+
+3: Test command: /b/tests/test_api
+3: Working Directory: /b/tests
+3: Test timeout computed to be: 10000000
+3: test_api: 0 device(s), 0 failure(s)
+1/2 Test #3: api_checks .......................   Passed    0.07 sec
+test 5
+    Start 5: pytest
+
+5: Test command: /v/python "-m" "pytest" "-q" "-rs" "/w/tests/python"
+5: Working Directory: /b/tests
+5: Environment variables: 
+5:  PYPREFILL_LIBRARY=/b/libprefill.so
+5:  PYTHONUNBUFFERED=1
+5: Environment variable modifications: 
+5:  PYTHONPATH=path_list_prepend:/w
+5: Test timeout computed to be: 3000
+5: ....ss....  [ 10%]
+5:   an indented line of a test's output
+2/2 Test #5: pytest ...........................   Passed   41.60 sec
+
+The following tests passed:
+\tapi_checks
+\tpytest
+
+100% tests passed, 0 tests failed out of 2
+"""
+
+
+def test_ctest_progress_shows_the_tests_output_and_hides_the_preamble():
+    r = subprocess.run(["awk", "-f", str(ROOT / "scripts" / "ctest-progress.awk")], input=CTEST_V,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "    Start 3: api_checks",
+        "      test_api: 0 device(s), 0 failure(s)",
+        "1/2 Test #3: api_checks .......................   Passed    0.07 sec",
+        "    Start 5: pytest",
+        "      ....ss....  [ 10%]",
+        "        an indented line of a test's output",
+        "2/2 Test #5: pytest ...........................   Passed   41.60 sec",
+        "100% tests passed, 0 tests failed out of 2"]
+    assert "awk -f scripts/ctest-progress.awk" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_a_run_names_the_models_it_keeps(tmp_path):
+    """conftest.py ends a run with the place and size of the synthetic models kept for the next
+    one ($PF_TEST_TMP), and says nothing when there are none."""
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PF_TEST_TMP=str(cache),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "python"), str(ROOT)]))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+           "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0 and "synthetic models kept" not in r.stdout, r.stdout + r.stderr
+    cache.mkdir()
+    (cache / "m.gguf").write_bytes(bytes(3 << 20))
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert f"synthetic models kept for the next run: {cache} (1 files, 3 MiB;" in r.stdout, r.stdout
+
+
 # ------------------------------------------------------------------------ test_summary.py
 
 CTEST_LOG = """\
@@ -228,6 +299,27 @@ def test_readme_commands_exist():
     for cmd in ("bash scripts/demo.sh", "bash scripts/test.sh"):
         assert cmd in readme
     assert "pyprefill demo" in (ROOT / "scripts" / "demo.sh").read_text()
+
+
+def test_readme_names_what_exists():
+    """The README's install line names the extras pyproject.toml defines; its CMakeLists asks for
+    this version of the package; the tiny presets it offers for a machine without a GPU exist."""
+    readme = (ROOT / "README.md").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    m = re.search(r'pip install -v "\.\[([\w,]+)\]"', readme)
+    assert m, "no one-command install with the extras in the README"
+    for extra in m.group(1).split(","):
+        assert re.search(rf"^{extra} = \[", pyproject, re.M), extra
+    header = (ROOT / "include" / "prefill.h").read_text()
+    major_minor = ".".join(re.search(rf"#define PF_VERSION_{p} (\d+)", header).group(1)
+                           for p in ("MAJOR", "MINOR"))
+    for doc in (readme, (ROOT / "docs" / "usage.md").read_text(),
+                (ROOT / "tests" / "consumer" / "CMakeLists.txt").read_text()):
+        assert re.findall(r"find_package\(prefill ([\d.]+)", doc) == [major_minor]
+    from pyprefill.formats.synth import PRESETS
+    tiny = re.findall(r"`(qwen3\w*-tiny[\w-]*)`", readme)
+    assert len(tiny) >= 4 and all(t in PRESETS for t in tiny), tiny
+    assert {p for p in PRESETS if "tiny" in p} <= set(tiny)
 
 
 # ------------------------------------------------------------------------ the repository's docs
