@@ -1,5 +1,5 @@
 """Argparse pieces shared by the `pyprefill` subcommands (cli.py, model_cli.py, bench/cli.py,
-formats/info.py, formats/synth.py).
+info_cli.py, formats/synth.py).
 
 - Value types that check a value where argparse parses it, so that a bad one is refused with its
   flag's name ("pyprefill run: error: argument --chunk: -1 is less than 0", exit 2) before

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     def add_info_parser(s):
-        from .formats.info import add_info_parser as reg
+        from .info_cli import add_info_parser as reg
         reg(s)
 
     def add_synth_parser(s):

@@ -1,5 +1,5 @@
 // defaults.h — the defaults of the options, one constant each (the C API's option structs say
-// "0 = default" or their _init sets them; the Python package mirrors the first two).
+// "0 = default" or their _init sets them; pyprefill/_defaults.py mirrors the first two).
 // Names: a step's rows are "step rows" (pf_session_options.chunk_tokens, pf_batch_options.step_tokens
 // in the API: rows of all its items that one pass through the layers runs); a sequence's
 // positions are its "capacity" (pf_session_options.max_tokens, pf_batch_options.max_context).

@@ -7,7 +7,7 @@ import pytest
 
 from pyprefill.errors import InvalidArgumentError
 from pyprefill.formats.gguf_model import expected_tensors, load_model_desc, read_tensor
-from pyprefill.formats.info import add_info_parser, describe
+from pyprefill.info_cli import add_info_parser, describe
 from pyprefill.formats.model_desc import (QTYPE_BF16, QTYPE_F32, QTYPE_IQ4_XS, QTYPE_Q4_K,
                                           QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_0, row_bytes)
 from pyprefill.formats.synth import (MIXES, PRESETS, add_synth_parser, preset_desc,

@@ -11,8 +11,11 @@ PKG = ROOT / "pyprefill"
 
 # cli.py -> the subcommand modules -> _cli_args.py (a leaf)
 CLI = "pyprefill.cli"
-SUBCOMMANDS = ["pyprefill.model_cli", "pyprefill.bench.cli", "pyprefill.formats.info",
+SUBCOMMANDS = ["pyprefill.model_cli", "pyprefill.bench.cli", "pyprefill.info_cli",
                "pyprefill.formats.synth"]
+# pyprefill/formats/ is the file formats' pure Python (the reference reads through it): it never
+# imports the binding (_ffi, core, model) or the kernels.
+BINDING = ("pyprefill._ffi", "pyprefill.core", "pyprefill.model", "pyprefill.kernels", "pyprefill._errors")
 LEAF = "pyprefill._cli_args"
 
 
@@ -46,6 +49,14 @@ def test_subcommands_never_import_the_cli():
     for module in SUBCOMMANDS:
         got = _imports(module)
         assert CLI not in got and not any(n.startswith(CLI + ".") for n in got), (module, got)
+
+
+def test_formats_never_import_the_binding():
+    for path in sorted((PKG / "formats").glob("*.py")):
+        module = "pyprefill.formats." + path.stem
+        got = _imports(module)
+        bad = sorted(n for n in got if n.startswith(BINDING))
+        assert not bad, f"{module} imports the binding: {bad}"
 
 
 def test_the_cli_reaches_its_helpers_through_the_leaf():
