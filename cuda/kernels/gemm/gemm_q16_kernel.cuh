@@ -8,14 +8,20 @@
 //
 // The block (the structure of the 8-bit leg's gemm_i8_kernel.cuh, the weight side dequantized
 // in the block instead of loaded ready):
-//  - 384 threads: a producer warpgroup and two consumer warpgroups. A block owns a 128-row x
-//    128-column output tile (kBM x kBN): each consumer the products of 64 rows of X, the
-//    producer the operands. K runs in stages of kBK = 64 columns (one 128-byte swizzled row of
-//    fp16 per matrix row, the layout wgmma reads: ptx/hopper.cuh).
-//  - The producer's thread 0 loads a stage's X tile (128 x 64 fp16) with TMA; all 128 producer
+//  - 512 threads: two producer warpgroups and two consumer warpgroups. A block owns a 256-row x
+//    128-column output tile (kBM x kBN): each consumer the products of 128 rows of X (two
+//    64-row accumulators: a decoded W tile serves 256 rows, which halves the decoding per
+//    product against 128-row tiles), the producers the operands; setmaxnreg gives the consumers
+//    168 registers and the producers 88. Two producer warpgroups, not one: the decoding is a chain of
+//    dependent shared-memory reads and conversions, and one warp per SM sub-partition left the
+//    tensor cores waiting (first GPU run: 0.25x cuBLAS on the cache at 2048 rows; 2 warps per
+//    sub-partition and the passes unrolled give each sub-partition independent work). K runs in
+//    stages of kBK = 64 columns (one 128-byte swizzled row of fp16 per matrix row, the layout
+//    wgmma reads: ptx/hopper.cuh).
+//  - The producers' thread 0 loads a stage's X tile (256 x 64 fp16) with TMA; all 256 producer
 //    threads write the stage's W tile (128 weight rows x 64 columns, fp16, swizzled) from the
 //    raw blocks, 8 columns of one row per thread and pass (decode8_stage), then fence the async
-//    proxy and arrive on the stage's "full" barrier (129 arrivals: 128 + thread 0's TMA one).
+//    proxy and arrive on the stage's "full" barrier (257 arrivals: 256 + thread 0's TMA one).
 //  - The raw blocks come through shared memory in "supersteps" of 256 columns (one K-quant block
 //    of each row, 8 Q4_0 / Q8_0 blocks): while the producer decodes the four stages of superstep
 //    j, the copies of superstep j + 1 are in flight into the other of two raw buffers (cp.async:
@@ -23,7 +29,7 @@
 //    k % 256 == 0; 4-byte words otherwise, the segment then sitting 0 or 2 bytes into its slot,
 //    which the even-offset decoders read). Each weight row has a slot of kSlot bytes, 32 mod 64
 //    so that the 4 rows a warp decodes at once read distinct banks.
-//  - A consumer waits for a stage, issues 4 x wgmma.m64n128k16 on it (A = its 64 rows of X,
+//  - A consumer waits for a stage, issues 2 x 4 x wgmma.m64n128k16 on it (A = its 128 rows of X,
 //    B = the W tile, both K-major from shared memory), commits, and releases the stage before
 //    (one arrival per warp on its "empty" barrier) once the next stage's products are issued:
 //    one group in flight while the producer refills.
@@ -50,19 +56,21 @@ namespace q16 {
 
 using namespace hopper;
 
-constexpr int kBM = 128;                 // rows of X per block: 2 consumer warpgroups x 64
-constexpr int kBN = 128;                 // weight rows per block: one per producer thread
+constexpr int kBM = 256;                 // rows of X per block: 2 consumer warpgroups x 2 x 64
+constexpr int kBN = 128;                 // weight rows per block
 constexpr int kBK = 64;                  // columns per stage: one swizzled fp16 row
 constexpr int kRawCols = 256;            // columns per raw superstep: one K-quant block per row
 constexpr int kStagesPerRaw = kRawCols / kBK;
-constexpr int kThreads = 384;            // producer warpgroup + 2 consumer warpgroups
-constexpr int kProducers = 128;
+constexpr int kThreads = 512;            // 2 producer warpgroups + 2 consumer warpgroups
+constexpr int kProducers = 256;          // the dequantizing threads (2 warps per SM sub-partition)
 constexpr int kConsumerWarps = 8;
-constexpr int kStages = 4;               // X / W stages in flight
+constexpr int kStages = 3;               // X / W stages in flight (3 x 48 KiB + the raw buffers)
+constexpr int kProducerRegs = 88;        // setmaxnreg split: 256 * 88 + 256 * 168 = 65536
+constexpr int kConsumerRegs = 168;       // two 64 x 128 fp32 accumulators (128) and the rest
 constexpr int kTileA = kBM * kBK * 2;    // bytes of one stage's X tile
 constexpr int kTileB = kBN * kBK * 2;    // bytes of one stage's W tile
 constexpr int kBand = 8;                 // row tiles per raster band
-constexpr int kProducerBarrier = 1;      // named barrier of the producer warpgroup (0: __syncthreads)
+constexpr int kProducerBarrier = 1;      // named barrier of the producer warpgroups (0: __syncthreads)
 
 // The raw geometry of type Q: bytes of 256 columns of a row, and the slot a row's bytes take in
 // a raw buffer: the bytes, up to 2 bytes of a leading half-word (4-byte word copies of a
@@ -164,9 +172,10 @@ __device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int 
     }
 }
 
-// The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: 8 passes of
-// the producer warpgroup, each thread one row's 8 columns per pass (8 lanes a row, 4 rows a warp
-// instruction), decoded and rounded as the prewarm does, one 16-byte swizzled store each.
+// The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: 4 passes of
+// the producer warpgroups, each thread one row's 8 columns per pass (8 lanes a row, 4 rows a warp
+// instruction, 16 rows a warp), decoded and rounded as the prewarm does, one 16-byte swizzled
+// store each; the passes unrolled, so that their independent reads and conversions overlap.
 template <int Q>
 __device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, int n0, int ks) {
     using G = RawGeom<Q>;
@@ -177,26 +186,25 @@ __device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, in
     const int g = lane & 7;
     const int col = ks * kBK + 8 * g;  // this lane's first column
     const int e = col - j * kRawCols;  // its element in the superstep
-    constexpr int kRowsPerWarp = kBN / (kProducers / 32);  // 32: 8 passes of 4 rows
-#pragma unroll 2
+    constexpr int kRowsPerWarp = kBN / (kProducers / 32);  // 16: 4 passes of 4 rows
+#pragma unroll
     for (int pass = 0; pass < kRowsPerWarp / 4; ++pass) {
         const int r = warp * kRowsPerWarp + pass * 4 + (lane >> 3);
-        uint4 out = make_uint4(0u, 0u, 0u, 0u);
-        if (n0 + r < a.n && col < a.k) {
-            const uint32_t o =
-                a.copy16 ? 0u
-                         : uint32_t(reinterpret_cast<uintptr_t>(raw_src(a, n0, r, j, G::kBytes)) & 3u);
-            float v[8];
-            decode8_stage<Q>(raw + r * G::kSlot, o + uint32_t(e / G::kElems * G::kBlock), e % G::kElems, v);
-            out = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
-                             pack_half2(v[6], v[7]));
-        }
+        // Branch-free, so that the passes' reads and conversions interleave: a row past n or a
+        // column past k decodes whatever its slot holds (inside the slot) and stores zeros.
+        const uint32_t o =
+            a.copy16 ? 0u : uint32_t(reinterpret_cast<uintptr_t>(raw_src(a, n0, r, j, G::kBytes)) & 3u);
+        float v[8];
+        decode8_stage<Q>(raw + r * G::kSlot, o + uint32_t(e / G::kElems * G::kBlock), e % G::kElems, v);
+        uint4 out = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                               pack_half2(v[6], v[7]));
+        if (!(n0 + r < a.n && col < a.k)) out = make_uint4(0u, 0u, 0u, 0u);
         // Row r's 16-byte chunk g in the 128-byte swizzle (hopper.cuh swizzled_offset).
         *reinterpret_cast<uint4 *>(dst + r * kSwizzleRow + ((g ^ (r & 7)) << 4)) = out;
     }
 }
 
-// The producer warpgroup over the tile's stages: the X tile by TMA (thread 0), the W tile
+// The producer warpgroups over the tile's stages: the X tile by TMA (thread 0), the W tile
 // decoded from the raw superstep, whose copies run one superstep ahead.
 template <int Q>
 __device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm_x, const Smem &sm, int m0, int n0,
@@ -257,28 +265,33 @@ __device__ __forceinline__ void epilogue(const Q16Args &a, const float (&acc)[kB
     }
 }
 
-// A consumer warpgroup over the tile's stages, then its 64 rows' outputs.
+// A consumer warpgroup over the tile's stages, then its 128 rows' outputs: two accumulators of
+// 64 rows each (the M of one wgmma), both against the stage's one W tile.
 __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m0, int n0, int stages) {
     const int ctid = int(threadIdx.x) - kProducers;
     const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int gid = lane >> 2, tig = lane & 3;
-    const uint64_t da0 = smem_desc(sm.a(0) + uint32_t(wg) * 64 * kSwizzleRow, 16, kSwizzleAtom);
+    constexpr int kRowsPerWg = kBM / 2;
+    const uint64_t da0 = smem_desc(sm.a(0) + uint32_t(wg * kRowsPerWg) * kSwizzleRow, 16, kSwizzleAtom);
     const uint64_t db0 = smem_desc(sm.b(0), 16, kSwizzleAtom);
     const auto release = [&](int s) {
         __syncwarp();
         mbar_arrive_if(sm.empty(s), lane == 0);
     };
-    float acc[kBN / 2];
+    float acc0[kBN / 2], acc1[kBN / 2];
 #pragma unroll
-    for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kBN / 2; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
     for (int ks = 0; ks < stages; ++ks) {
         const int s = ks % kStages;
         mbar_wait(sm.full(s), uint32_t(ks / kStages) & 1u);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)  // 4 x k16 = the stage's 128 bytes of each row
-            wgmma::wgmma_ss<kBN>(acc, desc_add(da0, uint32_t(s) * kTileA + 32 * kk),
-                                 desc_add(db0, uint32_t(s) * kTileB + 32 * kk), 1);
+        for (int kk = 0; kk < kBK / 16; ++kk) {  // 4 x k16 = the stage's 128 bytes of each row
+            const uint64_t da = desc_add(da0, uint32_t(s) * kTileA + 32 * kk);
+            const uint64_t db = desc_add(db0, uint32_t(s) * kTileB + 32 * kk);
+            wgmma::wgmma_ss<kBN>(acc0, da, db, 1);
+            wgmma::wgmma_ss<kBN>(acc1, desc_add(da, 64 * kSwizzleRow), db, 1);
+        }
         wgmma_commit();
         if (ks > 0) {
             wgmma_wait<1>();  // stage ks - 1's products are done: its tiles may be refilled
@@ -286,14 +299,16 @@ __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m
         }
     }
     wgmma_wait<0>();
-    fence_regs(acc);
+    fence_regs(acc0);
+    fence_regs(acc1);
     release((stages - 1) % kStages);
-    epilogue(a, acc, m0, n0, wg * 64 + warp * 16 + gid, tig);
+    epilogue(a, acc0, m0, n0, wg * kRowsPerWg + warp * 16 + gid, tig);
+    epilogue(a, acc1, m0, n0, wg * kRowsPerWg + 64 + warp * 16 + gid, tig);
 }
 
 #endif  // PF_Q16_DEVICE
 
-// One block per 128 x 128 output tile (m_tiles * n_tiles blocks), kThreads threads,
+// One block per kBM x kBN output tile (m_tiles * n_tiles blocks), kThreads threads,
 // smem_bytes<Q>() of dynamic shared memory.
 template <int Q>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -315,16 +330,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stages = (a.k + kBK - 1) / kBK;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
-            mbar_init(sm.full(s), kProducers + 1);  // 128 decoders + the TMA's expect_tx
+            mbar_init(sm.full(s), kProducers + 1);  // the decoders + the TMA's expect_tx
             mbar_init(sm.empty(s), kConsumerWarps);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (threadIdx.x < kProducers) {
+        setmaxnreg_dec<kProducerRegs>();
         producer<Q>(a, &tm_x, sm, m0, n0, stages);
         return;
     }
+    setmaxnreg_inc<kConsumerRegs>();
     consumer(a, sm, m0, n0, stages);
 #endif  // PF_Q16_DEVICE
 }
