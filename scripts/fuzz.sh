@@ -2,9 +2,9 @@
 # Coverage-guided fuzzing (libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer, clang, no
 # GPU) of every byte the library parses: the GGUF reader and model validation (fuzz_gguf) and
 # the session-state check and copy plan of a restore (fuzz_state), the checks and step cutting
-# of a batch plan (fuzz_batch), and the tensor-parallel plan of a model over ranks (fuzz_shard).
-# Sources: tests/fuzz/.
-#   bash scripts/fuzz.sh [SECONDS] [TARGET...]     default 60 s for each of: gguf state batch shard
+# of a batch plan (fuzz_batch), the tensor-parallel plan of a model over ranks (fuzz_shard), and
+# the prefix cache's bookkeeping under sequences of operations (fuzz_prefix). Sources: tests/fuzz/.
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]     default 60 s for each of: gguf state batch shard prefix
 # Builds the targets under $FUZZ_DIR (default build-fuzz), replays the committed regressions
 # (tests/fuzz/regressions/TARGET), then fuzzes each target for SECONDS from the committed seeds
 # (tests/fuzz/corpus/TARGET, never modified) and the corpus grown by earlier runs
@@ -19,17 +19,18 @@ cd "$(dirname "$0")/.."
 SECS=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} = 0 ] && TARGETS=(gguf state batch shard)
+[ ${#TARGETS[@]} = 0 ] && TARGETS=(gguf state batch shard prefix)
 FUZZ_DIR=${FUZZ_DIR:-build-fuzz}
 CXX=${FUZZ_CXX:-clang++}
 JOBS=${FUZZ_JOBS:-1}
 HOST_SOURCES=(cuda/plan/gguf.cpp cuda/plan/model_plan.cpp cuda/plan/qtype.cpp cuda/base/error.cpp cuda/plan/session_state.cpp cuda/plan/batch_plan.cpp
-              cuda/plan/shard_plan.cpp)
+              cuda/plan/shard_plan.cpp cuda/plan/page_pool.cpp cuda/plan/prefix_tree.cpp)
 FLAGS=(-std=c++17 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -Iinclude -Icuda)
-declare -A MAX_LEN=([gguf]=131072 [state]=4096 [batch]=4096 [shard]=64)
+declare -A MAX_LEN=([gguf]=131072 [state]=4096 [batch]=4096 [shard]=64 [prefix]=2048)
 declare -A PARSES=([gguf]="cuda/plan/gguf.cpp cuda/plan/model_plan.cpp cuda/plan/qtype.cpp" [state]="cuda/plan/session_state.cpp"
-                   [batch]="cuda/plan/batch_plan.cpp" [shard]="cuda/plan/shard_plan.cpp")
+                   [batch]="cuda/plan/batch_plan.cpp" [shard]="cuda/plan/shard_plan.cpp"
+                   [prefix]="cuda/plan/page_pool.cpp cuda/plan/prefix_tree.cpp")
 
 if ! command -v "$CXX" >/dev/null; then
   echo "fuzz.sh: $CXX not found (libFuzzer needs clang)" >&2

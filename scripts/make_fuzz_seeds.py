@@ -11,6 +11,9 @@ batch/: batches of tests/fuzz/fuzz_batch.cpp's byte encoding (valid ones: ragged
 snapshot cuts, a decode item; and one per rejection class).
 shard/: models and rank counts in tests/fuzz/fuzz_shard.cpp's byte encoding (splits of both
 archs: tiled GDN heads, replicated KV heads, an uneven FFN, K-quant mixes; and one per refusal).
+prefix/: operation sequences in tests/fuzz/fuzz_prefix.cpp's byte encoding (prompts that share
+prefixes and diverge inside a page, snapshots and re-runs, the host tier, claims in flight, forks
+and rollbacks, every kind of bad input; and one per refused config).
 
     python scripts/make_fuzz_seeds.py          (deterministic; rewrites the corpus)
 """
@@ -187,6 +190,78 @@ def shard_seeds() -> dict[str, bytes]:
     }
 
 
+# fuzz_prefix.cpp's operation codes
+PX_START, PX_COMPUTE, PX_FINISH, PX_DROP, PX_FORK, PX_ROLLBACK, PX_EXTEND, PX_INSERT, PX_EVICT, PX_LOOKUP, \
+    PX_BAD, PX_EVICT_BUDGET = 0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
+
+
+def prefix_seed(ops, *, recurrent=False, page128=False, every=0, host=0, vocab=5, budget_pages=16,
+                pages=120, slots=40, snap=0, broken=None) -> bytes:
+    """One input of fuzz_prefix.cpp's decoder (its header comment has the layout): the config,
+    then `ops`, already encoded by px_* below."""
+    flags = recurrent | page128 << 1 | (every // 64) << 2 | (host > 0) << 4 | (broken is not None) << 5
+    head = bytes((flags, vocab - 2, budget_pages - 1, max(host, 2) - 2, pages - 4, slots - 2, snap,
+                  broken or 0))
+    return head + b"".join(ops)
+
+
+def px(code, session=0, *args) -> bytes:
+    return bytes((code | session << 4, *args))
+
+
+def px_start(session, base=None, keep=255, new=0, logits=False, hist=0) -> bytes:
+    """A request: prompt = the first `keep` of earlier prompt `base` (None: none; the decoder's
+    history then has `hist` prompts) and new tokens (new * 3 page_rows / 256 of them)."""
+    a = (hist if base is None else base) | (128 if logits else 0)
+    return px(PX_START, session, a, keep, new)
+
+
+def prefix_seeds() -> dict[str, bytes]:
+    full = lambda s: [px(PX_COMPUTE, s), px(PX_FINISH, s)]
+    return {
+        # qwen3: a prompt, one that diverges inside its second page, the first again, then a
+        # budget of 4 pages: least recent first.
+        "qwen3-share-diverge-evict": prefix_seed(
+            [px_start(0, new=120), *full(0), px_start(1, 0, keep=20, new=60, hist=1), *full(1),
+             px_start(2, 0, logits=True), *full(2), px(PX_EVICT, 0, 16), px(PX_LOOKUP, 0, 1, 255, 0)],
+            budget_pages=4),
+        # qwen35: snapshots every 64, a branch inside an edge, re-runs, the host tier round trip.
+        "qwen35-snapshots-host": prefix_seed(
+            [px_start(0, new=200), *full(0), px_start(1, 0, keep=30, new=90, hist=1), *full(1),
+             px(PX_EVICT, 0, 0), px_start(2, 1, keep=254, logits=True), *full(2),
+             px(PX_LOOKUP | 0x80, 0, 0, 40, 10), px(PX_EVICT_BUDGET)],
+            recurrent=True, every=64, host=60, snap=1),
+        # a snapshot nobody resumed from goes to the host alone; a prefill that snapshots every
+        # page boundary (op bit 7: session 10 is session 0) gives the tree a device copy back
+        "qwen35-snapshot-host-replace": prefix_seed(
+            [px_start(0, new=214), px(PX_COMPUTE, 10), px(PX_FINISH, 0), px(PX_LOOKUP, 0, 128, 255, 0),
+             px(PX_EVICT, 0, 16), px_start(1, 0, keep=255), px(PX_COMPUTE, 11), px(PX_FINISH, 1)],
+            recurrent=True, every=64, host=60),
+        # two requests for the same prefix in flight: the second waits
+        "claims-in-flight": prefix_seed(
+            [px_start(0, new=150), px_start(1, 0, keep=255, new=30, hist=1), px(PX_COMPUTE, 0),
+             px(PX_FINISH, 0), px_start(1, 0, keep=255, new=30), *full(1)],
+            recurrent=True, every=128, page128=True),
+        # a session forked at a partial page, rolled back into a shared page, extended, inserted
+        "fork-rollback-extend": prefix_seed(
+            [px_start(0, new=100), *full(0), px(PX_FORK, 0, 1), px(PX_ROLLBACK, 1, 40),
+             px(PX_EXTEND, 1, 70, 9), px(PX_INSERT, 1), px(PX_DROP, 0), px(PX_EVICT, 0, 4)],
+            vocab=3, host=10),
+        # a pool of 6 pages: appends and restores run out and evict
+        "tight-pool": prefix_seed(
+            [px_start(0, new=250), *full(0), px_start(1, new=250, hist=1), *full(1),
+             px_start(2, 0, keep=255, new=40, hist=2), *full(2)],
+            pages=6, budget_pages=2, host=8),
+        "bad-inputs": prefix_seed(
+            [px_start(0, new=80), px(PX_COMPUTE, 0)] +
+            [px(PX_BAD, 0, kind, 7 * kind + 1, 0, 255, 40) for kind in range(14)] + full(0),
+            recurrent=True, every=64),
+        **{f"reject-config-{name}": prefix_seed([px_start(0, new=10)], recurrent=True, broken=field)
+           for field, name in enumerate(("device-budget", "host-budget", "page-rows", "snapshot-every",
+                                         "vocab", "snapshot-bytes"))},
+    }
+
+
 def main() -> None:
     rng = np.random.default_rng(2026)
     g = CORPUS / "gguf"
@@ -228,8 +303,15 @@ def main() -> None:
         f.unlink()
     for name, data in shard_seeds().items():
         (sd / name).write_bytes(data)
-    total = sum(f.stat().st_size for d in (g, s, bd, sd) for f in d.iterdir())
-    print(f"wrote {sum(1 for d in (g, s, bd, sd) for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
+    px_dir = CORPUS / "prefix"
+    px_dir.mkdir(parents=True, exist_ok=True)
+    for f in px_dir.iterdir():
+        f.unlink()
+    for name, data in prefix_seeds().items():
+        (px_dir / name).write_bytes(data)
+    dirs = (g, s, bd, sd, px_dir)
+    total = sum(f.stat().st_size for d in dirs for f in d.iterdir())
+    print(f"wrote {sum(1 for d in dirs for _ in d.iterdir())} seeds, {total} bytes, under {CORPUS}")
 
 
 if __name__ == "__main__":
