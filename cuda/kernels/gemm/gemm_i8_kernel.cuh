@@ -39,6 +39,7 @@
 
 #include "base/mat.h"
 #include "kernels/gemm/gemm_i8.cuh"
+#include "kernels/gemm/wgmma_store.cuh"
 #include "ptx/hopper.cuh"
 #include "ptx/wgmma.cuh"
 
@@ -366,21 +367,9 @@ __device__ __forceinline__ void i8_epilogue(const I8GemmArgs &a, const I8Thread 
         if (r >= a.rows) continue;
         float *yr = a.y.ptr + int64_t(r) * a.y.ld;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int c = n0 + 8 * j + 2 * tig;
-            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-            if (a.y_vec2 && c + 1 < a.n) {
-                float2 *dst = reinterpret_cast<float2 *>(yr + c);
-                if (a.accumulate) {
-                    const float2 old = *dst;
-                    v0 += old.x, v1 += old.y;
-                }
-                *dst = make_float2(v0, v1);
-            } else {
-                if (c < a.n) yr[c] = a.accumulate ? yr[c] + v0 : v0;
-                if (c + 1 < a.n) yr[c + 1] = a.accumulate ? yr[c + 1] + v1 : v1;
-            }
-        }
+        for (int j = 0; j < BN / 8; ++j)
+            store_pair<false>(yr, n0 + 8 * j + 2 * tig, a.n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], a.y_vec2,
+                              a.accumulate, 1.0f);
     }
 }
 #endif  // PF_I8_DEVICE

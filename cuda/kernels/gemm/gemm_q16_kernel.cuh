@@ -47,6 +47,7 @@
 #include <cstdint>
 
 #include "kernels/dequant/decode_stage.cuh"
+#include "kernels/gemm/wgmma_store.cuh"
 #include "ptx/hopper.cuh"
 #include "ptx/mma.cuh"
 #include "ptx/wgmma.cuh"
@@ -246,22 +247,9 @@ __device__ __forceinline__ void epilogue(const Q16Args &a, const float (&acc)[kB
         const float s = a.inv ? a.inv[r] : 1.0f;
         float *yr = a.y + int64_t(r) * a.ldy;
 #pragma unroll
-        for (int j = 0; j < kBN / 8; ++j) {
-            const int c = n0 + 8 * j + 2 * tig;
-            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-            if (a.y_vec2 && c + 1 < a.n) {
-                float2 *dst = reinterpret_cast<float2 *>(yr + c);
-                if (a.accumulate) {
-                    const float2 old = *dst;
-                    v0 += old.x, v1 += old.y;
-                }
-                if (a.inv) v0 *= s, v1 *= s;
-                *dst = make_float2(v0, v1);
-            } else {
-                if (c < a.n) yr[c] = (a.accumulate ? yr[c] + v0 : v0) * (a.inv ? s : 1.0f);
-                if (c + 1 < a.n) yr[c + 1] = (a.accumulate ? yr[c + 1] + v1 : v1) * (a.inv ? s : 1.0f);
-            }
-        }
+        for (int j = 0; j < kBN / 8; ++j)
+            store_pair<true>(yr, n0 + 8 * j + 2 * tig, a.n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], a.y_vec2,
+                             a.accumulate, s);
     }
 }
 
