@@ -339,6 +339,8 @@ def test_docs_point_inside_the_repository():
         if name == "tests/python/test_scripts.py" or not name.endswith(
                 (".md", ".py", ".cu", ".cuh", ".h", ".cpp", ".c", ".sh", ".txt", ".toml")):
             continue
+        if not (ROOT / name).is_file():  # a copy whose git index predates its files (the device's)
+            continue
         text = (ROOT / name).read_text(errors="replace")
         m = outside.search(text)
         assert m is None, f"{name} points outside the repository: {m.group(0)!r}"
