@@ -14,23 +14,13 @@
 #include <vector>
 
 #include "../fuzz/prefix_sim.h"
+#include "expect.h"
 #include "base/error.h"
 #include "plan/page_pool.h"
 #include "plan/prefix_tree.h"
 
 namespace {
 
-int failures = 0;
-
-#define EXPECT(cond, ...)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            ++failures;                                                     \
-            std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            std::fprintf(stderr, __VA_ARGS__);                              \
-            std::fprintf(stderr, "\n");                                     \
-        }                                                                   \
-    } while (0)
 #define EXPECT_OK(expr) EXPECT((expr) == PF_STATUS_OK, "%s", pf_last_error())
 
 using pf::PagePool;

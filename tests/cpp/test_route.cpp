@@ -8,22 +8,11 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "expect.h"
 #include "plan/model_plan.h"
 #include "plan/route.h"
 
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond, ...)                                                      \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            ++failures;                                                        \
-            std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            std::fprintf(stderr, __VA_ARGS__);                                 \
-            std::fprintf(stderr, "\n");                                        \
-        }                                                                      \
-    } while (0)
 
 using pf::ProjRoute;
 using pf::WeightFacts;

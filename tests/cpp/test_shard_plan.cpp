@@ -13,23 +13,12 @@
 #include <vector>
 
 #include "base/error.h"
+#include "expect.h"
 #include "plan/model_plan.h"
 #include "plan/qtype.h"
 #include "plan/shard_plan.h"
 
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond, ...)                                                      \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            ++failures;                                                        \
-            std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            std::fprintf(stderr, __VA_ARGS__);                                 \
-            std::fprintf(stderr, "\n");                                        \
-        }                                                                      \
-    } while (0)
 
 // pyprefill/formats/synth.py PRESETS (spec.md §5).
 struct Preset {
