@@ -158,11 +158,14 @@ pf_status f16_arena_create(pf_context *ctx, size_t bytes, F16Arena **out, const 
     }
     a->bytes = bytes;
     *out = a;
+    ctx->weight_forms++;  // weights are about to point into it
     return PF_STATUS_OK;
 }
 
 void arena_release(pf_context *ctx, F16Arena *a) {
-    if (!a || --a->refs > 0) return;
+    if (!a) return;
+    ctx->weight_forms++;  // a weight has just let go of it
+    if (--a->refs > 0) return;
     (void)cudaStreamSynchronize(ctx->stream);  // no queued GEMM may still read it
     device_free(ctx, a->ptr, a->bytes);
     delete a;

@@ -55,6 +55,10 @@ struct pf_context {
     // batch: pf::CtxRef) hold a reference; the context goes with the last one, so that a child
     // destroyed after pf_context_destroy still finds its stream and pool.
     std::atomic<int32_t> refs{1};
+    // Bumped whenever a weight of this context gains or loses a cached form (an fp16 or int8 copy:
+    // f16_arena_create, arena_release; a model's prewarm, which also moves f16_stream): a step
+    // graph captured before holds the old addresses and routes, so its key includes this count.
+    std::atomic<uint64_t> weight_forms{0};
     int32_t device = 0;
     uint32_t flags = 0;                 // pf_context_options.flags (PF_CONTEXT_POISON)
     cudaStream_t stream = nullptr;

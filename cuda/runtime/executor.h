@@ -85,6 +85,7 @@ struct StepGraph {
     bool attn = false;  // attention inside (the whole step one graph)
     bool act16 = false, f16_rows = false;
     const void *scratch[3] = {nullptr, nullptr, nullptr};  // the projection scratch the launches use
+    uint64_t weight_forms = 0;  // pf_context::weight_forms at capture (the weights' caches and routes)
     std::vector<cudaGraphExec_t> segs;
     uint64_t used = 0;  // the executor's step count at its last replay (the least recent goes first)
 };

@@ -523,8 +523,10 @@ StepGraph *step_graph(Executor *e, const std::vector<StepItem> &items, int64_t T
     key.scratch[0] = e->w32.ptr;
     key.scratch[1] = e->w16.ptr;
     key.scratch[2] = e->x16.ptr;
+    key.weight_forms = e->ctx->weight_forms.load();
     auto same = [&](const StepGraph &g) {
-        return g.act16 == key.act16 && g.f16_rows == key.f16_rows && std::equal(g.scratch, g.scratch + 3, key.scratch);
+        return g.act16 == key.act16 && g.f16_rows == key.f16_rows && g.weight_forms == key.weight_forms &&
+               std::equal(g.scratch, g.scratch + 3, key.scratch);
     };
     for (size_t i = 0; i < e->graphs.size(); ++i) {
         StepGraph &g = e->graphs[i];

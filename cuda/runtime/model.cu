@@ -170,6 +170,7 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     if (rep.partial || m->gemm_leg == PF_GEMM_INT8)  // matrices without an fp16 copy stream on the
         for (pf_weight *w : m->weights)                // f16 leg under AUTO / F16
             w->f16_stream = w->f16 == nullptr;
+    m->ctx->weight_forms++;  // f16_stream may have moved without an arena made or freed
     m->prewarm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     m->prewarm_report = rep;
     *armed = rep.armed;

@@ -295,6 +295,59 @@ def test_one_graph_across_the_cublas_line(preset, rng):
     _assert_bitwise(outs, f"{preset} across 2048")
 
 
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen35-tiny"])
+def test_graph_captured_anew_when_the_caches_change(preset, rng):
+    """A step graph holds the addresses of the weights' fp16 caches. Every matrix's cache
+    dropped (pf_weight_drop_f16: the arenas freed, their bytes then handed to a poisoned buffer)
+    and made again (pf_model_prewarm, at other addresses) between calls of a session that replays
+    its graphs: the next steps, captured anew, give bitwise the logits of a session without
+    graphs; then the caches dropped (the uncached route): the same. A key without the weights'
+    forms would replay reads of the freed, poisoned caches in the first case."""
+    import gguf as gg
+    from pyprefill import errors
+    from pyprefill.core import Context
+    from pyprefill.kernels import gemm
+    from pyprefill.model import Model
+    path = _synth(preset, "q4_k_m")
+    names = [t.name for t in gg.GGUFReader(path).tensors if len(t.shape) == 2 and t.name != "token_embd.weight"]
+    with Context(0, poison=True) as ctx:
+        m = Model.load(path, context=ctx, progress=False)
+        prompt = rng.integers(0, m.n_vocab, size=150).astype(np.int32)
+        cached_bytes = m.info["f16_bytes"]
+        try:
+            with m.session(graphs=True, max_tokens=1024) as g, m.session(graphs=False, max_tokens=1024) as e:
+                def rounds(n):
+                    out = {True: [], False: []}
+                    for _ in range(n):
+                        for key, s in ((True, g), (False, e)):
+                            s.reset()
+                            out[key].extend([s.prefill(prompt, "all"), s.decode(int(prompt[0]))])
+                    return out
+                _assert_bitwise(rounds(3), f"{preset} cached")             # captured, replayed
+
+                def drop_all():
+                    dropped = 0
+                    for name in names:
+                        try:
+                            w = m.weight(name)
+                        except errors.InvalidArgumentError:                # not a projection matrix
+                            continue
+                        gemm.weight_drop_f16(w)
+                        dropped += 1
+                    assert dropped >= 4
+                # The caches made again at other addresses with no step between (the route and
+                # the scratch unchanged): the freed bytes held by a poisoned buffer first.
+                drop_all()
+                with ctx.buffer(cached_bytes):
+                    assert m.prewarm()
+                    _assert_bitwise(rounds(2), f"{preset} caches made again")
+                drop_all()                                                 # the uncached route
+                with ctx.buffer(cached_bytes):
+                    _assert_bitwise(rounds(2), f"{preset} caches dropped")
+        finally:
+            m.close()
+
+
 def _default_legs_against_f32_legs(path, preset, n_tokens, chunks, floor, rng):
     """The default legs' logits at every position of n_tokens random tokens, in each session
     chunk of `chunks`, against the f32 legs' (one chunk): design.md's whole-model bound 2e-2,
