@@ -94,39 +94,40 @@ PrefixTree::~PrefixTree() {
     }
 }
 
+struct PrefixTree::Held {
+    PagePool &pool;
+    std::map<int32_t, int32_t> &tally;        // id -> nodes holding it
+    std::vector<int32_t> Released::*freed;    // where an id whose last reference went is listed
+};
+
+PrefixTree::Held PrefixTree::held(bool page, bool host) {
+    if (page) return host ? Held{host_pages_, host_page_refs_, &Released::host_pages}
+                          : Held{*pages_, dev_page_refs_, &Released::pages};
+    return host ? Held{host_slots_, host_slot_refs_, &Released::host_slots}
+                : Held{*slots_, dev_slot_refs_, &Released::slots};
+}
+
 // A node's new reference on a held id (the pool's count and the tree's tally).
-void PrefixTree::node_ref_page(int32_t id, bool host) {
-    (void)(host ? host_pages_.ref(id) : pages_->ref(id));
-    ++(host ? host_page_refs_ : dev_page_refs_)[id];
+void PrefixTree::node_ref(bool page, int32_t id, bool host) {
+    const Held h = held(page, host);
+    (void)h.pool.ref(id);
+    ++h.tally[id];
 }
 
-void PrefixTree::node_unref_page(int32_t id, bool host, Released *freed) {
-    auto &tally = host ? host_page_refs_ : dev_page_refs_;
-    if (--tally[id] == 0) tally.erase(id);
+void PrefixTree::node_unref(bool page, int32_t id, bool host, Released *freed) {
+    const Held h = held(page, host);
+    if (--h.tally[id] == 0) h.tally.erase(id);
     bool f = false;
-    (void)(host ? host_pages_.unref(id, &f) : pages_->unref(id, &f));
-    if (f && freed) (host ? freed->host_pages : freed->pages).push_back(id);
-}
-
-void PrefixTree::node_ref_slot(int32_t id, bool host) {
-    (void)(host ? host_slots_.ref(id) : slots_->ref(id));
-    ++(host ? host_slot_refs_ : dev_slot_refs_)[id];
-}
-
-void PrefixTree::node_unref_slot(int32_t id, bool host, Released *freed) {
-    auto &tally = host ? host_slot_refs_ : dev_slot_refs_;
-    if (--tally[id] == 0) tally.erase(id);
-    bool f = false;
-    (void)(host ? host_slots_.unref(id, &f) : slots_->unref(id, &f));
-    if (f && freed) (host ? freed->host_slots : freed->slots).push_back(id);
+    (void)h.pool.unref(id, &f);
+    if (f && freed) (freed->*h.freed).push_back(id);
 }
 
 // A fresh id (refs 1: the node's reference), or false when the pool has none.
 bool PrefixTree::node_alloc(bool page, bool host, int32_t *id) {
-    PagePool &pool = page ? (host ? host_pages_ : *pages_) : (host ? host_slots_ : *slots_);
-    if (pool.n_free() == 0) return false;
-    (void)pool.alloc(id);
-    ++(page ? (host ? host_page_refs_ : dev_page_refs_) : (host ? host_slot_refs_ : dev_slot_refs_))[*id];
+    const Held h = held(page, host);
+    if (h.pool.n_free() == 0) return false;
+    (void)h.pool.alloc(id);
+    ++h.tally[*id];
     return true;
 }
 

@@ -356,10 +356,14 @@ private:
     void fill_hit(const Lease &l, PrefixHit *hit) const;
     int32_t new_node();
     int32_t split(int32_t node, int64_t at);
-    void node_ref_page(int32_t id, bool host);
-    void node_unref_page(int32_t id, bool host, Released *freed);
-    void node_ref_slot(int32_t id, bool host);
-    void node_unref_slot(int32_t id, bool host, Released *freed);
+    struct Held;  // the pool, the tally and the freed list of one kind (page / slot) and tier
+    Held held(bool page, bool host);
+    void node_ref(bool page, int32_t id, bool host);
+    void node_unref(bool page, int32_t id, bool host, Released *freed);
+    void node_ref_page(int32_t id, bool host) { node_ref(true, id, host); }
+    void node_unref_page(int32_t id, bool host, Released *freed) { node_unref(true, id, host, freed); }
+    void node_ref_slot(int32_t id, bool host) { node_ref(false, id, host); }
+    void node_unref_slot(int32_t id, bool host, Released *freed) { node_unref(false, id, host, freed); }
     bool node_alloc(bool page, bool host, int32_t *id);
     void drop_node(int32_t node, EvictPlan *plan);
     void drop_subtree(int32_t node, EvictPlan *plan);
