@@ -264,6 +264,27 @@ __device__ __forceinline__ void prep_diagonal_inverse(PrepSmem<NH> &s, int warp,
     }
 }
 
+// One m16n8 fragment per head of a product over KS k-steps of 8 on TF32 tensor cores, the NH
+// heads interleaved: acc[h] = sum_k A_h(rows r, r + 8; k) B_h(k; the lane's column), from
+// a(h, row, kk) (row 0 or 8 of the fragment, kk its k index) and b(h, kk). prep_merge's two
+// products (X = A_rc Tm_cc, then Tm_rr X).
+template <int NH, int KS, class AFn, class BFn>
+__device__ __forceinline__ void merge_product(float (&acc)[NH][4], int tig, AFn a, BFn b) {
+#pragma unroll
+    for (int h = 0; h < NH; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+        const int k0 = 8 * ks;
+#pragma unroll
+        for (int h = 0; h < NH; ++h)
+            mma_m16n8k8_tf32(acc[h], to_tf32(a(h, 0, k0 + tig)), to_tf32(a(h, 8, k0 + tig)),
+                             to_tf32(a(h, 0, k0 + tig + 4)), to_tf32(a(h, 8, k0 + tig + 4)),
+                             to_tf32(b(h, k0 + tig)), to_tf32(b(h, k0 + tig + 4)));
+    }
+}
+
 // One level of the block merges of Tm = (I + A)^-1 (the two levels, 16 -> 32 and 32 -> 64,
 // are this one loop): for the off-diagonal block of rows rb .. rb + 16 MT - 1 and columns cb ..
 // cb + 16 MT - 1, the warp's 8 output columns cb + 8 nt ..: X = A_rc Tm_cc[:, cols] (MT 16-row
@@ -278,22 +299,8 @@ __device__ __forceinline__ void prep_merge(PrepSmem<NH> &s, int warp, int g8, in
     for (int mt = 0; mt < MT; ++mt) {
         const int r = rb + 16 * mt + g8;  // the fragment's rows r, r + 8
         float acc[NH][4];
-#pragma unroll
-        for (int h = 0; h < NH; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-            const int k0 = 8 * ks;
-#pragma unroll
-            for (int h = 0; h < NH; ++h) {
-                const float(&t)[kC][kLdF] = s.u.inv.t[h];
-                mma_m16n8k8_tf32(acc[h], to_tf32(a_at(t, r, cb + k0 + tig)), to_tf32(a_at(t, r + 8, cb + k0 + tig)),
-                                 to_tf32(a_at(t, r, cb + k0 + tig + 4)), to_tf32(a_at(t, r + 8, cb + k0 + tig + 4)),
-                                 to_tf32(tm_at(t, cb + k0 + tig, cb + 8 * nt + g8)),
-                                 to_tf32(tm_at(t, cb + k0 + tig + 4, cb + 8 * nt + g8)));
-            }
-        }
+        merge_product<NH, KS>(acc, tig, [&](int h, int row, int kk) { return a_at(s.u.inv.t[h], r + row, cb + kk); },
+                              [&](int h, int kk) { return tm_at(s.u.inv.t[h], cb + kk, cb + 8 * nt + g8); });
 #pragma unroll
         for (int h = 0; h < NH; ++h)
 #pragma unroll
@@ -308,22 +315,8 @@ __device__ __forceinline__ void prep_merge(PrepSmem<NH> &s, int warp, int g8, in
     for (int mt = 0; mt < MT; ++mt) {
         const int r = rb + 16 * mt + g8;
         float acc[NH][4];
-#pragma unroll
-        for (int h = 0; h < NH; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-            const int k0 = 8 * ks;
-#pragma unroll
-            for (int h = 0; h < NH; ++h) {
-                const float(&t)[kC][kLdF] = s.u.inv.t[h];
-                const float(&x)[32][8] = s.u.inv.xs[warp][h];
-                mma_m16n8k8_tf32(acc[h], to_tf32(tm_at(t, r, rb + k0 + tig)), to_tf32(tm_at(t, r + 8, rb + k0 + tig)),
-                                 to_tf32(tm_at(t, r, rb + k0 + tig + 4)), to_tf32(tm_at(t, r + 8, rb + k0 + tig + 4)),
-                                 to_tf32(x[k0 + tig][g8]), to_tf32(x[k0 + tig + 4][g8]));
-            }
-        }
+        merge_product<NH, KS>(acc, tig, [&](int h, int row, int kk) { return tm_at(s.u.inv.t[h], r + row, rb + kk); },
+                              [&](int h, int kk) { return s.u.inv.xs[warp][h][kk][g8]; });
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
 #pragma unroll
