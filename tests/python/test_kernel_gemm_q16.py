@@ -25,18 +25,24 @@ BLOCK_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 F16_BOUND, F32_BOUND = 3e-3, 1e-5
 
 
+def _blocks_on(c: Context, rng) -> None:
+    """gemm_blocks on in c; skips where the device does not run the sm_90a kernels (probed with
+    the 8-bit leg, which has the same check)."""
+    w, _ = make_weight(c, rng, "Q8_0", 8, 128)
+    with w:
+        try:
+            gemm.project_np(c, w, randn(rng, 2, 128), leg="int8")
+        except errors.UnsupportedError as e:
+            pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
+    c.set_tuning(gemm_blocks="on")
+
+
 @pytest.fixture
 def bctx(rng):
     """A context whose kernel-level calls read uncached weights' blocks (gemm_blocks on); skips
     where the device does not run the sm_90a kernels."""
     with Context(0) as c:
-        w, _ = make_weight(c, rng, "Q8_0", 8, 128)
-        with w:
-            try:
-                gemm.project_np(c, w, randn(rng, 2, 128), leg="int8")
-            except errors.UnsupportedError as e:
-                pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
-        c.set_tuning(gemm_blocks="on")
+        _blocks_on(c, rng)
         yield c
 
 
@@ -150,13 +156,7 @@ def test_blocks_make_no_fp16_copy(rng):
             w, _ = make_weight(c, rng, "Q4_K", n, k)
             with w:
                 if blocks:
-                    w_probe, _ = make_weight(c, rng, "Q8_0", 8, 128)
-                    with w_probe:
-                        try:
-                            gemm.project_np(c, w_probe, randn(rng, 2, 128), leg="int8")
-                        except errors.UnsupportedError as e:
-                            pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
-                    c.set_tuning(gemm_blocks="on")
+                    _blocks_on(c, rng)
                 before = c.allocated()
                 gemm.project_np(c, w, randn(rng, rows, k), leg="f16")
                 sizes[blocks] = c.allocated() - before
