@@ -700,7 +700,9 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
             for (pf_weight *w : u.parts) f16_release(w);  // the last one frees the arena
         return finish(fs);
     }
-    rep.device_ms = events.elapsed_ms();
+    // Nothing to cache (every weight already is): the events were never recorded, and asking for
+    // their time is an API error that compute-sanitizer reports (device-check part 5, session 37).
+    rep.device_ms = units.empty() ? 0.0 : events.elapsed_ms();
     rep.bytes_read = read;
     rep.bytes_added = need;
     rep.weights_added = weights_added;
