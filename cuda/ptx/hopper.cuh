@@ -149,6 +149,46 @@ __device__ __forceinline__ void mbar_arrive_cluster_if(uint32_t bar, uint32_t ct
         "r"(cta), "r"(uint32_t(on))
         : "memory");
 }
+// The shared address `addr` of this block mapped to the same offset in the cluster's block `cta`
+// (a shared::cluster address, for st_cluster_v4 and the remote arrivals).
+__device__ __forceinline__ uint32_t mapa_cluster(uint32_t addr, uint32_t cta) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(cta));
+    return r;
+}
+// 16 bytes into another block's shared memory (a shared::cluster address: mapa_cluster).
+__device__ __forceinline__ void st_cluster_v4(uint32_t addr, uint4 v) {
+    asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+// One arrival on the mbarrier at shared::cluster address `rbar` (mapa_cluster) with release at
+// cluster scope: the data this thread wrote into that block's shared memory (and what it saw
+// other threads write, by an earlier barrier) is visible to the threads that then complete a
+// wait on it with acquire at cluster scope (mbar_wait_cluster).
+__device__ __forceinline__ void mbar_arrive_release_cluster(uint32_t rbar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(rbar) : "memory");
+}
+// mbar_wait with acquire at cluster scope: the phase's arrivals include another block's
+// (mbar_arrive_release_cluster) whose writes into this block's shared memory are read next.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        ".reg .u32 n;\n"
+        "mov.u32 n, 0;\n"
+        "WAIT_LOOP:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra WAIT_DONE;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 p, n, %2;\n"
+        "@p bra WAIT_LOOP;\n"
+        "trap;\n"
+        "WAIT_DONE:\n"
+        "}\n" ::"r"(bar),
+        "r"(parity), "n"(kWaitTries)
+        : "memory");
+}
 // tma_load_2d into the same shared offset of every block of the cluster in cta_mask (bit i =
 // rank i), each block's mbarrier at offset bar completing the bytes that land there.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap *map, int c0,
@@ -164,6 +204,11 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtens
 // that wgmma reads its shared operands through.
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// fence_proxy_async for stores into this block's and the cluster's other blocks' shared memory
+// (st_cluster_v4) that their wgmma read.
+__device__ __forceinline__ void fence_proxy_async_cluster() {
+    asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {

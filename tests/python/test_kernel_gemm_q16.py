@@ -56,7 +56,10 @@ def _k_for(qtype: str, k: int) -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,n,k", [(2, 96, 512), (7, 130, 96), (129, 200, 1056), (300, 256, 2560)])
+# rows 300: one pair of blocks sharing the decoded weight tile (two 256-row tiles); 600: three row
+# tiles, the last pair's second block past the matrix (it decodes its half and stores nothing).
+@pytest.mark.parametrize("rows,n,k", [(2, 96, 512), (7, 130, 96), (129, 200, 1056), (300, 256, 2560),
+                                      (600, 136, 1056)])
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_blocks_every_type_ragged(bctx, rng, qtype, rows, n, k):
     k = _k_for(qtype, k)
@@ -113,8 +116,9 @@ def test_blocks_on_fp16_rows_with_scales(bctx, rng, qtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_blocks_strided_accumulate_and_fp16_range(bctx, rng, accumulate):
-    n, k, rows = 200, 512, 9
+@pytest.mark.parametrize("rows", [9, 530])  # one block; pairs (three row tiles)
+def test_blocks_strided_accumulate_and_fp16_range(bctx, rng, accumulate, rows):
+    n, k = 200, 512
     w, w64 = make_weight(bctx, rng, "Q5_K", n, k)
     with w:
         x = randn(rng, rows, k + 13)

@@ -13,40 +13,35 @@ namespace {
 
 template <int Q>
 pf_status launch(const Q16Gemm &g, cudaStream_t st) {
-    using G = q16::RawGeom<Q>;
     CUtensorMap tm_x;
     const CUresult r = hopper::encode_fp16_sw128(&tm_x, g.x16, g.k, g.rows, q16::kBM);
     if (r != CUDA_SUCCESS)
         return fail(PF_STATUS_CUDA_ERROR, "gemm_q16: cuTensorMapEncodeTiled(rows=%lld, k=%lld) failed: %d",
                     (long long)g.rows, (long long)g.k, int(r));
-    q16::Q16Args a{};
-    a.w = static_cast<const uint8_t *>(g.blocks);
-    a.row_bytes = g.k / G::kElems * G::kBlock;
-    a.y = g.y.ptr;
-    a.ldy = g.y.ld;
-    a.inv = g.inv;
-    a.rows = int32_t(g.rows);
-    a.n = int32_t(g.n);
-    a.k = int32_t(g.k);
-    a.m_tiles = int32_t(ceil_div(g.rows, q16::kBM));
-    a.n_tiles = int32_t(ceil_div(g.n, q16::kBN));
-    a.accumulate = g.accumulate ? 1 : 0;
-    // 16-byte copies of the raw blocks where every row's segment of every superstep starts and
-    // ends on 16 bytes (the last superstep of k % 256 != 0 holds fewer blocks).
-    const int64_t tail = (g.k % q16::kRawCols) / G::kElems * G::kBlock;
-    a.copy16 = reinterpret_cast<uintptr_t>(g.blocks) % 16 == 0 && a.row_bytes % 16 == 0 && G::kBytes % 16 == 0 &&
-               tail % 16 == 0;
+    const q16::Q16Args a = q16::make_args<Q>(g.blocks, g.n, g.k, g.inv, g.rows, g.y.ptr, g.y.ld, g.accumulate);
     if (!a.copy16 && (Q == PF_QTYPE_Q4_K || Q == PF_QTYPE_Q5_K))  // their decoders read 8-byte aligned
         return fail(PF_STATUS_UNSUPPORTED, "gemm_q16: %s blocks not 16-byte aligned", pf_qtype_name(Q));
-    a.y_vec2 = reinterpret_cast<uintptr_t>(g.y.ptr) % 8 == 0 && g.y.ld % 2 == 0;
-    const auto kernel = q16::gemm_q16_kernel<Q>;
-    PF_TRY(set_max_dynamic_smem(kernel, int(q16::smem_bytes<Q>()), "gemm_q16_kernel"));
-    const int64_t blocks = int64_t(a.m_tiles) * a.n_tiles;
-    if (blocks > kMaxGridX)
+    // Pairs of blocks sharing the decoded weight tile (gemm_q16_kernel.cuh, CM = 2) where they
+    // measured faster: Q6_K, whose decoding is the heaviest (bench_gemm_q16 on the H200, session
+    // 37: 1.20x the single blocks at 2048 and 8192 rows, 2560 x 9216); Q4_K's pairs ran 0.87x
+    // (its decoding is not what limits it), the other types' were not timed.
+    const int cm = Q == PF_QTYPE_Q6_K && a.m_tiles >= 2 ? 2 : 1;
+    if (q16::grid_blocks<2>(a) > kMaxGridX)
         return fail(PF_STATUS_UNSUPPORTED, "gemm_q16: %d x %d tiles exceed one grid", a.m_tiles, a.n_tiles);
-    kernel<<<unsigned(blocks), q16::kThreads, q16::smem_bytes<Q>(), st>>>(a, tm_x);
-    PF_LAUNCH_CHECK("gemm_q16_kernel<%s> (%lld x %lld x %lld)", pf_qtype_name(Q), (long long)g.rows,
-                    (long long)g.n, (long long)g.k);
+    cudaError_t e = cudaSuccess;
+    if constexpr (Q == PF_QTYPE_Q6_K) {
+        if (cm == 2) {
+            PF_TRY(set_max_dynamic_smem(q16::gemm_q16_kernel<Q, 2>, int(q16::smem_bytes<Q, 2>()), "gemm_q16_kernel"));
+            e = q16::launch<Q, 2>(a, tm_x, st);
+        }
+    }
+    if (cm == 1) {
+        PF_TRY(set_max_dynamic_smem(q16::gemm_q16_kernel<Q, 1>, int(q16::smem_bytes<Q, 1>()), "gemm_q16_kernel"));
+        e = q16::launch<Q, 1>(a, tm_x, st);
+    }
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gemm_q16_kernel<%s, %d> (%lld x %lld x %lld)", pf_qtype_name(Q),
+                           cm, (long long)g.rows, (long long)g.n, (long long)g.k);
     return PF_STATUS_OK;
 }
 

@@ -36,7 +36,19 @@
 //  - The epilogue: y = (accumulate ? y : 0) + acc, then y *= inv[row] where the producers
 //    scaled a row (kernels/rows/f16_rows.cuh): the f16 leg's GEMM + unscale in one pass.
 // One block per tile, tiles rastered in bands of kBand row tiles (row tile fastest) so that the
-// blocks resident at once share their weight tile's raw blocks in L2. Rows past `rows`, weight
+// blocks resident at once share their weight tile's raw blocks in L2.
+//
+// Pairs (CM = 2): clusters of two blocks on two row tiles of one weight tile, each decoding half
+// of the W tile's rows (64) and storing every decoded 16-byte chunk into its own and the other
+// block's stage (st.shared::cluster): the decoding per product halves again (a decoded W tile
+// serves 512 rows), as CUTLASS's and DeepGEMM's multicast halve the loads of a shared tile. A
+// stage's "full" barrier then counts the 8 producer warps of each block (one arrival per warp
+// after __syncwarp; the other block's with release at cluster scope, waited on with acquire at
+// cluster scope) and the TMA's; its "empty" barrier the consumer warps of both blocks (each warp
+// arrives on both, as the 8-bit leg's clusters do), so a producer overwrites a stage in both
+// blocks only when both have consumed it. The products, their order and the outputs are the
+// single block's bit for bit. A block whose row tile is past the matrix (an odd number of row
+// tiles) decodes its half for the other and reads rows 0.. of X, storing nothing. Rows past `rows`, weight
 // rows past n and columns past k read as zeros (the TMA's fill, the decoder's zeros).
 #pragma once
 
@@ -86,9 +98,10 @@ struct RawGeom {
     static_assert(kSlot >= kBytes + 12 && kSlot % 64 == 32, "slot");
 };
 
-template <int Q>
+// The smem of a block of a CM-block cluster: its raw buffers hold its kBN / CM rows.
+template <int Q, int CM = 1>
 __host__ __device__ constexpr size_t smem_bytes() {
-    return size_t(kSwizzleAtom) + size_t(kStages) * (kTileA + kTileB) + 2 * size_t(kBN) * RawGeom<Q>::kSlot +
+    return size_t(kSwizzleAtom) + size_t(kStages) * (kTileA + kTileB) + 2 * size_t(kBN / CM) * RawGeom<Q>::kSlot +
            16 * size_t(kStages);
 }
 
@@ -111,20 +124,30 @@ struct Q16Args {
 
 #ifdef PF_Q16_DEVICE
 
-// The shared-memory layout: stage s's X tile, W tile, the two raw buffers, the barriers.
+// The shared-memory layout: stage s's X tile, W tile, the two raw buffers (raw_rows rows each),
+// the barriers.
 struct Smem {
     uint32_t base = 0;     // shared address of the 1024-aligned start
     unsigned char *ptr = nullptr;
     int slot = 0;          // RawGeom<Q>::kSlot
+    int raw_rows = kBN;    // kBN / CM: the weight rows this block decodes
+    int rank = 0;          // the block's rank in its cluster
     __device__ uint32_t a(int s) const { return base + uint32_t(s) * kTileA; }
     __device__ uint32_t b(int s) const { return base + uint32_t(kStages * kTileA + s * kTileB); }
     __device__ unsigned char *b_ptr(int s) const { return ptr + kStages * kTileA + s * kTileB; }
     __device__ unsigned char *raw(int j) const {
-        return ptr + kStages * (kTileA + kTileB) + (j & 1) * kBN * slot;
+        return ptr + kStages * (kTileA + kTileB) + (j & 1) * raw_rows * slot;
     }
-    __device__ uint32_t bars() const { return base + uint32_t(kStages * (kTileA + kTileB) + 2 * kBN * slot); }
+    __device__ uint32_t bars() const { return base + uint32_t(kStages * (kTileA + kTileB) + 2 * raw_rows * slot); }
     __device__ uint32_t full(int s) const { return bars() + 8 * uint32_t(s); }
     __device__ uint32_t empty(int s) const { return bars() + 8 * uint32_t(kStages + s); }
+};
+
+// A block's place: its output tile's first row and weight row, its first decoded weight row in
+// the tile (r0 = rank * kBN / CM) and its cluster rank; live: its row tile is inside the matrix.
+struct Place {
+    int m0, n0, r0, rank;
+    bool live;
 };
 
 __device__ __forceinline__ void producer_sync() {
@@ -136,8 +159,9 @@ __device__ __forceinline__ const uint8_t *raw_src(const Q16Args &a, int n0, int 
     return a.w + int64_t(n0 + r) * a.row_bytes + int64_t(j) * seg_bytes;
 }
 
-// Starts the copies of superstep j (columns 256 j ..) of the tile's weight rows into raw buffer
-// j % 2 (this thread's share; the caller commits the group). Rows past n are not copied.
+// Starts the copies of superstep j (columns 256 j ..) of the block's weight rows (n0 .., the
+// kBN / CM rows it decodes) into raw buffer j % 2 (this thread's share; the caller commits the
+// group). Rows past n are not copied.
 template <int Q>
 __device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int n0, int j) {
     using G = RawGeom<Q>;
@@ -145,7 +169,7 @@ __device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int 
     const int cols = min(kRawCols, a.k - c0);  // a whole number of blocks (the host checks k)
     const int bytes = cols / G::kElems * G::kBlock;
     unsigned char *raw = sm.raw(j);
-    const int rows = min(kBN, a.n - n0);
+    const int rows = min(sm.raw_rows, a.n - n0);
     if (a.copy16) {
         const int chunks = bytes / 16;
         for (int i = int(threadIdx.x); i < rows * chunks; i += kProducers) {
@@ -173,12 +197,14 @@ __device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int 
     }
 }
 
-// The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: 4 passes of
-// the producer warpgroups, each thread one row's 8 columns per pass (8 lanes a row, 4 rows a warp
-// instruction, 16 rows a warp), decoded and rounded as the prewarm does, one 16-byte swizzled
-// store each; the passes unrolled, so that their independent reads and conversions overlap.
-template <int Q>
-__device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, int n0, int ks) {
+// The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: the block's
+// kBN / CM rows in 4 / CM passes of the producer warpgroups, each thread one row's 8 columns per
+// pass (8 lanes a row, 4 rows a warp instruction), decoded and rounded as the prewarm does, one
+// 16-byte swizzled store each (CM = 2: into the other block's stage too); the passes unrolled,
+// so that their independent reads and conversions overlap. n0: the block's first decoded row
+// (the tile's row r0 = n0 - the tile's first).
+template <int Q, int CM>
+__device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, int n0, int r0, int ks) {
     using G = RawGeom<Q>;
     const int j = ks / kStagesPerRaw;
     const unsigned char *raw = sm.raw(j);
@@ -187,10 +213,10 @@ __device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, in
     const int g = lane & 7;
     const int col = ks * kBK + 8 * g;  // this lane's first column
     const int e = col - j * kRawCols;  // its element in the superstep
-    constexpr int kRowsPerWarp = kBN / (kProducers / 32);  // 16: 4 passes of 4 rows
+    constexpr int kRowsPerWarp = kBN / CM / (kProducers / 32);  // 16 / CM: 4 / CM passes of 4 rows
 #pragma unroll
     for (int pass = 0; pass < kRowsPerWarp / 4; ++pass) {
-        const int r = warp * kRowsPerWarp + pass * 4 + (lane >> 3);
+        const int r = warp * kRowsPerWarp + pass * 4 + (lane >> 3);  // the block's row r, the tile's r0 + r
         // Branch-free, so that the passes' reads and conversions interleave: a row past n or a
         // column past k decodes whatever its slot holds (inside the slot) and stores zeros.
         const uint32_t o =
@@ -200,17 +226,21 @@ __device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, in
         uint4 out = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
                                pack_half2(v[6], v[7]));
         if (!(n0 + r < a.n && col < a.k)) out = make_uint4(0u, 0u, 0u, 0u);
-        // Row r's 16-byte chunk g in the 128-byte swizzle (hopper.cuh swizzled_offset).
-        *reinterpret_cast<uint4 *>(dst + r * kSwizzleRow + ((g ^ (r & 7)) << 4)) = out;
+        // The tile's row r0 + r, its 16-byte chunk g in the 128-byte swizzle (hopper.cuh
+        // swizzled_offset; r0 is a multiple of 8).
+        const uint32_t off = uint32_t((r0 + r) * kSwizzleRow + ((g ^ (r & 7)) << 4));
+        *reinterpret_cast<uint4 *>(dst + off) = out;
+        if constexpr (CM == 2) st_cluster_v4(mapa_cluster(sm.b(ks % kStages) + off, uint32_t(1 - sm.rank)), out);
     }
 }
 
 // The producer warpgroups over the tile's stages: the X tile by TMA (thread 0), the W tile
 // decoded from the raw superstep, whose copies run one superstep ahead.
-template <int Q>
-__device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm_x, const Smem &sm, int m0, int n0,
+template <int Q, int CM>
+__device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm_x, const Smem &sm, const Place &p,
                                          int stages) {
     const int supersteps = (a.k + kRawCols - 1) / kRawCols;
+    const int n0 = p.n0 + p.r0;  // the first weight row this block decodes
     raw_issue<Q>(a, sm, n0, 0);
     cp_async_commit();
     for (int ks = 0; ks < stages; ++ks) {
@@ -223,16 +253,31 @@ __device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm
             producer_sync();     // and everyone's (the half-words' plain stores too)
         }
         const int s = ks % kStages, use = ks / kStages;
-        if (use > 0) mbar_wait(sm.empty(s), uint32_t(use - 1) & 1u);
+        if (use > 0) mbar_wait(sm.empty(s), uint32_t(use - 1) & 1u);  // (CM = 2: both blocks' consumers)
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(sm.full(s), kTileA);
-            tma_load_2d(sm.a(s), tm_x, ks * kBK, m0, sm.full(s));
+            tma_load_2d(sm.a(s), tm_x, ks * kBK, p.live ? p.m0 : 0, sm.full(s));
         }
-        decode_tile<Q>(a, sm, n0, ks);
-        fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
-        mbar_arrive(sm.full(s));
+        decode_tile<Q, CM>(a, sm, n0, p.r0, ks);
+        if constexpr (CM == 1) {
+            fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
+            mbar_arrive(sm.full(s));
+        } else {
+            fence_proxy_async_cluster();  // this thread's stores into both blocks
+            __syncwarp();                 // the warp's stores before its arrivals
+            const int lane = int(threadIdx.x) & 31;
+            if (lane == 0) mbar_arrive(sm.full(s));
+            if (lane == 1) mbar_arrive_release_cluster(mapa_cluster(sm.full(s), uint32_t(1 - sm.rank)));
+        }
     }
     cp_async_wait_all();  // nothing in flight when the thread ends
+    if constexpr (CM == 2) {
+        // The other block's consumers arrive on this block's "empty" barriers until they are done
+        // with every stage: this block ends only after the last arrival of each (the stages' last
+        // uses released by both blocks), as the 8-bit leg's clusters end (gemm_i8_kernel.cuh).
+        for (int ks = max(0, stages - kStages); ks < stages; ++ks)
+            mbar_wait(sm.empty(ks % kStages), uint32_t(ks / kStages) & 1u);
+    }
 }
 
 // Rows row_in_tile and row_in_tile + 8 of the consumer warp, columns 8 j + 2 tig (+1), j < 16
@@ -254,8 +299,11 @@ __device__ __forceinline__ void epilogue(const Q16Args &a, const float (&acc)[kB
 }
 
 // A consumer warpgroup over the tile's stages, then its 128 rows' outputs: two accumulators of
-// 64 rows each (the M of one wgmma), both against the stage's one W tile.
-__device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m0, int n0, int stages) {
+// 64 rows each (the M of one wgmma), both against the stage's one W tile. CM = 2: a stage is
+// released to both blocks' producers (lane 0 arrives on block 0's barrier, lane 1 on block 1's).
+template <int CM>
+__device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, const Place &p, int stages) {
+    const int m0 = p.m0, n0 = p.n0;
     const int ctid = int(threadIdx.x) - kProducers;
     const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int gid = lane >> 2, tig = lane & 3;
@@ -264,14 +312,16 @@ __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m
     const uint64_t db0 = smem_desc(sm.b(0), 16, kSwizzleAtom);
     const auto release = [&](int s) {
         __syncwarp();
-        mbar_arrive_if(sm.empty(s), lane == 0);
+        if constexpr (CM == 1) mbar_arrive_if(sm.empty(s), lane == 0);
+        else mbar_arrive_cluster_if(sm.empty(s), uint32_t(lane), lane < CM);
     };
     float acc0[kBN / 2], acc1[kBN / 2];
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
     for (int ks = 0; ks < stages; ++ks) {
         const int s = ks % kStages;
-        mbar_wait(sm.full(s), uint32_t(ks / kStages) & 1u);
+        if constexpr (CM == 1) mbar_wait(sm.full(s), uint32_t(ks / kStages) & 1u);
+        else mbar_wait_cluster(sm.full(s), uint32_t(ks / kStages) & 1u);  // the other block's stores too
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {  // 4 x k16 = the stage's 128 bytes of each row
@@ -290,17 +340,20 @@ __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m
     fence_regs(acc0);
     fence_regs(acc1);
     release((stages - 1) % kStages);
+    if (!p.live) return;  // a pair's block past the matrix: rows 0.. of X, nothing to store
     epilogue(a, acc0, m0, n0, wg * kRowsPerWg + warp * 16 + gid, tig);
     epilogue(a, acc1, m0, n0, wg * kRowsPerWg + 64 + warp * 16 + gid, tig);
 }
 
 #endif  // PF_Q16_DEVICE
 
-// One block per kBM x kBN output tile (m_tiles * n_tiles blocks), kThreads threads,
-// smem_bytes<Q>() of dynamic shared memory.
-template <int Q>
+// One block per kBM x kBN output tile, in clusters of CM blocks on CM row tiles of one weight
+// tile (m_tiles rounded up to CM, times n_tiles blocks), kThreads threads, smem_bytes<Q, CM>() of
+// dynamic shared memory.
+template <int Q, int CM = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_q16_kernel(const __grid_constant__ Q16Args a, const __grid_constant__ CUtensorMap tm_x) {
+    static_assert(CM == 1 || CM == 2, "a block or a pair");
 #ifdef PF_Q16_DEVICE
     extern __shared__ unsigned char smem_raw[];
     Smem sm;
@@ -308,30 +361,99 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
     sm.ptr = smem_raw + (sm.base - raw);
     sm.slot = RawGeom<Q>::kSlot;
-    // Tiles in bands of kBand row tiles, the row tile fastest inside a band.
-    const int t = int(blockIdx.x);
-    const int band_tiles = kBand * a.n_tiles;
+    sm.raw_rows = kBN / CM;
+    sm.rank = CM > 1 ? int(cluster_ctarank()) : 0;
+    // Cluster tiles (CM row tiles) in bands of kBand / CM, the cluster row fastest inside a band.
+    const int t = int(blockIdx.x) / CM;
+    const int cm_tiles = (a.m_tiles + CM - 1) / CM;
+    constexpr int kClusterBand = kBand / CM;
+    const int band_tiles = kClusterBand * a.n_tiles;
     const int band = t / band_tiles, in_band = t - band * band_tiles;
-    const int band_rows = min(kBand, a.m_tiles - band * kBand);
-    const int mt = band * kBand + in_band % band_rows, nt = in_band / band_rows;
-    const int m0 = mt * kBM, n0 = nt * kBN;
+    const int band_rows = min(kClusterBand, cm_tiles - band * kClusterBand);
+    const int mt = (band * kClusterBand + in_band % band_rows) * CM + sm.rank, nt = in_band / band_rows;
+    const Place p{mt * kBM, nt * kBN, sm.rank * (kBN / CM), sm.rank, mt < a.m_tiles};
     const int stages = (a.k + kBK - 1) / kBK;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
-            mbar_init(sm.full(s), kProducers + 1);  // the decoders + the TMA's expect_tx
-            mbar_init(sm.empty(s), kConsumerWarps);
+            // The decoders (CM = 1: every thread; 2: each warp of both blocks) + the TMA's expect_tx.
+            mbar_init(sm.full(s), CM == 1 ? kProducers + 1 : 2 * (kProducers / 32) + 1);
+            mbar_init(sm.empty(s), CM * kConsumerWarps);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CM == 1) __syncthreads();
+    else cluster_sync();  // both blocks' barriers initialized before either arrives on the other's
     if (threadIdx.x < kProducers) {
         setmaxnreg_dec<kProducerRegs>();
-        producer<Q>(a, &tm_x, sm, m0, n0, stages);
+        producer<Q, CM>(a, &tm_x, sm, p, stages);
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
-    consumer(a, sm, m0, n0, stages);
+    consumer<CM>(a, sm, p, stages);
 #endif  // PF_Q16_DEVICE
+}
+
+// The kernel's arguments for y [rows][ldy] (+)= x16 . W^T (then times inv[row] where inv is not
+// null), W [n][k] the GGUF blocks of type Q at `blocks` (k a whole number of blocks). copy16 says
+// whether the raw blocks may be copied 16 bytes at a time: where it is false, Q4_K and Q5_K (whose
+// decoders read 8-byte aligned) do not run.
+template <int Q>
+inline Q16Args make_args(const void *blocks, int64_t n, int64_t k, const float *inv, int64_t rows, float *y,
+                         int64_t ldy, bool accumulate) {
+    using G = RawGeom<Q>;
+    Q16Args a{};
+    a.w = static_cast<const uint8_t *>(blocks);
+    a.row_bytes = k / G::kElems * G::kBlock;
+    a.y = y;
+    a.ldy = ldy;
+    a.inv = inv;
+    a.rows = int32_t(rows);
+    a.n = int32_t(n);
+    a.k = int32_t(k);
+    a.m_tiles = int32_t((rows + kBM - 1) / kBM);
+    a.n_tiles = int32_t((n + kBN - 1) / kBN);
+    a.accumulate = accumulate ? 1 : 0;
+    // 16-byte copies of the raw blocks where every row's segment of every superstep starts and
+    // ends on 16 bytes (the last superstep of k % 256 != 0 holds fewer blocks).
+    const int64_t tail = (k % kRawCols) / G::kElems * G::kBlock;
+    a.copy16 = reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && a.row_bytes % 16 == 0 && G::kBytes % 16 == 0 &&
+               tail % 16 == 0;
+    a.y_vec2 = reinterpret_cast<uintptr_t>(y) % 8 == 0 && ldy % 2 == 0;
+    return a;
+}
+
+// The blocks of a launch: m_tiles rounded up to CM, times n_tiles.
+template <int CM>
+inline int64_t grid_blocks(const Q16Args &a) {
+    return int64_t((a.m_tiles + CM - 1) / CM) * CM * a.n_tiles;
+}
+
+// Launches the kernel in clusters of CM blocks (grid_blocks<CM>(a) blocks); its dynamic shared
+// memory (smem_bytes<Q, CM>(), above the default 48 KiB) must have been allowed on the device
+// first (cudaFuncAttributeMaxDynamicSharedMemorySize).
+template <int Q, int CM>
+cudaError_t launch(const Q16Args &a, const CUtensorMap &tm_x, cudaStream_t st) {
+    const auto kernel = gemm_q16_kernel<Q, CM>;
+    constexpr size_t smem = smem_bytes<Q, CM>();
+    const unsigned grid = unsigned(grid_blocks<CM>(a));
+    if constexpr (CM == 1) {
+        kernel<<<grid, kThreads, smem, st>>>(a, tm_x);
+        return cudaGetLastError();
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = CM;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, kernel, a, tm_x);
+    }
 }
 
 }  // namespace q16

@@ -1,0 +1,260 @@
+// bench_gemm_q16.cu — the f16 leg's GEMM on the GGUF blocks (gemm_q16_kernel.cuh) in its two
+// forms, single blocks (CM = 1) and pairs of blocks sharing the decoded weight tile (CM = 2),
+// timed beside cuBLAS on the fp16 weights (what the fp16 cache runs) in one device call. Checks
+// first, on fresh random blocks and rows, outputs poisoned with NaN: the pair's output equals the
+// single block's bit for bit (the same products in the same order), every output is written, and
+// 64 sampled outputs are within 4e-5 of the float64 product of the fp16 rows and the weight
+// decoded by quant.cuh (the prewarm's decoder) relative to the sum of the products' magnitudes.
+// Not a ctest: a tool for kernel work (the library's own tests are tests/python/test_kernel_gemm_q16.py).
+//   bench_gemm_q16 [--check-only] [M N K ...]   (default: the qwen35-4b projections at 2048 and
+//                                               8192 rows, Q4_K and Q6_K)
+// Prints one line per shape, type and form: median ms of 10 runs and TF/s (2 M N K / time).
+// Exit 77: no compute capability 9.0 device or no sm_90a code; 1: a mismatch or an error.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/dequant/quant.cuh"
+#include "kernels/gemm/gemm_q16_kernel.cuh"
+
+namespace {
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        const cudaError_t e_ = (x);                                                                \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            std::exit(1);                                                                          \
+        }                                                                                          \
+    } while (0)
+#define CB(x)                                                                        \
+    do {                                                                             \
+        const cublasStatus_t s_ = (x);                                               \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                           \
+            std::fprintf(stderr, "%s:%d %s: cuBLAS %d\n", __FILE__, __LINE__, #x, int(s_)); \
+            std::exit(1);                                                            \
+        }                                                                            \
+    } while (0)
+
+using namespace pf;
+
+// W [n][k] fp16 from the blocks with quant.cuh's decoder (the prewarm's values).
+template <int Q>
+__global__ void decode_rows(const uint8_t *w, int64_t row_bytes, int n, int k, __half *out) {
+    const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+    if (i >= int64_t(n) * k) return;
+    const int64_t r = i / k, c = i % k;
+    float v[8];
+    decode8_at<Q>(w + r * row_bytes, c, v);
+    for (int e = 0; e < 8; ++e) out[i + e] = __float2half_rn(v[e]);
+}
+
+// Random blocks: random bytes, then every fp16 scale field a small positive fp16 (random bytes
+// there could be Inf or NaN). The fields' offsets per type (quant.cuh's block structs).
+template <int Q>
+void fill_blocks(std::vector<uint8_t> &b, std::mt19937 &rng) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> d(0.5e-2f, 1.5e-2f);
+    for (uint8_t &x : b) x = uint8_t(byte(rng));
+    constexpr int kB = qtraits<Q>::kBytes;
+    auto put = [&](size_t at) {
+        const __half h = __float2half_rn(d(rng));
+        std::memcpy(&b[at], &h, 2);
+    };
+    for (size_t o = 0; o + kB <= b.size(); o += kB) {
+        if constexpr (Q == PF_QTYPE_Q4_0 || Q == PF_QTYPE_Q8_0 || Q == PF_QTYPE_IQ4_XS) put(o);
+        if constexpr (Q == PF_QTYPE_Q4_K) put(o + offsetof(block_q4_K, d)), put(o + offsetof(block_q4_K, dmin));
+        if constexpr (Q == PF_QTYPE_Q5_K) put(o + offsetof(block_q5_K, d)), put(o + offsetof(block_q5_K, dmin));
+        if constexpr (Q == PF_QTYPE_Q6_K) put(o + offsetof(block_q6_K, d));
+    }
+}
+
+const char *type_name(int q) {
+    switch (q) {
+        case PF_QTYPE_Q4_0: return "Q4_0";
+        case PF_QTYPE_Q8_0: return "Q8_0";
+        case PF_QTYPE_Q4_K: return "Q4_K";
+        case PF_QTYPE_Q5_K: return "Q5_K";
+        case PF_QTYPE_Q6_K: return "Q6_K";
+        default: return "IQ4_XS";
+    }
+}
+
+template <class F>
+float median_ms(cudaStream_t st, int reps, const F &run) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    run();  // warm
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+        CK(cudaEventRecord(a, st));
+        run();
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// One shape and type: checks, then (unless check_only) the timings. Returns false on a mismatch.
+template <int Q>
+bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng) {
+    using G = q16::RawGeom<Q>;
+    const int64_t row_bytes = K / G::kElems * G::kBlock;
+    std::vector<uint8_t> hw(size_t(N * row_bytes));
+    fill_blocks<Q>(hw, rng);
+    std::vector<__half> hx(size_t(M * K));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (__half &x : hx) x = __float2half_rn(u(rng));
+    uint8_t *w = nullptr;
+    __half *x = nullptr, *w16 = nullptr;
+    float *y1 = nullptr, *y2 = nullptr, *yc = nullptr;
+    CK(cudaMalloc(&w, hw.size()));
+    CK(cudaMalloc(&x, hx.size() * 2));
+    CK(cudaMalloc(&w16, size_t(N * K) * 2));
+    CK(cudaMalloc(&y1, size_t(M * N) * 4));
+    CK(cudaMalloc(&y2, size_t(M * N) * 4));
+    CK(cudaMalloc(&yc, size_t(M * N) * 4));
+    CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(y1, 0xFF, size_t(M * N) * 4));  // NaN: an unwritten output fails the checks
+    CK(cudaMemset(y2, 0xFF, size_t(M * N) * 4));
+    const int64_t elems = N * K;
+    decode_rows<Q><<<unsigned((elems / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
+    CK(cudaGetLastError());
+
+    CUtensorMap tm;
+    if (hopper::encode_fp16_sw128(&tm, x, K, M, q16::kBM) != CUDA_SUCCESS) {
+        std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
+        std::exit(1);
+    }
+    const q16::Q16Args a1 = q16::make_args<Q>(w, N, K, nullptr, M, y1, N, false);
+    const q16::Q16Args a2 = q16::make_args<Q>(w, N, K, nullptr, M, y2, N, false);
+    CK(cudaFuncSetAttribute(q16::gemm_q16_kernel<Q, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16::smem_bytes<Q, 1>())));
+    CK(cudaFuncSetAttribute(q16::gemm_q16_kernel<Q, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16::smem_bytes<Q, 2>())));
+    cudaStream_t st = nullptr;
+    CK((q16::launch<Q, 1>(a1, tm, st)));
+    CK((q16::launch<Q, 2>(a2, tm, st)));
+    CK(cudaDeviceSynchronize());
+
+    // Checks: the pair's bits, every output finite, 64 samples against float64.
+    std::vector<float> h1(size_t(M * N)), h2(size_t(M * N));
+    std::vector<__half> hw16(size_t(N * K));
+    CK(cudaMemcpy(h1.data(), y1, h1.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h2.data(), y2, h2.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hw16.data(), w16, hw16.size() * 2, cudaMemcpyDeviceToHost));
+    bool ok = true;
+    int64_t unwritten = 0;
+    for (float v : h1) unwritten += !std::isfinite(v);
+    if (unwritten) std::printf("  FAIL: %lld outputs of the single blocks not written\n", (long long)unwritten), ok = false;
+    if (std::memcmp(h1.data(), h2.data(), h1.size() * 4) != 0) {
+        int64_t diff = 0;
+        for (size_t i = 0; i < h1.size(); ++i) diff += std::memcmp(&h1[i], &h2[i], 4) != 0;
+        std::printf("  FAIL: the pair differs from the single blocks in %lld of %lld outputs\n", (long long)diff,
+                    (long long)h1.size());
+        ok = false;
+    }
+    std::uniform_int_distribution<int64_t> rr(0, M - 1), rc(0, N - 1);
+    double worst = 0;
+    for (int s = 0; s < 64; ++s) {
+        const int64_t r = s == 0 ? M - 1 : rr(rng), c = s == 0 ? N - 1 : rc(rng);
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < K; ++i) {
+            const double p = double(__half2float(hx[size_t(r * K + i)])) * double(__half2float(hw16[size_t(c * K + i)]));
+            ref += p;
+            mag += std::fabs(p);
+        }
+        const double err = std::fabs(double(h1[size_t(r * N + c)]) - ref) / (mag + 1e-30);
+        worst = std::max(worst, err);
+    }
+    if (!(worst <= 4e-5)) std::printf("  FAIL: sampled error %.3g of the products' magnitude\n", worst), ok = false;
+    std::printf("%-7s M=%-5lld N=%-6lld K=%-6lld check: %s (pair bitwise, sampled error %.2g)\n", type_name(Q),
+                (long long)M, (long long)N, (long long)K, ok ? "ok" : "FAIL", worst);
+
+    if (!check_only && ok) {
+        const double flop = 2.0 * double(M) * double(N) * double(K);
+        const float alpha = 1.f, beta = 0.f;
+        // cuBLAS on the fp16 weights (the cache's GEMM): Y^T [N][M] = W [N][K] . X^T, column-major.
+        auto cache = [&] {
+            CB(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w16, CUDA_R_16F, int(K), x,
+                            CUDA_R_16F, int(K), &beta, yc, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+        };
+        const float tc = median_ms(st, 10, cache);
+        const float t1 = median_ms(st, 10, [&] { CK((q16::launch<Q, 1>(a1, tm, st))); });
+        const float t2 = median_ms(st, 10, [&] { CK((q16::launch<Q, 2>(a2, tm, st))); });
+        std::printf("  %-24s %8.4f ms %7.1f TF/s\n", "cuBLAS fp16 (cache)", tc, flop / tc * 1e-9);
+        std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", "blocks, single (CM=1)", t1, flop / t1 * 1e-9, tc / t1);
+        std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", "blocks, pairs (CM=2)", t2, flop / t2 * 1e-9, tc / t2);
+    }
+    CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(w16));
+    CK(cudaFree(y1));
+    CK(cudaFree(y2));
+    CK(cudaFree(yc));
+    return ok;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    int dev = 0;
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess || p.major != 9) {
+        std::printf("skipped: not a compute capability 9.0 device\n");
+        return 77;
+    }
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, q16::gemm_q16_kernel<PF_QTYPE_Q4_K, 1>) != cudaSuccess || fa.binaryVersion < 90) {
+        std::printf("skipped: no sm_90a code in this build\n");
+        return 77;
+    }
+    bool check_only = false;
+    std::vector<int64_t> dims;
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--check-only") == 0) check_only = true;
+        else dims.push_back(std::atoll(argv[i]));
+    }
+    std::mt19937 rng(20261203);
+    cublasHandle_t cb;
+    CB(cublasCreate(&cb));
+    bool ok = true;
+    // Every type on ragged shapes (an odd number of row tiles: a pair's block past the matrix; k
+    // not a multiple of 256 for the 32-element blocks: a short last superstep).
+    ok &= run_shape<PF_QTYPE_Q4_0>(700, 300, 2592, true, cb, rng);
+    ok &= run_shape<PF_QTYPE_Q8_0>(513, 257, 2592, true, cb, rng);
+    ok &= run_shape<PF_QTYPE_Q4_K>(700, 300, 2304, true, cb, rng);
+    ok &= run_shape<PF_QTYPE_Q5_K>(300, 129, 2304, true, cb, rng);
+    ok &= run_shape<PF_QTYPE_Q6_K>(1100, 200, 2304, true, cb, rng);
+    ok &= run_shape<PF_QTYPE_IQ4_XS>(257, 384, 2304, true, cb, rng);
+    if (dims.size() >= 3) {
+        for (size_t i = 0; i + 2 < dims.size(); i += 3) ok &= run_shape<PF_QTYPE_Q4_K>(dims[i], dims[i + 1], dims[i + 2], check_only, cb, rng);
+    } else {
+        const int64_t shapes[][2] = {{8192, 2560}, {18432, 2560}, {2560, 9216}};  // qkv, gate|up, down
+        for (int64_t m : {2048, 8192})
+            for (const auto &s : shapes) {
+                ok &= run_shape<PF_QTYPE_Q4_K>(m, s[0], s[1], check_only, cb, rng);
+                if (s[1] == 9216) ok &= run_shape<PF_QTYPE_Q6_K>(m, s[0], s[1], check_only, cb, rng);
+            }
+    }
+    CB(cublasDestroy(cb));
+    return ok ? 0 : 1;
+}
