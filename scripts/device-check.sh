@@ -32,7 +32,9 @@
 #                         test_batch.py: batches, fork, snapshots, rollback).
 #   8 sanitize-model-b    initcheck (the exact leg: it cannot see cuBLAS's fp16 TMA-store writes)
 #                         and synccheck over them; SANITIZER_BIG=1 adds a qwen35-0.8b shape.
-#   9 bench-kernels-a     pyprefill bench kernels --families gemm rows gdn.
+#   9 bench-kernels-a     bench_gemm_q16 (the GEMM on the GGUF blocks, single blocks and pairs, checked
+#                         and timed beside cuBLAS on the fp16 weights), then pyprefill bench kernels
+#                         --families gemm rows gdn.
 #  10 bench-kernels-b     pyprefill bench kernels --families attention.
 #  11 bench-model-a       pyprefill bench model --models qwen35-4b (HF peer, plot).
 #  12 bench-model-b       pyprefill bench model --models qwen3-4b (HF peer, plot).
@@ -331,6 +333,14 @@ run_part() {
       fi ;;
     9|10)
       local fams="gemm rows gdn"; [ "$p" = 10 ] && fams="attention"
+      if [ "$p" = 9 ]; then
+        local tq; tq=$(cap 120)
+        timeout "$tq" "$BUILD_DIR/tests/bench_gemm_q16" > "$dir/bench_gemm_q16.log" 2>&1
+        case $? in 0) result "9: blocks GEMM forms" "ok (bench_gemm_q16.log)" ;;
+                   77) result "9: blocks GEMM forms" "skipped: not a compute capability 9.0 device or no sm_90a code" ;;
+                   *) result "9: blocks GEMM forms" "FAIL (bench_gemm_q16.log)" ;; esac
+        grep -E "x cache|FAIL" "$dir/bench_gemm_q16.log" | head -n 20
+      fi
       # shellcheck disable=SC2086
       bench "$p: bench kernels ($fams)" "$dir/bench_kernels.log" kernels --out "$dir" --families $fams \
         ${BENCH_KERNELS:-} ;;
