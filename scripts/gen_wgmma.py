@@ -15,10 +15,12 @@ from pathlib import Path
 # layout test) and the f16 leg's GEMM on the GGUF blocks (gemm_q16_kernel.cuh: N = 128 weight
 # rows); wgmma_rs computes O += P V (N = the head dimension: 128 or 256) and the GDN state
 # update (128); wgmma_rsk (A from registers, B K-major) computes the GDN state kernel's products
-# with a [n][k]-stored B: S^T K^T, S^T Q^T, R^T Tm^T and V'^T P^T (N = the 64 rows of a chunk).
+# with a [n][k]-stored B: S^T K^T, S^T Q^T, R^T Tm^T and V'^T P^T (N = the 64 rows of a chunk),
+# and the GEMM on the GGUF blocks with the weight as the register operand
+# (gemm_q16_rs_kernel.cuh: Y^T = W X^T, N = 256 rows of X).
 SS_N = (64, 80, 128, 176)
 RS_N = (128, 256)
-RSK_N = (64,)
+RSK_N = (64, 256)
 # wgmma_s8 (int8 A and B from shared memory, both K-major; int32 accumulate): the 8-bit leg's
 # GEMM (gemm_i8.cu), N = its weight tile.
 S8_N = (128, 192)

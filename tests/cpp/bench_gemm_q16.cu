@@ -1,10 +1,14 @@
-// bench_gemm_q16.cu — the f16 leg's GEMM on the GGUF blocks (gemm_q16_kernel.cuh) in its two
-// forms, single blocks (CM = 1) and pairs of blocks sharing the decoded weight tile (CM = 2),
-// timed beside cuBLAS on the fp16 weights (what the fp16 cache runs) in one device call. Checks
-// first, on fresh random blocks and rows, outputs poisoned with NaN: the pair's output equals the
-// single block's bit for bit (the same products in the same order), every output is written, and
-// 64 sampled outputs are within 4e-5 of the float64 product of the fp16 rows and the weight
-// decoded by quant.cuh (the prewarm's decoder) relative to the sum of the products' magnitudes.
+// bench_gemm_q16.cu — the f16 leg's GEMM on the GGUF blocks in its forms: the weight decoded into
+// shared memory (gemm_q16_kernel.cuh) by single blocks (CM = 1) or by pairs of blocks sharing the
+// decoded tile (CM = 2), and the weight as wgmma's register operand (gemm_q16_rs_kernel.cuh, "rs",
+// an experiment), timed beside cuBLAS on the fp16 weights (what the fp16 cache runs) in one device
+// call. Checks first, on fresh random blocks and rows, outputs poisoned with NaN: the pair's output
+// equals the single block's bit for bit (the same products in the same order), the rs form's is
+// reported beside it (bitwise where wgmma sums a 16-column step the same way for either operand
+// order), every output is written, and 64 sampled outputs of each form are within 4e-5 of the
+// float64 product of the fp16 rows and the weight decoded by quant.cuh (the prewarm's decoder)
+// relative to the sum of the products' magnitudes; with X the identity (one product per output)
+// each form's output is that decoded fp16 weight exactly.
 // Not a ctest: a tool for kernel work (the library's own tests are tests/python/test_kernel_gemm_q16.py).
 //   bench_gemm_q16 [--check-only] [M N K ...]   (default: the qwen35-4b projections at 2048 and
 //                                               8192 rows, Q4_K and Q6_K)
@@ -24,6 +28,7 @@
 
 #include "kernels/dequant/quant.cuh"
 #include "kernels/gemm/gemm_q16_kernel.cuh"
+#include "kernels/gemm/gemm_q16_rs_kernel.cuh"
 
 namespace {
 
@@ -111,82 +116,109 @@ float median_ms(cudaStream_t st, int reps, const F &run) {
     return t[t.size() / 2];
 }
 
-// One shape and type: checks, then (unless check_only) the timings. Returns false on a mismatch.
+// The forms, launched on y: 0 single blocks, 1 pairs, 2 rs (the weight as the register operand).
+constexpr int kForms = 3;
+const char *const kFormName[kForms] = {"blocks, single (CM=1)", "blocks, pairs (CM=2)", "blocks, rs (A = W regs)"};
+
 template <int Q>
-bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng) {
+void allow_smem() {
+    CK(cudaFuncSetAttribute(q16::gemm_q16_kernel<Q, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16::smem_bytes<Q, 1>())));
+    CK(cudaFuncSetAttribute(q16::gemm_q16_kernel<Q, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16::smem_bytes<Q, 2>())));
+    CK(cudaFuncSetAttribute(q16rs::gemm_q16_rs_kernel<Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16rs::smem_bytes<Q>())));
+}
+
+template <int Q>
+void launch_form(int f, const uint8_t *w, int64_t N, int64_t K, const CUtensorMap &tm, int64_t M, float *y,
+                 cudaStream_t st) {
+    if (f == 2) {
+        CK((q16rs::launch<Q>(q16rs::make_args<Q>(w, N, K, nullptr, M, y, N, false), tm, st)));
+        return;
+    }
+    const q16::Q16Args a = q16::make_args<Q>(w, N, K, nullptr, M, y, N, false);
+    if (f == 0) CK((q16::launch<Q, 1>(a, tm, st)));
+    else CK((q16::launch<Q, 2>(a, tm, st)));
+}
+
+// One shape and type: checks, then (unless check_only) the timings. Returns false on a mismatch.
+// identity: X = I (M = K), each output one product: every form's Y^T must be the decoded weight.
+template <int Q>
+bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng,
+               bool identity = false) {
     using G = q16::RawGeom<Q>;
     const int64_t row_bytes = K / G::kElems * G::kBlock;
     std::vector<uint8_t> hw(size_t(N * row_bytes));
     fill_blocks<Q>(hw, rng);
     std::vector<__half> hx(size_t(M * K));
     std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (__half &x : hx) x = __float2half_rn(u(rng));
+    for (int64_t i = 0; i < M * K; ++i)
+        hx[size_t(i)] = __float2half_rn(identity ? float(i / K == i % K) : u(rng));
     uint8_t *w = nullptr;
     __half *x = nullptr, *w16 = nullptr;
-    float *y1 = nullptr, *y2 = nullptr, *yc = nullptr;
+    float *y[kForms] = {}, *yc = nullptr;
     CK(cudaMalloc(&w, hw.size()));
     CK(cudaMalloc(&x, hx.size() * 2));
     CK(cudaMalloc(&w16, size_t(N * K) * 2));
-    CK(cudaMalloc(&y1, size_t(M * N) * 4));
-    CK(cudaMalloc(&y2, size_t(M * N) * 4));
+    for (float *&p : y) {
+        CK(cudaMalloc(&p, size_t(M * N) * 4));
+        CK(cudaMemset(p, 0xFF, size_t(M * N) * 4));  // NaN: an unwritten output fails the checks
+    }
     CK(cudaMalloc(&yc, size_t(M * N) * 4));
     CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemset(y1, 0xFF, size_t(M * N) * 4));  // NaN: an unwritten output fails the checks
-    CK(cudaMemset(y2, 0xFF, size_t(M * N) * 4));
-    const int64_t elems = N * K;
-    decode_rows<Q><<<unsigned((elems / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
+    decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
     CK(cudaGetLastError());
-
-    CUtensorMap tm;
+    CUtensorMap tm;  // boxes of 256 rows: kBM of the shared-memory form, kTN of the rs form
+    static_assert(q16::kBM == q16rs::kTN, "one X map for both forms");
     if (hopper::encode_fp16_sw128(&tm, x, K, M, q16::kBM) != CUDA_SUCCESS) {
         std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
         std::exit(1);
     }
-    const q16::Q16Args a1 = q16::make_args<Q>(w, N, K, nullptr, M, y1, N, false);
-    const q16::Q16Args a2 = q16::make_args<Q>(w, N, K, nullptr, M, y2, N, false);
-    CK(cudaFuncSetAttribute(q16::gemm_q16_kernel<Q, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            int(q16::smem_bytes<Q, 1>())));
-    CK(cudaFuncSetAttribute(q16::gemm_q16_kernel<Q, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            int(q16::smem_bytes<Q, 2>())));
+    allow_smem<Q>();
     cudaStream_t st = nullptr;
-    CK((q16::launch<Q, 1>(a1, tm, st)));
-    CK((q16::launch<Q, 2>(a2, tm, st)));
+    for (int f = 0; f < kForms; ++f) launch_form<Q>(f, w, N, K, tm, M, y[f], st);
     CK(cudaDeviceSynchronize());
 
-    // Checks: the pair's bits, every output finite, 64 samples against float64.
-    std::vector<float> h1(size_t(M * N)), h2(size_t(M * N));
+    std::vector<std::vector<float>> h(kForms, std::vector<float>(size_t(M * N)));
     std::vector<__half> hw16(size_t(N * K));
-    CK(cudaMemcpy(h1.data(), y1, h1.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(h2.data(), y2, h2.size() * 4, cudaMemcpyDeviceToHost));
+    for (int f = 0; f < kForms; ++f) CK(cudaMemcpy(h[f].data(), y[f], h[f].size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hw16.data(), w16, hw16.size() * 2, cudaMemcpyDeviceToHost));
     bool ok = true;
-    int64_t unwritten = 0;
-    for (float v : h1) unwritten += !std::isfinite(v);
-    if (unwritten) std::printf("  FAIL: %lld outputs of the single blocks not written\n", (long long)unwritten), ok = false;
-    if (std::memcmp(h1.data(), h2.data(), h1.size() * 4) != 0) {
-        int64_t diff = 0;
-        for (size_t i = 0; i < h1.size(); ++i) diff += std::memcmp(&h1[i], &h2[i], 4) != 0;
-        std::printf("  FAIL: the pair differs from the single blocks in %lld of %lld outputs\n", (long long)diff,
-                    (long long)h1.size());
-        ok = false;
-    }
-    std::uniform_int_distribution<int64_t> rr(0, M - 1), rc(0, N - 1);
-    double worst = 0;
-    for (int s = 0; s < 64; ++s) {
-        const int64_t r = s == 0 ? M - 1 : rr(rng), c = s == 0 ? N - 1 : rc(rng);
-        double ref = 0, mag = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            const double p = double(__half2float(hx[size_t(r * K + i)])) * double(__half2float(hw16[size_t(c * K + i)]));
-            ref += p;
-            mag += std::fabs(p);
+    std::printf("%-7s M=%-5lld N=%-6lld K=%-6lld%s\n", type_name(Q), (long long)M, (long long)N, (long long)K,
+                identity ? " X = I" : "");
+    for (int f = 0; f < kForms; ++f) {
+        int64_t unwritten = 0, diff = 0, wrong = 0;
+        for (size_t i = 0; i < h[f].size(); ++i) {
+            unwritten += !std::isfinite(h[f][i]);
+            diff += std::memcmp(&h[f][i], &h[0][i], 4) != 0;
         }
-        const double err = std::fabs(double(h1[size_t(r * N + c)]) - ref) / (mag + 1e-30);
-        worst = std::max(worst, err);
+        if (identity)  // Y[t][c] = W16[c][t] exactly
+            for (int64_t t = 0; t < M; ++t)
+                for (int64_t c = 0; c < N; ++c)
+                    wrong += h[f][size_t(t * N + c)] != __half2float(hw16[size_t(c * K + t)]);
+        double worst = 0;
+        std::mt19937 pick(7);  // the same samples for every form
+        std::uniform_int_distribution<int64_t> rr(0, M - 1), rc(0, N - 1);
+        for (int smp = 0; smp < 64 && !identity; ++smp) {
+            const int64_t r = smp == 0 ? M - 1 : rr(pick), c = smp == 0 ? N - 1 : rc(pick);
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < K; ++i) {
+                const double p = double(__half2float(hx[size_t(r * K + i)])) * double(__half2float(hw16[size_t(c * K + i)]));
+                ref += p;
+                mag += std::fabs(p);
+            }
+            worst = std::max(worst, std::fabs(double(h[f][size_t(r * N + c)]) - ref) / (mag + 1e-30));
+        }
+        // the pair must equal the single blocks bit for bit; the rs form's difference is reported
+        const bool f_ok = unwritten == 0 && wrong == 0 && worst <= 4e-5 && (f != 1 || diff == 0);
+        std::printf("  %-24s check: %s (unwritten %lld, differing from single %lld of %lld, sampled error %.2g%s)\n",
+                    kFormName[f], f_ok ? "ok" : "FAIL", (long long)unwritten, (long long)diff,
+                    (long long)h[f].size(), worst,
+                    identity ? (wrong ? ", NOT the decoded weight" : ", the decoded weight") : "");
+        ok &= f_ok;
     }
-    if (!(worst <= 4e-5)) std::printf("  FAIL: sampled error %.3g of the products' magnitude\n", worst), ok = false;
-    std::printf("%-7s M=%-5lld N=%-6lld K=%-6lld check: %s (pair bitwise, sampled error %.2g)\n", type_name(Q),
-                (long long)M, (long long)N, (long long)K, ok ? "ok" : "FAIL", worst);
 
     if (!check_only && ok) {
         const double flop = 2.0 * double(M) * double(N) * double(K);
@@ -198,17 +230,16 @@ bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t 
                             CUBLAS_GEMM_DEFAULT));
         };
         const float tc = median_ms(st, 10, cache);
-        const float t1 = median_ms(st, 10, [&] { CK((q16::launch<Q, 1>(a1, tm, st))); });
-        const float t2 = median_ms(st, 10, [&] { CK((q16::launch<Q, 2>(a2, tm, st))); });
         std::printf("  %-24s %8.4f ms %7.1f TF/s\n", "cuBLAS fp16 (cache)", tc, flop / tc * 1e-9);
-        std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", "blocks, single (CM=1)", t1, flop / t1 * 1e-9, tc / t1);
-        std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", "blocks, pairs (CM=2)", t2, flop / t2 * 1e-9, tc / t2);
+        for (int f = 0; f < kForms; ++f) {
+            const float t = median_ms(st, 10, [&] { launch_form<Q>(f, w, N, K, tm, M, y[f], st); });
+            std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", kFormName[f], t, flop / t * 1e-9, tc / t);
+        }
     }
     CK(cudaFree(w));
     CK(cudaFree(x));
     CK(cudaFree(w16));
-    CK(cudaFree(y1));
-    CK(cudaFree(y2));
+    for (float *p : y) CK(cudaFree(p));
     CK(cudaFree(yc));
     return ok;
 }
@@ -245,6 +276,13 @@ int main(int argc, char **argv) {
     ok &= run_shape<PF_QTYPE_Q5_K>(300, 129, 2304, true, cb, rng);
     ok &= run_shape<PF_QTYPE_Q6_K>(1100, 200, 2304, true, cb, rng);
     ok &= run_shape<PF_QTYPE_IQ4_XS>(257, 384, 2304, true, cb, rng);
+    // X = I: each output one product, the decoded fp16 weight exactly (every form's operand)
+    ok &= run_shape<PF_QTYPE_Q4_0>(544, 136, 544, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_Q8_0>(288, 130, 288, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_Q4_K>(512, 136, 512, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_Q5_K>(512, 136, 512, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_Q6_K>(768, 136, 768, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_IQ4_XS>(512, 136, 512, true, cb, rng, true);
     if (dims.size() >= 3) {
         for (size_t i = 0; i + 2 < dims.size(); i += 3) ok &= run_shape<PF_QTYPE_Q4_K>(dims[i], dims[i + 1], dims[i + 2], check_only, cb, rng);
     } else {

@@ -173,4 +173,89 @@ __device__ __forceinline__ void decode8_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s,
     }
 }
 
+// ------------------------------------------------------------------ two elements at a time
+//
+// decode2_stage<Q>(s, bo, i0, v): elements i0 and i0 + 1 (i0 even) of the block at byte bo of the
+// stage, for a thread that needs two adjacent elements (the wgmma register fragment of the GEMM
+// with the weight as its A operand: gemm_q16_rs_kernel.cuh); each value by the same expression as
+// decode8_stage's, so bit for bit its value. The two quants come as one 16-bit load (every field
+// of every type sits at an even offset of an even-aligned block).
+
+__device__ __forceinline__ uint32_t stage2(const uint8_t *s, uint32_t off) {
+    return *reinterpret_cast<const uint16_t *>(s + off);
+}
+
+template <int Q>
+__device__ void decode2_stage(const uint8_t *s, uint32_t bo, int i0, float *v);
+
+template <>
+__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q4_0>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const float d = stage_half(s, bo);
+    const uint32_t w = (stage2(s, bo + 2 + (i0 & 15)) >> ((i0 >> 4) << 2)) & 0x0F0Fu;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) v[e] = d * (biased_byte(w, e) - (kTwo23 + 8.0f));
+}
+
+template <>
+__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q8_0>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const float d = stage_half(s, bo);
+    const uint32_t w = stage2(s, bo + 2 + i0) ^ 0x8080u;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) v[e] = d * (biased_byte(w, e) - (kTwo23 + 128.0f));
+}
+
+template <>
+__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const block_q4_K *b = reinterpret_cast<const block_q4_K *>(s + bo);
+    const int j = i0 >> 5;
+    float d1, m1;
+    k4_scale_min_stage(b, j, d1, m1);
+    const uint32_t q = stage2(s, bo + offsetof(block_q4_K, qs) + (j >> 1) * 32 + (i0 & 31));
+    const uint32_t w = (q >> ((j & 1) << 2)) & 0x0F0Fu;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) v[e] = d1 * (biased_byte(w, e) - kTwo23) - m1;
+}
+
+template <>
+__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const block_q5_K *b = reinterpret_cast<const block_q5_K *>(s + bo);
+    const int j = i0 >> 5, l0 = i0 & 31;
+    float d1, m1;
+    k4_scale_min_stage(b, j, d1, m1);
+    const uint32_t q = stage2(s, bo + offsetof(block_q5_K, qs) + (j >> 1) * 32 + l0);
+    const uint32_t h = stage2(s, bo + offsetof(block_q5_K, qh) + l0);
+    const uint32_t w = ((q >> ((j & 1) << 2)) & 0x0F0Fu) | (((h >> j) & 0x0101u) << 4);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) v[e] = d1 * (biased_byte(w, e) - kTwo23) - m1;
+}
+
+template <>
+__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q6_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const int h = i0 >> 7, r0 = i0 & 127;
+    const uint32_t ql = stage2(s, bo + offsetof(block_q6_K, ql) + h * 64 + (r0 & 63));
+    const uint32_t qh = stage2(s, bo + offsetof(block_q6_K, qh) + h * 32 + (r0 & 31));
+    const uint32_t sc = uint32_t(s[bo + offsetof(block_q6_K, scales) + (i0 >> 4)]) ^ 0x80u;
+    const float sd = stage_half(s, bo + offsetof(block_q6_K, d)) * (biased_uint(sc) - (kTwo23 + 128.0f));
+    const uint32_t w = ((ql >> ((r0 >> 6) << 2)) & 0x0F0Fu) | (((qh >> ((r0 >> 5) << 1)) & 0x0303u) << 4);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) v[e] = sd * (biased_byte(w, e) - (kTwo23 + 32.0f));
+}
+
+template <>
+__device__ __forceinline__ void decode2_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const block_iq4_xs *b = reinterpret_cast<const block_iq4_xs *>(s + bo);
+    const int ib = i0 >> 5, j0 = i0 & 31;
+    const uint32_t ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xFu) |
+                        (((uint32_t(b->scales_h) >> (2 * ib)) & 3u) << 4);
+    const float dl = __half2float(b->d) * (biased_uint(ls) - (kTwo23 + 32.0f));
+    const uint32_t q = stage2(s, bo + offsetof(block_iq4_xs, qs) + ib * 16 + (j0 & 15));
+    const int sh = (j0 >> 4) << 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const uint32_t c = ((q >> (8 * e)) >> sh) & 0xFu;
+        const uint64_t t = c < 8 ? kIq4nlLoBiased : kIq4nlHiBiased;
+        v[e] = dl * (biased_uint(uint32_t(t >> ((c & 7) * 8)) & 0xFFu) - (kTwo23 + 128.0f));
+    }
+}
+
 }  // namespace pf

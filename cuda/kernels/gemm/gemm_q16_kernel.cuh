@@ -159,20 +159,20 @@ __device__ __forceinline__ const uint8_t *raw_src(const Q16Args &a, int n0, int 
     return a.w + int64_t(n0 + r) * a.row_bytes + int64_t(j) * seg_bytes;
 }
 
-// Starts the copies of superstep j (columns 256 j ..) of the block's weight rows (n0 .., the
-// kBN / CM rows it decodes) into raw buffer j % 2 (this thread's share; the caller commits the
-// group). Rows past n are not copied.
+// Starts the copies of superstep j (columns 256 j ..) of the weight rows n0 .. n0 + raw_rows - 1
+// into the raw buffer `raw` (one slot of RawGeom<Q>::kSlot bytes per row): thread `tid` of the
+// `nthreads` that copy takes its share (the caller commits the group). Rows past n are not copied.
 template <int Q>
-__device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int n0, int j) {
+__device__ __forceinline__ void raw_issue(const Q16Args &a, unsigned char *raw, int raw_rows, int n0, int j, int tid,
+                                          int nthreads) {
     using G = RawGeom<Q>;
     const int c0 = j * kRawCols;
     const int cols = min(kRawCols, a.k - c0);  // a whole number of blocks (the host checks k)
     const int bytes = cols / G::kElems * G::kBlock;
-    unsigned char *raw = sm.raw(j);
-    const int rows = min(sm.raw_rows, a.n - n0);
+    const int rows = min(raw_rows, a.n - n0);
     if (a.copy16) {
         const int chunks = bytes / 16;
-        for (int i = int(threadIdx.x); i < rows * chunks; i += kProducers) {
+        for (int i = tid; i < rows * chunks; i += nthreads) {
             const int r = i / chunks, c = i - r * chunks;
             cp_async16(raw + r * G::kSlot + 16 * c, raw_src(a, n0, r, j, G::kBytes) + 16 * c);
         }
@@ -182,7 +182,7 @@ __device__ __forceinline__ void raw_issue(const Q16Args &a, const Smem &sm, int 
     // holds the segment (o = 0 or 2: blocks and rows have even sizes); a last half-word is
     // copied with a plain 2-byte load (never a word past the matrix's end).
     constexpr int kMaxWords = (G::kBytes + 2) / 4 + 1;
-    for (int i = int(threadIdx.x); i < rows * kMaxWords; i += kProducers) {
+    for (int i = tid; i < rows * kMaxWords; i += nthreads) {
         const int r = i / kMaxWords, wi = i - r * kMaxWords;
         const uint8_t *src = raw_src(a, n0, r, j, G::kBytes);
         const uint32_t o = uint32_t(reinterpret_cast<uintptr_t>(src) & 3u);
@@ -241,13 +241,13 @@ __device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm
                                          int stages) {
     const int supersteps = (a.k + kRawCols - 1) / kRawCols;
     const int n0 = p.n0 + p.r0;  // the first weight row this block decodes
-    raw_issue<Q>(a, sm, n0, 0);
+    raw_issue<Q>(a, sm.raw(0), sm.raw_rows, n0, 0, int(threadIdx.x), kProducers);
     cp_async_commit();
     for (int ks = 0; ks < stages; ++ks) {
         if (ks % kStagesPerRaw == 0) {
             const int j = ks / kStagesPerRaw;
             producer_sync();  // every thread is done with buffer (j + 1) % 2 (superstep j - 1)
-            if (j + 1 < supersteps) raw_issue<Q>(a, sm, n0, j + 1);
+            if (j + 1 < supersteps) raw_issue<Q>(a, sm.raw(j + 1), sm.raw_rows, n0, j + 1, int(threadIdx.x), kProducers);
             cp_async_commit();
             cp_async_wait<1>();  // this thread's copies of superstep j have landed
             producer_sync();     // and everyone's (the half-words' plain stores too)
