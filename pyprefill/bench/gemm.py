@@ -4,7 +4,12 @@ dequantization against the device copy bandwidth (GB/s), and the two ceilings: t
 GEMM peak and the device-to-device copy. Shapes: a preset's attn_qkv, ffn_gate, the fused
 gate|up and ffn_down (qwen35-4b; `--shapes` picks another). With the 8-bit leg, torch's FP8
 `_scaled_mm` (row-wise scales) and int8 `_int_mm` run beside it as its GEMM peers (operands
-already 8-bit: no quantization in their time; ours includes the activations' quantization)."""
+already 8-bit: no quantization in their time; ours includes the activations' quantization).
+With the blocks leg (`--gemm blocks`: the f16 leg on the GGUF blocks, no fp16 cache), each matrix
+type of the Q4_K_M mix (BLOCK_MIX) runs on fp16 x beside cuBLAS on the cache, and torch's W4A16
+GEMM (`torch._weight_int4pack_mm`: int4 weights in groups of 32, bf16 x) as the peer of its kind
+where the GPU image's torch runs it (the row's note says which call form ran, or why none did).
+Lengths 1, 16, 64 take the GEMV and small-GEMM routes (`-p 1 16 64 512 2048 8192`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +19,7 @@ from ..kernels import gemm as K
 from .timer import time_torch
 
 SHAPES = "qwen35-4b"
+BLOCK_MIX = ("Q4_K", "Q6_K")  # the matrix types of a Q4_K_M file (synth's q4_k_m mix)
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gemm ------------------------
@@ -97,6 +103,8 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
         del xs, ws
         if "int8" in legs:
             b.rec.guard(f"{op} T={T} torch 8-bit peers", _torch_8bit, b, op, T, n, k, peer)
+        if "blocks" in legs:
+            b.rec.guard(f"{op} T={T} torch W4A16 peer", _torch_w4a16, b, op, T, n, k, peer)
     if b.ctx is None:
         return
     sets = b.sets(4 * (T * k + T * n) + 2 * n * k, max_sets=8)
@@ -119,21 +127,26 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
               note=f"Q4_K {n}x{k}, fp32 x and y", sets=sets)
 
     def run_blocks():
-        """The f16 leg on the GGUF blocks (tuning gemm_blocks, no fp16 cache): on fp16 x as the
-        producers write it (its peer: "ours f16 leg, fp16 x", cuBLAS on the cache) and on fp32 x."""
-        bws = [b.weight("Q4_K", n, k) for _ in range(sets)]   # never cached
+        """The f16 leg on the GGUF blocks (tuning gemm_blocks, no fp16 cache): each type of the mix
+        on fp16 x as the producers write it (its peer: "ours f16 leg, fp16 x", cuBLAS on the
+        cache), and Q4_K on fp32 x too."""
         x16 = b.upload(b.rand(sets * T, k).astype(np.float16))
         inv = b.upload(np.ones(T, np.float32))
         _set_blocks(b.ctx, True)
         try:
-            t = b.time_ours(lambda i: _project_f16x(b.ctx, bws[i % sets], View(x16, (i % sets) * T * k),
-                                                    View(inv), View(ys.buf, ys.off(i), n), T), reps=b.reps)
-            b.add(op, T, "ours blocks, fp16 x", t, flops=flops, peer=peer,
-                  note=f"Q4_K {n}x{k} read as blocks, fp16 x, fp32 y", sets=sets)
-            t = b.time_ours(lambda i: _project(b.ctx, bws[i % sets], View(xs.buf, xs.off(i), k),
-                                               View(ys.buf, ys.off(i), n), T, "f16"), reps=b.reps)
-            b.add(op, T, "ours blocks leg", t, flops=flops, peer=peer,
-                  note=f"Q4_K {n}x{k} read as blocks, fp32 x and y", sets=sets)
+            for qt in BLOCK_MIX:
+                bws = [b.weight(qt, n, k) for _ in range(sets)]   # never cached
+                label = "ours blocks, fp16 x" if qt == "Q4_K" else f"ours blocks {qt}, fp16 x"
+                t = b.time_ours(lambda i: _project_f16x(b.ctx, bws[i % sets], View(x16, (i % sets) * T * k),
+                                                        View(inv), View(ys.buf, ys.off(i), n), T), reps=b.reps)
+                b.add(op, T, label, t, flops=flops, peer=peer,
+                      note=f"{qt} {n}x{k} read as blocks, fp16 x, fp32 y", sets=sets)
+                if qt == "Q4_K":
+                    t = b.time_ours(lambda i: _project(b.ctx, bws[i % sets], View(xs.buf, xs.off(i), k),
+                                                       View(ys.buf, ys.off(i), n), T, "f16"), reps=b.reps)
+                    b.add(op, T, "ours blocks leg", t, flops=flops, peer=peer,
+                          note=f"Q4_K {n}x{k} read as blocks, fp32 x and y", sets=sets)
+                del bws
         finally:
             _set_blocks(b.ctx, False)
 
@@ -175,6 +188,35 @@ def _torch_8bit(b, op: str, T: int, n: int, k: int, peer) -> None:
     wi = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8) for _ in range(sets)]
     t = b.time_torch(lambda i: torch._int_mm(xi[i % sets], wi[i % sets].T))
     b.add(op, T, "torch int8 _int_mm", t, flops=flops, peer=peer, note="int32 out, no scales")
+
+
+def int4pack(torch, w4, inner_k_tiles: int = 8):
+    """torch's int4 weight packing of codes w4 [n][k] (int32 in 0..15), in the call form this
+    torch has: uint8 [n][k / 2] two codes a byte (torch >= 2.5), else the int32 codes themselves.
+    Returns (packed, form)."""
+    try:
+        u8 = (w4[:, ::2] << 4 | w4[:, 1::2]).to(torch.uint8)
+        return torch._convert_weight_to_int4pack(u8, inner_k_tiles), "uint8 packing"
+    except (RuntimeError, TypeError):
+        return torch._convert_weight_to_int4pack(w4, inner_k_tiles), "int32 packing"
+
+
+def _torch_w4a16(b, op: str, T: int, n: int, k: int, peer, group: int = 32) -> None:
+    """torch's W4A16 GEMM (`torch._weight_int4pack_mm`: bf16 x times int4 codes with a bf16 scale
+    and zero per group of `group` columns): the kind of GEMM the blocks leg is, as torch ships it."""
+    torch = b.torch
+    flops = 2 * T * n * k
+    sets = b.sets(2 * T * k + n * k // 2 + 2 * T * n, max_sets=8)
+    xs = [torch.randn(T, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    packed, form = [], ""
+    for _ in range(sets):
+        p, form = int4pack(torch, torch.randint(0, 16, (n, k), device="cuda", dtype=torch.int32))
+        packed.append(p)
+    sz = torch.ones(k // group, n, 2, device="cuda", dtype=torch.bfloat16)
+    sz[..., 1] = 8.0
+    t = b.time_torch(lambda i: torch._weight_int4pack_mm(xs[i % sets], packed[i % sets], group, sz))
+    b.add(op, T, "torch W4A16 int4pack_mm", t, flops=flops, peer=peer,
+          note=f"int4 groups of {group}, bf16 x and y ({form})")
 
 
 def dequant(b, qtype: str = "Q4_K") -> None:

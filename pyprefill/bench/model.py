@@ -156,8 +156,9 @@ def _row(label: str, impl: str, T: int, t: dict | None = None, **extra) -> dict:
 
 
 def _say(rec, row: dict) -> None:
+    mem = row.get("allocated_bytes")
     rec.say(f"  {row['model']:24s} {row['impl']:18s} T={row['T']:<6d} {row['median_ms']:9.2f} ms "
-            f"{row['tok_s']:10.0f} tok/s")
+            f"{row['tok_s']:10.0f} tok/s" + (f"  device {mem / 2**30:.2f} GiB" if mem else ""))
 
 
 # Leg variants for before/after runs in one process (session tuning fields, pyprefill.tuning):

@@ -30,10 +30,14 @@ def model_table(rows: list[dict], peak_tflops: float | None = None) -> str:
     lines = ["Whole-model prefill (wall clock incl. logits to host, median of the repeats). "
              f"Roofline = measured torch fp16 peak ({_f(peak_tflops)} TF/s) / (2 x non-embedding "
              "params). Prewarm % copy: its bytes read + written over its wall time, against the "
-             "device-to-device copy measured in the same run.", "",
+             "device-to-device copy measured in the same run. Device GiB: what the context holds "
+             "(weights, caches, sessions, scratch); weights GiB: the GGUF's matrices on the device; "
+             "fp16 cache GiB: their fp16 copies (0 where the f16 leg reads the blocks).", "",
              "| model | impl | T | median ms | tok/s | ± std | vs HF | roofline tok/s | "
-             "% roofline | load ms | prewarm ms | prewarm % copy | device GiB | error |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "% roofline | load ms | prewarm ms | prewarm % copy | device GiB | weights GiB | "
+             "fp16 cache GiB | error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    gib = lambda b: _f(b / 2**30 if b is not None else None, "{:.2f}")  # noqa: E731
     for r in rows:
         mem = r.get("allocated_bytes") or r.get("peak_bytes")
         lines.append(
@@ -42,7 +46,8 @@ def model_table(rows: list[dict], peak_tflops: float | None = None) -> str:
             f"{_f(r.get('ratio_vs_hf'), '{:.2f}')} | {_f(r.get('roofline_tok_s'), '{:.0f}')} | "
             f"{_f(r.get('pct_roofline'))} | {_f(r.get('load_ms'), '{:.0f}')} | "
             f"{_f(r.get('prewarm_ms'), '{:.1f}')} | {_f(r.get('prewarm_pct_copy'), '{:.0f}')} | "
-            f"{_f(mem / 2**30 if mem else None, '{:.2f}')} | "
+            f"{gib(mem)} | {gib(r.get('weight_bytes'))} | "
+            f"{gib(r.get('f16_bytes'))} | "
             f"{r.get('error', '')} |")
     return "\n".join(lines)
 

@@ -373,7 +373,8 @@ MODEL_ROWS = [
     {"model": "qwen35-4b", "impl": "ours f16", "T": 512, "median_ms": 20.0, "tok_s": 25600.0,
      "tok_s_std": 310.0, "ratio_vs_hf": 4.0, "size_bytes": 2.5 * 2**30, "params": 4.2e9,
      "roofline_tok_s": 1e5, "pct_roofline": 25.6, "load_ms": 900.0, "prewarm_ms": 18.0,
-     "allocated_bytes": 11 * 2**30, "reps_ms": [19.8, 20.0, 20.4]},
+     "allocated_bytes": 11 * 2**30, "weight_bytes": 2.25 * 2**30, "f16_bytes": 7.5 * 2**30,
+     "reps_ms": [19.8, 20.0, 20.4]},
     {"model": "qwen35-4b", "impl": "ours f16", "T": 2048, "median_ms": 40.0, "tok_s": 51200.0,
      "tok_s_std": 500.0, "ratio_vs_hf": 1.5, "size_bytes": 2.5 * 2**30, "params": 4.2e9},
     {"model": "qwen35-4b", "impl": "ours f32", "T": 2048, "error": "load: boom",
@@ -391,7 +392,7 @@ def test_kernels_and_model_tables():
     t = report.model_table(MODEL_ROWS, 700.0)
     assert "700.0 TF/s" in t
     assert "| qwen35-4b | ours f16 | 2048 | 40.00 | 51200 | 500 | 1.50 |" in t
-    assert "| 11.00 |" in t and "load: boom" in t
+    assert "| 11.00 | 2.25 | 7.50 |" in t and "load: boom" in t   # device, weights, fp16 cache GiB
 
 
 def test_llama_bench_table():
