@@ -1,11 +1,12 @@
 // bench_gemm_q16.cu — the f16 leg's GEMM on the GGUF blocks in its forms: the weight decoded into
 // shared memory (gemm_q16_kernel.cuh) by single blocks (CM = 1) or by pairs of blocks sharing the
-// decoded tile (CM = 2), and the weight as wgmma's register operand (gemm_q16_rs_kernel.cuh, "rs",
-// an experiment), timed beside cuBLAS on the fp16 weights (what the fp16 cache runs) in one device
-// call. Checks first, on fresh random blocks and rows, outputs poisoned with NaN: the pair's output
-// equals the single block's bit for bit (the same products in the same order), the rs form's is
-// reported beside it (bitwise where wgmma sums a 16-column step the same way for either operand
-// order), every output is written, and 64 sampled outputs of each form are within 4e-5 of the
+// decoded tile (CM = 2), the weight as wgmma's register operand (gemm_q16_rs_kernel.cuh, "rs",
+// an experiment) and as mma.sync's (gemm_q16_mma_kernel.cuh, the compute capability 8.x form, an
+// experiment; on Hopper it runs the sm_90a build's mma.sync), timed beside cuBLAS on the fp16
+// weights (what the fp16 cache runs) in one device call. Checks first, on fresh random blocks and
+// rows, outputs poisoned with NaN: the pair's output equals the single block's bit for bit (the
+// same products in the same order), the other forms' differences are reported beside it, every
+// output is written, and 64 sampled outputs of each form are within 4e-5 of the
 // float64 product of the fp16 rows and the weight decoded by quant.cuh (the prewarm's decoder)
 // relative to the sum of the products' magnitudes; with X the identity (one product per output)
 // each form's output is that decoded fp16 weight exactly.
@@ -28,6 +29,7 @@
 
 #include "kernels/dequant/quant.cuh"
 #include "kernels/gemm/gemm_q16_kernel.cuh"
+#include "kernels/gemm/gemm_q16_mma_kernel.cuh"
 #include "kernels/gemm/gemm_q16_rs_kernel.cuh"
 
 namespace {
@@ -116,9 +118,11 @@ float median_ms(cudaStream_t st, int reps, const F &run) {
     return t[t.size() / 2];
 }
 
-// The forms, launched on y: 0 single blocks, 1 pairs, 2 rs (the weight as the register operand).
-constexpr int kForms = 3;
-const char *const kFormName[kForms] = {"blocks, single (CM=1)", "blocks, pairs (CM=2)", "blocks, rs (A = W regs)"};
+// The forms, launched on y: 0 single blocks, 1 pairs, 2 rs (the weight as wgmma's register
+// operand), 3 mma (the compute capability 8.x form: mma.sync, the weight as the register operand).
+constexpr int kForms = 4;
+const char *const kFormName[kForms] = {"blocks, single (CM=1)", "blocks, pairs (CM=2)", "blocks, rs (A = W regs)",
+                                       "blocks, mma.sync (8.x)"};
 
 template <int Q>
 void allow_smem() {
@@ -128,11 +132,17 @@ void allow_smem() {
                             int(q16::smem_bytes<Q, 2>())));
     CK(cudaFuncSetAttribute(q16rs::gemm_q16_rs_kernel<Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             int(q16rs::smem_bytes<Q>())));
+    CK(cudaFuncSetAttribute(q16mma::gemm_q16_mma_kernel<Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16mma::smem_bytes<Q>())));
 }
 
 template <int Q>
-void launch_form(int f, const uint8_t *w, int64_t N, int64_t K, const CUtensorMap &tm, int64_t M, float *y,
-                 cudaStream_t st) {
+void launch_form(int f, const uint8_t *w, int64_t N, int64_t K, const CUtensorMap &tm, const __half *x, int64_t M,
+                 float *y, cudaStream_t st) {
+    if (f == 3) {
+        CK((q16mma::launch<Q>(q16mma::make_args<Q>(w, N, K, nullptr, M, y, N, false), x, st)));
+        return;
+    }
     if (f == 2) {
         CK((q16rs::launch<Q>(q16rs::make_args<Q>(w, N, K, nullptr, M, y, N, false), tm, st)));
         return;
@@ -178,7 +188,7 @@ bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t 
     }
     allow_smem<Q>();
     cudaStream_t st = nullptr;
-    for (int f = 0; f < kForms; ++f) launch_form<Q>(f, w, N, K, tm, M, y[f], st);
+    for (int f = 0; f < kForms; ++f) launch_form<Q>(f, w, N, K, tm, x, M, y[f], st);
     CK(cudaDeviceSynchronize());
 
     std::vector<std::vector<float>> h(kForms, std::vector<float>(size_t(M * N)));
@@ -232,7 +242,7 @@ bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t 
         const float tc = median_ms(st, 10, cache);
         std::printf("  %-24s %8.4f ms %7.1f TF/s\n", "cuBLAS fp16 (cache)", tc, flop / tc * 1e-9);
         for (int f = 0; f < kForms; ++f) {
-            const float t = median_ms(st, 10, [&] { launch_form<Q>(f, w, N, K, tm, M, y[f], st); });
+            const float t = median_ms(st, 10, [&] { launch_form<Q>(f, w, N, K, tm, x, M, y[f], st); });
             std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", kFormName[f], t, flop / t * 1e-9, tc / t);
         }
     }

@@ -58,7 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/dequant/decode_stage.cuh"
+#include "kernels/gemm/q16_raw.cuh"
 #include "kernels/gemm/wgmma_store.cuh"
 #include "ptx/hopper.cuh"
 #include "ptx/mma.cuh"
@@ -72,7 +72,6 @@ using namespace hopper;
 constexpr int kBM = 256;                 // rows of X per block: 2 consumer warpgroups x 2 x 64
 constexpr int kBN = 128;                 // weight rows per block
 constexpr int kBK = 64;                  // columns per stage: one swizzled fp16 row
-constexpr int kRawCols = 256;            // columns per raw superstep: one K-quant block per row
 constexpr int kStagesPerRaw = kRawCols / kBK;
 constexpr int kThreads = 512;            // 2 producer warpgroups + 2 consumer warpgroups
 constexpr int kProducers = 256;          // the dequantizing threads (2 warps per SM sub-partition)
@@ -85,38 +84,12 @@ constexpr int kTileB = kBN * kBK * 2;    // bytes of one stage's W tile
 constexpr int kBand = 8;                 // row tiles per raster band
 constexpr int kProducerBarrier = 1;      // named barrier of the producer warpgroups (0: __syncthreads)
 
-// The raw geometry of type Q: bytes of 256 columns of a row, and the slot a row's bytes take in
-// a raw buffer: the bytes, up to 2 bytes of a leading half-word (4-byte word copies of a
-// segment at an even address), 8 bytes the even-offset decoders may read past the end
-// (stage8_even reads whole words), rounded up to 32 mod 64.
-template <int Q>
-struct RawGeom {
-    static constexpr int kElems = qtraits<Q>::kElems;
-    static constexpr int kBlock = qtraits<Q>::kBytes;
-    static constexpr int kBytes = kRawCols / kElems * kBlock;
-    static constexpr int kSlot = (kBytes + 12 - 32 + 63) / 64 * 64 + 32;
-    static_assert(kSlot >= kBytes + 12 && kSlot % 64 == 32, "slot");
-};
-
 // The smem of a block of a CM-block cluster: its raw buffers hold its kBN / CM rows.
 template <int Q, int CM = 1>
 __host__ __device__ constexpr size_t smem_bytes() {
     return size_t(kSwizzleAtom) + size_t(kStages) * (kTileA + kTileB) + 2 * size_t(kBN / CM) * RawGeom<Q>::kSlot +
            16 * size_t(kStages);
 }
-
-struct Q16Args {
-    const uint8_t *w;    // the weight's GGUF blocks, row 0
-    int64_t row_bytes;   // bytes from one weight row to the next
-    float *y;            // [rows][ldy] fp32 output
-    int64_t ldy;
-    const float *inv;    // the inverse scales of X's rows (nullptr: every row unscaled)
-    int32_t rows, n, k;
-    int32_t m_tiles, n_tiles;
-    int32_t accumulate;
-    int32_t copy16;      // every raw segment 16-byte aligned and long: 16-byte copies
-    int32_t y_vec2;      // y and ldy allow float2 stores
-};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PF_Q16_DEVICE 1
@@ -152,49 +125,6 @@ struct Place {
 
 __device__ __forceinline__ void producer_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kProducers) : "memory");
-}
-
-// The byte at which the weight row n0 + r's segment of superstep j starts.
-__device__ __forceinline__ const uint8_t *raw_src(const Q16Args &a, int n0, int r, int j, int seg_bytes) {
-    return a.w + int64_t(n0 + r) * a.row_bytes + int64_t(j) * seg_bytes;
-}
-
-// Starts the copies of superstep j (columns 256 j ..) of the weight rows n0 .. n0 + raw_rows - 1
-// into the raw buffer `raw` (one slot of RawGeom<Q>::kSlot bytes per row): thread `tid` of the
-// `nthreads` that copy takes its share (the caller commits the group). Rows past n are not copied.
-template <int Q>
-__device__ __forceinline__ void raw_issue(const Q16Args &a, unsigned char *raw, int raw_rows, int n0, int j, int tid,
-                                          int nthreads) {
-    using G = RawGeom<Q>;
-    const int c0 = j * kRawCols;
-    const int cols = min(kRawCols, a.k - c0);  // a whole number of blocks (the host checks k)
-    const int bytes = cols / G::kElems * G::kBlock;
-    const int rows = min(raw_rows, a.n - n0);
-    if (a.copy16) {
-        const int chunks = bytes / 16;
-        for (int i = tid; i < rows * chunks; i += nthreads) {
-            const int r = i / chunks, c = i - r * chunks;
-            cp_async16(raw + r * G::kSlot + 16 * c, raw_src(a, n0, r, j, G::kBytes) + 16 * c);
-        }
-        return;
-    }
-    // 4-byte words from the segment's start rounded down to a word: [o, o + bytes) of the slot
-    // holds the segment (o = 0 or 2: blocks and rows have even sizes); a last half-word is
-    // copied with a plain 2-byte load (never a word past the matrix's end).
-    constexpr int kMaxWords = (G::kBytes + 2) / 4 + 1;
-    for (int i = tid; i < rows * kMaxWords; i += nthreads) {
-        const int r = i / kMaxWords, wi = i - r * kMaxWords;
-        const uint8_t *src = raw_src(a, n0, r, j, G::kBytes);
-        const uint32_t o = uint32_t(reinterpret_cast<uintptr_t>(src) & 3u);
-        const uint8_t *w0 = src - o;
-        const int full_words = int((o + uint32_t(bytes)) / 4u);
-        unsigned char *dst = raw + r * G::kSlot;
-        if (wi < full_words) {
-            cp_async4_zfill(dst + 4 * wi, w0 + 4 * wi, true);
-        } else if (wi == full_words && ((o + uint32_t(bytes)) & 3u) != 0) {
-            *reinterpret_cast<uint16_t *>(dst + 4 * wi) = *reinterpret_cast<const uint16_t *>(w0 + 4 * wi);
-        }
-    }
 }
 
 // The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: the block's
@@ -393,33 +323,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // PF_Q16_DEVICE
 }
 
-// The kernel's arguments for y [rows][ldy] (+)= x16 . W^T (then times inv[row] where inv is not
-// null), W [n][k] the GGUF blocks of type Q at `blocks` (k a whole number of blocks). copy16 says
-// whether the raw blocks may be copied 16 bytes at a time: where it is false, Q4_K and Q5_K (whose
-// decoders read 8-byte aligned) do not run.
+// The arguments of this kernel's tiles (kBM rows of X x kBN weight rows).
 template <int Q>
 inline Q16Args make_args(const void *blocks, int64_t n, int64_t k, const float *inv, int64_t rows, float *y,
                          int64_t ldy, bool accumulate) {
-    using G = RawGeom<Q>;
-    Q16Args a{};
-    a.w = static_cast<const uint8_t *>(blocks);
-    a.row_bytes = k / G::kElems * G::kBlock;
-    a.y = y;
-    a.ldy = ldy;
-    a.inv = inv;
-    a.rows = int32_t(rows);
-    a.n = int32_t(n);
-    a.k = int32_t(k);
-    a.m_tiles = int32_t((rows + kBM - 1) / kBM);
-    a.n_tiles = int32_t((n + kBN - 1) / kBN);
-    a.accumulate = accumulate ? 1 : 0;
-    // 16-byte copies of the raw blocks where every row's segment of every superstep starts and
-    // ends on 16 bytes (the last superstep of k % 256 != 0 holds fewer blocks).
-    const int64_t tail = (k % kRawCols) / G::kElems * G::kBlock;
-    a.copy16 = reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && a.row_bytes % 16 == 0 && G::kBytes % 16 == 0 &&
-               tail % 16 == 0;
-    a.y_vec2 = reinterpret_cast<uintptr_t>(y) % 8 == 0 && ldy % 2 == 0;
-    return a;
+    return args_for<Q>(blocks, n, k, inv, rows, y, ldy, accumulate, kBM, kBN);
 }
 
 // The blocks of a launch: m_tiles rounded up to CM, times n_tiles.

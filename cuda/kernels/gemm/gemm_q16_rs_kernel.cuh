@@ -98,40 +98,6 @@ __device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm
     }
 }
 
-// The A fragment of 16-column step `step` (columns 16 step ..) for weight rows r0 and r0 + 8 of
-// the tile: a[0] = (r0, c, c + 1), a[1] = (r0 + 8, c, c + 1), a[2] = (r0, c + 8, c + 9), a[3] =
-// (r0 + 8, c + 8, c + 9), c = 16 step + 2 tig (the mma.m16n8k16 A layout of the warp's 16 rows);
-// zeros past column k. The raw buffer of the step's superstep holds the rows' blocks at offsets
-// o0, o1 (0 or 2: the rows' segments as copied).
-template <int Q>
-__device__ __forceinline__ void decode_fragment(const Q16Args &a, const Smem &sm, int r0, uint32_t o0, uint32_t o1,
-                                                int step, int tig, uint32_t (&frag)[4]) {
-    using G = RawGeom<Q>;
-    const int j = step / kStepsPerRaw;
-    const unsigned char *raw = sm.raw(j);
-    const int col = step * 16 + 2 * tig;
-    const int e = col - j * kRawCols;  // the first element in the superstep (even)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {      // columns c and c + 8
-        const int el = e + 8 * h;
-        const uint32_t bo = uint32_t(el / G::kElems * G::kBlock);
-        float v0[2], v1[2];
-        decode2_stage<Q>(raw + r0 * G::kSlot, o0 + bo, el % G::kElems, v0);
-        decode2_stage<Q>(raw + (r0 + 8) * G::kSlot, o1 + bo, el % G::kElems, v1);
-        const bool in = col + 8 * h < a.k;  // k is even: both columns or neither
-        frag[2 * h] = in ? pack_half2(v0[0], v0[1]) : 0u;
-        frag[2 * h + 1] = in ? pack_half2(v1[0], v1[1]) : 0u;
-    }
-}
-
-// The rows' offsets in raw superstep j's slots: 0, or 2 where the 4-byte word copies started the
-// segment below it (q16::raw_issue).
-template <int Q>
-__device__ __forceinline__ uint32_t raw_offset(const Q16Args &a, int n0, int r, int j) {
-    return a.copy16 ? 0u
-                    : uint32_t(reinterpret_cast<uintptr_t>(q16::raw_src(a, n0, r, j, RawGeom<Q>::kBytes)) & 3u);
-}
-
 // A consumer warpgroup: the products of its 64 weight rows with the tile's 256 rows of X over k,
 // then the stores.
 template <int Q>
@@ -151,8 +117,8 @@ __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m
     // multiplies `cur` while step i + 1's fragment is decoded into `next`.
     uint32_t fa[4], fb[4];
     mbar_wait(sm.rawfull(0), 0u);
-    uint32_t o0 = raw_offset<Q>(a, n0, r0, 0), o1 = raw_offset<Q>(a, n0, r0 + 8, 0);
-    decode_fragment<Q>(a, sm, r0, o0, o1, 0, tig, fa);
+    uint32_t o0 = q16::raw_offset<Q>(a, n0, r0, 0), o1 = q16::raw_offset<Q>(a, n0, r0 + 8, 0);
+    q16::decode_fragment<Q>(a, sm.raw(0), r0, o0, o1, 0, tig, fa);
     // Step kk (0..3, a constant after unrolling) of stage ks: its product on `cur`, then the next
     // step's fragment into `next` while the product runs.
     const auto step = [&](int ks, int kk, const uint32_t(&cur)[4], uint32_t(&next)[4]) {
@@ -169,10 +135,10 @@ __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, int m
                 const int j = n / kStepsPerRaw;
                 release(sm.rawempty(j - 1));
                 mbar_wait(sm.rawfull(j), uint32_t(j / 2) & 1u);
-                o0 = raw_offset<Q>(a, n0, r0, j);
-                o1 = raw_offset<Q>(a, n0, r0 + 8, j);
+                o0 = q16::raw_offset<Q>(a, n0, r0, j);
+                o1 = q16::raw_offset<Q>(a, n0, r0 + 8, j);
             }
-            decode_fragment<Q>(a, sm, r0, o0, o1, n, tig, next);
+            q16::decode_fragment<Q>(a, sm.raw(n / kStepsPerRaw), r0, o0, o1, n, tig, next);
         }
     };
     for (int ks = 0; ks < stages; ++ks) {
@@ -243,10 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int Q>
 inline Q16Args make_args(const void *blocks, int64_t n, int64_t k, const float *inv, int64_t rows, float *y,
                          int64_t ldy, bool accumulate) {
-    Q16Args a = q16::make_args<Q>(blocks, n, k, inv, rows, y, ldy, accumulate);
-    a.m_tiles = int32_t((rows + kTN - 1) / kTN);
-    a.n_tiles = int32_t((n + kWM - 1) / kWM);
-    return a;
+    return q16::args_for<Q>(blocks, n, k, inv, rows, y, ldy, accumulate, kTN, kWM);
 }
 
 // Launches m_tiles x n_tiles blocks; smem_bytes<Q>() must have been allowed first. The X map: the
