@@ -10,7 +10,7 @@
 #                                                          hours: for a machine without the limit)
 #   bash scripts/device-check.sh --list-parts              each part's pytest files (no GPU needed)
 #   bash scripts/device-check.sh --help
-# Options: --no-tests, --no-sanitizer, --no-bench leave parts 1-4, 5-8, 9-12 out of a whole run;
+# Options: --no-tests, --no-sanitizer, --no-bench leave parts 1-4, 5-8, 9-14 out of a whole run;
 # --long adds the part `long`, --soak=N the part `soak` (N cycles; issue 13's run: --soak=2000).
 #
 # Parts (the pytest suite is parts 1-4: every tests/python/test_*.py file runs in exactly one of
@@ -39,6 +39,7 @@
 #  11 bench-model-a       pyprefill bench model --models qwen35-4b (HF peer, plot).
 #  12 bench-model-b       pyprefill bench model --models qwen3-4b (HF peer, plot).
 #  13 bench-batch         pyprefill bench batch (qwen35-4b, qwen3-4b, qwen35-0.8b; HF batched peer).
+#  14 bench-cache         pyprefill bench cache (qwen35-4b: issue 39's chat and branching traces).
 #  tests (opt-in)         parts 1-4 in one call: the build, the C tests and the demo, then the
 #                         pytest processes of parts 1-3 all at once, then part 4's alone (one
 #                         H200, 2026-12-02, session 35: 276 s, the build on the device included).
@@ -58,7 +59,7 @@
 # Env: OUT, BUILD_DIR (default /tmp/pf-build: a warm machine builds once), PF_CUDA_ARCH (default
 # 90a), PYTEST_JOBS, PART_BUDGET_S (0 = no bound), SANITIZER_TESTS / SANITIZER_MODEL_TESTS /
 # SANITIZER_TOOLS / SANITIZER_INITCHECK_K / SANITIZER_BIG / SANITIZER_BIG_TOOLS,
-# SANITIZER_MODEL_TIMEOUT (per tool, default 300), BENCH_KERNELS / BENCH_MODEL / BENCH_BATCH (more arguments
+# SANITIZER_MODEL_TIMEOUT (per tool, default 300), BENCH_KERNELS / BENCH_MODEL / BENCH_BATCH / BENCH_CACHE (more arguments
 # for the bench parts, e.g. BENCH_MODEL="--gemm f16 -p 512,2048"), BENCH_GGUF_DIR (synthetic
 # models, default $BUILD_DIR/gguf: reused by a warm machine).
 set -uo pipefail
@@ -68,7 +69,8 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 # ---------------------------------------------------------------------------- the parts
 PART_NAMES=(suite attn children memory memcheck-kernels memcheck-attention sanitize-model-a
-            sanitize-model-b bench-kernels-a bench-kernels-b bench-model-a bench-model-b bench-batch)
+            sanitize-model-b bench-kernels-a bench-kernels-b bench-model-a bench-model-b bench-batch
+            bench-cache)
 # The pytest suite's parts 2-4: "FILE;-k EXPRESSION;SHARD K/N" per process (empty = all of it);
 # the entries of one part run as concurrent processes, except part 4's, which run in one.
 SUITE_2=("test_kernel_attention.py;;0/2" "test_kernel_attention.py;;1/2")
@@ -127,13 +129,13 @@ SELECTED=()
 if [ ${#PARTS[@]} -gt 0 ]; then
   for p in "${PARTS[@]}"; do
     n=$(part_number "$p")
-    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-13, a name, tests, int8, long, soak: --help)" >&2; exit 2; }
+    [ -n "$n" ] || { echo "device-check.sh: no part '$p' (1-14, a name, tests, int8, long, soak: --help)" >&2; exit 2; }
     SELECTED+=("$n")
   done
 else
   [ $TESTS = 1 ] && SELECTED+=(1 2 3 4)
   [ $SANITIZE = 1 ] && SELECTED+=(5 6 7 8)
-  [ $BENCH = 1 ] && SELECTED+=(9 10 11 12 13)
+  [ $BENCH = 1 ] && SELECTED+=(9 10 11 12 13 14)
   [ $LONG = 1 ] && SELECTED+=(long)
   [ "$SOAK" != 0 ] && SELECTED+=(soak)
 fi
@@ -353,6 +355,10 @@ run_part() {
       # shellcheck disable=SC2086
       bench "13: bench batch" "$dir/bench_batch.log" batch --out "$dir" \
         --gguf-dir "${BENCH_GGUF_DIR:-$BUILD_DIR/gguf}" ${BENCH_BATCH:-} ;;
+    14)
+      # shellcheck disable=SC2086
+      bench "14: bench cache" "$dir/bench_cache.log" cache --out "$dir" \
+        --gguf-dir "${BENCH_GGUF_DIR:-$BUILD_DIR/gguf}" ${BENCH_CACHE:-} ;;
     int8)
       local g8=${BENCH_GGUF_DIR:-$BUILD_DIR/gguf} t
       mkdir -p "$g8"

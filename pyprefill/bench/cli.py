@@ -5,13 +5,16 @@
     pyprefill bench kernels|model|all [--out DIR] [--quick] [--lengths 512,2048,8192]
                          [--models qwen35-4b,qwen3-4b] [--gemm f16,f32] [--plot FILE.png]
     pyprefill bench batch [--models ...] [--steps 2048] [--peer hf|none] [--quick]
+    pyprefill bench cache [--models ...] [--quick]
 
 FILE: prefill tokens/s of one GGUF as a llama-bench style table (test "pp512", t/s ± std),
 with the HF transformers peer alongside when torch and transformers are importable. Suites:
 kernels (the gemm, rows, gdn and attention families, each next to its peer) and whole-model
 prefill on synthetic GGUFs of real shapes; batch (many prompts in one batch against the same
 prompts one call each and HF transformers batched with padding; decode steps of 64 sessions
-against one; fork and snapshot rollback at 8192 tokens); bench_<suite>.json (every repeat) and
+against one; fork and snapshot rollback at 8192 tokens); cache (the prefix-reuse traces of
+issue 39, chat and branching: time to first token p50 / p99 and the tokens prefilled against the
+minimum; the cache-off baseline until the library has the cache); bench_<suite>.json (every repeat) and
 bench_<suite>.md under --out. --plot draws tok/s against prompt length, ours against each
 peer. `python3 -m pyprefill.bench` takes the same arguments.
 
@@ -44,12 +47,13 @@ from .model import VARIANT_TUNING
 
 LEG_NAMES = ("auto", "f16", "f32", "int8", "default")   # pf_gemm_leg (include/prefill.h)
 
-SUITES = ("kernels", "model", "all", "batch")
+SUITES = ("kernels", "model", "all", "batch", "cache")
 FAMILIES = ("gemm", "rows", "gdn", "attention")
 LENGTHS = [512, 2048, 8192]
 MODELS = ["qwen35-4b", "qwen3-4b"]
 QUICK_MODELS = ["qwen35-0.8b"]
 BATCH_MODELS = ["qwen35-4b", "qwen3-4b", "qwen35-0.8b"]
+CACHE_MODELS = ["qwen35-4b"]
 
 
 class UsageError(Exception):
@@ -177,7 +181,8 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
         raise UsageError("--json applies to a FILE; the suites write JSON under --out")
     a.families = flatten(a.families) or list(FAMILIES)
     a.models = flatten(a.models) or (QUICK_MODELS if a.quick else
-                                     list(BATCH_MODELS) if a.suite == "batch" else list(MODELS))
+                                     list(BATCH_MODELS) if a.suite == "batch" else
+                                     list(CACHE_MODELS) if a.suite == "cache" else list(MODELS))
     a.steps = flatten(a.steps) or [DEFAULT_STEP_TOKENS]
     if a.suite != "kernels" and any(g.split("/")[0] == "blocks" for g in a.gemm):
         raise UsageError("--gemm blocks: the kernel suite's f16 leg on the GGUF blocks; whole models take "
@@ -274,6 +279,10 @@ def run_suites(a) -> int:
             extra = rec.guard("batch", batch.run, rec, torch, models=a.models, steps=a.steps,
                               reps=a.model_reps, peer=a.peer, quick=a.quick, mix=a.mix,
                               gguf_dir=a.gguf_dir, variants=variants) or {}
+        elif part == "cache":
+            from . import cache
+            extra = rec.guard("cache", cache.run, rec, torch, models=a.models, quick=a.quick, mix=a.mix,
+                              gguf_dir=a.gguf_dir) or {}
         else:
             extra = rec.guard("model", model.run, rec, torch, models=a.models, lengths=a.lengths,
                               legs=a.gemm, chunk=a.chunk, reps=a.model_reps, peer=a.peer,
@@ -286,6 +295,9 @@ def run_suites(a) -> int:
         elif part == "batch":
             from . import batch
             table = batch.table(res["rows"])
+        elif part == "cache":
+            from . import cache
+            table = cache.table(res["rows"])
         else:
             table = report.model_table(res["rows"], res.get("peak_fp16_tflops"))
             model_rows = res["rows"]

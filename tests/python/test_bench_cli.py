@@ -154,7 +154,7 @@ def test_usage_errors(argv, words, tmp_path, capsys):
     (["m.gguf", "--memory-budget", "24G"], "argument --memory-budget: '24G' is not a number (GiB)"),
     (["m.gguf", "--memory-budget", "nan"], "argument --memory-budget: nan is not a positive number"),
     (["m.gguf", "--out", ""], "argument --out: an empty path"),
-    (["", "-p", "16"], "argument FILE|kernels|model|all|batch: an empty path"),
+    (["", "-p", "16"], "argument FILE|kernels|model|all|batch|cache: an empty path"),
 ])
 def test_values_are_checked_where_they_are_parsed(argv, words, capsys):
     """Each value is refused by argparse with its flag's name (exit 2), before anything runs."""
@@ -206,9 +206,9 @@ def test_bad_choice_fails():
 
 
 @pytest.mark.parametrize("case, words", [
-    ("missing", "MISSING: no such file (a GGUF file, or a suite: kernels, model, all, batch)"),
-    ("directory", "DIR: is a directory (a GGUF file, or a suite: kernels, model, all, batch)"),
-    ("fifo", "FIFO: not a regular file (a GGUF file, or a suite: kernels, model, all, batch)"),
+    ("missing", "MISSING: no such file (a GGUF file, or a suite: kernels, model, all, batch, cache)"),
+    ("directory", "DIR: is a directory (a GGUF file, or a suite: kernels, model, all, batch, cache)"),
+    ("fifo", "FIFO: not a regular file (a GGUF file, or a suite: kernels, model, all, batch, cache)"),
 ])
 def test_a_file_that_is_not_one_is_named_on_any_machine(case, words, tmp_path, capsys):
     paths = {"MISSING": str(tmp_path / "missing.gguf"), "DIR": str(tmp_path / "adir"),

@@ -42,12 +42,12 @@ def test_device_check_is_bash_clean_and_has_help():
     for word in ("--part", "--list-parts", "--long", "--soak=N", "--no-sanitizer", "--no-bench",
                  "PART_BUDGET_S", "memcheck", "racecheck", "initcheck", "synccheck", "bench"):
         assert word in r.stdout, word
-    for n in range(1, 13):
+    for n in range(1, 15):
         assert re.search(rf"^\s*{n} \S", r.stdout, re.M), f"part {n} missing from --help"
 
 
 @pytest.mark.parametrize("argv, words", [(["--bogus"], "unknown option --bogus"),
-                                         (["--part", "14"], "no part '14'"),
+                                         (["--part", "15"], "no part '15'"),
                                          (["--part"], "--part needs")])
 def test_device_check_rejects_bad_arguments_before_any_work(argv, words):
     r = _bash(DEVICE_CHECK, *argv)

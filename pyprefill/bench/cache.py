@@ -1,0 +1,237 @@
+"""Prefix reuse (issue 39): the two generated request traces of the issue and what serving them
+costs, per request the time to first token, per trace p50 / p99, the prompt tokens prefilled
+against the trace's minimum (each distinct prefix once) and the device bytes.
+
+(a) chat: conversations x turns on a shared system prompt; a turn's prompt is the conversation so
+    far (system prompt, every earlier user turn and reply) and the new user turn; the reply is
+    greedy tokens from the model, which the next turn's prompt includes.
+(b) branching: a shared long context; branches that keep its first d tokens (d at random) and add
+    their own, some of them extended again by a later request.
+
+Sides: "cache off" serves every request with a cold prefill from position 0 (one session, reset
+before each): the baseline every cache is measured against. The prefix cache itself is not in
+the library yet (issue 39); its side is reported as skipped with that reason until it is.
+
+The traces are pure functions of a seed (chat_script, branch_trace) and the minimum a cache must
+prefill (distinct_prefix_tokens) is computed from the prompts as served, so both are checked on a
+machine without a GPU (tests/python/test_bench_cache.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from ._common import first_line
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSize:
+    """The generator's parameters: (lo, hi) ranges are inclusive token counts."""
+    conversations: int = 32
+    turns: int = 8
+    system: int = 2048
+    user: tuple[int, int] = (100, 600)
+    reply: tuple[int, int] = (100, 300)
+    context: int = 16384
+    branches: int = 64
+    branch: tuple[int, int] = (200, 2000)
+    extended: float = 0.25   # the fraction of branches a later request extends
+
+
+FULL = TraceSize()
+QUICK = TraceSize(conversations=4, turns=3, system=256, user=(20, 60), reply=(8, 16), context=1024,
+                  branches=8, branch=(32, 128))
+
+
+@dataclasses.dataclass
+class ChatScript:
+    """The chat trace before the model has replied: the system prompt, per conversation per turn
+    the user's tokens and the reply's length. Requests go round-robin over the conversations, turn
+    by turn (every conversation's turn t before any turn t + 1), as concurrent users would send."""
+    system: np.ndarray
+    users: list[list[np.ndarray]]   # [conversation][turn]
+    replies: list[list[int]]        # [conversation][turn] tokens generated after the turn's prompt
+
+    def order(self) -> list[tuple[int, int]]:
+        return [(c, t) for t in range(len(self.users[0])) for c in range(len(self.users))]
+
+
+def _randint(rng, lo_hi: tuple[int, int]) -> int:
+    return int(rng.integers(lo_hi[0], lo_hi[1] + 1))
+
+
+def chat_script(rng, vocab: int, size: TraceSize = FULL) -> ChatScript:
+    system = rng.integers(0, vocab, size.system, dtype=np.int32)
+    users = [[rng.integers(0, vocab, _randint(rng, size.user), dtype=np.int32) for _ in range(size.turns)]
+             for _ in range(size.conversations)]
+    replies = [[_randint(rng, size.reply) for _ in range(size.turns)] for _ in range(size.conversations)]
+    return ChatScript(system, users, replies)
+
+
+def chat_prompt(script: ChatScript, c: int, t: int, replied: list[np.ndarray]) -> np.ndarray:
+    """Turn t's prompt of conversation c: the system prompt, then each earlier turn's user tokens
+    and reply (replied[i]: the tokens the model generated after turn i), then turn t's user tokens."""
+    if len(replied) < t:
+        raise ValueError(f"conversation {c} turn {t}: {len(replied)} replies known, {t} needed")
+    parts = [script.system]
+    for i in range(t):
+        parts += [script.users[c][i], replied[i]]
+    parts.append(script.users[c][t])
+    return np.concatenate(parts).astype(np.int32)
+
+
+def branch_trace(rng, vocab: int, size: TraceSize = FULL) -> list[np.ndarray]:
+    """The branching trace's prompts in the order they are sent: each branch keeps the shared
+    context's first d tokens (d uniform in [0, context]) and adds 200-2000 of its own; a quarter of
+    the branches (size.extended) come back later as a longer request (the branch plus 200-2000 more
+    tokens), after every first request."""
+    context = rng.integers(0, vocab, size.context, dtype=np.int32)
+    firsts = []
+    for _ in range(size.branches):
+        d = int(rng.integers(0, size.context + 1))
+        own = rng.integers(0, vocab, _randint(rng, size.branch), dtype=np.int32)
+        firsts.append(np.concatenate([context[:d], own]).astype(np.int32))
+    n_ext = int(round(size.extended * size.branches))
+    again = rng.choice(size.branches, size=n_ext, replace=False) if n_ext else []
+    seconds = [np.concatenate([firsts[b], rng.integers(0, vocab, _randint(rng, size.branch), dtype=np.int32)])
+               for b in again]
+    return firsts + seconds
+
+
+def distinct_prefix_tokens(prompts) -> int:
+    """The tokens a perfect prefix cache prefills for these prompts: the positions of a trie of
+    them (each distinct prefix once), = sum of lengths - sum of the longest common prefixes of
+    neighbours in lexicographic order."""
+    seqs = sorted(tuple(int(x) for x in p) for p in prompts)
+    total = sum(len(s) for s in seqs)
+    for a, b in zip(seqs, seqs[1:]):
+        n = min(len(a), len(b))
+        i = 0
+        while i < n and a[i] == b[i]:
+            i += 1
+        total -= i
+    return total
+
+
+def percentile(xs, q: float) -> float | None:
+    return float(np.percentile(np.asarray(xs, np.float64), q)) if len(xs) else None
+
+
+def serve_cold_chat(model, script: ChatScript) -> tuple[list[float], list[np.ndarray]]:
+    """Cache off, chat: every turn prefilled from position 0; the reply generated after it (not in
+    the time). Returns the times to first token (ms) and the prompts as served."""
+    cap = max(len(script.system) + sum(len(u) + r for u, r in zip(us, rs))
+              for us, rs in zip(script.users, script.replies))
+    replied: list[list[np.ndarray]] = [[] for _ in script.users]
+    ttft, prompts = [], []
+    with model.session(max_tokens=cap) as s:
+        for c, t in script.order():
+            p = chat_prompt(script, c, t, replied[c])
+            s.reset()
+            t0 = time.perf_counter()
+            _, first = s.prefill(p, "none", return_token=True)   # the first token, on the host
+            ttft.append((time.perf_counter() - t0) * 1e3)
+            n = script.replies[c][t]   # the reply: the first token and n - 1 more, each fed back
+            rest = s.generate(n - 1) if n > 1 else np.empty(0, np.int32)
+            replied[c].append(np.concatenate([np.array([first], np.int32), rest[:n - 1]]).astype(np.int32))
+            prompts.append(p)
+    return ttft, prompts
+
+
+def serve_cold(model, prompts) -> list[float]:
+    """Cache off: each prompt prefilled from position 0, in order. Times to first token (ms)."""
+    ttft = []
+    with model.session(max_tokens=max(len(p) for p in prompts)) as s:
+        for p in prompts:
+            s.reset()
+            t0 = time.perf_counter()
+            s.prefill(p, "none", return_token=True)
+            ttft.append((time.perf_counter() - t0) * 1e3)
+    return ttft
+
+
+def trace_row(label: str, trace: str, impl: str, ttft: list[float], prompts, prefilled: int,
+              device_bytes: int | None) -> dict:
+    total = sum(len(p) for p in prompts)
+    least = distinct_prefix_tokens(prompts)
+    return {"model": label, "trace": trace, "impl": impl, "requests": len(ttft),
+            "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "ttft_ms": ttft, "prompt_tokens": total, "prefilled_tokens": prefilled,
+            "min_tokens": least, "prefilled_vs_min": prefilled / least if least else None,
+            "device_bytes": device_bytes}
+
+
+def _say(rec, r: dict) -> None:
+    rec.say(f"  {r['model']:12s} {r['trace']:7s} {r['impl']:20s} {r['requests']:4d} requests  TTFT p50 "
+            f"{r['ttft_p50_ms']:8.2f} ms p99 {r['ttft_p99_ms']:8.2f} ms  prefilled {r['prefilled_tokens']} "
+            f"tokens ({r['prefilled_vs_min']:.2f}x the minimum {r['min_tokens']})")
+
+
+def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39) -> list[dict]:
+    """Both traces, cache off (and on, once the library has the cache)."""
+    rows = []
+    rng = np.random.default_rng(seed)
+    V = model.n_vocab
+    script = chat_script(rng, V, size)
+    try:
+        ttft, prompts = serve_cold_chat(model, script)
+        r = trace_row(label, "chat", "cache off (cold)", ttft, prompts, sum(len(p) for p in prompts),
+                      model.ctx.allocated())
+        _say(rec, r)
+        rows.append(r)
+    except Exception as exc:   # noqa: BLE001  one line says why
+        rec.skip(f"{label} chat cache off", f"{type(exc).__name__}: {first_line(exc)}")
+    prompts = branch_trace(rng, V, size)
+    try:
+        ttft = serve_cold(model, prompts)
+        r = trace_row(label, "branch", "cache off (cold)", ttft, prompts, sum(len(p) for p in prompts),
+                      model.ctx.allocated())
+        _say(rec, r)
+        rows.append(r)
+    except Exception as exc:   # noqa: BLE001
+        rec.skip(f"{label} branch cache off", f"{type(exc).__name__}: {first_line(exc)}")
+    rec.skip(f"{label} cache on", "the prefix cache is not in the library yet (issue 39): the cache-off "
+                                  "baseline only")
+    return rows
+
+
+def run(rec, torch, *, models, quick: bool, mix: str = "q4_k_m", gguf_dir: str | None = None) -> dict:
+    """The cache suite over each preset's synthetic GGUF (torch unused: no peer serves these)."""
+    import tempfile
+    from ..core import Context
+    from ..model import Model
+    from .model import synthetic_gguf
+    for preset in models:
+        path = rec.guard(f"model {preset}", synthetic_gguf, rec, preset, mix, gguf_dir or tempfile.gettempdir())
+        if path is None:
+            continue
+        with Context(0) as ctx:
+            try:
+                model = Model.load(path, progress=False, context=ctx)
+            except Exception as exc:   # noqa: BLE001
+                rec.skip(f"ours {preset}", f"load: {type(exc).__name__}: {first_line(exc)}")
+                continue
+            with model:
+                rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL)
+    return {}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["Prefix reuse traces (issue 39): time to first token per request (wall clock of the "
+             "prefill call to the greedy token on the host), p50 / p99 over the trace; prefilled "
+             "tokens against the minimum (each distinct prefix once).", "",
+             "| model | trace | impl | requests | TTFT p50 ms | TTFT p99 ms | prompt tokens | prefilled | "
+             "minimum | prefilled / min | device GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(x, fmt):
+        return "" if x is None else fmt.format(x)
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['trace']} | {r['impl']} | {r['requests']} | "
+                     f"{f(r.get('ttft_p50_ms'), '{:.2f}')} | {f(r.get('ttft_p99_ms'), '{:.2f}')} | "
+                     f"{r['prompt_tokens']} | {r['prefilled_tokens']} | {r['min_tokens']} | "
+                     f"{f(r.get('prefilled_vs_min'), '{:.2f}')} | "
+                     f"{f(r['device_bytes'] / 2**30 if r.get('device_bytes') else None, '{:.2f}')} |")
+    return "\n".join(lines)

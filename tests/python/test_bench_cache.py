@@ -1,0 +1,99 @@
+"""The prefix-reuse traces of `pyprefill bench cache` (issue 39), without a GPU: the generators'
+shapes and ranges, the chat prompts' assembly, the minimum a cache must prefill, and the table."""
+import numpy as np
+import pytest
+
+from pyprefill.bench import cache
+
+
+def _rng(seed=5):
+    return np.random.default_rng(seed)
+
+
+def test_chat_script_shapes_and_ranges():
+    size = cache.TraceSize(conversations=5, turns=4, system=300, user=(10, 20), reply=(3, 7))
+    s = cache.chat_script(_rng(), 1000, size)
+    assert len(s.system) == 300 and s.system.dtype == np.int32
+    assert len(s.users) == 5 and all(len(u) == 4 for u in s.users)
+    assert all(10 <= len(t) <= 20 for u in s.users for t in u)
+    assert all(3 <= r <= 7 for rs in s.replies for r in rs)
+    assert all(0 <= int(t.min()) and int(t.max()) < 1000 for u in s.users for t in u)
+    # round-robin over the conversations, turn by turn
+    assert s.order()[:6] == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (0, 1)]
+    assert len(s.order()) == 20
+
+
+def test_chat_prompt_is_the_conversation_so_far():
+    s = cache.chat_script(_rng(), 50, cache.TraceSize(conversations=2, turns=3, system=8, user=(2, 4),
+                                                     reply=(1, 2)))
+    replied = [np.array([7, 7], np.int32), np.array([9], np.int32)]
+    p0 = cache.chat_prompt(s, 1, 0, [])
+    assert np.array_equal(p0, np.concatenate([s.system, s.users[1][0]]))
+    p2 = cache.chat_prompt(s, 1, 2, replied)
+    want = np.concatenate([s.system, s.users[1][0], replied[0], s.users[1][1], replied[1], s.users[1][2]])
+    assert np.array_equal(p2, want) and p2.dtype == np.int32
+    # each turn's prompt starts with the one before it and its reply: what a cache reuses
+    p1 = cache.chat_prompt(s, 1, 1, replied[:1])
+    assert np.array_equal(p2[:len(p1) + len(replied[1])], np.concatenate([p1, replied[1]]))
+    with pytest.raises(ValueError, match="1 replies known, 2 needed"):
+        cache.chat_prompt(s, 0, 2, replied[:1])
+
+
+def test_branch_trace_shares_the_context_and_extends_branches():
+    size = cache.TraceSize(context=500, branches=12, branch=(10, 30), extended=0.25)
+    prompts = cache.branch_trace(_rng(7), 1000, size)
+    assert len(prompts) == 12 + 3
+    firsts, seconds = prompts[:12], prompts[12:]
+    # every first request is a prefix of the shared context (the generator's first draw) plus
+    # 10-30 tokens of its own
+    ctx = _rng(7).integers(0, 1000, 500, dtype=np.int32)
+    for p in firsts:
+        assert any(len(p) - n <= 500 and np.array_equal(p[:len(p) - n], ctx[:len(p) - n])
+                   for n in range(10, 31)), "not the context's prefix plus 10-30 tokens"
+    assert len({len(p) for p in firsts}) > 1   # the depths differ
+    # every second request extends one of the first ones by 10-30 tokens
+    for q in seconds:
+        base = [p for p in firsts if len(p) < len(q) and np.array_equal(q[:len(p)], p)]
+        assert base and 10 <= len(q) - len(base[-1]) <= 30
+    # seeded: the same trace again
+    again = cache.branch_trace(_rng(7), 1000, size)
+    assert all(np.array_equal(a, b) for a, b in zip(prompts, again))
+
+
+def test_distinct_prefix_tokens_counts_a_trie():
+    assert cache.distinct_prefix_tokens([]) == 0
+    assert cache.distinct_prefix_tokens([[1, 2, 3]]) == 3
+    assert cache.distinct_prefix_tokens([[1, 2, 3], [1, 2, 3]]) == 3          # the same prompt twice
+    assert cache.distinct_prefix_tokens([[1, 2, 3], [1, 2, 4]]) == 4          # a branch at the end
+    assert cache.distinct_prefix_tokens([[1, 2], [1, 2, 5, 6]]) == 4          # an extension
+    assert cache.distinct_prefix_tokens([[1, 2, 3], [4, 2, 3], [1, 9]]) == 3 + 3 + 1
+    # against a trie built by hand on random prompts with shared prefixes
+    rng = _rng(11)
+    base = rng.integers(0, 3, 40)
+    prompts = [np.concatenate([base[:rng.integers(0, 41)], rng.integers(0, 3, rng.integers(0, 10))])
+               for _ in range(30)]
+    trie, nodes = {}, 0
+    for p in prompts:
+        node = trie
+        for t in p.tolist():
+            if t not in node:
+                node[t] = {}
+                nodes += 1
+            node = node[t]
+    assert cache.distinct_prefix_tokens(prompts) == nodes
+
+
+def test_trace_row_and_table():
+    prompts = [np.arange(10, dtype=np.int32), np.arange(12, dtype=np.int32)]
+    r = cache.trace_row("qwen35-4b", "branch", "cache off (cold)", [2.0, 4.0], prompts, 22, 3 * 2**30)
+    assert r["min_tokens"] == 12 and r["prompt_tokens"] == 22
+    assert r["prefilled_vs_min"] == pytest.approx(22 / 12)
+    assert r["ttft_p50_ms"] == pytest.approx(3.0)
+    t = cache.table([r]).splitlines()
+    assert t[0].startswith("Prefix reuse traces")
+    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 | 22 | 22 | 12 | 1.83 | 3.00 |"
+
+
+def test_quick_sizes_are_small():
+    q = cache.QUICK
+    assert q.system + q.turns * (q.user[1] + q.reply[1]) <= 1024 and q.context + 2 * q.branch[1] <= 2048
