@@ -916,6 +916,15 @@ PF_API pf_status pf_session_restore(pf_session *s, const void *src, size_t bytes
  * of the same model and KV dtype with capacity >= src's position; its own state (and its
  * snapshots) are replaced. src is unchanged; dst == src is INVALID_ARGUMENT. Synchronizes. */
 PF_API pf_status pf_session_copy(pf_session *dst, const pf_session *src);
+/* A prefix of src, on the device: dst takes src's state as it stood at position pos (KV rows
+ * [0, pos); for a qwen35 model the recurrent state of src's snapshot at pos, or src's own when pos
+ * is its position; the greedy token after pos where that snapshot has it), bit for bit, so that dst
+ * continues as a session that ran src's first pos tokens in src's calls would. 0 <= pos <= src's
+ * position (INVALID_ARGUMENT otherwise); a qwen35 src needs a snapshot at pos unless pos is 0 or
+ * its position: UNSUPPORTED naming the nearest held ones, dst unchanged. dst: a session of the
+ * same model and KV dtype with capacity >= pos; its state and snapshots are replaced; src is
+ * unchanged; dst == src is INVALID_ARGUMENT. What a prefix cache attaches. Synchronizes. */
+PF_API pf_status pf_session_copy_prefix(pf_session *dst, const pf_session *src, int32_t pos);
 /* A new session with src's options, holding src's state (pf_session_copy). */
 PF_API pf_status pf_session_fork(pf_session **out, const pf_session *src);
 

@@ -342,9 +342,17 @@ class Session(_Owner):
         _check(lib.pf_session_fork(out, self.ptr))
         return Session(self.model, max_tokens=self.max_tokens, kv=self.kv, _handle=out[0])
 
-    def copy_from(self, other: "Session") -> None:
-        """Replaces this session's state by other's (pf_session_copy, on the device)."""
-        _check(lib.pf_session_copy(self.ptr, other.ptr))
+    def copy_from(self, other: "Session", pos: int | None = None) -> None:
+        """Replaces this session's state by other's (pf_session_copy, on the device); with pos, by
+        other's state as it stood at position pos (pf_session_copy_prefix: KV rows [0, pos) and, for
+        a qwen35 model, other's snapshot at pos: UnsupportedError naming the nearest otherwise)."""
+        if not isinstance(other, Session):
+            raise InvalidArgumentError(f"other: expected a Session, got {type(other).__name__}")
+        if pos is None:
+            _check(lib.pf_session_copy(self.ptr, other.ptr))
+            return
+        pos = int_arg(pos, "pos", 0, INT32_MAX)
+        _check(lib.pf_session_copy_prefix(self.ptr, other.ptr, pos))
 
     def snapshots(self) -> tuple[list[int], int]:
         """(the positions whose recurrent state is held, ascending; the device bytes of one)."""

@@ -278,6 +278,14 @@ extern "C" PF_API pf_status pf_session_copy(pf_session *dst, const pf_session *s
     });
 }
 
+extern "C" PF_API pf_status pf_session_copy_prefix(pf_session *dst, const pf_session *src, int32_t pos) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(dst != nullptr, "pf_session_copy_prefix: dst is NULL");
+        PF_CHECK_ARG(src != nullptr, "pf_session_copy_prefix: src is NULL");
+        return pf::session_copy_prefix(dst, src, pos);
+    });
+}
+
 extern "C" PF_API pf_status pf_session_fork(pf_session **out, const pf_session *src) {
     return pf::guard(__func__, [&]() -> pf_status {
         PF_CHECK_ARG(out != nullptr, "pf_session_fork: out is NULL");

@@ -109,21 +109,34 @@ pf_status sequence_zero(Sequence &q, cudaStream_t st) {
 }
 
 pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t st) {
+    return sequence_copy_prefix(dst, src, src.pos, nullptr, st);
+}
+
+pf_status sequence_copy_prefix(Sequence &dst, const Sequence &src, int64_t pos, const Snapshot *h, cudaStream_t st) {
+    if (!h && pos != src.pos && snapshot_bytes(src.model) > 0)
+        return fail(PF_STATUS_INTERNAL, "sequence_copy_prefix: a recurrent state at %lld needs its snapshot",
+                    (long long)pos);
     const Hparams &hp = src.model->hp;
-    const size_t kv_rows = size_t(src.pos) * size_t(hp.kv_dim()) * state_kv_elem(src.kv_dtype);
+    const size_t kv_rows = size_t(pos) * size_t(hp.kv_dim()) * state_kv_elem(src.kv_dtype);
     for (size_t i = 0; i < src.k_cache.size(); ++i) {
         PF_CUDA_TRY(cudaMemcpyAsync(dst.k_cache[i], src.k_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
         PF_CUDA_TRY(cudaMemcpyAsync(dst.v_cache[i], src.v_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
     }
-    // Both of one model: the same GDN layers, conv window and state sizes.
-    const size_t conv = size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4, ssm = size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
-    for (size_t il = 0; il < src.conv.size(); ++il) {
-        if (!src.conv[il]) continue;
-        PF_CUDA_TRY(cudaMemcpyAsync(dst.conv[il], src.conv[il], conv, cudaMemcpyDeviceToDevice, st));
-        PF_CUDA_TRY(cudaMemcpyAsync(dst.ssm[il], src.ssm[il], ssm, cudaMemcpyDeviceToDevice, st));
+    if (h) {  // the recurrent state at pos: src's snapshot slot into dst's conv windows and states
+        PF_TRY(snapshot_copy(dst, src.snap_mem + size_t(h->slot) * src.snap_bytes, false, st,
+                             "copy_prefix: cudaMemcpyAsync"));
+    } else {
+        // Both of one model: the same GDN layers, conv window and state sizes.
+        const size_t conv = size_t((hp.conv_kernel - 1) * hp.conv_dim()) * 4,
+                     ssm = size_t(hp.ssm_hv * hp.ssm_dk * hp.ssm_dv) * 4;
+        for (size_t il = 0; il < src.conv.size(); ++il) {
+            if (!src.conv[il]) continue;
+            PF_CUDA_TRY(cudaMemcpyAsync(dst.conv[il], src.conv[il], conv, cudaMemcpyDeviceToDevice, st));
+            PF_CUDA_TRY(cudaMemcpyAsync(dst.ssm[il], src.ssm[il], ssm, cudaMemcpyDeviceToDevice, st));
+        }
     }
-    dst.pos = src.pos;
-    dst.last_token = src.last_token;
+    dst.pos = pos;
+    dst.last_token = h ? h->last_token : pos == src.pos ? src.last_token : -1;
     dst.broken = false;
     dst.snaps.clear();
     return PF_STATUS_OK;

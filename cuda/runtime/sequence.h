@@ -58,6 +58,12 @@ void sequence_free(pf_context *ctx, Sequence &q);
 pf_status sequence_zero(Sequence &q, cudaStream_t stream);
 // Copies src's state into dst (same model and KV dtype, capacity >= src.pos), asynchronously.
 pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t stream);
+// Copies src's state as it stood at position pos into dst (same model and KV dtype, capacity >= pos):
+// KV rows [0, pos) and the recurrent state of src's snapshot h at pos (h == nullptr: pos is src's
+// position and its own state is copied, or the model has no recurrent state), asynchronously.
+// dst's snapshots are dropped.
+pf_status sequence_copy_prefix(Sequence &dst, const Sequence &src, int64_t pos, const Snapshot *h,
+                               cudaStream_t stream);
 
 // The device bytes of one snapshot of m's recurrent state (0 for a model without GDN layers).
 size_t snapshot_bytes(const pf_model *m);

@@ -203,6 +203,57 @@ pf_status session_copy(pf_session *dst, const pf_session *src) {
     return PF_STATUS_OK;
 }
 
+namespace {
+
+// The snapshot of q at pos, or UNSUPPORTED naming the nearest ones held (fn names the call).
+pf_status snapshot_at(const Sequence &q, int64_t pos, const char *fn, const Snapshot **out) {
+    *out = nullptr;
+    for (const Snapshot &h : q.snaps)
+        if (h.pos == pos) *out = &h;
+    if (*out) return PF_STATUS_OK;
+    const Snapshot *below = nullptr, *above = nullptr;
+    for (const Snapshot &h : q.snaps) {
+        if (h.pos < pos) below = &h;
+        if (h.pos > pos && !above) above = &h;
+    }
+    char near[96] = "none held; position 0 (the zero state) always works";
+    if (below || above)
+        std::snprintf(near, sizeof near, "%s%lld%s%s%lld", below ? "below at " : "",
+                      below ? (long long)below->pos : 0LL, below && above ? ", " : "", above ? "above at " : "",
+                      above ? (long long)above->pos : 0LL);
+    return fail(PF_STATUS_UNSUPPORTED,
+                "%s: no snapshot of the recurrent state at position %lld (the nearest: %s; %zu held, "
+                "pf_session_options.snapshot_every / snapshot_at_end keep them)", fn, (long long)pos, near,
+                q.snaps.size());
+}
+
+}  // namespace
+
+pf_status session_copy_prefix(pf_session *dst, const pf_session *src, int64_t pos) {
+    const char *fn = "pf_session_copy_prefix";
+    PF_CHECK_ARG(dst != src, "%s: dst and src are the same session", fn);
+    PF_CHECK_ARG(dst->model == src->model, "%s: dst and src are sessions of different models", fn);
+    PF_CHECK_ARG(dst->seq.kv_dtype == src->seq.kv_dtype, "%s: dst has kv_dtype=%d, src %d", fn, dst->seq.kv_dtype,
+                 src->seq.kv_dtype);
+    PF_CHECK_ARG(!src->seq.broken, "%s: src hit a device error earlier", fn);
+    PF_CHECK_ARG(pos >= 0 && pos <= src->seq.pos, "%s: pos=%lld must be in [0, %lld] (src's position)", fn,
+                 (long long)pos, (long long)src->seq.pos);
+    PF_CHECK_ARG(pos <= dst->seq.capacity, "%s: pos=%lld, dst holds %d positions", fn, (long long)pos,
+                 dst->seq.capacity);
+    if (pos == src->seq.pos) return session_copy(dst, src);
+    DeviceGuard dg(src->ctx->device);
+    PF_TRY(dg.status());
+    if (pos == 0) return session_reset(dst);
+    const Snapshot *hit = nullptr;
+    if (snapshot_bytes(src->model) > 0) PF_TRY(snapshot_at(src->seq, pos, fn, &hit));
+    cudaStream_t st = src->ctx->stream;
+    dst->seq.broken = true;  // until every copy has landed
+    PF_TRY(sequence_copy_prefix(dst->seq, src->seq, pos, hit, st));
+    PF_CUDA_TRY(cudaStreamSynchronize(st));
+    dst->seq.broken = false;
+    return PF_STATUS_OK;
+}
+
 pf_status session_rollback(pf_session *s, int64_t pos) {
     const char *fn = "pf_session_rollback";
     Sequence &q = s->seq;
@@ -225,24 +276,7 @@ pf_status session_rollback(pf_session *s, int64_t pos) {
     cudaStream_t st = s->ctx->stream;
     if (pos == 0) return session_reset(s);
     const Snapshot *hit = nullptr;
-    for (const Snapshot &h : q.snaps)
-        if (h.pos == pos) hit = &h;
-    if (!hit) {
-        const Snapshot *below = nullptr, *above = nullptr;
-        for (const Snapshot &h : q.snaps) {
-            if (h.pos < pos) below = &h;
-            if (h.pos > pos && !above) above = &h;
-        }
-        char near[96] = "none held; position 0 (the zero state) always works";
-        if (below || above)
-            std::snprintf(near, sizeof near, "%s%lld%s%s%lld", below ? "below at " : "",
-                          below ? (long long)below->pos : 0LL, below && above ? ", " : "", above ? "above at " : "",
-                          above ? (long long)above->pos : 0LL);
-        return fail(PF_STATUS_UNSUPPORTED,
-                    "%s: no snapshot of the recurrent state at position %lld (the nearest: %s; %zu held, "
-                    "pf_session_options.snapshot_every / snapshot_at_end keep them)", fn, (long long)pos, near,
-                    q.snaps.size());
-    }
+    PF_TRY(snapshot_at(q, pos, fn, &hit));
     const int32_t tok = hit->last_token;
     q.broken = true;  // until every copy has landed
     PF_TRY(snapshot_restore(q, *hit, st));

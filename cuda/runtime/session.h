@@ -38,5 +38,6 @@ size_t session_state_size(const pf_session *s);
 pf_status session_save(pf_session *s, void *dst, size_t bytes);
 pf_status session_restore(pf_session *s, const void *src, size_t bytes);
 pf_status session_copy(pf_session *dst, const pf_session *src);
+pf_status session_copy_prefix(pf_session *dst, const pf_session *src, int64_t pos);
 pf_status session_rollback(pf_session *s, int64_t pos);
 }  // namespace pf

@@ -367,6 +367,61 @@ def test_rollback_to_a_snapshot_is_one_run(legs, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("legs", ["f32", "default"])
+def test_copy_prefix_continues_as_one_run(legs, rng):
+    """pf_session_copy_prefix (what a prefix cache attaches): a session takes another's state at
+    one of its snapshots and continues with other tokens: bitwise a session that ran the same
+    first tokens in the same calls and then the same continuation, the greedy token too; the
+    source is unchanged; a position without a snapshot is UNSUPPORTED naming the nearest ones,
+    the destination unchanged; pos past the source, or past the destination's capacity, is
+    INVALID_ARGUMENT."""
+    from pyprefill import errors
+    m = _model("qwen35-tiny", legs)
+    V = m.n_vocab
+    prompt, tail = random_tokens(rng, 700, V), random_tokens(rng, 150, V)
+    kw = dict(max_tokens=1024, chunk=256, snapshot_every=128, snapshot_at_end=True, snapshot_slots=8,
+              **_skw(legs))
+    with m.session(**kw) as src, m.session(**kw) as dst, m.session(max_tokens=300, **_skw(legs)) as small:
+        src_logits = src.prefill(prompt, "all")
+        dst.prefill(random_tokens(rng, 40, V), "none")   # its own state, replaced
+        before = dst.save()
+        with pytest.raises(errors.UnsupportedError, match=r"300.*below at 256, above at 384"):
+            dst.copy_from(src, pos=300)
+        assert dst.save() == before, "a refused copy changed the destination"
+        with pytest.raises(errors.InvalidArgumentError, match="must be in \\[0, 700\\]"):
+            dst.copy_from(src, pos=701)
+        with pytest.raises(errors.InvalidArgumentError, match="dst holds 300 positions"):
+            small.copy_from(src, pos=384)
+        for p in (384, 128, 700, 0):
+            dst.copy_from(src, pos=p)
+            assert dst.position == p and dst.snapshots()[0] == []
+            got, tok = dst.prefill(tail, "all", return_token=True)
+            with m.session(**kw) as cold:
+                if p:
+                    cold.prefill(prompt[:p], "none")
+                want, want_tok = cold.prefill(tail, "all", return_token=True)
+            assert np.array_equal(got, want), f"{legs}: copy_prefix at {p} then a new tail differs"
+            assert tok == want_tok
+        # the source continues as before: its own logits and snapshots untouched
+        assert src.position == 700 and src.snapshots()[0] == [128, 256, 384, 512, 640, 700]
+        src.rollback(384)
+        assert np.array_equal(src.prefill(prompt[384:], "all"), src_logits[384:])
+
+
+@pytest.mark.gpu
+def test_copy_prefix_without_recurrent_state(rng):
+    """qwen3: any prefix (no snapshot needed): then the rest equals the source's own rows (the f32
+    leg within 1e-5: the rows' GEMM shapes differ from one call)."""
+    m = _model("qwen3-tiny", "f32")
+    prompt = random_tokens(rng, 300, m.n_vocab)
+    with m.session(max_tokens=512, **_skw("f32")) as src, m.session(max_tokens=512, **_skw("f32")) as dst:
+        want = src.prefill(prompt, "all")
+        dst.copy_from(src, pos=123)
+        assert dst.position == 123
+        _close(dst.prefill(prompt[123:], "all"), want[123:], "f32", "qwen3 copy_prefix at 123")
+
+
+@pytest.mark.gpu
 def test_rollback_without_recurrent_state(rng):
     """qwen3 has no recurrent state: rollback to any position, then the rest, equals one run
     (the f32 legs within 1e-5: the rows' GEMM shapes differ); no snapshot needed."""
@@ -545,6 +600,7 @@ def test_batch_entries_check_before_the_device():
     for call, say in [(lambda: lib.pf_batch_plan(ffi.NULL, ffi.NULL, 0), "batch is NULL"),
                       (lambda: lib.pf_batch_run(ffi.NULL), "batch is NULL"),
                       (lambda: lib.pf_session_copy(ffi.NULL, ffi.NULL), "dst is NULL"),
+                      (lambda: lib.pf_session_copy_prefix(ffi.NULL, ffi.NULL, 0), "dst is NULL"),
                       (lambda: lib.pf_session_fork(ffi.new("pf_session **"), ffi.NULL), "src is NULL"),
                       (lambda: lib.pf_session_rollback(ffi.NULL, 0), "session is NULL"),
                       (lambda: lib.pf_session_snapshots(ffi.NULL, ffi.NULL, 0, ffi.NULL, ffi.NULL), "session is NULL")]:
