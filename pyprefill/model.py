@@ -169,6 +169,15 @@ class Model(_Owner):
                        snapshot_every=snapshot_every, snapshot_at_end=snapshot_at_end,
                        snapshot_slots=snapshot_slots)
 
+    def prefix_cache(self, *, max_tokens: int = DEFAULT_CAPACITY, snapshot_every: int = 1024,
+                     max_entries: int = 32, budget_bytes: int | None = None, kv: str = "f16",
+                     gemm="default"):
+        """A prefix cache of this model (pyprefill.prefix_cache.PrefixCache): cache.prefill(session,
+        ids) reuses every prompt prefix it computed before, exactly."""
+        from .prefix_cache import PrefixCache
+        return PrefixCache(self, max_tokens=max_tokens, snapshot_every=snapshot_every, max_entries=max_entries,
+                           budget_bytes=budget_bytes, kv=kv, gemm=gemm)
+
     def batch(self, *, max_items: int = 64, step_tokens: int = 0, max_tokens: int = 0,
               max_context: int = 0, kv: str = "f16", gemm="default", attention: str = "auto",
               graphs: bool = True, tuning: dict | None = None) -> "Batch":

@@ -9,8 +9,10 @@ against the trace's minimum (each distinct prefix once) and the device bytes.
     their own, some of them extended again by a later request.
 
 Sides: "cache off" serves every request with a cold prefill from position 0 (one session, reset
-before each): the baseline every cache is measured against. The prefix cache itself is not in
-the library yet (issue 39); its side is reported as skipped with that reason until it is.
+before each): the baseline every cache is measured against. "cache on" serves them through
+`model.prefix_cache` (pyprefill.prefix_cache: its first form, entries that are whole sessions,
+a hit attached by a device copy of the KV rows; the paged form is issue 39's next step), with
+snapshots every 1024 positions (256 with --quick) and half the free device memory as its budget.
 
 The traces are pure functions of a seed (chat_script, branch_trace) and the minimum a cache must
 prefill (distinct_prefix_tokens) is computed from the prompts as served, so both are checked on a
@@ -140,6 +142,37 @@ def serve_cold_chat(model, script: ChatScript) -> tuple[list[float], list[np.nda
     return ttft, prompts
 
 
+def serve_cached_chat(model, cache, script: ChatScript) -> tuple[list[float], list[np.ndarray]]:
+    """Cache on, chat: every turn through the cache into the conversation's session, the reply
+    generated there (not in the time)."""
+    cap = max(len(script.system) + sum(len(u) + r for u, r in zip(us, rs))
+              for us, rs in zip(script.users, script.replies))
+    replied: list[list[np.ndarray]] = [[] for _ in script.users]
+    ttft, prompts = [], []
+    with model.session(max_tokens=cap) as s:
+        for c, t in script.order():
+            p = chat_prompt(script, c, t, replied[c])
+            t0 = time.perf_counter()
+            _, first = cache.prefill(s, p, "none", return_token=True)
+            ttft.append((time.perf_counter() - t0) * 1e3)
+            n = script.replies[c][t]
+            rest = s.generate(n - 1) if n > 1 else np.empty(0, np.int32)
+            replied[c].append(np.concatenate([np.array([first], np.int32), rest[:n - 1]]).astype(np.int32))
+            prompts.append(p)
+    return ttft, prompts
+
+
+def serve_cached(model, cache, prompts) -> list[float]:
+    """Cache on: each prompt through the cache, in order. Times to first token (ms)."""
+    ttft = []
+    with model.session(max_tokens=max(len(p) for p in prompts)) as s:
+        for p in prompts:
+            t0 = time.perf_counter()
+            cache.prefill(s, p, "none", return_token=True)
+            ttft.append((time.perf_counter() - t0) * 1e3)
+    return ttft
+
+
 def serve_cold(model, prompts) -> list[float]:
     """Cache off: each prompt prefilled from position 0, in order. Times to first token (ms)."""
     ttft = []
@@ -169,31 +202,51 @@ def _say(rec, r: dict) -> None:
             f"tokens ({r['prefilled_vs_min']:.2f}x the minimum {r['min_tokens']})")
 
 
-def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39) -> list[dict]:
-    """Both traces, cache off (and on, once the library has the cache)."""
+def _cache_for(model, max_tokens: int, quick: bool):
+    free, _ = model.ctx.memory()
+    return model.prefix_cache(max_tokens=max_tokens, snapshot_every=256 if quick else 1024, max_entries=1024,
+                              budget_bytes=free // 2)
+
+
+def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: bool = False) -> list[dict]:
+    """Both traces, cache off then on (the same requests: the chat replies are the model's
+    greedy tokens, so the cache's exactness keeps the traces equal)."""
     rows = []
     rng = np.random.default_rng(seed)
     V = model.n_vocab
     script = chat_script(rng, V, size)
-    try:
-        ttft, prompts = serve_cold_chat(model, script)
-        r = trace_row(label, "chat", "cache off (cold)", ttft, prompts, sum(len(p) for p in prompts),
-                      model.ctx.allocated())
-        _say(rec, r)
-        rows.append(r)
-    except Exception as exc:   # noqa: BLE001  one line says why
-        rec.skip(f"{label} chat cache off", f"{type(exc).__name__}: {first_line(exc)}")
-    prompts = branch_trace(rng, V, size)
-    try:
-        ttft = serve_cold(model, prompts)
-        r = trace_row(label, "branch", "cache off (cold)", ttft, prompts, sum(len(p) for p in prompts),
-                      model.ctx.allocated())
-        _say(rec, r)
-        rows.append(r)
-    except Exception as exc:   # noqa: BLE001
-        rec.skip(f"{label} branch cache off", f"{type(exc).__name__}: {first_line(exc)}")
-    rec.skip(f"{label} cache on", "the prefix cache is not in the library yet (issue 39): the cache-off "
-                                  "baseline only")
+    branches = branch_trace(rng, V, size)
+    cap = max(len(script.system) + sum(len(u) + r for u, r in zip(us, rs))
+              for us, rs in zip(script.users, script.replies))
+    for trace in ("chat", "branch"):
+        for impl in ("cache off (cold)", "cache on (sessions)"):
+            try:
+                if impl.startswith("cache off"):
+                    if trace == "chat":
+                        ttft, prompts = serve_cold_chat(model, script)
+                    else:
+                        ttft, prompts = serve_cold(model, branches), branches
+                    prefilled, held = sum(len(p) for p in prompts), model.ctx.allocated()
+                else:
+                    longest = cap if trace == "chat" else max(len(p) for p in branches)
+                    with _cache_for(model, longest, quick) as cache:
+                        if trace == "chat":
+                            ttft, prompts = serve_cached_chat(model, cache, script)
+                        else:
+                            ttft, prompts = serve_cached(model, cache, branches), branches
+                        prefilled, held = cache.stats["prefilled_tokens"], model.ctx.allocated()
+                        rec.say(f"  {label} {trace} cache: {cache.stats}")
+                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held)
+                _say(rec, r)
+                rows.append(r)
+            except Exception as exc:   # noqa: BLE001  one line says why
+                rec.skip(f"{label} {trace} {impl}", f"{type(exc).__name__}: {first_line(exc)}")
+    by = {(r["trace"], r["impl"].split(" (")[0]): r for r in rows}
+    for trace in ("chat", "branch"):
+        on, off = by.get((trace, "cache on")), by.get((trace, "cache off"))
+        if on and off and on["ttft_p50_ms"]:
+            on["p50_vs_off"] = off["ttft_p50_ms"] / on["ttft_p50_ms"]
+            rec.say(f"  {label} {trace}: TTFT p50 {on['p50_vs_off']:.1f}x lower with the cache")
     return rows
 
 
@@ -214,7 +267,7 @@ def run(rec, torch, *, models, quick: bool, mix: str = "q4_k_m", gguf_dir: str |
                 rec.skip(f"ours {preset}", f"load: {type(exc).__name__}: {first_line(exc)}")
                 continue
             with model:
-                rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL)
+                rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick)
     return {}
 
 
@@ -222,15 +275,16 @@ def table(rows: list[dict]) -> str:
     lines = ["Prefix reuse traces (issue 39): time to first token per request (wall clock of the "
              "prefill call to the greedy token on the host), p50 / p99 over the trace; prefilled "
              "tokens against the minimum (each distinct prefix once).", "",
-             "| model | trace | impl | requests | TTFT p50 ms | TTFT p99 ms | prompt tokens | prefilled | "
-             "minimum | prefilled / min | device GiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | trace | impl | requests | TTFT p50 ms | TTFT p99 ms | p50 off / on | prompt tokens | "
+             "prefilled | minimum | prefilled / min | device GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(x, fmt):
         return "" if x is None else fmt.format(x)
     for r in rows:
         lines.append(f"| {r['model']} | {r['trace']} | {r['impl']} | {r['requests']} | "
                      f"{f(r.get('ttft_p50_ms'), '{:.2f}')} | {f(r.get('ttft_p99_ms'), '{:.2f}')} | "
+                     f"{f(r.get('p50_vs_off'), '{:.1f}')} | "
                      f"{r['prompt_tokens']} | {r['prefilled_tokens']} | {r['min_tokens']} | "
                      f"{f(r.get('prefilled_vs_min'), '{:.2f}')} | "
                      f"{f(r['device_bytes'] / 2**30 if r.get('device_bytes') else None, '{:.2f}')} |")

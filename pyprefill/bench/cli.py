@@ -14,7 +14,7 @@ prefill on synthetic GGUFs of real shapes; batch (many prompts in one batch agai
 prompts one call each and HF transformers batched with padding; decode steps of 64 sessions
 against one; fork and snapshot rollback at 8192 tokens); cache (the prefix-reuse traces of
 issue 39, chat and branching: time to first token p50 / p99 and the tokens prefilled against the
-minimum; the cache-off baseline until the library has the cache); bench_<suite>.json (every repeat) and
+minimum, with model.prefix_cache against cold prefills); bench_<suite>.json (every repeat) and
 bench_<suite>.md under --out. --plot draws tok/s against prompt length, ours against each
 peer. `python3 -m pyprefill.bench` takes the same arguments.
 

@@ -91,7 +91,7 @@ def test_trace_row_and_table():
     assert r["ttft_p50_ms"] == pytest.approx(3.0)
     t = cache.table([r]).splitlines()
     assert t[0].startswith("Prefix reuse traces")
-    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 | 22 | 22 | 12 | 1.83 | 3.00 |"
+    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 |  | 22 | 22 | 12 | 1.83 | 3.00 |"
 
 
 def test_quick_sizes_are_small():

@@ -1,0 +1,219 @@
+"""A prefix cache over sessions (issue 39, first form): every prompt prefix already computed is
+reused, exactly, without the KV rows being paged yet.
+
+    cache = model.prefix_cache(max_tokens=8192, snapshot_every=1024, max_entries=32)
+    logits = cache.prefill(session, prompt_ids)            # as session.prefill(prompt_ids) from 0
+    logits, token = cache.prefill(session, ids, return_token=True)
+    session.generate(16)                                    # the session continues on its own
+    cache.stats                                             # tokens served from the cache, ...
+
+How: the cache keeps "entries", sessions of its own that ran earlier prompts, each holding its
+prompt's KV rows and snapshots of the recurrent state every `snapshot_every` positions, at the end
+of its prompt and where it diverged from the entry it was made from. A request finds the entry
+and snapshot that let it resume furthest: the deepest snapshot at or below the longest prefix the
+entry shares with the prompt (a qwen3 model, which has no recurrent state, resumes at the shared
+prefix itself). A new entry takes that prefix on the device (Session.copy_from(entry, pos):
+pf_session_copy_prefix), runs the prompt's other tokens (a first call to the point of divergence,
+so that a snapshot is kept there, then the rest) through the model's batch executor, and the
+caller's session takes the result (pf_session_copy). The caller's session is never shared: it
+continues (decodes) on its own. Entries are dropped least recently used first beyond
+`max_entries` or `budget_bytes`.
+
+Exactness: the logits are bitwise those of a cold session that ran the same prompt in the same
+calls (the resumed prefix, then the rest; the split at the divergence point), within the leg's
+tolerance of one cold call. What the paged form (issue 39) adds: entries that share pages instead
+of each holding its whole prompt, an attach without a KV copy, and a host tier.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ._checks import int_arg, token_ids
+from .errors import InvalidArgumentError
+
+LOGITS = ("last", "none")
+
+
+@dataclasses.dataclass
+class _Entry:
+    session: object
+    tokens: np.ndarray
+    snapshots: list[int]
+    logits: np.ndarray | None   # the last token's logits (an exact repeat returns them)
+    token: int                  # the greedy token after the prompt
+    tick: int = 0
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    """The length of the longest common prefix of two token arrays."""
+    n = min(a.size, b.size)
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class PrefixCache:
+    """See the module's text. One per model; not thread-safe."""
+
+    def __init__(self, model, *, max_tokens: int, snapshot_every: int = 1024, max_entries: int = 32,
+                 budget_bytes: int | None = None, kv: str = "f16", gemm="default"):
+        self.model = model
+        self.max_tokens = int_arg(max_tokens, "max_tokens", 1, 2**31 - 1)
+        self.snapshot_every = int_arg(snapshot_every, "snapshot_every", 64, 2**31 - 1)
+        if self.snapshot_every % 64:
+            raise InvalidArgumentError(f"snapshot_every={snapshot_every} must be a positive multiple of 64")
+        self.max_entries = int_arg(max_entries, "max_entries", 1, 2**20)
+        self.budget_bytes = None if budget_bytes is None else int_arg(budget_bytes, "budget_bytes", 1, 2**62)
+        if kv not in ("f16", "f32"):
+            raise InvalidArgumentError(f"kv: {kv!r} is not one of ['f16', 'f32']")
+        self.kv, self.gemm = kv, gemm
+        info = model.info
+        self._recurrent = info["n_layer"] > info["n_attn_layers"]   # qwen35: snapshots needed to resume
+        self._entries: list[_Entry] = []
+        self._tick = 0
+        self._entry_bytes = self.entry_bytes()
+        if self.budget_bytes is not None and self.budget_bytes < self._entry_bytes:
+            raise InvalidArgumentError(f"budget_bytes={self.budget_bytes} holds no entry: one takes "
+                                       f"{self._entry_bytes} bytes (max_tokens={self.max_tokens}, "
+                                       f"snapshot_every={self.snapshot_every})")
+        self.stats = {"requests": 0, "prompt_tokens": 0, "served_tokens": 0, "rerun_tokens": 0,
+                      "prefilled_tokens": 0, "hits": 0, "entries": 0, "evicted": 0, "device_bytes": 0}
+
+    # -- the entries -------------------------------------------------------------------------
+    def entry_bytes(self) -> int:
+        """The device bytes of one entry: the KV rows of max_tokens positions, and for a qwen35
+        model its recurrent state and snapshot slots (the sizes pf_session_snapshots reports)."""
+        info = self.model.info
+        kv = self.max_tokens * info["n_attn_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * \
+            (2 if self.kv == "f16" else 4)
+        if not self._recurrent:
+            return kv
+        conv_dim = 2 * info["ssm_hk"] * info["ssm_dk"] + info["ssm_hv"] * info["ssm_dv"]
+        snap = 4 * (info["n_layer"] - info["n_attn_layers"]) * (
+            (info["conv_kernel"] - 1) * conv_dim + info["ssm_hv"] * info["ssm_dk"] * info["ssm_dv"])
+        return kv + (self._slots + 1) * snap
+
+    @property
+    def _slots(self) -> int:
+        # snapshots every snapshot_every positions and at each call's end (the divergence point and
+        # the prompt's end): slots for all of them
+        return self.max_tokens // self.snapshot_every + 3
+
+
+    def _new_session(self):
+        """An entry's session: its snapshots as above; no executor of its own (the model's batch
+        runs it). Its device bytes: the KV rows of max_tokens positions, the recurrent state and
+        its snapshot slots."""
+        s = self.model.session(max_tokens=self.max_tokens, kv=self.kv, gemm=self.gemm, own_executor=False,
+                               snapshot_every=self.snapshot_every if self._recurrent else 0,
+                               snapshot_at_end=self._recurrent, snapshot_slots=self._slots if self._recurrent else 0)
+        return s
+
+    def _resume(self, e: _Entry, prompt: np.ndarray) -> tuple[int, int]:
+        """(the prefix e shares with prompt, the position a request resumes from with e)."""
+        m = _shared(e.tokens, prompt)
+        if not self._recurrent:   # no recurrent state: any position
+            return m, m
+        return m, max((p for p in e.snapshots if p <= m), default=0)
+
+    def _evict(self, keep: _Entry | None, room: int) -> None:
+        """Drops least recently used entries (never `keep`) until `room` more fit."""
+        def over() -> bool:
+            n = len(self._entries) + room
+            return n > self.max_entries or (self.budget_bytes is not None
+                                            and n * self._entry_bytes > self.budget_bytes)
+        while over():
+            victims = [e for e in self._entries if e is not keep]
+            if not victims:
+                break
+            v = min(victims, key=lambda e: e.tick)
+            self._entries.remove(v)
+            v.session.close()
+            self.stats["evicted"] += 1
+
+    # -- the call ----------------------------------------------------------------------------
+    def prefill(self, session, tokens, logits: str = "last", *, return_token: bool = False):
+        """Prefill `tokens` into `session` from position 0, reusing what the cache holds: the
+        session ends at position len(tokens) exactly as after session.reset(); session.prefill(
+        tokens, logits). Returns the last token's logits (None for "none"), and the greedy next
+        token if return_token. The session must be of this cache's model, KV dtype and hold
+        len(tokens) positions."""
+        from .model import Session
+        if not isinstance(session, Session) or session.model is not self.model:
+            raise InvalidArgumentError("session: expected a Session of the cache's model")
+        if not isinstance(logits, str) or logits not in LOGITS:
+            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(LOGITS)}")
+        prompt = token_ids(tokens, "tokens", n_vocab=self.model.n_vocab)
+        if prompt.size == 0:
+            raise InvalidArgumentError("tokens: empty")
+        if prompt.size > min(self.max_tokens, session.max_tokens):
+            raise InvalidArgumentError(f"tokens: {prompt.size} tokens, the cache's entries hold {self.max_tokens} "
+                                       f"and the session {session.max_tokens} positions")
+        if session.kv != self.kv:
+            raise InvalidArgumentError(f"session: kv={session.kv!r}, the cache's entries {self.kv!r}")
+        self._tick += 1
+        best, shared, resume = None, 0, 0
+        for e in self._entries:
+            m, r = self._resume(e, prompt)
+            if best is None or r > resume or (r == resume and e.tick > best.tick):
+                best, shared, resume = e, m, r
+        st = self.stats
+        st["requests"] += 1
+        st["prompt_tokens"] += int(prompt.size)
+        if best is not None and resume == prompt.size and best.tokens.size == prompt.size \
+                and best.logits is not None:
+            # the same prompt again: its state and last logits as they were computed
+            best.tick = self._tick
+            session.copy_from(best.session)
+            st["served_tokens"] += int(prompt.size)
+            st["hits"] += 1
+            out = best.logits.copy() if logits == "last" else None
+            return (out, best.token) if return_token else out
+        if resume == prompt.size:   # a snapshot at the prompt's end but not its logits: run one token
+            resume = max((p for p in best.snapshots if p < prompt.size), default=0) if best else 0
+        self._evict(keep=best, room=1)
+        new = self._new_session()
+        try:
+            if resume:
+                best.tick = self._tick
+                new.copy_from(best.session, pos=resume)
+            # to the divergence point first (a snapshot is kept there: the next request that
+            # branches at the same token resumes there), then the rest
+            cut = shared if resume < shared < prompt.size else resume
+            if cut > resume:
+                self.model.prefill_batch([new], [prompt[resume:cut]], logits="none")
+            out = self.model.prefill_batch([new], [prompt[cut:]], logits="last")[0]
+            session.copy_from(new)
+        except BaseException:
+            new.close()
+            raise
+        entry = _Entry(new, prompt.copy(), new.snapshots()[0], out["logits"], int(out["token"]), self._tick)
+        self._entries.append(entry)
+        self._evict(keep=entry, room=0)   # the source too, when the budget holds only one
+        st["entries"] = len(self._entries)
+        st["device_bytes"] = len(self._entries) * self._entry_bytes
+        st["served_tokens"] += resume
+        st["rerun_tokens"] += max(0, min(shared, prompt.size) - resume)
+        st["prefilled_tokens"] += int(prompt.size) - resume
+        st["hits"] += resume > 0
+        res = out["logits"] if logits == "last" else None
+        return (res, int(out["token"])) if return_token else res
+
+    def clear(self) -> None:
+        """Drops every entry."""
+        for e in self._entries:
+            e.session.close()
+        self._entries.clear()
+        self.stats["entries"] = 0
+        self.stats["device_bytes"] = 0
+
+    close = clear
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.clear()

@@ -1,0 +1,246 @@
+"""The prefix cache over sessions (pyprefill.prefix_cache, issue 39's first form).
+
+Without a GPU, against a model double whose sessions keep their token history and snapshot
+positions as the library does (snapshots every N positions and at each call's end, copy_from(pos)
+only at a snapshot for a recurrent model) and whose "logits" are a function of the history: what
+the cache resumes from, what it re-runs and prefills, where it keeps snapshots, exact repeats,
+eviction, and the argument checks. On the GPU (qwen35-tiny and qwen3-tiny): the cache's logits
+and greedy tokens against cold sessions run in the same calls, bit for bit."""
+import numpy as np
+import pytest
+from _engine_models import random_tokens
+
+pytest.importorskip("pyprefill._ffi", reason="libprefill not loadable (the package imports it)")
+
+from pyprefill import errors  # noqa: E402
+from pyprefill.model import Session  # noqa: E402
+from pyprefill.prefix_cache import PrefixCache  # noqa: E402
+
+V = 1000
+
+
+def _logits(history) -> np.ndarray:
+    h = hash(tuple(int(x) for x in history)) & 0xFFFFFFFF
+    return np.array([h % 1009, h % 997, len(history)], np.float32)
+
+
+class FakeSession(Session):
+    """A session double: no handle, the token history, the snapshot positions."""
+
+    def __init__(self, model, max_tokens, kv, every, at_end, slots):   # noqa: D107  (no super: no handle)
+        self.model, self.max_tokens, self.kv = model, max_tokens, kv
+        self.every, self.at_end, self.slots = every, at_end, slots
+        self.history, self.snaps, self.is_closed = [], [], False
+
+    @property
+    def position(self) -> int:
+        return len(self.history)
+
+    def run(self, tokens):
+        start = len(self.history)
+        self.history += [int(t) for t in tokens]
+        end = len(self.history)
+        if self.every:
+            self.snaps += [p for p in range(start + 1, end + 1) if p % self.every == 0]
+        if self.at_end and end not in self.snaps:
+            self.snaps.append(end)
+        self.snaps = sorted(set(self.snaps))[-self.slots:] if self.slots else []
+
+    def copy_from(self, other, pos=None):
+        if pos is None:
+            pos = other.position
+        assert 0 <= pos <= other.position
+        if other.model.recurrent and pos not in (0, other.position) and pos not in other.snaps:
+            raise errors.UnsupportedError(f"no snapshot at {pos}")
+        self.history, self.snaps = list(other.history[:pos]), []
+
+    def snapshots(self):
+        return list(self.snaps), 64
+
+    def close(self):
+        self.is_closed = True
+
+
+class FakeModel:
+    def __init__(self, recurrent=True, fail_at=None):
+        self.recurrent, self.n_vocab, self.fail_at = recurrent, V, fail_at
+        self.info = dict(n_layer=4, n_attn_layers=1 if recurrent else 4, n_head_kv=2, head_dim=8,
+                         ssm_hk=1, ssm_dk=2, ssm_hv=1, ssm_dv=2, conv_kernel=4)
+        self.calls = []   # (session, tokens) of every prefill_batch
+
+    def session(self, max_tokens, kv="f16", gemm="default", own_executor=True, snapshot_every=0,
+                snapshot_at_end=False, snapshot_slots=0):
+        return FakeSession(self, max_tokens, kv, snapshot_every, snapshot_at_end, snapshot_slots)
+
+    def prefill_batch(self, sessions, tokens, logits="last"):
+        (s,), (t,) = sessions, tokens
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            raise errors.CudaError("injected")
+        self.calls.append((s, np.asarray(t).copy()))
+        s.run(t)
+        return [{"logits": _logits(s.history) if logits == "last" else None, "token": int(_logits(s.history)[0])}]
+
+
+def _prompt(rng, n):
+    return rng.integers(0, V, n, dtype=np.int32)
+
+
+def test_resume_rerun_and_divergence_snapshots(rng):
+    m = FakeModel()
+    cache = PrefixCache(m, max_tokens=4096, snapshot_every=256)
+    user = m.session(4096)
+    a = _prompt(rng, 1000)
+    got, tok = cache.prefill(user, a, return_token=True)
+    assert np.array_equal(got, _logits(a)) and tok == int(_logits(a)[0]) and user.history == a.tolist()
+    assert cache.stats["prefilled_tokens"] == 1000 and cache.stats["served_tokens"] == 0
+    assert cache._entries[0].snapshots == [256, 512, 768, 1000]
+    # b shares a's first 700 tokens: resumes at 512 (the deepest snapshot at or below 700), re-runs
+    # 188, and its entry keeps a snapshot at the divergence point 700
+    b = np.concatenate([a[:700], _prompt(rng, 300)])
+    assert np.array_equal(cache.prefill(user, b), _logits(b)) and user.history == b.tolist()
+    assert cache.stats["served_tokens"] == 512 and cache.stats["rerun_tokens"] == 188
+    assert cache.stats["prefilled_tokens"] == 1000 + 488 and cache.stats["hits"] == 1
+    e = cache._entries[1]
+    assert e.snapshots == [700, 768, 1000]
+    assert [t.size for _, t in m.calls[-2:]] == [188, 300]    # to the divergence point, then the rest
+    # c diverges at the same point: resumes at 700 exactly, nothing re-run
+    c = np.concatenate([a[:700], _prompt(rng, 50)])
+    cache.prefill(user, c, "none")
+    assert cache.stats["served_tokens"] == 512 + 700 and cache.stats["rerun_tokens"] == 188
+    assert user.history == c.tolist()
+
+
+def test_exact_repeat_and_prefix_of_an_entry(rng):
+    m = FakeModel()
+    cache = PrefixCache(m, max_tokens=2048, snapshot_every=256)
+    user = m.session(2048)
+    a = _prompt(rng, 600)
+    first = cache.prefill(user, a)
+    n_calls = len(m.calls)
+    again, tok = cache.prefill(user, a, return_token=True)   # the same prompt: nothing runs
+    assert np.array_equal(again, first) and tok == int(_logits(a)[0]) and len(m.calls) == n_calls
+    assert len(cache._entries) == 1 and cache.stats["served_tokens"] == 600
+    # a prefix of a ending at a snapshot (512): its last logits are not held, so one step of it
+    # runs from the snapshot before (256)
+    p = a[:512]
+    assert np.array_equal(cache.prefill(user, p), _logits(p))
+    assert m.calls[-1][1].size == 256 and user.history == p.tolist()
+
+
+def test_no_recurrent_state_resumes_at_the_shared_prefix(rng):
+    m = FakeModel(recurrent=False)
+    cache = PrefixCache(m, max_tokens=2048, snapshot_every=256)
+    user = m.session(2048)
+    a = _prompt(rng, 500)
+    cache.prefill(user, a)
+    b = np.concatenate([a[:333], _prompt(rng, 40)])
+    assert np.array_equal(cache.prefill(user, b), _logits(b))
+    assert cache.stats["served_tokens"] == 333 and cache.stats["rerun_tokens"] == 0
+    assert m.calls[-1][1].size == 40 and m.calls[-1][0].snaps == []
+
+
+def test_least_recently_used_entries_go_first(rng):
+    m = FakeModel()
+    cache = PrefixCache(m, max_tokens=1024, snapshot_every=256, max_entries=2)
+    user = m.session(1024)
+    a, b, c = (_prompt(rng, 300) for _ in range(3))
+    cache.prefill(user, a)
+    cache.prefill(user, b)
+    cache.prefill(user, a)            # a used again: b is now the oldest
+    cache.prefill(user, c)
+    kept = [e.tokens.tolist() for e in cache._entries]
+    assert kept == [a.tolist(), c.tolist()] and cache.stats["evicted"] == 1
+    assert cache.stats["entries"] == 2 and cache.stats["device_bytes"] == 2 * cache.entry_bytes()
+    cache.clear()
+    assert cache._entries == [] and cache.stats["entries"] == 0
+
+
+def test_budget_in_bytes(rng):
+    m = FakeModel()
+    one = PrefixCache(m, max_tokens=1024, snapshot_every=256).entry_bytes()
+    with pytest.raises(errors.InvalidArgumentError, match=f"budget_bytes=100 holds no entry: one takes {one}"):
+        PrefixCache(m, max_tokens=1024, snapshot_every=256, budget_bytes=100)
+    cache = PrefixCache(m, max_tokens=1024, snapshot_every=256, budget_bytes=2 * one + 1)
+    user = m.session(1024)
+    for _ in range(4):
+        cache.prefill(user, _prompt(rng, 200))
+    assert len(cache._entries) == 2 and cache.stats["evicted"] == 2
+
+
+def test_a_failed_prefill_leaves_the_cache_as_it_was(rng):
+    m = FakeModel(fail_at=1)
+    cache = PrefixCache(m, max_tokens=1024, snapshot_every=256)
+    user = m.session(1024)
+    cache.prefill(user, _prompt(rng, 100))
+    with pytest.raises(errors.CudaError, match="injected"):
+        cache.prefill(user, _prompt(rng, 100))
+    assert len(cache._entries) == 1 and cache.stats["requests"] == 2
+
+
+def test_arguments_are_checked(rng):
+    m, other = FakeModel(), FakeModel()
+    with pytest.raises(errors.InvalidArgumentError, match="multiple of 64"):
+        PrefixCache(m, max_tokens=1024, snapshot_every=100)
+    with pytest.raises(errors.InvalidArgumentError, match="kv"):
+        PrefixCache(m, max_tokens=1024, kv="bf16")
+    cache = PrefixCache(m, max_tokens=1024, snapshot_every=256)
+    user = m.session(1024)
+    cases = [(lambda: cache.prefill(other.session(1024), [1, 2]), "Session of the cache's model"),
+             (lambda: cache.prefill("s", [1, 2]), "Session of the cache's model"),
+             (lambda: cache.prefill(user, [1, V]), "tokens"),
+             (lambda: cache.prefill(user, []), "tokens: empty"),
+             (lambda: cache.prefill(user, np.zeros(1025, np.int32)), "1025 tokens"),
+             (lambda: cache.prefill(m.session(1024, kv="f32"), [1]), "kv='f32'"),
+             (lambda: cache.prefill(user, [1], logits="all"), "logits")]
+    for call, say in cases:
+        with pytest.raises(errors.InvalidArgumentError, match=say):
+            call()
+    assert cache._entries == [] and m.calls == []
+
+
+# ------------------------------------------------------------------------------------ on the GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_cache_matches_a_cold_run_in_the_same_calls(preset, rng):
+    """Three prompts on one system prompt, the third sharing more of the second: each answer through
+    the cache (last logits, greedy token) against a cold session that made the calls the cache's
+    entries made for those tokens (qwen35: bitwise, the snapshots cut the steps alike; qwen3: its
+    resumed rows were computed in calls of other lengths, so within the f32 leg's 1e-5), and the
+    tokens served, re-run and prefilled."""
+    from test_batch import _close, _model, _skw
+    m = _model(preset, "f32")
+    recurrent = m.info["n_layer"] > m.info["n_attn_layers"]
+    V = m.n_vocab
+    system = random_tokens(rng, 300, V)
+    a = np.concatenate([system, random_tokens(rng, 120, V)])
+    b = np.concatenate([system, random_tokens(rng, 90, V)])
+    c = np.concatenate([b[:350], random_tokens(rng, 70, V)])
+    # where the cold session's calls end. qwen35 (snapshots every 128): a in one call; b resumes
+    # from a's entry at 256, runs to the divergence point 300, then the rest; c resumes from b's
+    # entry at 300 (its divergence snapshot), runs to 350 (where c leaves b), then the rest.
+    # qwen3 (no recurrent state): b resumes at 300, c at 350.
+    cuts = ({"a": [420], "b": [256, 300, 390], "c": [256, 300, 350, 420]} if recurrent else
+            {"a": [420], "b": [300, 390], "c": [300, 350, 420]})
+    with m.prefix_cache(max_tokens=1024, snapshot_every=128, gemm="f32", kv="f32") as cache, \
+            m.session(max_tokens=1024, **_skw("f32")) as user:
+        for name, p in (("a", a), ("b", b), ("c", c)):
+            got, tok = cache.prefill(user, p, return_token=True)
+            assert user.position == p.size
+            with m.session(max_tokens=1024, own_executor=False, snapshot_every=128, snapshot_at_end=True,
+                           snapshot_slots=16, **_skw("f32")) as cold:
+                start = 0
+                for cut in cuts[name]:
+                    out = m.prefill_batch([cold], [p[start:cut]], logits="last")[0]
+                    start = cut
+            if recurrent:
+                assert np.array_equal(got, out["logits"]), f"{preset} {name}: the cache's logits differ"
+                assert tok == out["token"]
+            else:
+                _close(got, out["logits"], "f32", f"{preset} {name} through the cache")
+        st = cache.stats
+        if recurrent:
+            assert (st["served_tokens"], st["rerun_tokens"], st["prefilled_tokens"]) == (556, 94, 674)
+        else:
+            assert (st["served_tokens"], st["rerun_tokens"], st["prefilled_tokens"]) == (650, 0, 580)
+        assert st["requests"] == 3 and st["hits"] == 2 and st["entries"] == 3
