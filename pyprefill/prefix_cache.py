@@ -172,8 +172,10 @@ class PrefixCache:
             st["hits"] += 1
             out = best.logits.copy() if logits == "last" else None
             return (out, best.token) if return_token else out
-        if resume == prompt.size:   # a snapshot at the prompt's end but not its logits: run one token
-            resume = max((p for p in best.snapshots if p < prompt.size), default=0) if best else 0
+        if resume == prompt.size:   # held up to the prompt's end but not its last logits: the last
+            # token runs again, from the snapshot before it (qwen35) or from right before it
+            resume = (max((p for p in best.snapshots if p < prompt.size), default=0) if self._recurrent
+                      else prompt.size - 1)
         self._evict(keep=best, room=1)
         new = self._new_session()
         try:

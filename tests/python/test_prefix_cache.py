@@ -137,6 +137,9 @@ def test_no_recurrent_state_resumes_at_the_shared_prefix(rng):
     assert np.array_equal(cache.prefill(user, b), _logits(b))
     assert cache.stats["served_tokens"] == 333 and cache.stats["rerun_tokens"] == 0
     assert m.calls[-1][1].size == 40 and m.calls[-1][0].snaps == []
+    # a prefix of an entry: only its last token runs again (for its logits)
+    assert np.array_equal(cache.prefill(user, a[:200]), _logits(a[:200]))
+    assert m.calls[-1][1].size == 1 and user.history == a[:200].tolist()
 
 
 def test_least_recently_used_entries_go_first(rng):
