@@ -97,6 +97,7 @@ def test_resume_rerun_and_divergence_snapshots(rng):
     # b shares a's first 700 tokens: resumes at 512 (the deepest snapshot at or below 700), re-runs
     # 188, and its entry keeps a snapshot at the divergence point 700
     b = np.concatenate([a[:700], _prompt(rng, 300)])
+    b[700] = (a[700] + 1) % V   # b leaves a exactly at 700
     assert np.array_equal(cache.prefill(user, b), _logits(b)) and user.history == b.tolist()
     assert cache.stats["served_tokens"] == 512 and cache.stats["rerun_tokens"] == 188
     assert cache.stats["prefilled_tokens"] == 1000 + 488 and cache.stats["hits"] == 1
@@ -105,6 +106,7 @@ def test_resume_rerun_and_divergence_snapshots(rng):
     assert [t.size for _, t in m.calls[-2:]] == [188, 300]    # to the divergence point, then the rest
     # c diverges at the same point: resumes at 700 exactly, nothing re-run
     c = np.concatenate([a[:700], _prompt(rng, 50)])
+    c[700] = next(t for t in range(V) if t not in (a[700], b[700]))   # c leaves both at 700
     cache.prefill(user, c, "none")
     assert cache.stats["served_tokens"] == 512 + 700 and cache.stats["rerun_tokens"] == 188
     assert user.history == c.tolist()
@@ -134,6 +136,7 @@ def test_no_recurrent_state_resumes_at_the_shared_prefix(rng):
     a = _prompt(rng, 500)
     cache.prefill(user, a)
     b = np.concatenate([a[:333], _prompt(rng, 40)])
+    b[333] = (a[333] + 1) % V
     assert np.array_equal(cache.prefill(user, b), _logits(b))
     assert cache.stats["served_tokens"] == 333 and cache.stats["rerun_tokens"] == 0
     assert m.calls[-1][1].size == 40 and m.calls[-1][0].snaps == []
@@ -218,7 +221,9 @@ def test_cache_matches_a_cold_run_in_the_same_calls(preset, rng):
     system = random_tokens(rng, 300, V)
     a = np.concatenate([system, random_tokens(rng, 120, V)])
     b = np.concatenate([system, random_tokens(rng, 90, V)])
+    b[300] = (a[300] + 1) % V   # the prompts part exactly where the comments below say
     c = np.concatenate([b[:350], random_tokens(rng, 70, V)])
+    c[350] = (b[350] + 1) % V
     # where the cold session's calls end. qwen35 (snapshots every 128): a in one call; b resumes
     # from a's entry at 256, runs to the divergence point 300, then the rest; c resumes from b's
     # entry at 300 (its divergence snapshot), runs to 350 (where c leaves b), then the rest.
