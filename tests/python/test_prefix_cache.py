@@ -67,10 +67,12 @@ class FakeModel:
         self.info = dict(n_layer=4, n_attn_layers=1 if recurrent else 4, n_head_kv=2, head_dim=8,
                          ssm_hk=1, ssm_dk=2, ssm_hv=1, ssm_dv=2, conv_kernel=4)
         self.calls = []   # (session, tokens) of every prefill_batch
+        self.made = []    # every session made
 
     def session(self, max_tokens, kv="f16", gemm="default", own_executor=True, snapshot_every=0,
                 snapshot_at_end=False, snapshot_slots=0):
-        return FakeSession(self, max_tokens, kv, snapshot_every, snapshot_at_end, snapshot_slots)
+        self.made.append(FakeSession(self, max_tokens, kv, snapshot_every, snapshot_at_end, snapshot_slots))
+        return self.made[-1]
 
     def prefill_batch(self, sessions, tokens, logits="last"):
         (s,), (t,) = sessions, tokens
@@ -252,3 +254,43 @@ def test_cache_matches_a_cold_run_in_the_same_calls(preset, rng):
         else:
             assert (st["served_tokens"], st["rerun_tokens"], st["prefilled_tokens"]) == (650, 0, 580)
         assert st["requests"] == 3 and st["hits"] == 2 and st["entries"] == 3
+
+
+@pytest.mark.parametrize("recurrent", [True, False], ids=["qwen35-like", "qwen3-like"])
+def test_random_traces_keep_the_invariants(recurrent, rng):
+    """Property test over random traces of prompts that share prefixes at random depths (a small
+    vocabulary, so that chance matches happen too), a small entry limit: every answer is the cold
+    answer, the caller's session holds exactly the prompt, no resume point passes the shared
+    prefix or (qwen35) misses a snapshot, the token counts add up, and no more than max_entries
+    entries live, every evicted one closed."""
+    m = FakeModel(recurrent=recurrent)
+    cache = PrefixCache(m, max_tokens=2048, snapshot_every=64, max_entries=4)
+    user = m.session(2048)
+    small = 3   # tokens 0..2: shared prefixes arise by chance as well as by construction
+    pool = [rng.integers(0, small, rng.integers(1, 600), dtype=np.int32) for _ in range(6)]
+    for step in range(120):
+        base = pool[rng.integers(len(pool))]
+        cut = int(rng.integers(0, base.size + 1))
+        p = np.concatenate([base[:cut], rng.integers(0, small, rng.integers(0 if cut else 1, 200), dtype=np.int32)])
+        if rng.random() < 0.3:
+            pool.append(p)
+        st0 = dict(cache.stats)
+        calls0 = len(m.calls)
+        got = cache.prefill(user, p)
+        assert np.array_equal(got, _logits(p)), f"step {step}: not the cold answer"
+        assert user.history == p.tolist()
+        st = cache.stats
+        served = st["served_tokens"] - st0["served_tokens"]
+        prefilled = st["prefilled_tokens"] - st0["prefilled_tokens"]
+        assert served + prefilled == p.size and st["prompt_tokens"] - st0["prompt_tokens"] == p.size
+        ran = sum(t.size for _, t in m.calls[calls0:])
+        assert ran == prefilled, f"step {step}: {ran} tokens ran, {prefilled} counted"
+        assert len(cache._entries) <= 4 and st["entries"] == len(cache._entries)
+        live = {id(e.session) for e in cache._entries}
+        for e in cache._entries:
+            if recurrent:   # every entry's snapshots are real positions of its own prompt
+                assert all(0 < q <= e.tokens.size for q in e.snapshots)
+        for s in m.made:   # the entries live, every other session the cache made is closed
+            if s is not user:
+                assert s.is_closed == (id(s) not in live), f"step {step}: an entry's session left open or closed"
+    assert cache.stats["hits"] > 0 and cache.stats["evicted"] > 0
