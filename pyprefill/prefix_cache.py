@@ -119,14 +119,14 @@ class PrefixCache:
             return m, m
         return m, max((p for p in e.snapshots if p <= m), default=0)
 
-    def _evict(self, keep: _Entry | None, room: int) -> None:
-        """Drops least recently used entries (never `keep`) until `room` more fit."""
+    def _evict(self, keep: list, room: int) -> None:
+        """Drops least recently used entries (never those in `keep`) until `room` more fit."""
         def over() -> bool:
             n = len(self._entries) + room
             return n > self.max_entries or (self.budget_bytes is not None
                                             and n * self._entry_bytes > self.budget_bytes)
         while over():
-            victims = [e for e in self._entries if e is not keep]
+            victims = [e for e in self._entries if not any(e is k for k in keep)]
             if not victims:
                 break
             v = min(victims, key=lambda e: e.tick)
@@ -134,75 +134,152 @@ class PrefixCache:
             v.session.close()
             self.stats["evicted"] += 1
 
-    # -- the call ----------------------------------------------------------------------------
+    # -- the calls ---------------------------------------------------------------------------
     def prefill(self, session, tokens, logits: str = "last", *, return_token: bool = False):
         """Prefill `tokens` into `session` from position 0, reusing what the cache holds: the
         session ends at position len(tokens) exactly as after session.reset(); session.prefill(
         tokens, logits). Returns the last token's logits (None for "none"), and the greedy next
         token if return_token. The session must be of this cache's model, KV dtype and hold
         len(tokens) positions."""
+        out = self.prefill_batch([session], [tokens], logits)[0]
+        return (out["logits"], out["token"]) if return_token else out["logits"]
+
+    def prefill_batch(self, sessions, tokens, logits: str = "last") -> list[dict]:
+        """prefill() for many requests at once: sessions[i] takes tokens[i], the tokens every
+        request needs run in one batch (model.prefill_batch); a prefix that several of them share
+        beyond what the cache holds is computed once, first, as an entry of its own, and they all
+        resume from it (so is a prompt that comes twice). Returns per request {"logits", "token"}.
+        Every argument is checked before anything runs; the sessions must be distinct."""
         from .model import Session
-        if not isinstance(session, Session) or session.model is not self.model:
-            raise InvalidArgumentError("session: expected a Session of the cache's model")
+        sessions, tokens = list(sessions), list(tokens)
+        if len(sessions) != len(tokens) or not sessions:
+            raise InvalidArgumentError(f"sessions: {len(sessions)} sessions for {len(tokens)} token arrays "
+                                       "(at least one)")
         if not isinstance(logits, str) or logits not in LOGITS:
             raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(LOGITS)}")
-        prompt = token_ids(tokens, "tokens", n_vocab=self.model.n_vocab)
-        if prompt.size == 0:
-            raise InvalidArgumentError("tokens: empty")
-        if prompt.size > min(self.max_tokens, session.max_tokens):
-            raise InvalidArgumentError(f"tokens: {prompt.size} tokens, the cache's entries hold {self.max_tokens} "
-                                       f"and the session {session.max_tokens} positions")
-        if session.kv != self.kv:
-            raise InvalidArgumentError(f"session: kv={session.kv!r}, the cache's entries {self.kv!r}")
+        prompts = []
+        for i, (session, t) in enumerate(zip(sessions, tokens)):
+            what = "session" if len(sessions) == 1 else f"sessions[{i}]"
+            if not isinstance(session, Session) or session.model is not self.model:
+                raise InvalidArgumentError(f"{what}: expected a Session of the cache's model")
+            if session.kv != self.kv:
+                raise InvalidArgumentError(f"{what}: kv={session.kv!r}, the cache's entries {self.kv!r}")
+            p = token_ids(t, "tokens" if len(sessions) == 1 else f"tokens[{i}]", n_vocab=self.model.n_vocab)
+            if p.size == 0:
+                raise InvalidArgumentError(("tokens" if len(sessions) == 1 else f"tokens[{i}]") + ": empty")
+            if p.size > min(self.max_tokens, session.max_tokens):
+                raise InvalidArgumentError(f"tokens: {p.size} tokens, the cache's entries hold {self.max_tokens} "
+                                           f"and the session {session.max_tokens} positions")
+            prompts.append(p)
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise InvalidArgumentError("sessions: one session twice in a batch")
         self._tick += 1
+        # what several requests share beyond what the cache holds: computed once, first
+        while (common := self._shared_in_batch(prompts)) is not None:
+            self._serve([common], request=False)
+        served = self._serve(prompts)
+        st = self.stats
+        st["requests"] += len(prompts)
+        st["prompt_tokens"] += sum(int(p.size) for p in prompts)
+        out = []
+        for session, (entry, last, token) in zip(sessions, served):
+            session.copy_from(entry.session)
+            out.append({"logits": last.copy() if logits == "last" else None, "token": token})
+        # back within the limits (a batch holds an entry per prompt until its sessions took them)
+        self._evict(keep=[], room=0)
+        st["entries"] = len(self._entries)
+        st["device_bytes"] = len(self._entries) * self._entry_bytes
+        return out
+
+    def _plan(self, prompt: np.ndarray) -> tuple[_Entry | None, int, int]:
+        """(the entry to resume from, the prefix it shares with prompt, the resume position)."""
         best, shared, resume = None, 0, 0
         for e in self._entries:
             m, r = self._resume(e, prompt)
             if best is None or r > resume or (r == resume and e.tick > best.tick):
                 best, shared, resume = e, m, r
+        return best, shared, resume
+
+    def _shared_in_batch(self, prompts) -> np.ndarray | None:
+        """The longest prefix two of the prompts share beyond where both would resume (at least
+        64 tokens more: worth a call of its own), or None."""
+        resumes = [self._plan(p)[2] for p in prompts]
+        best, length = None, 0
+        for i in range(len(prompts)):
+            for j in range(i + 1, len(prompts)):
+                m = _shared(prompts[i], prompts[j])
+                if m > length and m >= max(resumes[i], resumes[j]) + 64:
+                    best, length = prompts[i][:m], m
+        if best is not None and any(e.tokens.size == length and _shared(e.tokens, best) == length
+                                    for e in self._entries):
+            return None   # held already (a snapshot short of it): nothing more to share
+        return best
+
+    def _serve(self, prompts, request: bool = True) -> list[tuple[_Entry, np.ndarray, int]]:
+        """Every prompt into an entry (new ones run in one batch, an exact repeat reuses its
+        entry): per prompt (the entry, its last logits, its greedy token). request=False: a prefix
+        several requests share (its tokens count as prefilled, not as served or a hit)."""
         st = self.stats
-        st["requests"] += 1
-        st["prompt_tokens"] += int(prompt.size)
-        if best is not None and resume == prompt.size and best.tokens.size == prompt.size \
-                and best.logits is not None:
-            # the same prompt again: its state and last logits as they were computed
-            best.tick = self._tick
-            session.copy_from(best.session)
-            st["served_tokens"] += int(prompt.size)
-            st["hits"] += 1
-            out = best.logits.copy() if logits == "last" else None
-            return (out, best.token) if return_token else out
-        if resume == prompt.size:   # held up to the prompt's end but not its last logits: the last
-            # token runs again, from the snapshot before it (qwen35) or from right before it
-            resume = (max((p for p in best.snapshots if p < prompt.size), default=0) if self._recurrent
-                      else prompt.size - 1)
-        self._evict(keep=best, room=1)
-        new = self._new_session()
+        plans, keep = [], []
+        for p in prompts:
+            best, shared, resume = self._plan(p)
+            if best is not None:
+                keep.append(best)
+            if best is not None and resume == p.size and best.tokens.size == p.size:
+                plans.append(("hit", best, p.size, p.size))   # the same prompt again
+                continue
+            if resume == p.size:   # held up to the prompt's end but not its last logits: the last
+                # token runs again, from the snapshot before it (qwen35) or from right before it
+                resume = (max((q for q in best.snapshots if q < p.size), default=0) if self._recurrent
+                          else p.size - 1)
+            plans.append(("run", best, shared, resume))
+        runs = [i for i, pl in enumerate(plans) if pl[0] == "run"]
+        self._evict(keep=keep, room=len(runs))
+        news = {}
         try:
-            if resume:
-                best.tick = self._tick
-                new.copy_from(best.session, pos=resume)
-            # to the divergence point first (a snapshot is kept there: the next request that
-            # branches at the same token resumes there), then the rest
-            cut = shared if resume < shared < prompt.size else resume
-            if cut > resume:
-                self.model.prefill_batch([new], [prompt[resume:cut]], logits="none")
-            out = self.model.prefill_batch([new], [prompt[cut:]], logits="last")[0]
-            session.copy_from(new)
+            for i in runs:
+                news[i] = self._new_session()
+                _, best, _, resume = plans[i]
+                if resume:
+                    best.tick = self._tick
+                    news[i].copy_from(best.session, pos=resume)
+            # to each divergence point first (a snapshot is kept there: a request that branches
+            # at the same token later resumes there), then the rest: two batches at most
+            cuts = {}
+            for i in runs:
+                _, best, shared, resume = plans[i]
+                cuts[i] = shared if resume < shared < prompts[i].size else resume
+            first = [i for i in runs if cuts[i] > plans[i][3]]
+            if first:
+                self.model.prefill_batch([news[i] for i in first], [prompts[i][plans[i][3]:cuts[i]] for i in first],
+                                         logits="none")
+            outs = (self.model.prefill_batch([news[i] for i in runs], [prompts[i][cuts[i]:] for i in runs],
+                                             logits="last") if runs else [])
         except BaseException:
-            new.close()
+            for n in news.values():
+                n.close()
             raise
-        entry = _Entry(new, prompt.copy(), new.snapshots()[0], out["logits"], int(out["token"]), self._tick)
-        self._entries.append(entry)
-        self._evict(keep=entry, room=0)   # the source too, when the budget holds only one
-        st["entries"] = len(self._entries)
-        st["device_bytes"] = len(self._entries) * self._entry_bytes
-        st["served_tokens"] += resume
-        st["rerun_tokens"] += max(0, min(shared, prompt.size) - resume)
-        st["prefilled_tokens"] += int(prompt.size) - resume
-        st["hits"] += resume > 0
-        res = out["logits"] if logits == "last" else None
-        return (res, int(out["token"])) if return_token else res
+        result, made = [], {}
+        for i, o in zip(runs, outs):
+            made[i] = _Entry(news[i], prompts[i].copy(), news[i].snapshots()[0], o["logits"], int(o["token"]),
+                             self._tick)
+            self._entries.append(made[i])
+        for i, (kind, best, shared, resume) in enumerate(plans):
+            if kind == "hit":
+                best.tick = self._tick
+                if request:
+                    st["served_tokens"] += int(prompts[i].size)
+                    st["hits"] += 1
+                result.append((best, best.logits, best.token))
+                continue
+            e = made[i]
+            st["rerun_tokens"] += max(0, min(shared, prompts[i].size) - resume)
+            st["prefilled_tokens"] += int(prompts[i].size) - resume
+            if request:
+                st["served_tokens"] += resume
+                st["hits"] += resume > 0
+            result.append((e, e.logits, e.token))
+        return result
 
     def clear(self) -> None:
         """Drops every entry."""

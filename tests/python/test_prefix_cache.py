@@ -68,6 +68,7 @@ class FakeModel:
                          ssm_hk=1, ssm_dk=2, ssm_hv=1, ssm_dv=2, conv_kernel=4)
         self.calls = []   # (session, tokens) of every prefill_batch
         self.made = []    # every session made
+        self.batches = []  # the items of every prefill_batch
 
     def session(self, max_tokens, kv="f16", gemm="default", own_executor=True, snapshot_every=0,
                 snapshot_at_end=False, snapshot_slots=0):
@@ -75,12 +76,16 @@ class FakeModel:
         return self.made[-1]
 
     def prefill_batch(self, sessions, tokens, logits="last"):
-        (s,), (t,) = sessions, tokens
         if self.fail_at is not None and len(self.calls) == self.fail_at:
             raise errors.CudaError("injected")
-        self.calls.append((s, np.asarray(t).copy()))
-        s.run(t)
-        return [{"logits": _logits(s.history) if logits == "last" else None, "token": int(_logits(s.history)[0])}]
+        out = []
+        for s, t in zip(sessions, tokens):
+            self.calls.append((s, np.asarray(t).copy()))
+            s.run(t)
+            out.append({"logits": _logits(s.history) if logits == "last" else None,
+                        "token": int(_logits(s.history)[0])})
+        self.batches.append(len(sessions))
+        return out
 
 
 def _prompt(rng, n):
@@ -182,7 +187,7 @@ def test_a_failed_prefill_leaves_the_cache_as_it_was(rng):
     cache.prefill(user, _prompt(rng, 100))
     with pytest.raises(errors.CudaError, match="injected"):
         cache.prefill(user, _prompt(rng, 100))
-    assert len(cache._entries) == 1 and cache.stats["requests"] == 2
+    assert len(cache._entries) == 1 and cache.stats["requests"] == 1   # a failed request is not counted
 
 
 def test_arguments_are_checked(rng):
@@ -257,6 +262,39 @@ def test_cache_matches_a_cold_run_in_the_same_calls(preset, rng):
 
 
 @pytest.mark.parametrize("recurrent", [True, False], ids=["qwen35-like", "qwen3-like"])
+def test_a_batch_computes_a_shared_prefix_once(recurrent, rng):
+    """Four requests on a new 500-token system prompt in one batch: the system prompt runs once
+    (an entry of its own), then the four tails in one batch call; an identical prompt twice runs
+    once; items that hit older entries resume there inside the batch; every answer the cold one."""
+    m = FakeModel(recurrent=recurrent)
+    cache = PrefixCache(m, max_tokens=4096, snapshot_every=256)
+    users = [m.session(4096) for _ in range(4)]
+    system = _prompt(rng, 500)
+    prompts = [np.concatenate([system, _prompt(rng, n)]) for n in (30, 80, 120, 10)]
+    for i in range(1, 4):   # the tails part at their first token
+        prompts[i][500] = (prompts[i - 1][500] + 1) % V
+    out = cache.prefill_batch(users, prompts)
+    for u, p, o in zip(users, prompts, out):
+        assert np.array_equal(o["logits"], _logits(p)) and o["token"] == int(_logits(p)[0])
+        assert u.history == p.tolist()
+    assert sum(t.size for _, t in m.calls) == 500 + 30 + 80 + 120 + 10, "the system prompt ran more than once"
+    assert m.batches[-1] == 4   # the tails together
+    st = cache.stats
+    assert st["requests"] == 4 and st["served_tokens"] == 4 * 500 and st["prefilled_tokens"] == 740
+    # a batch of an old prompt, a prompt twice and one extending an old one
+    calls = len(m.calls)
+    again = [prompts[1], prompts[2], prompts[2], np.concatenate([prompts[3], _prompt(rng, 40)])]
+    out = cache.prefill_batch(users, again)
+    for p, o in zip(again, out):
+        assert np.array_equal(o["logits"], _logits(p))
+    assert sum(t.size for _, t in m.calls[calls:]) == 40   # only the extension's own tokens ran
+    with pytest.raises(errors.InvalidArgumentError, match="one session twice"):
+        cache.prefill_batch([users[0], users[0]], prompts[:2])
+    with pytest.raises(errors.InvalidArgumentError, match=r"tokens\[1\]: empty"):
+        cache.prefill_batch(users[:2], [prompts[0], []])
+
+
+@pytest.mark.parametrize("recurrent", [True, False], ids=["qwen35-like", "qwen3-like"])
 def test_random_traces_keep_the_invariants(recurrent, rng):
     """Property test over random traces of prompts that share prefixes at random depths (a small
     vocabulary, so that chance matches happen too), a small entry limit: every answer is the cold
@@ -294,3 +332,34 @@ def test_random_traces_keep_the_invariants(recurrent, rng):
             if s is not user:
                 assert s.is_closed == (id(s) not in live), f"step {step}: an entry's session left open or closed"
     assert cache.stats["hits"] > 0 and cache.stats["evicted"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_a_batch_through_the_cache_matches_cold_sessions(preset, rng):
+    """Three requests on one new system prompt in one batch, then again with one extended: each
+    item's last logits within the f32 leg's 1e-5 of one cold call of its prompt (the calls differ:
+    the shared prefix ran once, then the tails), and the greedy continuation of each caller's
+    session equal to the cold session's."""
+    from test_batch import _close, _model, _skw
+    m = _model(preset, "f32")
+    V = m.n_vocab
+    system = random_tokens(rng, 260, V)
+    prompts = [np.concatenate([system, random_tokens(rng, n, V)]) for n in (5, 64, 130)]
+    for i in range(1, 3):
+        prompts[i][260] = (prompts[i - 1][260] + 1) % V
+    with m.prefix_cache(max_tokens=1024, snapshot_every=128, gemm="f32", kv="f32") as cache:
+        users = [m.session(max_tokens=1024, **_skw("f32")) for _ in prompts]
+        try:
+            for batch in (prompts, [prompts[0], np.concatenate([prompts[1], random_tokens(rng, 40, V)]), prompts[2]]):
+                out = cache.prefill_batch(users, batch)
+                for u, p, o in zip(users, batch, out):
+                    with m.session(max_tokens=1024, **_skw("f32")) as cold:
+                        want = cold.prefill(p, "last")
+                        _close(o["logits"][None], want[None], "f32", f"{preset} {p.size} tokens via the cache")
+                        assert u.position == p.size
+                        assert np.array_equal(u.generate(3), cold.generate(3))
+        finally:
+            for u in users:
+                u.close()
+        assert cache.stats["requests"] == 6 and cache.stats["hits"] >= 4
