@@ -102,15 +102,13 @@ class PrefixCache:
         # the prompt's end): slots for all of them
         return self.max_tokens // self.snapshot_every + 3
 
-
     def _new_session(self):
-        """An entry's session: its snapshots as above; no executor of its own (the model's batch
-        runs it). Its device bytes: the KV rows of max_tokens positions, the recurrent state and
-        its snapshot slots."""
-        s = self.model.session(max_tokens=self.max_tokens, kv=self.kv, gemm=self.gemm, own_executor=False,
-                               snapshot_every=self.snapshot_every if self._recurrent else 0,
-                               snapshot_at_end=self._recurrent, snapshot_slots=self._slots if self._recurrent else 0)
-        return s
+        """An entry's session (entry_bytes on the device): its snapshots as above, no executor of
+        its own (the model's batch runs it)."""
+        return self.model.session(max_tokens=self.max_tokens, kv=self.kv, gemm=self.gemm, own_executor=False,
+                                  snapshot_every=self.snapshot_every if self._recurrent else 0,
+                                  snapshot_at_end=self._recurrent,
+                                  snapshot_slots=self._slots if self._recurrent else 0)
 
     def _resume(self, e: _Entry, prompt: np.ndarray) -> tuple[int, int]:
         """(the prefix e shares with prompt, the position a request resumes from with e)."""
