@@ -258,4 +258,40 @@ __device__ __forceinline__ void decode2_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s,
     }
 }
 
+// decode2x2_stage<Q>(s, bo, i0, v): elements i0, i0 + 1 (v[0], v[1]) and i0 + 8, i0 + 9 (v[2],
+// v[3]) of a Q4_K or Q5_K block at byte bo, i0 even with i0 % 16 < 8: a thread's two pairs of one
+// 16-column step of the register fragment, which lie in one 32-element sub-block, so its 6-bit
+// scale and min are decoded once; each value by decode8_stage's expression (bit for bit
+// decode2_stage's twice). (The other types' scales are one or two loads: they decode pair by pair.)
+template <int Q>
+__device__ void decode2x2_stage(const uint8_t *s, uint32_t bo, int i0, float *v);
+
+template <>
+__device__ __forceinline__ void decode2x2_stage<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const block_q4_K *b = reinterpret_cast<const block_q4_K *>(s + bo);
+    const int j = i0 >> 5;
+    float d1, m1;
+    k4_scale_min_stage(b, j, d1, m1);
+    const uint32_t at = bo + offsetof(block_q4_K, qs) + (j >> 1) * 32 + (i0 & 31), sh = (j & 1) << 2;
+    const uint32_t w[2] = {(stage2(s, at) >> sh) & 0x0F0Fu, (stage2(s, at + 8) >> sh) & 0x0F0Fu};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = d1 * (biased_byte(w[e >> 1], e & 1) - kTwo23) - m1;
+}
+
+template <>
+__device__ __forceinline__ void decode2x2_stage<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    const block_q5_K *b = reinterpret_cast<const block_q5_K *>(s + bo);
+    const int j = i0 >> 5, l0 = i0 & 31;
+    float d1, m1;
+    k4_scale_min_stage(b, j, d1, m1);
+    const uint32_t at = bo + offsetof(block_q5_K, qs) + (j >> 1) * 32 + l0, ah = bo + offsetof(block_q5_K, qh) + l0;
+    const uint32_t sh = (j & 1) << 2;
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        w[h] = ((stage2(s, at + 8 * h) >> sh) & 0x0F0Fu) | (((stage2(s, ah + 8 * h) >> j) & 0x0101u) << 4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = d1 * (biased_byte(w[e >> 1], e & 1) - kTwo23) - m1;
+}
+
 }  // namespace pf

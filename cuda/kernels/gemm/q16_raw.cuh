@@ -132,17 +132,29 @@ __device__ __forceinline__ void decode_fragment(const Q16Args &a, const unsigned
     using G = RawGeom<Q>;
     const int j = step / (kRawCols / 16);
     const int col = step * 16 + 2 * tig;
-    const int e = col - j * kRawCols;  // the first element in the superstep (even)
+    const int e = col - j * kRawCols;  // the first element in the superstep (even, e % 16 < 8)
+    const uint32_t bo = uint32_t(e / G::kElems * G::kBlock);  // columns c .. c + 9: one block
+    const bool in = col < a.k;  // k is a multiple of 32: the step's 16 columns all in or all out
+    if constexpr (Q == PF_QTYPE_Q4_K || Q == PF_QTYPE_Q5_K) {
+        // their 6-bit scale and min decoded once per row for both pairs (decode2x2_stage)
+        float v0[4], v1[4];  // rows r0 and r0 + 8: columns c, c + 1, c + 8, c + 9
+        decode2x2_stage<Q>(raw + r0 * G::kSlot, o0 + bo, e % G::kElems, v0);
+        decode2x2_stage<Q>(raw + (r0 + 8) * G::kSlot, o1 + bo, e % G::kElems, v1);
+        frag[0] = in ? pack_half2(v0[0], v0[1]) : 0u;
+        frag[1] = in ? pack_half2(v1[0], v1[1]) : 0u;
+        frag[2] = in ? pack_half2(v0[2], v0[3]) : 0u;
+        frag[3] = in ? pack_half2(v1[2], v1[3]) : 0u;
+    } else {
+        // pair by pair (with the four-value form the compiler serialized the rs form's wgmma,
+        // ptxas C7513, for these types)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {      // columns c and c + 8
-        const int el = e + 8 * h;
-        const uint32_t bo = uint32_t(el / G::kElems * G::kBlock);
-        float v0[2], v1[2];
-        decode2_stage<Q>(raw + r0 * G::kSlot, o0 + bo, el % G::kElems, v0);
-        decode2_stage<Q>(raw + (r0 + 8) * G::kSlot, o1 + bo, el % G::kElems, v1);
-        const bool in = col + 8 * h < a.k;  // k is even: both columns or neither
-        frag[2 * h] = in ? pack_half2(v0[0], v0[1]) : 0u;
-        frag[2 * h + 1] = in ? pack_half2(v1[0], v1[1]) : 0u;
+        for (int h = 0; h < 2; ++h) {  // columns c and c + 8
+            float v0[2], v1[2];
+            decode2_stage<Q>(raw + r0 * G::kSlot, o0 + bo, e % G::kElems + 8 * h, v0);
+            decode2_stage<Q>(raw + (r0 + 8) * G::kSlot, o1 + bo, e % G::kElems + 8 * h, v1);
+            frag[2 * h] = in ? pack_half2(v0[0], v0[1]) : 0u;
+            frag[2 * h + 1] = in ? pack_half2(v1[0], v1[1]) : 0u;
+        }
     }
 }
 
