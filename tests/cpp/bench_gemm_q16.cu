@@ -11,8 +11,10 @@
 // relative to the sum of the products' magnitudes; with X the identity (one product per output)
 // each form's output is that decoded fp16 weight exactly.
 // Not a ctest: a tool for kernel work (the library's own tests are tests/python/test_kernel_gemm_q16.py).
-//   bench_gemm_q16 [--check-only] [M N K ...]   (default: the qwen35-4b projections at 2048 and
-//                                               8192 rows, Q4_K and Q6_K)
+//   bench_gemm_q16 [--check-only] [--type Q6_K] [M N K ...]
+//     default: every type's checks on ragged shapes and X = I, then the qwen35-4b projections at
+//     2048 and 8192 rows, Q4_K and Q6_K; with M N K: only those shapes, of --type (default Q4_K),
+//     checked and timed (one kernel shape per launch: what ncu -k regex:... profiles)
 // Prints one line per shape, type and form: median ms of 10 runs and TF/s (2 M N K / time).
 // Exit 77: no compute capability 9.0 device or no sm_90a code; 1: a mismatch or an error.
 #include <cublas_v2.h>
@@ -25,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/dequant/quant.cuh"
@@ -158,6 +161,11 @@ template <int Q>
 bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng,
                bool identity = false) {
     using G = q16::RawGeom<Q>;
+    if (K % G::kElems != 0) {
+        std::printf("%-7s M=%lld N=%lld K=%lld: K must be a multiple of %d (the block)\n", type_name(Q), (long long)M,
+                    (long long)N, (long long)K, G::kElems);
+        return false;
+    }
     const int64_t row_bytes = K / G::kElems * G::kBlock;
     std::vector<uint8_t> hw(size_t(N * row_bytes));
     fill_blocks<Q>(hw, rng);
@@ -269,15 +277,38 @@ int main(int argc, char **argv) {
         return 77;
     }
     bool check_only = false;
+    std::string type = "Q4_K";
     std::vector<int64_t> dims;
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--check-only") == 0) check_only = true;
+        else if (std::strcmp(argv[i], "--type") == 0 && i + 1 < argc) type = argv[++i];
         else dims.push_back(std::atoll(argv[i]));
+    }
+    if (dims.size() % 3 != 0 || (!dims.empty() && *std::min_element(dims.begin(), dims.end()) < 1)) {
+        std::fprintf(stderr, "bench_gemm_q16: M N K triples of positive sizes expected\n");
+        return 2;
     }
     std::mt19937 rng(20261203);
     cublasHandle_t cb;
     CB(cublasCreate(&cb));
     bool ok = true;
+    if (!dims.empty()) {   // only the shapes asked for
+        for (size_t i = 0; i + 2 < dims.size(); i += 3) {
+            const int64_t M = dims[i], N = dims[i + 1], K = dims[i + 2];
+            if (type == "Q4_K") ok &= run_shape<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng);
+            else if (type == "Q5_K") ok &= run_shape<PF_QTYPE_Q5_K>(M, N, K, check_only, cb, rng);
+            else if (type == "Q6_K") ok &= run_shape<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng);
+            else if (type == "Q8_0") ok &= run_shape<PF_QTYPE_Q8_0>(M, N, K, check_only, cb, rng);
+            else if (type == "Q4_0") ok &= run_shape<PF_QTYPE_Q4_0>(M, N, K, check_only, cb, rng);
+            else if (type == "IQ4_XS") ok &= run_shape<PF_QTYPE_IQ4_XS>(M, N, K, check_only, cb, rng);
+            else {
+                std::fprintf(stderr, "bench_gemm_q16: --type %s (Q4_0 Q8_0 Q4_K Q5_K Q6_K IQ4_XS)\n", type.c_str());
+                return 2;
+            }
+        }
+        CB(cublasDestroy(cb));
+        return ok ? 0 : 1;
+    }
     // Every type on ragged shapes (an odd number of row tiles: a pair's block past the matrix; k
     // not a multiple of 256 for the 32-element blocks: a short last superstep).
     ok &= run_shape<PF_QTYPE_Q4_0>(700, 300, 2592, true, cb, rng);
@@ -293,9 +324,7 @@ int main(int argc, char **argv) {
     ok &= run_shape<PF_QTYPE_Q5_K>(512, 136, 512, true, cb, rng, true);
     ok &= run_shape<PF_QTYPE_Q6_K>(768, 136, 768, true, cb, rng, true);
     ok &= run_shape<PF_QTYPE_IQ4_XS>(512, 136, 512, true, cb, rng, true);
-    if (dims.size() >= 3) {
-        for (size_t i = 0; i + 2 < dims.size(); i += 3) ok &= run_shape<PF_QTYPE_Q4_K>(dims[i], dims[i + 1], dims[i + 2], check_only, cb, rng);
-    } else {
+    {
         const int64_t shapes[][2] = {{8192, 2560}, {18432, 2560}, {2560, 9216}};  // qkv, gate|up, down
         for (int64_t m : {2048, 8192})
             for (const auto &s : shapes) {
