@@ -209,8 +209,10 @@ def _cache_for(model, max_tokens: int, quick: bool):
 
 
 def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: bool = False) -> list[dict]:
-    """Both traces, cache off then on (the same requests: the chat replies are the model's
-    greedy tokens, so the cache's exactness keeps the traces equal)."""
+    """Both traces, cache off then on. The chat replies are each side's greedy tokens: equal
+    where the two sides' last logits have the same argmax (the cache's calls differ from one cold
+    call, so on the default leg a near tie may pick another token and the conversation differ
+    from there); each row's minimum is of the prompts that side served."""
     rows = []
     rng = np.random.default_rng(seed)
     V = model.n_vocab
