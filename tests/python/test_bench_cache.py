@@ -94,6 +94,13 @@ def test_trace_row_and_table():
     assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 |  | 22 | 22 | 12 | 1.83 | 3.00 |"
 
 
+def test_table_with_attach_rows():
+    r = cache.trace_row("m", "chat", "cache on (sessions)", [1.0], [np.arange(4, dtype=np.int32)], 4, None)
+    a = {"model": "m", "case": "attach 8192 of 8192 tokens (its end)", "median_ms": 0.4321}
+    t = cache.table([r, a]).splitlines()
+    assert t[-3:] == ["| model | case | median ms |", "|---|---|---:|", "| m | attach 8192 of 8192 tokens (its end) | 0.432 |"]
+
+
 def test_quick_sizes_are_small():
     q = cache.QUICK
     assert q.system + q.turns * (q.user[1] + q.reply[1]) <= 1024 and q.context + 2 * q.branch[1] <= 2048
