@@ -176,9 +176,10 @@ __device__ __forceinline__ void decode8_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s,
 // ------------------------------------------------------------------ two elements at a time
 //
 // decode2_stage<Q>(s, bo, i0, v): elements i0 and i0 + 1 (i0 even) of the block at byte bo of the
-// stage, for a thread that needs two adjacent elements (the wgmma register fragment of the GEMM
-// with the weight as its A operand: gemm_q16_rs_kernel.cuh); each value by the same expression as
-// decode8_stage's, so bit for bit its value. The two quants come as one 16-bit load (every field
+// stage, for a thread that needs two adjacent elements (the register fragment of the GEMMs with
+// the weight as the A operand: q16_raw.cuh decode_fragment); each value by the same expression as
+// decode8_stage's, so bit for bit its value. Q4_K and Q5_K: decode2x2_stage below (a fragment's
+// two pairs share their 6-bit scale and min). The two quants come as one 16-bit load (every field
 // of every type sits at an even offset of an even-aligned block).
 
 __device__ __forceinline__ uint32_t stage2(const uint8_t *s, uint32_t off) {
@@ -202,31 +203,6 @@ __device__ __forceinline__ void decode2_stage<PF_QTYPE_Q8_0>(const uint8_t *s, u
     const uint32_t w = stage2(s, bo + 2 + i0) ^ 0x8080u;
 #pragma unroll
     for (int e = 0; e < 2; ++e) v[e] = d * (biased_byte(w, e) - (kTwo23 + 128.0f));
-}
-
-template <>
-__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
-    const block_q4_K *b = reinterpret_cast<const block_q4_K *>(s + bo);
-    const int j = i0 >> 5;
-    float d1, m1;
-    k4_scale_min_stage(b, j, d1, m1);
-    const uint32_t q = stage2(s, bo + offsetof(block_q4_K, qs) + (j >> 1) * 32 + (i0 & 31));
-    const uint32_t w = (q >> ((j & 1) << 2)) & 0x0F0Fu;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) v[e] = d1 * (biased_byte(w, e) - kTwo23) - m1;
-}
-
-template <>
-__device__ __forceinline__ void decode2_stage<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0, float *v) {
-    const block_q5_K *b = reinterpret_cast<const block_q5_K *>(s + bo);
-    const int j = i0 >> 5, l0 = i0 & 31;
-    float d1, m1;
-    k4_scale_min_stage(b, j, d1, m1);
-    const uint32_t q = stage2(s, bo + offsetof(block_q5_K, qs) + (j >> 1) * 32 + l0);
-    const uint32_t h = stage2(s, bo + offsetof(block_q5_K, qh) + l0);
-    const uint32_t w = ((q >> ((j & 1) << 2)) & 0x0F0Fu) | (((h >> j) & 0x0101u) << 4);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) v[e] = d1 * (biased_byte(w, e) - kTwo23) - m1;
 }
 
 template <>
@@ -261,8 +237,8 @@ __device__ __forceinline__ void decode2_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s,
 // decode2x2_stage<Q>(s, bo, i0, v): elements i0, i0 + 1 (v[0], v[1]) and i0 + 8, i0 + 9 (v[2],
 // v[3]) of a Q4_K or Q5_K block at byte bo, i0 even with i0 % 16 < 8: a thread's two pairs of one
 // 16-column step of the register fragment, which lie in one 32-element sub-block, so its 6-bit
-// scale and min are decoded once; each value by decode8_stage's expression (bit for bit
-// decode2_stage's twice). (The other types' scales are one or two loads: they decode pair by pair.)
+// scale and min are decoded once; each value by decode8_stage's expression. (The other types'
+// scales are one or two loads: they decode pair by pair, decode2_stage.)
 template <int Q>
 __device__ void decode2x2_stage(const uint8_t *s, uint32_t bo, int i0, float *v);
 
