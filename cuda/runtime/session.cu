@@ -184,25 +184,6 @@ pf_status session_restore(pf_session *s, const void *src, size_t bytes) {
     return PF_STATUS_OK;
 }
 
-pf_status session_copy(pf_session *dst, const pf_session *src) {
-    const char *fn = "pf_session_copy";
-    PF_CHECK_ARG(dst != src, "%s: dst and src are the same session", fn);
-    PF_CHECK_ARG(dst->model == src->model, "%s: dst and src are sessions of different models", fn);
-    PF_CHECK_ARG(dst->seq.kv_dtype == src->seq.kv_dtype, "%s: dst has kv_dtype=%d, src %d", fn, dst->seq.kv_dtype,
-                 src->seq.kv_dtype);
-    PF_CHECK_ARG(!src->seq.broken, "%s: src hit a device error earlier", fn);
-    PF_CHECK_ARG(src->seq.pos <= dst->seq.capacity, "%s: src stands at position %lld, dst holds %d positions", fn,
-                 (long long)src->seq.pos, dst->seq.capacity);
-    DeviceGuard dg(src->ctx->device);
-    PF_TRY(dg.status());
-    cudaStream_t st = src->ctx->stream;
-    dst->seq.broken = true;  // until every copy has landed
-    PF_TRY(sequence_copy(dst->seq, src->seq, st));
-    PF_CUDA_TRY(cudaStreamSynchronize(st));
-    dst->seq.broken = false;
-    return PF_STATUS_OK;
-}
-
 namespace {
 
 // The snapshot of q at pos, or UNSUPPORTED naming the nearest ones held (fn names the call).
@@ -227,10 +208,8 @@ pf_status snapshot_at(const Sequence &q, int64_t pos, const char *fn, const Snap
                 q.snaps.size());
 }
 
-}  // namespace
-
-pf_status session_copy_prefix(pf_session *dst, const pf_session *src, int64_t pos) {
-    const char *fn = "pf_session_copy_prefix";
+// pf_session_copy and pf_session_copy_prefix (fn): dst takes src's state as it stood at pos.
+pf_status copy_at(pf_session *dst, const pf_session *src, int64_t pos, const char *fn) {
     PF_CHECK_ARG(dst != src, "%s: dst and src are the same session", fn);
     PF_CHECK_ARG(dst->model == src->model, "%s: dst and src are sessions of different models", fn);
     PF_CHECK_ARG(dst->seq.kv_dtype == src->seq.kv_dtype, "%s: dst has kv_dtype=%d, src %d", fn, dst->seq.kv_dtype,
@@ -238,20 +217,29 @@ pf_status session_copy_prefix(pf_session *dst, const pf_session *src, int64_t po
     PF_CHECK_ARG(!src->seq.broken, "%s: src hit a device error earlier", fn);
     PF_CHECK_ARG(pos >= 0 && pos <= src->seq.pos, "%s: pos=%lld must be in [0, %lld] (src's position)", fn,
                  (long long)pos, (long long)src->seq.pos);
-    PF_CHECK_ARG(pos <= dst->seq.capacity, "%s: pos=%lld, dst holds %d positions", fn, (long long)pos,
+    PF_CHECK_ARG(pos <= dst->seq.capacity, "%s: %lld positions to copy, dst holds %d positions", fn, (long long)pos,
                  dst->seq.capacity);
-    if (pos == src->seq.pos) return session_copy(dst, src);
     DeviceGuard dg(src->ctx->device);
     PF_TRY(dg.status());
-    if (pos == 0) return session_reset(dst);
-    const Snapshot *hit = nullptr;
-    if (snapshot_bytes(src->model) > 0) PF_TRY(snapshot_at(src->seq, pos, fn, &hit));
+    if (pos == 0 && src->seq.pos > 0) return session_reset(dst);
+    const Snapshot *hit = nullptr;  // the recurrent state at pos when it is not src's own
+    if (pos != src->seq.pos && snapshot_bytes(src->model) > 0) PF_TRY(snapshot_at(src->seq, pos, fn, &hit));
     cudaStream_t st = src->ctx->stream;
     dst->seq.broken = true;  // until every copy has landed
     PF_TRY(sequence_copy_prefix(dst->seq, src->seq, pos, hit, st));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     dst->seq.broken = false;
     return PF_STATUS_OK;
+}
+
+}  // namespace
+
+pf_status session_copy(pf_session *dst, const pf_session *src) {
+    return copy_at(dst, src, src->seq.pos, "pf_session_copy");
+}
+
+pf_status session_copy_prefix(pf_session *dst, const pf_session *src, int64_t pos) {
+    return copy_at(dst, src, pos, "pf_session_copy_prefix");
 }
 
 pf_status session_rollback(pf_session *s, int64_t pos) {
