@@ -88,23 +88,24 @@ __device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool on) {
 // loop stays inside one asm block (one extra register), which keeps the wgmma pipelines around
 // it free of spills.
 constexpr unsigned kWaitTries = 1u << 27;
+// The loop, around one try_wait instruction (TRY_WAIT: its opcode and qualifiers).
+#define PF_MBAR_WAIT_LOOP(TRY_WAIT)                                                        \
+    "{\n"                                                                                 \
+    ".reg .pred p;\n"                                                                     \
+    ".reg .u32 n;\n"                                                                      \
+    "mov.u32 n, 0;\n"                                                                     \
+    "WAIT_LOOP:\n" TRY_WAIT " p, [%0], %1;\n"                                             \
+    "@p bra WAIT_DONE;\n"                                                                 \
+    "add.u32 n, n, 1;\n"                                                                  \
+    "setp.lt.u32 p, n, %2;\n"                                                             \
+    "@p bra WAIT_LOOP;\n"                                                                 \
+    "trap;\n"                                                                             \
+    "WAIT_DONE:\n"                                                                        \
+    "}\n"
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        ".reg .u32 n;\n"
-        "mov.u32 n, 0;\n"
-        "WAIT_LOOP:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@p bra WAIT_DONE;\n"
-        "add.u32 n, n, 1;\n"
-        "setp.lt.u32 p, n, %2;\n"
-        "@p bra WAIT_LOOP;\n"
-        "trap;\n"
-        "WAIT_DONE:\n"
-        "}\n" ::"r"(bar),
-        "r"(parity), "n"(kWaitTries)
-        : "memory");
+    asm volatile(PF_MBAR_WAIT_LOOP("mbarrier.try_wait.parity.shared::cta.b64")::"r"(bar), "r"(parity),
+                 "n"(kWaitTries)
+                 : "memory");
 }
 
 // TMA: the box at (column c0, row c1) of the 2-D tensor map into shared memory at dst, completing
@@ -172,22 +173,9 @@ __device__ __forceinline__ void mbar_arrive_release_cluster(uint32_t rbar) {
 // mbar_wait with acquire at cluster scope: the phase's arrivals include another block's
 // (mbar_arrive_release_cluster) whose writes into this block's shared memory are read next.
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        ".reg .u32 n;\n"
-        "mov.u32 n, 0;\n"
-        "WAIT_LOOP:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-        "@p bra WAIT_DONE;\n"
-        "add.u32 n, n, 1;\n"
-        "setp.lt.u32 p, n, %2;\n"
-        "@p bra WAIT_LOOP;\n"
-        "trap;\n"
-        "WAIT_DONE:\n"
-        "}\n" ::"r"(bar),
-        "r"(parity), "n"(kWaitTries)
-        : "memory");
+    asm volatile(PF_MBAR_WAIT_LOOP("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64")::"r"(bar),
+                 "r"(parity), "n"(kWaitTries)
+                 : "memory");
 }
 // tma_load_2d into the same shared offset of every block of the cluster in cta_mask (bit i =
 // rank i), each block's mbarrier at offset bar completing the bytes that land there.
