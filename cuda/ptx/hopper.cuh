@@ -238,6 +238,51 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
 
 // ------------------------------------------------------------------------------------ host
 
+// A launch configuration of `grid` blocks of `threads` threads and `smem` bytes of dynamic shared
+// memory in clusters of `cluster` blocks along x; *attr holds the cluster attribute it points to.
+inline cudaLaunchConfig_t cluster_config(unsigned grid, unsigned threads, size_t smem, cudaStream_t st,
+                                         unsigned cluster, cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = cluster;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
+// Launches kernel(args...) on `grid` blocks in clusters of `cluster` (1: an ordinary launch).
+template <class... Params, class... Args>
+inline cudaError_t launch_clusters(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem,
+                                   cudaStream_t st, unsigned cluster, Args... args) {
+    if (cluster == 1) {
+        kernel<<<grid, threads, smem, st>>>(args...);
+        return cudaGetLastError();
+    }
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config(grid, threads, smem, st, cluster, &attr);
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// The clusters of `cluster` blocks of kernel the device holds at once (a persistent grid's size);
+// 0 when the query fails.
+template <class... Params>
+inline int max_active_clusters_of(void (*kernel)(Params...), unsigned threads, size_t smem, unsigned cluster) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config(cluster, threads, smem, nullptr, cluster, &attr);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 using encode_tiled_fn = PFN_cuTensorMapEncodeTiled_v12000;
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda link); null when the

@@ -511,49 +511,16 @@ cudaError_t launch(const Maps &m, const I8GemmArgs &f, cudaStream_t st, int max_
     constexpr int CS = CM * CN;
     int64_t clusters = int64_t((f.m_tiles + CM - 1) / CM) * ((f.n_tiles + CN - 1) / CN);
     if (max_clusters > 0 && clusters > max_clusters) clusters = max_clusters;
-    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
-    if constexpr (CS == 1) {
-        kernel<<<unsigned(clusters), kI8Threads, smem, st>>>(f, m.a, m.w, m.sa, m.sw);
-        return cudaGetLastError();
-    } else {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(unsigned(clusters * CS));
-        cfg.blockDim = dim3(kI8Threads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = CS;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        return cudaLaunchKernelEx(&cfg, kernel, f, m.a, m.w, m.sa, m.sw);
-    }
+    return launch_clusters(gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>, unsigned(clusters * CS), kI8Threads, smem, st,
+                           unsigned(CS), f, m.a, m.w, m.sa, m.sw);
 }
 
 // The clusters of CM x CN blocks the device holds at once (a persistent grid's size); 0 when the
 // query fails (the caller then launches one cluster per tile).
 template <int BN, int Conv, bool Two, bool R1 = false, int CM = 1, int CN = 1>
 int max_active_clusters() {
-    const auto kernel = gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(CM * CN));
-    cfg.blockDim = dim3(kI8Threads);
-    cfg.dynamicSmemBytes = i8_smem_bytes<BN, R1>();
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CM * CN;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
+    return max_active_clusters_of(gemm_i8_kernel<BN, Conv, Two, R1, CM, CN>, kI8Threads, i8_smem_bytes<BN, R1>(),
+                                  unsigned(CM * CN));
 }
 
 }  // namespace i8k

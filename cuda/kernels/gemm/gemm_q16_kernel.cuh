@@ -341,27 +341,8 @@ inline int64_t grid_blocks(const Q16Args &a) {
 // first (cudaFuncAttributeMaxDynamicSharedMemorySize).
 template <int Q, int CM>
 cudaError_t launch(const Q16Args &a, const CUtensorMap &tm_x, cudaStream_t st) {
-    const auto kernel = gemm_q16_kernel<Q, CM>;
-    constexpr size_t smem = smem_bytes<Q, CM>();
-    const unsigned grid = unsigned(grid_blocks<CM>(a));
-    if constexpr (CM == 1) {
-        kernel<<<grid, kThreads, smem, st>>>(a, tm_x);
-        return cudaGetLastError();
-    } else {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = CM;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        return cudaLaunchKernelEx(&cfg, kernel, a, tm_x);
-    }
+    return launch_clusters(gemm_q16_kernel<Q, CM>, unsigned(grid_blocks<CM>(a)), kThreads, smem_bytes<Q, CM>(), st,
+                           unsigned(CM), a, tm_x);
 }
 
 }  // namespace q16
