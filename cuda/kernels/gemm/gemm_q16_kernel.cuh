@@ -293,14 +293,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.slot = RawGeom<Q>::kSlot;
     sm.raw_rows = kBN / CM;
     sm.rank = CM > 1 ? int(cluster_ctarank()) : 0;
-    // Cluster tiles (CM row tiles) in bands of kBand / CM, the cluster row fastest inside a band.
-    const int t = int(blockIdx.x) / CM;
-    const int cm_tiles = (a.m_tiles + CM - 1) / CM;
-    constexpr int kClusterBand = kBand / CM;
-    const int band_tiles = kClusterBand * a.n_tiles;
-    const int band = t / band_tiles, in_band = t - band * band_tiles;
-    const int band_rows = min(kClusterBand, cm_tiles - band * kClusterBand);
-    const int mt = (band * kClusterBand + in_band % band_rows) * CM + sm.rank, nt = in_band / band_rows;
+    // Cluster tiles (CM row tiles) in bands of kBand / CM cluster rows.
+    int mc, nt;
+    band_tile(int(blockIdx.x) / CM, (a.m_tiles + CM - 1) / CM, a.n_tiles, kBand / CM, mc, nt);
+    const int mt = mc * CM + sm.rank;
     const Place p{mt * kBM, nt * kBN, sm.rank * (kBN / CM), sm.rank, mt < a.m_tiles};
     const int stages = (a.k + kBK - 1) / kBK;
     if (threadIdx.x == 0) {

@@ -133,11 +133,8 @@ __global__ void __launch_bounds__(kThreads)
     gemm_q16_mma_kernel(const __grid_constant__ Q16Args a, const __half *__restrict__ x16) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(128) unsigned char smem[];
-    const int t = int(blockIdx.x);
-    const int band_tiles = kBand * a.n_tiles;
-    const int band = t / band_tiles, in_band = t - band * band_tiles;
-    const int band_rows = min(kBand, a.m_tiles - band * kBand);
-    const int mt = band * kBand + in_band % band_rows, nt = in_band / band_rows;
+    int mt, nt;
+    q16::band_tile(int(blockIdx.x), a.m_tiles, a.n_tiles, kBand, mt, nt);
     mma_tile<Q>(a, x16, smem, mt * kTN, nt * kWM);
 #endif
 }

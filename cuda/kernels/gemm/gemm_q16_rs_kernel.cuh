@@ -176,11 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
     sm.ptr = smem_raw + (sm.base - raw);
     sm.slot = RawGeom<Q>::kSlot;
-    const int t = int(blockIdx.x);
-    const int band_tiles = kBand * a.n_tiles;
-    const int band = t / band_tiles, in_band = t - band * band_tiles;
-    const int band_rows = min(kBand, a.m_tiles - band * kBand);
-    const int mt = band * kBand + in_band % band_rows, nt = in_band / band_rows;
+    int mt, nt;
+    q16::band_tile(int(blockIdx.x), a.m_tiles, a.n_tiles, kBand, mt, nt);
     const int m0 = mt * kTN, n0 = nt * kWM;
     const int stages = (a.k + kBK - 1) / kBK;
     if (threadIdx.x == 0) {

@@ -75,6 +75,17 @@ inline Q16Args args_for(const void *blocks, int64_t n, int64_t k, const float *i
     return a;
 }
 
+// Output tile t of a raster in bands of `band` row tiles, the row tile fastest inside a band (so
+// that the blocks resident at once share their weight tile's raw blocks in L2): its row tile mt and
+// weight tile nt.
+__host__ __device__ inline void band_tile(int t, int m_tiles, int n_tiles, int band, int &mt, int &nt) {
+    const int band_tiles = band * n_tiles;
+    const int b = t / band_tiles, in_band = t - b * band_tiles;
+    const int rest = m_tiles - b * band, band_rows = rest < band ? rest : band;
+    mt = b * band + in_band % band_rows;
+    nt = in_band / band_rows;
+}
+
 #if defined(__CUDA_ARCH__)
 
 // The byte at which the weight row n0 + r's segment of superstep j starts.
