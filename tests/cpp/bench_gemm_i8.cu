@@ -20,17 +20,10 @@
 #include <vector>
 
 #include "kernels/gemm/gemm_i8_kernel.cuh"
+#include "cuda_exit.h"
 
 namespace {
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        const cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                       \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                              \
-        }                                                                              \
-    } while (0)
 
 using namespace pf;
 

@@ -34,17 +34,10 @@
 #include "kernels/gemm/gemm_q16_kernel.cuh"
 #include "kernels/gemm/gemm_q16_mma_kernel.cuh"
 #include "kernels/gemm/gemm_q16_rs_kernel.cuh"
+#include "cuda_exit.h"
 
 namespace {
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        const cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 #define CB(x)                                                                        \
     do {                                                                             \
         const cublasStatus_t s_ = (x);                                               \
