@@ -233,36 +233,24 @@ def bench_hf(rec, torch, path: str, label: str, cases, *, reps: int, rng) -> lis
 
 def run(rec, torch, *, models, steps, reps: int, peer: str, quick: bool, mix: str = "q4_k_m",
         gguf_dir: str | None = None, variants=(("", None),), decode: bool = True, fork: bool = True) -> dict:
-    """The batch suite over each preset's synthetic GGUF."""
-    import tempfile
-    from ..core import Context
-    from ..model import Model
-    from .model import synthetic_gguf
-    for preset in models:
+    """The batch suite over each preset's synthetic GGUF; the HF peers after all of ours (each of
+    our models closed before they load)."""
+    from .model import loaded_models
+    peers = []
+    for preset, path, model in loaded_models(rec, models, mix, gguf_dir):
         rng = np.random.default_rng(28)
-        path = rec.guard(f"model {preset}", synthetic_gguf, rec, preset, mix, gguf_dir or tempfile.gettempdir())
-        if path is None:
-            continue
         cases = _cases(preset, rng, quick)
-        t0 = time.perf_counter()
-        with Context(0) as ctx:
-            try:
-                model = Model.load(path, progress=False, context=ctx)
-            except Exception as exc:   # noqa: BLE001
-                rec.skip(f"ours {preset}", f"load: {type(exc).__name__}: {first_line(exc)}")
-                continue
-            with model:
-                rec.say(f"-- {preset}: loaded in {time.perf_counter() - t0:.1f} s")
-                rec.rows += bench_ours(rec, model, preset, cases, steps=steps, reps=reps, rng=rng,
-                                       variants=variants)
-                if decode:
-                    rec.rows += rec.guard(f"{preset} decode", bench_decode, rec, model, preset,
-                                          n_items=8 if quick else 64, context=256 if quick else 1024,
-                                          reps=reps, rng=rng) or []
-                if fork:
-                    rec.rows += rec.guard(f"{preset} fork", bench_fork, rec, model, preset,
-                                          T=1024 if quick else 8192, reps=reps, rng=rng) or []
-        if peer == "hf" and torch is not None:
+        rec.rows += bench_ours(rec, model, preset, cases, steps=steps, reps=reps, rng=rng, variants=variants)
+        if decode:
+            rec.rows += rec.guard(f"{preset} decode", bench_decode, rec, model, preset,
+                                  n_items=8 if quick else 64, context=256 if quick else 1024,
+                                  reps=reps, rng=rng) or []
+        if fork:
+            rec.rows += rec.guard(f"{preset} fork", bench_fork, rec, model, preset,
+                                  T=1024 if quick else 8192, reps=reps, rng=rng) or []
+        peers.append((preset, path, cases, rng))
+    if peer == "hf" and torch is not None:
+        for preset, path, cases, rng in peers:
             rec.rows += rec.guard(f"HF {preset}", bench_hf, rec, torch, path, preset, cases, reps=reps,
                                   rng=rng) or []
     _ratios(rec.rows)

@@ -277,22 +277,9 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
 
 def run(rec, torch, *, models, quick: bool, mix: str = "q4_k_m", gguf_dir: str | None = None) -> dict:
     """The cache suite over each preset's synthetic GGUF (torch unused: no peer serves these)."""
-    import tempfile
-    from ..core import Context
-    from ..model import Model
-    from .model import synthetic_gguf
-    for preset in models:
-        path = rec.guard(f"model {preset}", synthetic_gguf, rec, preset, mix, gguf_dir or tempfile.gettempdir())
-        if path is None:
-            continue
-        with Context(0) as ctx:
-            try:
-                model = Model.load(path, progress=False, context=ctx)
-            except Exception as exc:   # noqa: BLE001
-                rec.skip(f"ours {preset}", f"load: {type(exc).__name__}: {first_line(exc)}")
-                continue
-            with model:
-                rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick)
+    from .model import loaded_models
+    for preset, _, model in loaded_models(rec, models, mix, gguf_dir):
+        rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick)
     return {}
 
 

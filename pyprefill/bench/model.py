@@ -369,6 +369,28 @@ def synthetic_gguf(rec, preset: str, mix: str, directory: str) -> str:
     return str(path)
 
 
+def loaded_models(rec, models, mix: str, gguf_dir: str | None):
+    """(preset, GGUF path, model) for each preset whose synthetic GGUF could be written and loaded,
+    each on a context of its own that is closed, with the model, before the next one loads (a
+    preset that fails says why in one skip line). For the suites that run on one model at a time."""
+    from ..core import Context
+    from ..model import Model
+    for preset in models:
+        path = rec.guard(f"model {preset}", synthetic_gguf, rec, preset, mix, gguf_dir or tempfile.gettempdir())
+        if path is None:
+            continue
+        t0 = time.perf_counter()
+        with Context(0) as ctx:
+            try:
+                model = Model.load(path, progress=False, context=ctx)
+            except Exception as exc:   # noqa: BLE001  one line says why
+                rec.skip(f"ours {preset}", f"load: {type(exc).__name__}: {first_line(exc)}")
+                continue
+            with model:
+                rec.say(f"-- {preset}: loaded in {time.perf_counter() - t0:.1f} s")
+                yield preset, path, model
+
+
 def run(rec, torch, *, models, lengths, legs, chunk: int, reps: int, peer: str, mix: str = "q4_k_m",
         gguf_dir: str | None = None, peak_tflops: float | None = None, budgets=()) -> dict:
     """The model suite: each preset's synthetic GGUF through bench_gguf."""

@@ -104,3 +104,60 @@ def test_table_with_attach_rows():
 def test_quick_sizes_are_small():
     q = cache.QUICK
     assert q.system + q.turns * (q.user[1] + q.reply[1]) <= 1024 and q.context + 2 * q.branch[1] <= 2048
+
+
+def test_loaded_models_closes_each_before_the_next(monkeypatch):
+    """bench.model.loaded_models (the batch and cache suites' loop): one model at a time, each
+    closed with its context before the next loads; a preset whose GGUF or load fails is skipped
+    with its reason and the others still run."""
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import model as bm
+    from pyprefill.bench._common import Recorder
+    events = []
+
+    class Ctx:
+        def __init__(self, device):
+            events.append("ctx")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append("ctx closed")
+
+    class M:
+        def __init__(self, path):
+            self.path = path
+
+        @classmethod
+        def load(cls, path, progress, context):
+            if "bad" in path:
+                raise RuntimeError("no such weights")
+            events.append(f"load {path}")
+            return cls(path)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append(f"close {self.path}")
+
+    def synth(rec, preset, mix, directory):
+        if preset == "nofile":
+            raise OSError("disk full")
+        return preset
+
+    monkeypatch.setattr(pyprefill.core, "Context", Ctx)
+    monkeypatch.setattr(pyprefill.model, "Model", M)
+    monkeypatch.setattr(bm, "synthetic_gguf", synth)
+    rec = Recorder(False)
+    seen = []
+    for preset, path, model in bm.loaded_models(rec, ["a", "nofile", "bad", "b"], "q4_k_m", None):
+        seen.append(preset)
+        events.append(f"use {preset}")
+    assert seen == ["a", "b"]
+    assert events == ["ctx", "load a", "use a", "close a", "ctx closed", "ctx", "ctx closed",
+                      "ctx", "load b", "use b", "close b", "ctx closed"]
+    reasons = " ".join(str(s) for s in rec.skipped)
+    assert "disk full" in reasons and "no such weights" in reasons
