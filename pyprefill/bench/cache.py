@@ -59,6 +59,11 @@ class ChatScript:
     def order(self) -> list[tuple[int, int]]:
         return [(c, t) for t in range(len(self.users[0])) for c in range(len(self.users))]
 
+    def capacity(self) -> int:
+        """The positions the longest conversation reaches (its every turn and reply)."""
+        return max(len(self.system) + sum(len(u) + r for u, r in zip(us, rs))
+                   for us, rs in zip(self.users, self.replies))
+
 
 def _randint(rng, lo_hi: tuple[int, int]) -> int:
     return int(rng.integers(lo_hi[0], lo_hi[1] + 1))
@@ -121,68 +126,54 @@ def percentile(xs, q: float) -> float | None:
     return float(np.percentile(np.asarray(xs, np.float64), q)) if len(xs) else None
 
 
-def serve_cold_chat(model, script: ChatScript) -> tuple[list[float], list[np.ndarray]]:
-    """Cache off, chat: every turn prefilled from position 0; the reply generated after it (not in
-    the time). Returns the times to first token (ms) and the prompts as served."""
-    cap = max(len(script.system) + sum(len(u) + r for u, r in zip(us, rs))
-              for us, rs in zip(script.users, script.replies))
+def _timed(first, s, p) -> tuple[float, int]:
+    """(ms, the first token): first(s, p) prefills p into s and returns its greedy token (on the
+    host, so the time is the time to first token)."""
+    t0 = time.perf_counter()
+    tok = first(s, p)
+    return (time.perf_counter() - t0) * 1e3, int(tok)
+
+
+def serve_chat(model, script: ChatScript, first, before=None) -> tuple[list[float], list[np.ndarray]]:
+    """Every turn of the chat trace, in order, into its conversation's session: before(s) (not in
+    the time), the turn's prompt through first(s, p) (timed), then the reply generated in the
+    session (not in the time). Returns the times to first token (ms) and the prompts as served."""
     replied: list[list[np.ndarray]] = [[] for _ in script.users]
     ttft, prompts = [], []
-    with model.session(max_tokens=cap) as s:
+    with model.session(max_tokens=script.capacity()) as s:
         for c, t in script.order():
             p = chat_prompt(script, c, t, replied[c])
-            s.reset()
-            t0 = time.perf_counter()
-            _, first = s.prefill(p, "none", return_token=True)   # the first token, on the host
-            ttft.append((time.perf_counter() - t0) * 1e3)
+            if before is not None:
+                before(s)
+            ms, tok = _timed(first, s, p)
+            ttft.append(ms)
             n = script.replies[c][t]   # the reply: the first token and n - 1 more, each fed back
             rest = s.generate(n - 1) if n > 1 else np.empty(0, np.int32)
-            replied[c].append(np.concatenate([np.array([first], np.int32), rest[:n - 1]]).astype(np.int32))
+            replied[c].append(np.concatenate([np.array([tok], np.int32), rest[:n - 1]]).astype(np.int32))
             prompts.append(p)
     return ttft, prompts
 
 
-def serve_cached_chat(model, cache, script: ChatScript) -> tuple[list[float], list[np.ndarray]]:
-    """Cache on, chat: every turn through the cache into the conversation's session, the reply
-    generated there (not in the time)."""
-    cap = max(len(script.system) + sum(len(u) + r for u, r in zip(us, rs))
-              for us, rs in zip(script.users, script.replies))
-    replied: list[list[np.ndarray]] = [[] for _ in script.users]
-    ttft, prompts = [], []
-    with model.session(max_tokens=cap) as s:
-        for c, t in script.order():
-            p = chat_prompt(script, c, t, replied[c])
-            t0 = time.perf_counter()
-            _, first = cache.prefill(s, p, "none", return_token=True)
-            ttft.append((time.perf_counter() - t0) * 1e3)
-            n = script.replies[c][t]
-            rest = s.generate(n - 1) if n > 1 else np.empty(0, np.int32)
-            replied[c].append(np.concatenate([np.array([first], np.int32), rest[:n - 1]]).astype(np.int32))
-            prompts.append(p)
-    return ttft, prompts
-
-
-def serve_cached(model, cache, prompts) -> list[float]:
-    """Cache on: each prompt through the cache, in order. Times to first token (ms)."""
+def serve(model, prompts, first, before=None) -> list[float]:
+    """Each prompt, in order, into one session: before(s) (not in the time), then first(s, p)
+    (timed). Times to first token (ms)."""
     ttft = []
     with model.session(max_tokens=max(len(p) for p in prompts)) as s:
         for p in prompts:
-            t0 = time.perf_counter()
-            cache.prefill(s, p, "none", return_token=True)
-            ttft.append((time.perf_counter() - t0) * 1e3)
+            if before is not None:
+                before(s)
+            ttft.append(_timed(first, s, p)[0])
     return ttft
 
 
-def serve_cold(model, prompts) -> list[float]:
-    """Cache off: each prompt prefilled from position 0, in order. Times to first token (ms)."""
-    ttft = []
-    with model.session(max_tokens=max(len(p) for p in prompts)) as s:
-        for p in prompts:
-            s.reset()
-            t0 = time.perf_counter()
-            s.prefill(p, "none", return_token=True)
-            ttft.append((time.perf_counter() - t0) * 1e3)
-    return ttft
+def cold_first(s, p) -> int:
+    """Cache off: the prompt from position 0 (the caller reset the session)."""
+    return s.prefill(p, "none", return_token=True)[1]
+
+
+def cached_first(cache):
+    """Cache on: the prompt through the cache."""
+    return lambda s, p: cache.prefill(s, p, "none", return_token=True)[1]
 
 
 def trace_row(label: str, trace: str, impl: str, ttft: list[float], prompts, prefilled: int,
@@ -240,24 +231,23 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
     V = model.n_vocab
     script = chat_script(rng, V, size)
     branches = branch_trace(rng, V, size)
-    cap = max(len(script.system) + sum(len(u) + r for u, r in zip(us, rs))
-              for us, rs in zip(script.users, script.replies))
     for trace in ("chat", "branch"):
         for impl in ("cache off (cold)", "cache on (sessions)"):
             try:
                 if impl.startswith("cache off"):
+                    reset = lambda s: s.reset()   # noqa: E731
                     if trace == "chat":
-                        ttft, prompts = serve_cold_chat(model, script)
+                        ttft, prompts = serve_chat(model, script, cold_first, reset)
                     else:
-                        ttft, prompts = serve_cold(model, branches), branches
+                        ttft, prompts = serve(model, branches, cold_first, reset), branches
                     prefilled, held = sum(len(p) for p in prompts), model.ctx.allocated()
                 else:
-                    longest = cap if trace == "chat" else max(len(p) for p in branches)
+                    longest = script.capacity() if trace == "chat" else max(len(p) for p in branches)
                     with _cache_for(model, longest, quick) as cache:
                         if trace == "chat":
-                            ttft, prompts = serve_cached_chat(model, cache, script)
+                            ttft, prompts = serve_chat(model, script, cached_first(cache))
                         else:
-                            ttft, prompts = serve_cached(model, cache, branches), branches
+                            ttft, prompts = serve(model, branches, cached_first(cache)), branches
                         prefilled, held = cache.stats["prefilled_tokens"], model.ctx.allocated()
                         rec.say(f"  {label} {trace} cache: {cache.stats}")
                 r = trace_row(label, trace, impl, ttft, prompts, prefilled, held)

@@ -57,6 +57,22 @@ class FakeSession(Session):
     def snapshots(self):
         return list(self.snaps), 64
 
+    # a session with its own executor, as the bench's serving loops use it
+    def prefill(self, tokens, logits="last", *, return_token=False):
+        self.run(tokens)
+        out = _logits(self.history) if logits == "last" else None
+        return (out, int(_logits(self.history)[0])) if return_token else out
+
+    def generate(self, n):
+        out = []
+        for _ in range(n):
+            out.append(int(_logits(self.history)[0]) % V)
+            self.run([out[-1]])
+        return np.array(out, np.int32)
+
+    def reset(self):
+        self.history, self.snaps = [], []
+
     def close(self):
         self.is_closed = True
 
@@ -363,3 +379,20 @@ def test_a_batch_through_the_cache_matches_cold_sessions(preset, rng):
             for u in users:
                 u.close()
         assert cache.stats["requests"] == 6 and cache.stats["hits"] >= 4
+
+
+def test_the_bench_serves_a_chat_the_same_with_the_cache(rng):
+    """pyprefill bench cache's serving loop (bench.cache.serve_chat) on the chat trace, cold and
+    through the cache: the same prompts (the replies are the same greedy tokens), the cache
+    prefilling fewer tokens than the cold side, and at least the trace's minimum."""
+    from pyprefill.bench import cache as bc
+    size = bc.TraceSize(conversations=3, turns=3, system=300, user=(20, 40), reply=(5, 9))
+    m = FakeModel()
+    script = bc.chat_script(rng, V, size)
+    _, cold = bc.serve_chat(m, script, bc.cold_first, lambda s: s.reset())
+    with PrefixCache(m, max_tokens=script.capacity(), snapshot_every=64) as cache:
+        ttft, warm = bc.serve_chat(m, script, bc.cached_first(cache))
+        assert [p.tolist() for p in warm] == [p.tolist() for p in cold]
+        least = bc.distinct_prefix_tokens(warm)
+        assert least <= cache.stats["prefilled_tokens"] < sum(p.size for p in cold)
+        assert len(ttft) == 9 and cache.stats["requests"] == 9
