@@ -119,6 +119,17 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
         : "memory");
 }
 
+// TMA: the box at (c0, c1, c2) of the 3-D tensor map into shared memory at dst, completing its
+// bytes on mbarrier bar.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
 // ---- thread-block clusters (PTX ISA "Cluster of cooperative thread arrays"; the idea of sharing
 // a tile's TMA load between the blocks of a cluster is CUTLASS's and DeepGEMM's multicast)
 __device__ __forceinline__ uint32_t cluster_ctarank() {
@@ -318,6 +329,23 @@ inline CUresult encode_2d_sw128(CUtensorMap *map, CUtensorMapDataType dtype, con
     return enc(map, dtype, 2, const_cast<void *>(base), dims, strides, box, elem_strides,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// Rows of bytes [rows][row_bytes] (row_bytes a multiple of 16, 16-byte aligned base) as 16-byte
+// units: a box of box_rows rows x seg_bytes (a multiple of 16, at most 4096) lands dense, row after
+// row, seg_bytes apart, starting at the unit coordinate (c1 = byte / 16, c2 = row); units past a
+// row's end and rows past `rows` read as zeros. CUDA_ERROR_NOT_FOUND when there is no encoder.
+inline CUresult encode_rows_u8(CUtensorMap *map, const void *base, int64_t row_bytes, int64_t rows, int seg_bytes,
+                               int box_rows) {
+    const encode_tiled_fn enc = tensor_map_encoder();
+    if (!enc) return CUDA_ERROR_NOT_FOUND;
+    const cuuint64_t dims[3] = {16, cuuint64_t(row_bytes / 16), cuuint64_t(rows)};
+    const cuuint64_t strides[2] = {16, cuuint64_t(row_bytes)};
+    const cuuint32_t box[3] = {16, cuuint32_t(seg_bytes / 16), cuuint32_t(box_rows)};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(base), dims, strides, box, elem_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 // A dense row-major fp16 matrix [rows][cols] (cols a multiple of 8) in boxes of box_rows rows x

@@ -310,6 +310,9 @@ int main(int argc, char **argv) {
     ok &= run_shape<PF_QTYPE_Q5_K>(300, 129, 2304, true, cb, rng);
     ok &= run_shape<PF_QTYPE_Q6_K>(1100, 200, 2304, true, cb, rng);
     ok &= run_shape<PF_QTYPE_IQ4_XS>(257, 384, 2304, true, cb, rng);
+    // Q4_0 and Q8_0 rows of 16-byte multiples (k % 256 == 0): their raw blocks by TMA
+    ok &= run_shape<PF_QTYPE_Q4_0>(700, 300, 2560, true, cb, rng);
+    ok &= run_shape<PF_QTYPE_Q8_0>(513, 257, 2304, true, cb, rng);
     // X = I: each output one product, the decoded fp16 weight exactly (every form's operand)
     ok &= run_shape<PF_QTYPE_Q4_0>(544, 136, 544, true, cb, rng, true);
     ok &= run_shape<PF_QTYPE_Q8_0>(288, 130, 288, true, cb, rng, true);
@@ -317,6 +320,8 @@ int main(int argc, char **argv) {
     ok &= run_shape<PF_QTYPE_Q5_K>(512, 136, 512, true, cb, rng, true);
     ok &= run_shape<PF_QTYPE_Q6_K>(768, 136, 768, true, cb, rng, true);
     ok &= run_shape<PF_QTYPE_IQ4_XS>(512, 136, 512, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_Q4_0>(512, 136, 512, true, cb, rng, true);
+    ok &= run_shape<PF_QTYPE_Q8_0>(512, 136, 512, true, cb, rng, true);
     {
         const int64_t shapes[][2] = {{8192, 2560}, {18432, 2560}, {2560, 9216}};  // qkv, gate|up, down
         for (int64_t m : {2048, 8192})

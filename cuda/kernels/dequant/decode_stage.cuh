@@ -57,34 +57,64 @@ __device__ __forceinline__ int byte_at(uint2 q, int e) {
 }
 
 // ------------------------------------------------------------------ decoders from the stage
-
+//
 // decode8_stage<Q>(s, bo, i0, v): elements i0 .. i0+7 (i0 % 8 == 0) of the block at byte bo of
 // the stage; the same fp32 values as qtraits<Q>::decode8 (quant.cuh): the same exact products,
 // with each integer made a float exactly by the bias trick above. The 8 quants come as two
 // words of 4 bytes (elements 0-3, then 4-7), each byte holding one element's integer.
-template <int Q>
-__device__ void decode8_stage(const uint8_t *s, uint32_t bo, int i0, float *v);
+//
+// In two parts, so that a thread decoding a longer run of one block decodes its scale once:
+// run_scale<Q>(s, bo, i0) is the scale (and min) of the kRun<Q> elements of the run holding
+// element i0 (runs aligned to kRun: a sub-block, or a whole Q4_0 / Q8_0 block), and
+// run_values8<Q>(s, bo, i0, scale, v) the 8 values from it. decode8_stage is the two in a row,
+// so that every decoder (the prewarm's, the GEMMs') evaluates the same expression per value.
+struct RunScale {
+    float d;  // the multiplier of the integer
+    float m;  // the min subtracted after (Q4_K, Q5_K; 0 otherwise, never read)
+};
 
+template <int Q>
+constexpr int kRun = 32;  // Q4_0, Q8_0 (the block), Q4_K, Q5_K, IQ4_XS (the sub-block)
 template <>
-__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q4_0>(const uint8_t *s, uint32_t bo, int i0,
-                                                             float *v) {
-    const float d = stage_half(s, bo);
+constexpr int kRun<PF_QTYPE_Q6_K> = 16;  // one int8 scale per 16 elements
+
+template <int Q>
+__device__ RunScale run_scale(const uint8_t *s, uint32_t bo, int i0);
+template <int Q>
+__device__ void run_values8(const uint8_t *s, uint32_t bo, int i0, RunScale sc, float *v);
+
+template <int Q>
+__device__ __forceinline__ void decode8_stage(const uint8_t *s, uint32_t bo, int i0, float *v) {
+    run_values8<Q>(s, bo, i0, run_scale<Q>(s, bo, i0), v);
+}
+
+// Q4_0 and Q8_0: d, the block's fp16 scale.
+template <>
+__device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q4_0>(const uint8_t *s, uint32_t bo, int) {
+    return {stage_half(s, bo), 0.0f};
+}
+template <>
+__device__ __forceinline__ void run_values8<PF_QTYPE_Q4_0>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
+                                                           float *v) {
     const uint2 q = stage8_even(s, bo + 2 + (i0 & 15));
     const int sh = (i0 >> 4) << 2;
     const uint32_t w[2] = {(q.x >> sh) & 0x0F0F0F0Fu, (q.y >> sh) & 0x0F0F0F0Fu};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 8.0f));
+    for (int e = 0; e < 8; ++e) v[e] = sc.d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 8.0f));
 }
 
 template <>
-__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q8_0>(const uint8_t *s, uint32_t bo, int i0,
-                                                             float *v) {
-    const float d = stage_half(s, bo);
+__device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q8_0>(const uint8_t *s, uint32_t bo, int) {
+    return {stage_half(s, bo), 0.0f};
+}
+template <>
+__device__ __forceinline__ void run_values8<PF_QTYPE_Q8_0>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
+                                                           float *v) {
     const uint2 q = stage8_even(s, bo + 2 + i0);
     // int8 x as the byte x + 128: flipping the sign bit of its two's complement.
     const uint32_t w[2] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 128.0f));
+    for (int e = 0; e < 8; ++e) v[e] = sc.d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 128.0f));
 }
 
 // d * sc and dmin * m of sub-block j of a Q4_K / Q5_K block in the stage: k4_scale_min's
@@ -99,26 +129,32 @@ __device__ __forceinline__ void k4_scale_min_stage(const Block *b, int j, float 
 
 // Q4_K and Q5_K blocks (144 and 176 bytes) start 16-byte aligned in the stage.
 template <>
-__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0,
-                                                             float *v) {
-    const block_q4_K *b = reinterpret_cast<const block_q4_K *>(s + bo);
+__device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0) {
+    RunScale r;
+    k4_scale_min_stage(reinterpret_cast<const block_q4_K *>(s + bo), i0 >> 5, r.d, r.m);
+    return r;
+}
+template <>
+__device__ __forceinline__ void run_values8<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
+                                                           float *v) {
     const int j = i0 >> 5;
-    float d1, m1;
-    k4_scale_min_stage(b, j, d1, m1);
     const uint2 q = stage8_aligned(s, bo + offsetof(block_q4_K, qs) + (j >> 1) * 32 + (i0 & 31));
     const int sh = (j & 1) << 2;
     const uint32_t w[2] = {(q.x >> sh) & 0x0F0F0F0Fu, (q.y >> sh) & 0x0F0F0F0Fu};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = d1 * (biased_byte(w[e >> 2], e & 3) - kTwo23) - m1;
+    for (int e = 0; e < 8; ++e) v[e] = sc.d * (biased_byte(w[e >> 2], e & 3) - kTwo23) - sc.m;
 }
 
 template <>
-__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0,
-                                                             float *v) {
-    const block_q5_K *b = reinterpret_cast<const block_q5_K *>(s + bo);
+__device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0) {
+    RunScale r;
+    k4_scale_min_stage(reinterpret_cast<const block_q5_K *>(s + bo), i0 >> 5, r.d, r.m);
+    return r;
+}
+template <>
+__device__ __forceinline__ void run_values8<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
+                                                           float *v) {
     const int j = i0 >> 5, l0 = i0 & 31;
-    float d1, m1;
-    k4_scale_min_stage(b, j, d1, m1);
     const uint2 q = stage8_aligned(s, bo + offsetof(block_q5_K, qs) + (j >> 1) * 32 + l0);
     const uint2 h = stage8_aligned(s, bo + offsetof(block_q5_K, qh) + l0);
     const int sh = (j & 1) << 2;
@@ -127,25 +163,28 @@ __device__ __forceinline__ void decode8_stage<PF_QTYPE_Q5_K>(const uint8_t *s, u
     const uint32_t w[2] = {((q.x >> sh) & 0x0F0F0F0Fu) | (((h.x >> j) & 0x01010101u) << 4),
                            ((q.y >> sh) & 0x0F0F0F0Fu) | (((h.y >> j) & 0x01010101u) << 4)};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = d1 * (biased_byte(w[e >> 2], e & 3) - kTwo23) - m1;
+    for (int e = 0; e < 8; ++e) v[e] = sc.d * (biased_byte(w[e >> 2], e & 3) - kTwo23) - sc.m;
 }
 
+// Q6_K: d times the int8 scale of the 16 elements (as the byte scale + 128: sign bit flipped,
+// as for Q8_0).
 template <>
-__device__ __forceinline__ void decode8_stage<PF_QTYPE_Q6_K>(const uint8_t *s, uint32_t bo, int i0,
-                                                             float *v) {
+__device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q6_K>(const uint8_t *s, uint32_t bo, int i0) {
+    const uint32_t sc = uint32_t(s[bo + offsetof(block_q6_K, scales) + (i0 >> 4)]) ^ 0x80u;
+    return {stage_half(s, bo + offsetof(block_q6_K, d)) * (biased_uint(sc) - (kTwo23 + 128.0f)), 0.0f};
+}
+template <>
+__device__ __forceinline__ void run_values8<PF_QTYPE_Q6_K>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
+                                                           float *v) {
     const int h = i0 >> 7, r0 = i0 & 127;  // 8 elements: one half, one 16-group, no wrap
     const uint2 ql = stage8_even(s, bo + offsetof(block_q6_K, ql) + h * 64 + (r0 & 63));
     const uint2 qh = stage8_even(s, bo + offsetof(block_q6_K, qh) + h * 32 + (r0 & 31));
     const int shl = (r0 >> 6) << 2, shh = (r0 >> 5) << 1;
-    // The int8 scale as the byte scale + 128 (sign bit flipped), as for Q8_0.
-    const uint32_t sc = uint32_t(s[bo + offsetof(block_q6_K, scales) + (i0 >> 4)]) ^ 0x80u;
-    const float sd =
-        stage_half(s, bo + offsetof(block_q6_K, d)) * (biased_uint(sc) - (kTwo23 + 128.0f));
     // Per byte: the low nibble and the 2 high bits above it, q in [0, 63]; the value is q - 32.
     const uint32_t w[2] = {((ql.x >> shl) & 0x0F0F0F0Fu) | (((qh.x >> shh) & 0x03030303u) << 4),
                            ((ql.y >> shl) & 0x0F0F0F0Fu) | (((qh.y >> shh) & 0x03030303u) << 4)};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = sd * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 32.0f));
+    for (int e = 0; e < 8; ++e) v[e] = sc.d * (biased_byte(w[e >> 2], e & 3) - (kTwo23 + 32.0f));
 }
 
 // The IQ4_NL code book (quant.cuh kIq4nlLo / kIq4nlHi) with every code's sign bit flipped: the
@@ -153,23 +192,27 @@ __device__ __forceinline__ void decode8_stage<PF_QTYPE_Q6_K>(const uint8_t *s, u
 constexpr uint64_t kIq4nlLoBiased = kIq4nlLo ^ 0x8080808080808080ull;
 constexpr uint64_t kIq4nlHiBiased = kIq4nlHi ^ 0x8080808080808080ull;
 
-// IQ4_XS blocks (136 bytes) start 8-byte aligned in the stage; qs sits at byte 8.
+// IQ4_XS blocks (136 bytes) start 8-byte aligned in the stage; qs sits at byte 8. The scale:
+// iq4xs_scale (quant.cuh), d * (ls - 32), ls the 6-bit scale, made a float exactly.
 template <>
-__device__ __forceinline__ void decode8_stage<PF_QTYPE_IQ4_XS>(const uint8_t *s, uint32_t bo, int i0,
-                                                               float *v) {
+__device__ __forceinline__ RunScale run_scale<PF_QTYPE_IQ4_XS>(const uint8_t *s, uint32_t bo, int i0) {
     const block_iq4_xs *b = reinterpret_cast<const block_iq4_xs *>(s + bo);
-    const int ib = i0 >> 5, j0 = i0 & 31;
-    // iq4xs_scale (quant.cuh): d * (ls - 32), ls the 6-bit scale, made a float exactly.
+    const int ib = i0 >> 5;
     const uint32_t ls = ((b->scales_l[ib >> 1] >> ((ib & 1) << 2)) & 0xFu) |
                         (((uint32_t(b->scales_h) >> (2 * ib)) & 3u) << 4);
-    const float dl = __half2float(b->d) * (biased_uint(ls) - (kTwo23 + 32.0f));
+    return {__half2float(b->d) * (biased_uint(ls) - (kTwo23 + 32.0f)), 0.0f};
+}
+template <>
+__device__ __forceinline__ void run_values8<PF_QTYPE_IQ4_XS>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
+                                                             float *v) {
+    const int ib = i0 >> 5, j0 = i0 & 31;
     const uint2 q = stage8_aligned(s, bo + offsetof(block_iq4_xs, qs) + ib * 16 + (j0 & 15));
     const int sh = (j0 >> 4) << 2;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         const uint32_t c = uint32_t(byte_at(q, e) >> sh) & 0xFu;
         const uint64_t t = c < 8 ? kIq4nlLoBiased : kIq4nlHiBiased;
-        v[e] = dl * (biased_uint(uint32_t(t >> ((c & 7) * 8)) & 0xFFu) - (kTwo23 + 128.0f));
+        v[e] = sc.d * (biased_uint(uint32_t(t >> ((c & 7) * 8)) & 0xFFu) - (kTwo23 + 128.0f));
     }
 }
 

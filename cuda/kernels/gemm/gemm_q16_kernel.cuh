@@ -20,15 +20,21 @@
 //    wgmma reads: ptx/hopper.cuh).
 //  - The producers' thread 0 loads a stage's X tile (256 x 64 fp16) with TMA; all 256 producer
 //    threads write the stage's W tile (128 weight rows x 64 columns, fp16, swizzled) from the
-//    raw blocks, 8 columns of one row per thread and pass (decode8_stage), then fence the async
-//    proxy and arrive on the stage's "full" barrier (257 arrivals: 256 + thread 0's TMA one).
+//    raw blocks, 32 columns of one row per thread (decode_tile; Q6_K 8 columns of four rows),
+//    then fence the async proxy and arrive on the stage's "full" barrier (257 arrivals: 256 +
+//    thread 0's TMA one).
 //  - The raw blocks come through shared memory in "supersteps" of 256 columns (one K-quant block
 //    of each row, 8 Q4_0 / Q8_0 blocks): while the producer decodes the four stages of superstep
-//    j, the copies of superstep j + 1 are in flight into the other of two raw buffers (cp.async:
-//    16-byte copies where every row's segment is 16-byte aligned, Q4_K / Q5_K and Q4_0 / Q8_0 at
-//    k % 256 == 0; 4-byte words otherwise, the segment then sitting 0 or 2 bytes into its slot,
-//    which the even-offset decoders read). Each weight row has a slot of kSlot bytes, 32 mod 64
-//    so that the 4 rows a warp decodes at once read distinct banks.
+//    j, the copies of superstep j + 1 are in flight into the other of two raw buffers. By one TMA
+//    (thread 0, a 3-D map of the rows as 16-byte units, completing on the buffer's "raw_full"
+//    barrier) where every row's segment is 16-byte units from a 16-byte boundary: Q4_K, Q5_K,
+//    Q4_0 / Q8_0 at k % 256 == 0 (Q16Args::tma_raw); the rows then lie kBytes apart. Otherwise by
+//    cp.async from every producer (16-byte copies where the segments are 16-byte aligned; 4-byte
+//    words otherwise, the segment then sitting 0 or 2 bytes into its slot, which the even-offset
+//    decoders read), each row in a slot of kSlot bytes, 32 mod 64 so that the 4 rows a warp
+//    decodes at once read distinct banks. The TMA took the Q4_K GEMMs from 0.61-0.68x to
+//    0.70-0.72x the cached cuBLAS (bench_gemm_q16, H200): the copies' address arithmetic, the
+//    waits and the second barrier per superstep were a sixth of the time.
 //  - A consumer waits for a stage, issues 2 x 4 x wgmma.m64n128k16 on it (A = its 128 rows of X,
 //    B = the W tile, both K-major from shared memory), commits, and releases the stage before
 //    (one arrival per warp on its "empty" barrier) once the next stage's products are issued:
@@ -88,7 +94,7 @@ constexpr int kProducerBarrier = 1;      // named barrier of the producer warpgr
 template <int Q, int CM = 1>
 __host__ __device__ constexpr size_t smem_bytes() {
     return size_t(kSwizzleAtom) + size_t(kStages) * (kTileA + kTileB) + 2 * size_t(kBN / CM) * RawGeom<Q>::kSlot +
-           16 * size_t(kStages);
+           16 * size_t(kStages) + 16;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -102,18 +108,22 @@ __host__ __device__ constexpr size_t smem_bytes() {
 struct Smem {
     uint32_t base = 0;     // shared address of the 1024-aligned start
     unsigned char *ptr = nullptr;
-    int slot = 0;          // RawGeom<Q>::kSlot
+    int slot = 0;          // bytes from one row's raw blocks to the next: RawGeom<Q>::kSlot, or kBytes (TMA)
+    int buf = 0;           // bytes of one raw buffer: raw_rows * RawGeom<Q>::kSlot
     int raw_rows = kBN;    // kBN / CM: the weight rows this block decodes
     int rank = 0;          // the block's rank in its cluster
     __device__ uint32_t a(int s) const { return base + uint32_t(s) * kTileA; }
     __device__ uint32_t b(int s) const { return base + uint32_t(kStages * kTileA + s * kTileB); }
     __device__ unsigned char *b_ptr(int s) const { return ptr + kStages * kTileA + s * kTileB; }
     __device__ unsigned char *raw(int j) const {
-        return ptr + kStages * (kTileA + kTileB) + (j & 1) * raw_rows * slot;
+        return ptr + kStages * (kTileA + kTileB) + (j & 1) * buf;
     }
-    __device__ uint32_t bars() const { return base + uint32_t(kStages * (kTileA + kTileB) + 2 * raw_rows * slot); }
+    __device__ uint32_t raw_addr(int j) const { return base + uint32_t(kStages * (kTileA + kTileB) + (j & 1) * buf); }
+    __device__ uint32_t bars() const { return base + uint32_t(kStages * (kTileA + kTileB) + 2 * buf); }
     __device__ uint32_t full(int s) const { return bars() + 8 * uint32_t(s); }
     __device__ uint32_t empty(int s) const { return bars() + 8 * uint32_t(kStages + s); }
+    // raw buffer j % 2 landed (the TMA's bytes: Q16Args::tma_raw)
+    __device__ uint32_t raw_full(int j) const { return bars() + 8 * uint32_t(2 * kStages + (j & 1)); }
 };
 
 // A block's place: its output tile's first row and weight row, its first decoded weight row in
@@ -127,60 +137,101 @@ __device__ __forceinline__ void producer_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kProducers) : "memory");
 }
 
+// Columns of one row a producer thread decodes in a row ("a run" of the thread): 32 / CM (a
+// stage's share of the thread), one K-quant sub-block or a 32-element block, so that its scale and
+// its row's address are decoded once; Q6_K 8, in passes over rows, as the first form did: its
+// 210-byte blocks sit at any even offset, and 8 columns of four rows per warp instruction read
+// distinct banks where 32 columns of sixteen rows did not (bench_gemm_q16, H200: the 32-column
+// runs took Q6_K's single blocks from 1.84 to 2.10 ms at 8192 x 2560 x 9216).
+template <int Q, int CM>
+constexpr int kThreadRun = Q == PF_QTYPE_Q6_K ? 8 : 32 / CM;
+
 // The W tile of stage ks (columns 64 ks ..) from the raw buffer of its superstep: the block's
-// kBN / CM rows in 4 / CM passes of the producer warpgroups, each thread one row's 8 columns per
-// pass (8 lanes a row, 4 rows a warp instruction), decoded and rounded as the prewarm does, one
-// 16-byte swizzled store each (CM = 2: into the other block's stage too); the passes unrolled,
-// so that their independent reads and conversions overlap. n0: the block's first decoded row
-// (the tile's row r0 = n0 - the tile's first).
+// kBN / CM rows in passes, each thread kE = kThreadRun consecutive columns of one row per pass
+// (kParts threads a row), decoded and rounded as the prewarm does (decode_stage.cuh: a run's
+// scale decoded once, then 8 values at a time, unrolled so that their independent reads and
+// conversions overlap), one 16-byte swizzled store per 8 columns (CM = 2: into the other
+// block's stage too). n0: the block's first decoded row (the tile's row r0 = n0 - the tile's
+// first).
 template <int Q, int CM>
 __device__ __forceinline__ void decode_tile(const Q16Args &a, const Smem &sm, int n0, int r0, int ks) {
     using G = RawGeom<Q>;
+    constexpr int kE = kThreadRun<Q, CM>;
+    constexpr int kParts = kBK / kE;                            // threads per row
+    constexpr int kRowsPerPass = kProducers / kParts;
+    constexpr int kPasses = kBN / CM / kRowsPerPass;
+    static_assert(kE % 8 == 0 && kPasses * kRowsPerPass * kParts * kE == kBN / CM * kBK, "every element once");
     const int j = ks / kStagesPerRaw;
-    const unsigned char *raw = sm.raw(j);
     unsigned char *dst = sm.b_ptr(ks % kStages);
-    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-    const int g = lane & 7;
-    const int col = ks * kBK + 8 * g;  // this lane's first column
-    const int e = col - j * kRawCols;  // its element in the superstep
-    constexpr int kRowsPerWarp = kBN / CM / (kProducers / 32);  // 16 / CM: 4 / CM passes of 4 rows
+    const int part = int(threadIdx.x) % kParts;
+    const int c0 = ks * kBK + part * kE;  // this thread's first column
+    const int e0 = c0 - j * kRawCols;     // its element in the superstep
 #pragma unroll
-    for (int pass = 0; pass < kRowsPerWarp / 4; ++pass) {
-        const int r = warp * kRowsPerWarp + pass * 4 + (lane >> 3);  // the block's row r, the tile's r0 + r
-        // Branch-free, so that the passes' reads and conversions interleave: a row past n or a
-        // column past k decodes whatever its slot holds (inside the slot) and stores zeros.
+    for (int pass = 0; pass < kPasses; ++pass) {
+        const int r = pass * kRowsPerPass + int(threadIdx.x) / kParts;  // the tile's row r0 + r
+        const unsigned char *row = sm.raw(j) + r * sm.slot;
         const uint32_t o =
             a.copy16 ? 0u : uint32_t(reinterpret_cast<uintptr_t>(raw_src(a, n0, r, j, G::kBytes)) & 3u);
-        float v[8];
-        decode8_stage<Q>(raw + r * G::kSlot, o + uint32_t(e / G::kElems * G::kBlock), e % G::kElems, v);
-        uint4 out = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
-                               pack_half2(v[6], v[7]));
-        if (!(n0 + r < a.n && col < a.k)) out = make_uint4(0u, 0u, 0u, 0u);
-        // The tile's row r0 + r, its 16-byte chunk g in the 128-byte swizzle (hopper.cuh
-        // swizzled_offset; r0 is a multiple of 8).
-        const uint32_t off = uint32_t((r0 + r) * kSwizzleRow + ((g ^ (r & 7)) << 4));
-        *reinterpret_cast<uint4 *>(dst + off) = out;
-        if constexpr (CM == 2) st_cluster_v4(mapa_cluster(sm.b(ks % kStages) + off, uint32_t(1 - sm.rank)), out);
+        const bool row_in = n0 + r < a.n;
+        RunScale sc{};
+#pragma unroll
+        for (int g = 0; g < kE / 8; ++g) {
+            const int e = e0 + 8 * g;
+            const uint32_t bo = o + uint32_t(e / G::kElems * G::kBlock);
+            // Runs are aligned to kRun<Q> and e0 to kE, so a new run starts at the groups with
+            // 8 g % kRun == 0 (only g = 0 when kE <= kRun). Branch-free: a row past n or a
+            // column past k decodes whatever its slot holds (inside the slot) with a zero scale
+            // and min, so stores zeros (+0 or -0: every integer term is finite, the bias trick's).
+            if ((8 * g) % kRun<Q> == 0) sc = run_scale<Q>(row, bo, e % G::kElems);
+            const bool in = row_in && c0 + 8 * g < a.k;
+            float v[8];
+            run_values8<Q>(row, bo, e % G::kElems, RunScale{in ? sc.d : 0.0f, in ? sc.m : 0.0f}, v);
+            const uint4 out = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                                         pack_half2(v[6], v[7]));
+            // The tile's row r0 + r, its 16-byte chunk part * kE / 8 + g in the 128-byte swizzle
+            // (hopper.cuh swizzled_offset; r0 is a multiple of 8).
+            const int chunk = part * (kE / 8) + g;
+            const uint32_t off = uint32_t((r0 + r) * kSwizzleRow + ((chunk ^ (r & 7)) << 4));
+            *reinterpret_cast<uint4 *>(dst + off) = out;
+            if constexpr (CM == 2)
+                st_cluster_v4(mapa_cluster(sm.b(ks % kStages) + off, uint32_t(1 - sm.rank)), out);
+        }
     }
 }
 
 // The producer warpgroups over the tile's stages: the X tile by TMA (thread 0), the W tile
 // decoded from the raw superstep, whose copies run one superstep ahead.
 template <int Q, int CM>
-__device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm_x, const Smem &sm, const Place &p,
-                                         int stages) {
+__device__ __forceinline__ void producer(const Q16Args &a, const CUtensorMap *tm_x, const CUtensorMap *tm_w,
+                                         const Smem &sm, const Place &p, int stages) {
+    using G = RawGeom<Q>;
     const int supersteps = (a.k + kRawCols - 1) / kRawCols;
     const int n0 = p.n0 + p.r0;  // the first weight row this block decodes
-    raw_issue<Q>(a, sm.raw(0), sm.raw_rows, n0, 0, int(threadIdx.x), kProducers);
-    cp_async_commit();
+    // Superstep j's raw blocks by one TMA (thread 0; rows and bytes past the matrix land as zeros).
+    const auto raw_load = [&](int j) {
+        mbar_arrive_expect_tx(sm.raw_full(j), uint32_t(sm.raw_rows * G::kBytes));
+        tma_load_3d(sm.raw_addr(j), tm_w, 0, j * (G::kBytes / 16), n0, sm.raw_full(j));
+    };
+    if (a.tma_raw) {
+        if (threadIdx.x == 0) raw_load(0);
+    } else {
+        raw_issue<Q>(a, sm.raw(0), sm.raw_rows, n0, 0, int(threadIdx.x), kProducers);
+        cp_async_commit();
+    }
     for (int ks = 0; ks < stages; ++ks) {
         if (ks % kStagesPerRaw == 0) {
             const int j = ks / kStagesPerRaw;
             producer_sync();  // every thread is done with buffer (j + 1) % 2 (superstep j - 1)
-            if (j + 1 < supersteps) raw_issue<Q>(a, sm.raw(j + 1), sm.raw_rows, n0, j + 1, int(threadIdx.x), kProducers);
-            cp_async_commit();
-            cp_async_wait<1>();  // this thread's copies of superstep j have landed
-            producer_sync();     // and everyone's (the half-words' plain stores too)
+            if (a.tma_raw) {
+                if (threadIdx.x == 0 && j + 1 < supersteps) raw_load(j + 1);
+                mbar_wait(sm.raw_full(j), uint32_t(j >> 1) & 1u);  // superstep j's bytes have landed
+            } else {
+                if (j + 1 < supersteps)
+                    raw_issue<Q>(a, sm.raw(j + 1), sm.raw_rows, n0, j + 1, int(threadIdx.x), kProducers);
+                cp_async_commit();
+                cp_async_wait<1>();  // this thread's copies of superstep j have landed
+                producer_sync();     // and everyone's (the half-words' plain stores too)
+            }
         }
         const int s = ks % kStages, use = ks / kStages;
         if (use > 0) mbar_wait(sm.empty(s), uint32_t(use - 1) & 1u);  // (CM = 2: both blocks' consumers)
@@ -282,7 +333,8 @@ __device__ __forceinline__ void consumer(const Q16Args &a, const Smem &sm, const
 // dynamic shared memory.
 template <int Q, int CM = 1>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_q16_kernel(const __grid_constant__ Q16Args a, const __grid_constant__ CUtensorMap tm_x) {
+    gemm_q16_kernel(const __grid_constant__ Q16Args a, const __grid_constant__ CUtensorMap tm_x,
+                    const __grid_constant__ CUtensorMap tm_w) {
     static_assert(CM == 1 || CM == 2, "a block or a pair");
 #ifdef PF_Q16_DEVICE
     extern __shared__ unsigned char smem_raw[];
@@ -290,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
     sm.base = (raw + kSwizzleAtom - 1) & ~uint32_t(kSwizzleAtom - 1);
     sm.ptr = smem_raw + (sm.base - raw);
-    sm.slot = RawGeom<Q>::kSlot;
+    sm.slot = a.tma_raw ? RawGeom<Q>::kBytes : RawGeom<Q>::kSlot;
+    sm.buf = (kBN / CM) * RawGeom<Q>::kSlot;
     sm.raw_rows = kBN / CM;
     sm.rank = CM > 1 ? int(cluster_ctarank()) : 0;
     // Cluster tiles (CM row tiles) in bands of kBand / CM cluster rows.
@@ -305,13 +358,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(sm.full(s), CM == 1 ? kProducers + 1 : 2 * (kProducers / 32) + 1);
             mbar_init(sm.empty(s), CM * kConsumerWarps);
         }
+        for (int j = 0; j < 2; ++j) mbar_init(sm.raw_full(j), 1);  // thread 0's expect_tx
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     if constexpr (CM == 1) __syncthreads();
     else cluster_sync();  // both blocks' barriers initialized before either arrives on the other's
     if (threadIdx.x < kProducers) {
         setmaxnreg_dec<kProducerRegs>();
-        producer<Q, CM>(a, &tm_x, sm, p, stages);
+        producer<Q, CM>(a, &tm_x, &tm_w, sm, p, stages);
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
@@ -335,10 +389,18 @@ inline int64_t grid_blocks(const Q16Args &a) {
 // Launches the kernel in clusters of CM blocks (grid_blocks<CM>(a) blocks); its dynamic shared
 // memory (smem_bytes<Q, CM>(), above the default 48 KiB) must have been allowed on the device
 // first (cudaFuncAttributeMaxDynamicSharedMemorySize).
+// The raw blocks come by TMA where a.tma_raw allows (the map of the weight's rows, boxes of a
+// superstep of kBN / CM rows: hopper::encode_rows_u8), by cp.async otherwise (and where the
+// driver has no encoder).
 template <int Q, int CM>
 cudaError_t launch(const Q16Args &a, const CUtensorMap &tm_x, cudaStream_t st) {
-    return launch_clusters(gemm_q16_kernel<Q, CM>, unsigned(grid_blocks<CM>(a)), kThreads, smem_bytes<Q, CM>(), st,
-                           unsigned(CM), a, tm_x);
+    Q16Args b = a;
+    CUtensorMap tm_w{};
+    if (b.tma_raw && hopper::encode_rows_u8(&tm_w, b.w, b.row_bytes, b.n, RawGeom<Q>::kBytes, kBN / CM) !=
+                         CUDA_SUCCESS)
+        b.tma_raw = 0;
+    return launch_clusters(gemm_q16_kernel<Q, CM>, unsigned(grid_blocks<CM>(b)), kThreads, smem_bytes<Q, CM>(), st,
+                           unsigned(CM), b, tm_x, tm_w);
 }
 
 }  // namespace q16

@@ -43,6 +43,7 @@ struct Q16Args {
     int32_t accumulate;
     int32_t copy16;      // every raw segment 16-byte aligned and long: 16-byte copies
     int32_t y_vec2;      // y and ldy allow float2 stores
+    int32_t tma_raw;     // rows and supersteps 16-byte aligned: gemm_q16_kernel copies them by TMA
 };
 
 // A kernel's arguments for y [rows][ldy] (+)= x16 . W^T (then times inv[row] where inv is not
@@ -72,6 +73,9 @@ inline Q16Args args_for(const void *blocks, int64_t n, int64_t k, const float *i
     a.copy16 = reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && a.row_bytes % 16 == 0 && G::kBytes % 16 == 0 &&
                tail % 16 == 0;
     a.y_vec2 = reinterpret_cast<uintptr_t>(y) % 8 == 0 && ldy % 2 == 0;
+    // a superstep's bytes of a row are 16-byte units from a 16-byte boundary (Q4_0, Q8_0, Q4_K,
+    // Q5_K with the rows 16-byte aligned; not Q6_K's 210-byte or IQ4_XS's 136-byte blocks)
+    a.tma_raw = reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && a.row_bytes % 16 == 0 && G::kBytes % 16 == 0;
     return a;
 }
 
