@@ -198,22 +198,28 @@ class Model(_Owner):
             if not isinstance(s, Session):
                 raise InvalidArgumentError(f"sessions[{i}]: expected a pyprefill.Session, got {type(s).__name__}")
         tokens = [token_ids(t, f"tokens[{i}]", n_vocab=self.n_vocab) for i, t in enumerate(tokens)]
-        need = dict(max_items=max(64, len(sessions)),
-                    max_tokens=sum(t.size for t in tokens),
-                    max_context=max((s.max_tokens for s in sessions), default=0))
         kvs = {s.kv for s in sessions}
         if len(kvs) > 1:
             raise InvalidArgumentError(f"sessions: mixed KV dtypes {sorted(kvs)} in one batch")
+        b = self.reserve_batch(max_items=len(sessions), max_tokens=sum(t.size for t in tokens),
+                               max_context=max((s.max_tokens for s in sessions), default=0),
+                               kv=next(iter(kvs)) if kvs else None)
+        return b.prefill([dict(session=s, tokens=t, logits=logits) for s, t in zip(sessions, tokens)])
+
+    def reserve_batch(self, max_items: int = 64, max_tokens: int = 0, max_context: int = 0, kv: str | None = None):
+        """The batch executor prefill_batch runs on, made now (or made again) if the one the model
+        keeps holds fewer items (at least 64), tokens per call or context, or another KV dtype
+        (None: any): a server makes it before its first request, so that no request's time to
+        first token pays for it (the prefix cache does, when it is made)."""
         b = getattr(self, "_batch", None)
-        if (b is None or b.closed or b.max_items < need["max_items"] or b.max_tokens < need["max_tokens"]
-                or b.max_context < need["max_context"] or (kvs and b.kv not in kvs)):
+        items = max(64, int(max_items))
+        if (b is None or b.closed or b.max_items < items or b.max_tokens < max_tokens
+                or b.max_context < max_context or (kv is not None and b.kv != kv)):
             if b is not None:
                 b.close()
-            b = self._batch = self.batch(max_items=need["max_items"],
-                                         max_tokens=max(need["max_tokens"], batch_max_tokens()),
-                                         max_context=max(need["max_context"], DEFAULT_CAPACITY),
-                                         kv=next(iter(kvs)) if kvs else "f16")
-        return b.prefill([dict(session=s, tokens=t, logits=logits) for s, t in zip(sessions, tokens)])
+            b = self._batch = self.batch(max_items=items, max_tokens=max(max_tokens, batch_max_tokens()),
+                                         max_context=max(max_context, DEFAULT_CAPACITY), kv=kv or "f16")
+        return b
 
     def restore(self, state: bytes | np.ndarray, max_tokens: int | None = None, **kw) -> "Session":
         """A fresh session holding a state saved by Session.save()."""

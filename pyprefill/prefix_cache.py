@@ -81,6 +81,8 @@ class PrefixCache:
                                        f"snapshot_every={self.snapshot_every})")
         self.stats = {"requests": 0, "prompt_tokens": 0, "served_tokens": 0, "rerun_tokens": 0,
                       "prefilled_tokens": 0, "hits": 0, "entries": 0, "evicted": 0, "device_bytes": 0}
+        # the batch executor the entries run on, made here rather than in a first request's time
+        model.reserve_batch(max_context=self.max_tokens, kv=kv)
 
     # -- the entries -------------------------------------------------------------------------
     def entry_bytes(self) -> int:

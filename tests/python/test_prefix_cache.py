@@ -85,6 +85,10 @@ class FakeModel:
         self.calls = []   # (session, tokens) of every prefill_batch
         self.made = []    # every session made
         self.batches = []  # the items of every prefill_batch
+        self.reserved = []  # the arguments of every reserve_batch
+
+    def reserve_batch(self, **kw):
+        self.reserved.append(kw)
 
     def session(self, max_tokens, kv="f16", gemm="default", own_executor=True, snapshot_every=0,
                 snapshot_at_end=False, snapshot_slots=0):
@@ -182,6 +186,18 @@ def test_least_recently_used_entries_go_first(rng):
     assert cache.stats["entries"] == 2 and cache.stats["device_bytes"] == 2 * cache.entry_bytes()
     cache.clear()
     assert cache._entries == [] and cache.stats["entries"] == 0
+
+
+def test_the_batch_executor_is_made_with_the_cache(rng):
+    """The executor the entries run on is reserved when the cache is made (not in the first
+    request's time), for the entries' context and KV dtype; requests then run on it."""
+    m = FakeModel()
+    cache = PrefixCache(m, max_tokens=1536, snapshot_every=256, kv="f32")
+    assert m.reserved == [dict(max_context=1536, kv="f32")]
+    assert not m.calls
+    user = m.session(1536, kv="f32")
+    cache.prefill(user, rng.integers(0, V, 300))
+    assert len(m.calls) == 1 and len(m.reserved) == 1
 
 
 def test_budget_in_bytes(rng):
