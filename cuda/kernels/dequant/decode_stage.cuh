@@ -127,12 +127,18 @@ __device__ __forceinline__ void k4_scale_min_stage(const Block *b, int j, float 
     m1 = __half2float(b->dmin) * (biased_uint(uint32_t(m)) - kTwo23);
 }
 
+// The run (sub-block) scale and min of a Q4_K / Q5_K block at byte bo.
+template <class Block>
+__device__ __forceinline__ RunScale k4_run_scale(const uint8_t *s, uint32_t bo, int i0) {
+    RunScale r;
+    k4_scale_min_stage(reinterpret_cast<const Block *>(s + bo), i0 >> 5, r.d, r.m);
+    return r;
+}
+
 // Q4_K and Q5_K blocks (144 and 176 bytes) start 16-byte aligned in the stage.
 template <>
 __device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0) {
-    RunScale r;
-    k4_scale_min_stage(reinterpret_cast<const block_q4_K *>(s + bo), i0 >> 5, r.d, r.m);
-    return r;
+    return k4_run_scale<block_q4_K>(s, bo, i0);
 }
 template <>
 __device__ __forceinline__ void run_values8<PF_QTYPE_Q4_K>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
@@ -147,9 +153,7 @@ __device__ __forceinline__ void run_values8<PF_QTYPE_Q4_K>(const uint8_t *s, uin
 
 template <>
 __device__ __forceinline__ RunScale run_scale<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0) {
-    RunScale r;
-    k4_scale_min_stage(reinterpret_cast<const block_q5_K *>(s + bo), i0 >> 5, r.d, r.m);
-    return r;
+    return k4_run_scale<block_q5_K>(s, bo, i0);
 }
 template <>
 __device__ __forceinline__ void run_values8<PF_QTYPE_Q5_K>(const uint8_t *s, uint32_t bo, int i0, RunScale sc,
