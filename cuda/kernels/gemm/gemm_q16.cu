@@ -23,8 +23,9 @@ pf_status launch(const Q16Gemm &g, cudaStream_t st) {
         return fail(PF_STATUS_UNSUPPORTED, "gemm_q16: %s blocks not 16-byte aligned", pf_qtype_name(Q));
     // Pairs of blocks sharing the decoded weight tile (gemm_q16_kernel.cuh, CM = 2) where they
     // measured faster: Q6_K, whose decoding is the heaviest (bench_gemm_q16 on the H200, session
-    // 37: 1.20x the single blocks at 2048 and 8192 rows, 2560 x 9216); Q4_K's pairs ran 0.87x
-    // (its decoding is not what limits it), the other types' were not timed.
+    // 38: 1.19x / 1.18x the single blocks at 2048 / 8192 rows, 2560 x 9216); Q4_K's pairs ran
+    // 0.70-0.73x of its single blocks (those read their raw blocks by TMA and decode 32-column
+    // runs), the other types' were not timed.
     const int cm = Q == PF_QTYPE_Q6_K && a.m_tiles >= 2 ? 2 : 1;
     if (q16::grid_blocks<2>(a) > kMaxGridX)
         return fail(PF_STATUS_UNSUPPORTED, "gemm_q16: %d x %d tiles exceed one grid", a.m_tiles, a.n_tiles);
