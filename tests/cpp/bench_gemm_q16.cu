@@ -11,9 +11,11 @@
 // relative to the sum of the products' magnitudes; with X the identity (one product per output)
 // each form's output is that decoded fp16 weight exactly.
 // Not a ctest: a tool for kernel work (the library's own tests are tests/python/test_kernel_gemm_q16.py).
+// M <= 64: the skinny form (gemm_q16_skinny_kernel.cuh) at every split (run_skinny).
 //   bench_gemm_q16 [--check-only] [--type Q6_K] [M N K ...]
-//     default: every type's checks on ragged shapes and X = I, then the qwen35-4b projections at
-//     2048 and 8192 rows, Q4_K and Q6_K; with M N K: only those shapes, of --type (default Q4_K),
+//     default: every type's checks on ragged shapes and X = I (the skinny form's too), then the
+//     qwen35-4b projections at 2048 and 8192 rows, Q4_K and Q6_K; with M N K: only those shapes,
+//     of --type (default Q4_K),
 //     checked and timed (one kernel shape per launch: what ncu -k regex:... profiles)
 // Prints one line per shape, type and form: median ms of 10 runs and TF/s (2 M N K / time).
 // Exit 77: no compute capability 9.0 device or no sm_90a code; 1: a mismatch or an error.
@@ -28,12 +30,15 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/dequant/quant.cuh"
 #include "kernels/gemm/gemm_q16_kernel.cuh"
 #include "kernels/gemm/gemm_q16_mma_kernel.cuh"
 #include "kernels/gemm/gemm_q16_rs_kernel.cuh"
+#include "kernels/gemm/gemm_q16_skinny_kernel.cuh"
 #include "cuda_exit.h"
 
 namespace {
@@ -112,6 +117,42 @@ float median_ms(cudaStream_t st, int reps, const F &run) {
     CK(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+}
+
+// The worst of 64 sampled outputs' errors against the float64 product of the fp16 rows and the
+// decoded fp16 weight, relative to the sum of the products' magnitudes (the same samples for every
+// form; the first the last output).
+double sampled_error(const std::vector<__half> &hx, const std::vector<__half> &hw16, const std::vector<float> &y,
+                     int64_t M, int64_t N, int64_t K) {
+    double worst = 0;
+    std::mt19937 pick(7);
+    std::uniform_int_distribution<int64_t> rr(0, M - 1), rc(0, N - 1);
+    for (int smp = 0; smp < 64; ++smp) {
+        const int64_t r = smp == 0 ? M - 1 : rr(pick), c = smp == 0 ? N - 1 : rc(pick);
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < K; ++i) {
+            const double p =
+                double(__half2float(hx[size_t(r * K + i)])) * double(__half2float(hw16[size_t(c * K + i)]));
+            ref += p;
+            mag += std::fabs(p);
+        }
+        worst = std::max(worst, std::fabs(double(y[size_t(r * N + c)]) - ref) / (mag + 1e-30));
+    }
+    return worst;
+}
+
+// cuBLAS on the fp16 weights (the cache's GEMM): Y^T [N][M] = W [N][K] . X^T, column-major;
+// median of `reps`, printed.
+float time_cublas(cublasHandle_t cb, cudaStream_t st, int reps, const __half *w16, const __half *x, float *y,
+                  int64_t M, int64_t N, int64_t K) {
+    const float alpha = 1.f, beta = 0.f;
+    const float tc = median_ms(st, reps, [&] {
+        CB(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w16, CUDA_R_16F, int(K), x,
+                        CUDA_R_16F, int(K), &beta, y, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    std::printf("  %-24s %8.4f ms %7.1f TF/s\n", "cuBLAS fp16 (cache)", tc,
+                2.0 * double(M) * double(N) * double(K) / tc * 1e-9);
+    return tc;
 }
 
 // The forms, launched on y: 0 single blocks, 1 pairs, 2 rs (the weight as wgmma's register
@@ -209,19 +250,7 @@ bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t 
             for (int64_t t = 0; t < M; ++t)
                 for (int64_t c = 0; c < N; ++c)
                     wrong += h[f][size_t(t * N + c)] != __half2float(hw16[size_t(c * K + t)]);
-        double worst = 0;
-        std::mt19937 pick(7);  // the same samples for every form
-        std::uniform_int_distribution<int64_t> rr(0, M - 1), rc(0, N - 1);
-        for (int smp = 0; smp < 64 && !identity; ++smp) {
-            const int64_t r = smp == 0 ? M - 1 : rr(pick), c = smp == 0 ? N - 1 : rc(pick);
-            double ref = 0, mag = 0;
-            for (int64_t i = 0; i < K; ++i) {
-                const double p = double(__half2float(hx[size_t(r * K + i)])) * double(__half2float(hw16[size_t(c * K + i)]));
-                ref += p;
-                mag += std::fabs(p);
-            }
-            worst = std::max(worst, std::fabs(double(h[f][size_t(r * N + c)]) - ref) / (mag + 1e-30));
-        }
+        const double worst = identity ? 0.0 : sampled_error(hx, hw16, h[f], M, N, K);
         // the pair must equal the single blocks bit for bit; the rs form's difference is reported
         const bool f_ok = unwritten == 0 && wrong == 0 && worst <= 4e-5 && (f != 1 || diff == 0);
         std::printf("  %-24s check: %s (unwritten %lld, differing from single %lld of %lld, sampled error %.2g%s)\n",
@@ -233,15 +262,7 @@ bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t 
 
     if (!check_only && ok) {
         const double flop = 2.0 * double(M) * double(N) * double(K);
-        const float alpha = 1.f, beta = 0.f;
-        // cuBLAS on the fp16 weights (the cache's GEMM): Y^T [N][M] = W [N][K] . X^T, column-major.
-        auto cache = [&] {
-            CB(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w16, CUDA_R_16F, int(K), x,
-                            CUDA_R_16F, int(K), &beta, yc, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
-        };
-        const float tc = median_ms(st, 10, cache);
-        std::printf("  %-24s %8.4f ms %7.1f TF/s\n", "cuBLAS fp16 (cache)", tc, flop / tc * 1e-9);
+        const float tc = time_cublas(cb, st, 10, w16, x, yc, M, N, K);
         for (int f = 0; f < kForms; ++f) {
             const float t = median_ms(st, 10, [&] { launch_form<Q>(f, w, N, K, tm, x, M, y[f], st); });
             std::printf("  %-24s %8.4f ms %7.1f TF/s  %.2fx cache\n", kFormName[f], t, flop / t * 1e-9, tc / t);
@@ -251,6 +272,122 @@ bool run_shape(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t 
     CK(cudaFree(x));
     CK(cudaFree(w16));
     for (float *p : y) CK(cudaFree(p));
+    CK(cudaFree(yc));
+    return ok;
+}
+
+// ---------------------------------------------------------------------------- the skinny form
+
+template <int Q, int MT>
+void launch_skinny(const uint8_t *w, int64_t N, int64_t K, const __half *x, int64_t M, float *y, int split,
+                   bool tma, cudaStream_t st) {
+    CK(cudaFuncSetAttribute(q16s::gemm_q16_skinny_kernel<Q, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(q16s::smem_bytes<Q, MT>())));
+    CK((q16s::launch<Q, MT>(q16s::make_args<Q>(w, N, K, nullptr, M, y, N, false), x, split, st, tma)));
+}
+
+// The library's tiles of X rows (gemm_q16.cu): 8, 16, 32, 64.
+template <int Q>
+void launch_skinny_any(const uint8_t *w, int64_t N, int64_t K, const __half *x, int64_t M, float *y, int split,
+                       bool tma, cudaStream_t st) {
+    if (M <= 8) launch_skinny<Q, 1>(w, N, K, x, M, y, split, tma, st);
+    else if (M <= 16) launch_skinny<Q, 2>(w, N, K, x, M, y, split, tma, st);
+    else if (M <= 32) launch_skinny<Q, 4>(w, N, K, x, M, y, split, tma, st);
+    else launch_skinny<Q, 8>(w, N, K, x, M, y, split, tma, st);
+}
+
+// M <= 64 rows: the skinny form at every split, checked (every output written, sampled float64
+// errors; with X's rows unit vectors e_c, one product per output: Y[i][j] = W16[j][c_i], the
+// decoded weight exactly), then timed beside cuBLAS on the fp16 weights; the library's split
+// (gemm_q16.cu: pick_split) marked.
+template <int Q>
+bool run_skinny(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng, int sms) {
+    using G = q16::RawGeom<Q>;
+    if (K % G::kElems != 0 || M > q16s::kMaxRows) {
+        std::printf("%-7s M=%lld N=%lld K=%lld: K a multiple of %d and M <= %d\n", type_name(Q), (long long)M,
+                    (long long)N, (long long)K, G::kElems, q16s::kMaxRows);
+        return false;
+    }
+    const int64_t row_bytes = K / G::kElems * G::kBlock;
+    std::vector<uint8_t> hw(size_t(N * row_bytes));
+    fill_blocks<Q>(hw, rng);
+    std::vector<__half> hx(size_t(M * K)), hsel(size_t(M * K), __float2half_rn(0.f));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto &v : hx) v = __float2half_rn(u(rng));
+    std::vector<int64_t> sel(size_t(M), K - 1);  // row i's column (row 0: the last one)
+    for (int64_t i = 1; i < M; ++i) sel[size_t(i)] = (i * 7919 + 13) % (K - 1);
+    for (int64_t i = 0; i < M; ++i) hsel[size_t(i * K + sel[size_t(i)])] = __float2half_rn(1.f);
+    uint8_t *w = nullptr;
+    __half *x = nullptr, *xsel = nullptr, *w16 = nullptr;
+    float *y = nullptr, *yc = nullptr;
+    const size_t ybytes = size_t(M * N) * 4;
+    CK(cudaMalloc(&w, hw.size()));
+    CK(cudaMalloc(&x, hx.size() * 2));
+    CK(cudaMalloc(&xsel, hsel.size() * 2));
+    CK(cudaMalloc(&w16, size_t(N * K) * 2));
+    CK(cudaMalloc(&y, ybytes));
+    CK(cudaMalloc(&yc, ybytes));
+    CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(xsel, hsel.data(), hsel.size() * 2, cudaMemcpyHostToDevice));
+    decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
+    CK(cudaGetLastError());
+    std::vector<__half> hw16(size_t(N * K));
+    CK(cudaMemcpy(hw16.data(), w16, hw16.size() * 2, cudaMemcpyDeviceToHost));
+    cudaStream_t st = nullptr;
+    const int lib_split = q16s::pick_split(q16s::make_args<Q>(w, N, K, nullptr, M, y, N, false), sms);
+    const int supersteps = int((K + q16::kRawCols - 1) / q16::kRawCols);
+    bool ok = true;
+    std::printf("%-7s M=%-5lld N=%-6lld K=%-6lld skinny (library: split %d)\n", type_name(Q), (long long)M,
+                (long long)N, (long long)K, lib_split);
+    std::vector<float> h(size_t(M * N));
+    // the raw blocks by TMA (where the rows allow: Q16Args::tma_raw) and by 16-byte chunks
+    const int copies = q16s::make_args<Q>(w, N, K, nullptr, M, y, N, false).tma_raw ? 2 : 1;
+    for (int cp = 0; cp < copies; ++cp)
+    for (int split = 1; split <= q16s::kMaxSplit && split <= supersteps; split *= 2) {
+        const bool tma = cp == 0;
+        // X's rows unit vectors: one product per output, the decoded weight
+        CK(cudaMemset(y, 0xFF, ybytes));
+        launch_skinny_any<Q>(w, N, K, xsel, M, y, split, tma, st);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t c = 0; c < N; ++c)
+                wrong += h[size_t(i * N + c)] != __half2float(hw16[size_t(c * K + sel[size_t(i)])]);
+        // random rows: written, float64 samples
+        CK(cudaMemset(y, 0xFF, ybytes));
+        launch_skinny_any<Q>(w, N, K, x, M, y, split, tma, st);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        int64_t unwritten = 0;
+        for (float v : h) unwritten += !std::isfinite(v);
+        const double worst = sampled_error(hx, hw16, h, M, N, K);
+        const bool f_ok = unwritten == 0 && wrong == 0 && worst <= 4e-5;
+        std::printf("  skinny %s split=%d check: %s (unwritten %lld, X = e_c outputs not the weight %lld, sampled "
+                    "error %.2g)\n",
+                    tma && copies == 2 ? "tma" : "chunks", split, f_ok ? "ok" : "FAIL", (long long)unwritten,
+                    (long long)wrong, worst);
+        ok &= f_ok;
+    }
+    if (!check_only && ok) {
+        const double flop = 2.0 * double(M) * double(N) * double(K);
+        const float tc = time_cublas(cb, st, 20, w16, x, yc, M, N, K);
+        const double gb = double(N) * double(row_bytes) * 1e-9;
+        for (int cp = 0; cp < copies; ++cp)
+            for (int split = 1; split <= q16s::kMaxSplit && split <= supersteps; split *= 2) {
+                const bool tma = cp == 0;
+                const float t = median_ms(st, 20, [&] { launch_skinny_any<Q>(w, N, K, x, M, y, split, tma, st); });
+                std::printf("  skinny %s split=%d %8.4f ms %7.1f TF/s %6.0f GB/s  %.2fx cache%s\n",
+                            tma && copies == 2 ? "tma" : "chunks", split, t, flop / t * 1e-9, gb / t * 1e3, tc / t,
+                            tma && split == lib_split ? "  <- library" : "");
+            }
+    }
+    CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(xsel));
+    CK(cudaFree(w16));
+    CK(cudaFree(y));
     CK(cudaFree(yc));
     return ok;
 }
@@ -288,6 +425,21 @@ int main(int argc, char **argv) {
     if (!dims.empty()) {   // only the shapes asked for
         for (size_t i = 0; i + 2 < dims.size(); i += 3) {
             const int64_t M = dims[i], N = dims[i + 1], K = dims[i + 2];
+            if (M <= q16s::kMaxRows) {
+                const int sms = p.multiProcessorCount;
+                if (type == "Q4_K") ok &= run_skinny<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng, sms);
+                else if (type == "Q5_K") ok &= run_skinny<PF_QTYPE_Q5_K>(M, N, K, check_only, cb, rng, sms);
+                else if (type == "Q6_K") ok &= run_skinny<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng, sms);
+                else if (type == "Q8_0") ok &= run_skinny<PF_QTYPE_Q8_0>(M, N, K, check_only, cb, rng, sms);
+                else if (type == "Q4_0") ok &= run_skinny<PF_QTYPE_Q4_0>(M, N, K, check_only, cb, rng, sms);
+                else if (type == "IQ4_XS") ok &= run_skinny<PF_QTYPE_IQ4_XS>(M, N, K, check_only, cb, rng, sms);
+                else {
+                    std::fprintf(stderr, "bench_gemm_q16: --type %s (Q4_0 Q8_0 Q4_K Q5_K Q6_K IQ4_XS)\n",
+                                 type.c_str());
+                    return 2;
+                }
+                continue;
+            }
             if (type == "Q4_K") ok &= run_shape<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng);
             else if (type == "Q5_K") ok &= run_shape<PF_QTYPE_Q5_K>(M, N, K, check_only, cb, rng);
             else if (type == "Q6_K") ok &= run_shape<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng);
@@ -313,6 +465,17 @@ int main(int argc, char **argv) {
     // Q4_0 and Q8_0 rows of 16-byte multiples (k % 256 == 0): their raw blocks by TMA
     ok &= run_shape<PF_QTYPE_Q4_0>(700, 300, 2560, true, cb, rng);
     ok &= run_shape<PF_QTYPE_Q8_0>(513, 257, 2304, true, cb, rng);
+    // The skinny form: every type, every row-tile count, ragged n and k (a short last superstep
+    // for the 32-element types; Q6_K and IQ4_XS rows only 2-byte aligned)
+    ok &= run_skinny<PF_QTYPE_Q4_0>(1, 300, 2592, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q8_0>(17, 257, 2592, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q4_K>(33, 300, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q5_K>(64, 129, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q6_K>(7, 200, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q6_K>(50, 136, 768, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_IQ4_XS>(40, 384, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q4_0>(64, 300, 2560, true, cb, rng, p.multiProcessorCount);
+    ok &= run_skinny<PF_QTYPE_Q8_0>(2, 96, 96, true, cb, rng, p.multiProcessorCount);
     // X = I: each output one product, the decoded fp16 weight exactly (every form's operand)
     ok &= run_shape<PF_QTYPE_Q4_0>(544, 136, 544, true, cb, rng, true);
     ok &= run_shape<PF_QTYPE_Q8_0>(288, 130, 288, true, cb, rng, true);

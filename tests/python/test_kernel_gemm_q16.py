@@ -10,6 +10,10 @@ fp16 rows times the blocks dequantized on the chip (kernels/gemm/gemm_q16_kernel
 - fp16 rows with row scales (pf_project_f16x) equal the fp32 path on their twin bit for bit;
   accumulate, strided outputs, activations past the fp16 range, one row (the GEMV).
 - No fp16 copy of the weight is made: the context holds no slab scratch (what streaming needs).
+- Few rows (1..64: gemm_q16_skinny_kernel.cuh, split K over clusters of 1-8 blocks): every type
+  at ragged shapes with every tile count and split (among the ragged shapes above), the operand
+  the cache's bit for bit (X's rows unit vectors), fp16 rows with scales, strided accumulate;
+  every shape the same bits run after run.
 Where the device does not run it (no sm_90a build or not compute capability 9.0) the tests skip,
 with the 8-bit leg's reason (the same sm_90a check)."""
 import numpy as np
@@ -55,11 +59,17 @@ def _k_for(qtype: str, k: int) -> int:
     return k if qtype in ("Q4_0", "Q8_0") else max(256, k // 256 * 256)
 
 
+# Up to 64 rows, the few-rows form (gemm_q16_skinny_kernel.cuh): 1, 2, 4 and 8 tiles of 8 rows; k
+# of 2560 / 5120 / 10240 columns gives its clusters of 2, 4 and 8 blocks (pick_split: 5 supersteps
+# of 256 columns a block at least); n not a multiple of its 128-row weight tile.
+SKINNY_SHAPES = [(2, 200, 512), (7, 130, 96), (8, 130, 2560), (9, 96, 5120), (31, 300, 1056), (33, 136, 10240),
+                 (64, 129, 2304)]
+
+
 @pytest.mark.gpu
 # rows 300: one pair of blocks sharing the decoded weight tile (two 256-row tiles); 600: three row
 # tiles, the last pair's second block past the matrix (it decodes its half and stores nothing).
-@pytest.mark.parametrize("rows,n,k", [(2, 96, 512), (7, 130, 96), (129, 200, 1056), (300, 256, 2560),
-                                      (600, 136, 1056)])
+@pytest.mark.parametrize("rows,n,k", SKINNY_SHAPES + [(129, 200, 1056), (300, 256, 2560), (600, 136, 1056)])
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_blocks_every_type_ragged(bctx, rng, qtype, rows, n, k):
     k = _k_for(qtype, k)
@@ -67,6 +77,7 @@ def test_blocks_every_type_ragged(bctx, rng, qtype, rows, n, k):
     with w:
         x = randn(rng, rows, k)
         got = gemm.project_np(bctx, w, x, leg="f16")
+        assert np.array_equal(got, gemm.project_np(bctx, w, x, leg="f16")), "differs run to run"
         assert_close(f"blocks/{qtype} {rows}x{k}->{n}", _ref(x, w64), got, rtol=F16_BOUND)
         # the same product on the cache, within fp32 accumulation of the same fp16 operands
         gemm.weight_cache_f16(w)
@@ -93,12 +104,13 @@ def test_blocks_operand_is_the_cache_bit_for_bit(bctx, rng, qtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q4_0"])
-def test_blocks_on_fp16_rows_with_scales(bctx, rng, qtype):
+@pytest.mark.parametrize("rows,k", [(37, 512), (12, 5120)])  # the 256-row tiles; the few-rows form, split 4
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
+def test_blocks_on_fp16_rows_with_scales(bctx, rng, qtype, rows, k):
     """pf_project_f16x on an uncached weight (the producers' input form) equals the f16 leg on
     X = x16 * inv bit for bit (the same fp16 rows and scales reach the same kernel), and the
     float64 product with the weight's fp16 within fp32 accumulation."""
-    n, k, rows = 160, _k_for(qtype, 512), 37
+    n, k = 160, _k_for(qtype, k)
     w, _ = make_weight(bctx, rng, qtype, n, k)
     with w:
         w16 = gemm.dequantize_np(bctx, w, f16=True).astype(np.float64)
@@ -166,6 +178,47 @@ def test_blocks_make_no_fp16_copy(rng):
                 sizes[blocks] = c.allocated() - before
     assert sizes[False] >= n * k * 2, sizes
     assert sizes[True] < n * k * 2 // 8, sizes
+
+
+# ----------------------------------------------------------------------------- few rows (skinny)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16, 40])
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_blocks_few_rows_operand_is_the_cache_bit_for_bit(bctx, rng, qtype, rows):
+    """X's rows unit vectors e_c (c random, the last column among them): Y[i][j] = W16[j][c_i]
+    exactly (one product per output, the other partials of the split exactly zero)."""
+    n, k = 136, _k_for(qtype, 5120)
+    w, _ = make_weight(bctx, rng, qtype, n, k)
+    with w:
+        cols = rng.choice(k - 1, size=rows, replace=rows > k - 1)
+        cols[0] = k - 1
+        x16 = np.zeros((rows, k), np.float16)
+        x16[np.arange(rows), cols] = 1.0
+        got = gemm.project_f16x_np(bctx, w, x16, None)
+        gemm.weight_cache_f16(w)
+        w16 = gemm.weight_f16_np(bctx, w)
+        assert np.isfinite(got).all()
+        assert np.array_equal(got, w16[:, cols].astype(np.float32).T), f"{qtype}: not the cache's fp16"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_blocks_few_rows_strided_accumulate(bctx, rng, qtype):
+    """Accumulate into a strided output on the few-rows form: columns past n untouched, float64
+    within fp32 accumulation of the weight's fp16 (the split's partials summed, then added)."""
+    n, k, rows = 260, _k_for(qtype, 5120), 12
+    w, _ = make_weight(bctx, rng, qtype, n, k)
+    with w:
+        w16 = gemm.dequantize_np(bctx, w, f16=True).astype(np.float64)
+        x = np.clip(rng.standard_normal((rows, k)), -8, 8).astype(np.float16).astype(np.float32)
+        y0 = np.full((rows, n + 5), 777.0, np.float32)
+        y0[:, :n] = randn(rng, rows, n)
+        acc = gemm.project_np(bctx, w, x, leg="f16", accumulate=True, y=y0)
+        assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
+        want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w16.T
+        assert_close(f"few rows accumulate/{qtype}", want, acc[:, :n], rtol=F32_BOUND)
 
 
 # ----------------------------------------------------------------------------- whole models

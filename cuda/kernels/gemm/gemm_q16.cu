@@ -5,14 +5,43 @@
 
 #include "kernels/dequant/quant.cuh"
 #include "kernels/gemm/gemm_q16_kernel.cuh"
+#include "kernels/gemm/gemm_q16_skinny_kernel.cuh"
 #include "plan/qtype.h"
 #include "ptx/common.cuh"
 
 namespace pf {
 namespace {
 
+// Few rows (<= q16s::kMaxRows) of blocks that start 16-byte aligned: the skinny form, bound by
+// reading the blocks (gemm_q16_skinny_kernel.cuh), MT tiles of 8 rows of X, split K over clusters
+// (pick_split).
+template <int Q, int MT>
+pf_status launch_skinny(const Q16Gemm &g, cudaStream_t st) {
+    const q16::Q16Args a = q16s::make_args<Q>(g.blocks, g.n, g.k, g.inv, g.rows, g.y.ptr, g.y.ld, g.accumulate);
+    PF_TRY(set_max_dynamic_smem(q16s::gemm_q16_skinny_kernel<Q, MT>, int(q16s::smem_bytes<Q, MT>()),
+                                "gemm_q16_skinny_kernel"));
+    int sms = 0;
+    PF_TRY(device_sm_count(&sms));
+    const int split = q16s::pick_split(a, sms);
+    if (int64_t(a.n_tiles) * split > kMaxGridX)
+        return fail(PF_STATUS_UNSUPPORTED, "gemm_q16: %d weight tiles exceed one grid", a.n_tiles);
+    const cudaError_t e = q16s::launch<Q, MT>(a, g.x16, split, st);
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gemm_q16_skinny_kernel<%s, %d> (%lld x %lld x %lld, split %d)",
+                           pf_qtype_name(Q), MT, (long long)g.rows, (long long)g.n, (long long)g.k, split);
+    return PF_STATUS_OK;
+}
+
 template <int Q>
 pf_status launch(const Q16Gemm &g, cudaStream_t st) {
+    // Few rows: 8, 16, 32 or 64 rows of X a block (rows 33-64 in one form: at most 3 of 8 tiles of
+    // zeros); blocks off a 16-byte boundary (its chunk copies' premise) take the 256-row tiles.
+    if (reinterpret_cast<uintptr_t>(g.blocks) % 16 == 0) {
+        if (g.rows <= 8) return launch_skinny<Q, 1>(g, st);
+        if (g.rows <= 16) return launch_skinny<Q, 2>(g, st);
+        if (g.rows <= 32) return launch_skinny<Q, 4>(g, st);
+        if (g.rows <= q16s::kMaxRows) return launch_skinny<Q, 8>(g, st);
+    }
     CUtensorMap tm_x;
     const CUresult r = hopper::encode_fp16_sw128(&tm_x, g.x16, g.k, g.rows, q16::kBM);
     if (r != CUDA_SUCCESS)

@@ -1,6 +1,7 @@
 // gemm_q16.cuh — the f16 leg's GEMM on a weight's GGUF blocks (the weight form F16Blocks,
 // plan/route.h): the f16 leg's fp16 input rows times the blocks dequantized on the chip to the
-// fp16 of the prewarm's cache, fp32 out (gemm_q16_kernel.cuh has the kernel and its design).
+// fp16 of the prewarm's cache, fp32 out (gemm_q16_kernel.cuh has the kernel and its design; up to
+// 64 rows, gemm_q16_skinny_kernel.cuh's form bound by reading the blocks).
 #pragma once
 
 #include <cuda_fp16.h>

@@ -43,7 +43,7 @@ struct Q16Args {
     int32_t accumulate;
     int32_t copy16;      // every raw segment 16-byte aligned and long: 16-byte copies
     int32_t y_vec2;      // y and ldy allow float2 stores
-    int32_t tma_raw;     // rows and supersteps 16-byte aligned: gemm_q16_kernel copies them by TMA
+    int32_t tma_raw;     // rows and supersteps 16-byte aligned: gemm_q16_kernel (and the skinny form) copy them by TMA
 };
 
 // A kernel's arguments for y [rows][ldy] (+)= x16 . W^T (then times inv[row] where inv is not
