@@ -1,14 +1,15 @@
 """Benchmarks on a GPU: one GGUF's prefill tokens/s, or the kernel and whole-model suites.
 
     pyprefill bench FILE [-p 512,2048,8192] [--gemm auto] [--chunk N] [--peer hf|none]
-                         [--json] [--plot FILE.png] [--memory-budget GIB ...]
+                         [--json] [--plot FILE.png] [--memory-budget GIB ...] [--decode N]
     pyprefill bench kernels|model|all [--out DIR] [--quick] [--lengths 512,2048,8192]
                          [--models qwen35-4b,qwen3-4b] [--gemm f16,f32] [--plot FILE.png]
     pyprefill bench batch [--models ...] [--steps 2048] [--peer hf|none] [--quick]
     pyprefill bench cache [--models ...] [--quick]
 
 FILE: prefill tokens/s of one GGUF as a llama-bench style table (test "pp512", t/s ± std),
-with the HF transformers peer alongside when torch and transformers are importable. Suites:
+with the HF transformers peer alongside when torch and transformers are importable; --decode N
+adds N greedy decode steps after each prompt (test "tg<N> @ d<prompt>"). Suites:
 kernels (the gemm, rows, gdn and attention families, each next to its peer) and whole-model
 prefill on synthetic GGUFs of real shapes; batch (many prompts in one batch against the same
 prompts one call each and HF transformers batched with padding; decode steps of 64 sessions
@@ -135,6 +136,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int_in(1), default=7, help="timed batches per kernel (median)")
     p.add_argument("--model-reps", type=int_in(1), default=5,
                    help="timed prefills per model and length")
+    p.add_argument("--decode", type=int_in(0), default=0, metavar="N",
+                   help="model suite and FILE: after each prompt, N greedy decode steps timed as "
+                        "well (a row per leg and length, llama-bench's tg<N>; default 0: none)")
     p.add_argument("--steps", nargs="+", metavar="N",
                    type=int_list(1, noun="step sizes", what="a step size"),
                    help=f"batch suite: the batch's step sizes in tokens (default {DEFAULT_STEP_TOKENS})")
@@ -184,6 +188,9 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
                                      list(BATCH_MODELS) if a.suite == "batch" else
                                      list(CACHE_MODELS) if a.suite == "cache" else list(MODELS))
     a.steps = flatten(a.steps) or [DEFAULT_STEP_TOKENS]
+    if a.decode and a.suite in ("kernels", "batch", "cache"):
+        raise UsageError(f"--decode times a whole model's decode steps: the model suite and FILE, "
+                         f"not the {a.suite} suite")
     if a.suite != "kernels" and any(g.split("/")[0] == "blocks" for g in a.gemm):
         raise UsageError("--gemm blocks: the kernel suite's f16 leg on the GGUF blocks; whole models take "
                          "LEG/blocks (e.g. auto/blocks)")
@@ -287,7 +294,7 @@ def run_suites(a) -> int:
             extra = rec.guard("model", model.run, rec, torch, models=a.models, lengths=a.lengths,
                               legs=a.gemm, chunk=a.chunk, reps=a.model_reps, peer=a.peer,
                               mix=a.mix, gguf_dir=a.gguf_dir, peak_tflops=peak,
-                              budgets=a.memory_budget) or {}
+                              budgets=a.memory_budget, decode=a.decode) or {}
         res = {**extra, "rows": rec.rows[r0:], "skipped": rec.skipped[s0:], "meta": m,
                "wall_s": time.perf_counter() - t0, "args": _settings(a)}
         if part == "kernels":
@@ -318,7 +325,7 @@ def run_file(a) -> int:
     peak = rec.guard("roofline (torch fp16 peak)", gemm.fp16_peak_tflops, torch) if torch else None
     rows = model.bench_gguf(rec, a.target, Path(a.target).stem, a.lengths, a.gemm, chunk=a.chunk,
                             reps=a.model_reps, peer=a.peer, torch=torch, peak_tflops=peak,
-                            budgets=a.memory_budget)
+                            budgets=a.memory_budget, decode=a.decode)
     res = {"rows": rows, "skipped": rec.skipped, "peak_fp16_tflops": peak, "meta": meta(torch),
            "args": _settings(a)}
     table = report.llama_table(rows)

@@ -155,6 +155,24 @@ def _row(label: str, impl: str, T: int, t: dict | None = None, **extra) -> dict:
     return row
 
 
+def _decode_times(s, ids, n: int, ctx, reps: int) -> dict:
+    """Milliseconds of n greedy decode steps (Session.generate) after a prompt, the prompt's
+    prefill untimed before each call (measure's setup), the same prompts as the prefill's."""
+    def setup(i):
+        s.reset()
+        s.prefill(ids[i % len(ids)], "none")
+    return measure(lambda i: s.generate(n), HostClock(ctx.synchronize), reps=reps, warmup=1,
+                   max_calls=1, setup=setup)
+
+
+def _decode_row(label: str, impl: str, T: int, n: int, t: dict, **extra) -> dict:
+    """A decode row: T the prompt's length, tok_s n decoded tokens over each call's time."""
+    rates = [n / (ms * 1e-3) for ms in t["reps_ms"]]
+    return {"model": label, "impl": impl, "T": T, "decode_tokens": n, **extra, **t,
+            "ms_per_token": t["median_ms"] / n, "tok_s": n / (t["median_ms"] * 1e-3),
+            "tok_s_std": float(np.std(rates, ddof=1)) if len(rates) > 1 else 0.0}
+
+
 def _say(rec, row: dict) -> None:
     mem = row.get("allocated_bytes")
     rec.say(f"  {row['model']:24s} {row['impl']:18s} T={row['T']:<6d} {row['median_ms']:9.2f} ms "
@@ -195,9 +213,11 @@ def split_leg(leg: str) -> tuple[str, dict, bool]:
 
 
 def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: int,
-               rng, budget_gib: float = 0) -> list[dict]:
+               rng, budget_gib: float = 0, decode: int = 0) -> list[dict]:
     """budget_gib > 0: on a context with that memory budget (a smaller card: the prewarm caches
-    what fits and the rest streams); its rows' impl ends with " @<budget>GiB"."""
+    what fits and the rest streams); its rows' impl ends with " @<budget>GiB". decode > 0: after
+    each length's prefill row, a row of `decode` greedy steps after a prompt of that length
+    (impl "ours LEG tg<decode>", tok_s the decoded tokens a second)."""
     from ..core import Context
     from ..model import Model
     # "LEG/blocks" runs on a model loaded without fp16 caches (the f16 leg reads the GGUF blocks);
@@ -205,9 +225,9 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
     blocks = [g for g in legs if "blocks" in g.split("/")[1:]]
     if blocks and len(blocks) < len(legs):
         return (bench_ours(rec, path, label, lengths, [g for g in legs if g not in blocks], chunk=chunk,
-                           reps=reps, rng=rng, budget_gib=budget_gib) +
+                           reps=reps, rng=rng, budget_gib=budget_gib, decode=decode) +
                 bench_ours(rec, path, label, lengths, blocks, chunk=chunk, reps=reps, rng=rng,
-                           budget_gib=budget_gib))
+                           budget_gib=budget_gib, decode=decode))
     rows: list[dict] = []
     bases = [split_leg(g)[0] for g in legs]
     at = f" @{budget_gib:g}GiB" if budget_gib else ""
@@ -245,7 +265,7 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                     try:
                         base_leg, tuning, graphs = split_leg(leg)
                         t_session = time.perf_counter()
-                        with model.session(max_tokens=T, chunk=min(chunk, T), gemm=base_leg,
+                        with model.session(max_tokens=T + decode, chunk=min(chunk, T), gemm=base_leg,
                                            graphs=graphs, tuning=tuning) as s:
                             # creation, with the GEMM choices the process times for new shapes
                             session_ms = (time.perf_counter() - t_session) * 1e3
@@ -260,10 +280,17 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                             if not np.isfinite(logits["last"]).all():
                                 raise RuntimeError("non-finite logits")
                             free1, _ = ctx.memory()
-                        row = _row(label, f"ours {leg}{at}", T, t, **base,
-                                   allocated_bytes=ctx.allocated(), device_used_bytes=free0 - free1,
-                                   session_ms=session_ms)
-                        _say(rec, row)
+                            row = _row(label, f"ours {leg}{at}", T, t, **base,
+                                       allocated_bytes=ctx.allocated(), device_used_bytes=free0 - free1,
+                                       session_ms=session_ms)
+                            _say(rec, row)
+                            if decode:   # its own row and its own error: the prefill row stands
+                                rows.append(row)
+                                row = _row(label, f"ours {leg} tg{decode}{at}", T, **base, decode_tokens=decode)
+                                td = _decode_times(s, ids, decode, ctx, reps)
+                                row = _decode_row(label, row["impl"], T, decode, td, **base,
+                                                  allocated_bytes=ctx.allocated())
+                                _say(rec, row)
                     except Exception as exc:   # noqa: BLE001
                         row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
                         rec.skip(f"ours {label} {leg}{at} T={T}", row["error"])
@@ -317,7 +344,7 @@ def bench_hf(rec, torch, path: str, label: str, lengths, *, reps: int, rng) -> l
 
 def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = DEFAULT_STEP_TOKENS, reps: int = 5,
                peer: str = "hf", torch=None, peak_tflops: float | None = None,
-               seed: int = 99, budgets=()) -> list[dict]:
+               seed: int = 99, budgets=(), decode: int = 0) -> list[dict]:
     """Ours on each leg, then the HF peer, on one GGUF; every row carries the file's size and
     parameter counts, the roofline, % of it, and ours / HF at the same length. budgets: memory
     budgets in GiB to run ours under as well (each row's vs_unbudgeted: its tok/s over the same
@@ -326,9 +353,10 @@ def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = DEFAUL
     desc = load_model_desc(path)
     params, non_embd = param_counts(desc)
     roof = peak_tflops * 1e12 / (2 * non_embd) if peak_tflops else None
-    rows = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng)
+    rows = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng, decode=decode)
     for b in budgets or ():
-        more = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng, budget_gib=b)
+        more = bench_ours(rec, path, label, lengths, legs, chunk=chunk, reps=reps, rng=rng, budget_gib=b,
+                          decode=decode)
         for r in more:
             free = next((x for x in rows if x["T"] == r["T"] and x.get("tok_s")
                          and x["impl"] == r["impl"].rsplit(" @", 1)[0]), None)
@@ -345,6 +373,8 @@ def bench_gguf(rec, path: str, label: str, lengths, legs, *, chunk: int = DEFAUL
     for r in rows + hf:
         r.update(arch=desc.arch, size_bytes=os.path.getsize(path), params=params,
                  non_embedding_params=non_embd, roofline_tok_s=roof)
+        if "decode_tokens" in r:   # decode steps: no prefill roofline, no prefill peer
+            continue
         if roof and r.get("tok_s"):
             r["pct_roofline"] = 100 * r["tok_s"] / roof
         if r["impl"].startswith("ours") and r.get("tok_s") and r["T"] in by_T:
@@ -392,7 +422,7 @@ def loaded_models(rec, models, mix: str, gguf_dir: str | None):
 
 
 def run(rec, torch, *, models, lengths, legs, chunk: int, reps: int, peer: str, mix: str = "q4_k_m",
-        gguf_dir: str | None = None, peak_tflops: float | None = None, budgets=()) -> dict:
+        gguf_dir: str | None = None, peak_tflops: float | None = None, budgets=(), decode: int = 0) -> dict:
     """The model suite: each preset's synthetic GGUF through bench_gguf."""
     from . import gemm
     if peak_tflops is None and torch is not None:
@@ -402,5 +432,6 @@ def run(rec, torch, *, models, lengths, legs, chunk: int, reps: int, peer: str, 
                          gguf_dir or tempfile.gettempdir())
         if path is not None:
             rec.rows += bench_gguf(rec, path, preset, lengths, legs, chunk=chunk, reps=reps,
-                                   peer=peer, torch=torch, peak_tflops=peak_tflops, budgets=budgets)
+                                   peer=peer, torch=torch, peak_tflops=peak_tflops, budgets=budgets,
+                                   decode=decode)
     return {"peak_fp16_tflops": peak_tflops}

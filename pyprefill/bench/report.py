@@ -59,8 +59,9 @@ def _rate(r: dict) -> str:
 
 
 def llama_table(rows: list[dict]) -> str:
-    """llama-bench's layout: one line per (our leg, prompt length), test "pp<T>", t/s ± std; the
-    HF peer's t/s and ours / HF alongside when the rows hold a peer."""
+    """llama-bench's layout: one line per (our leg, prompt length), test "pp<T>" (decode rows:
+    "tg<N> @ d<T>"), t/s ± std; the HF peer's t/s and ours / HF alongside when the rows hold a
+    peer (prefill rows)."""
     ours = [r for r in rows if r["impl"].startswith("ours")]
     peers = {(r["model"], r["T"]): r for r in rows if not r["impl"].startswith("ours")}
     head = ["model", "size", "params", "backend", "test", "t/s"]
@@ -71,11 +72,13 @@ def llama_table(rows: list[dict]) -> str:
         align += ["---:", "---:"]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     for r in ours:
+        decode = r.get("decode_tokens")   # llama-bench's "tg<N> @ d<depth>": N steps after T tokens
         cells = [r["model"], _f(r.get("size_bytes") and r["size_bytes"] / 2**30, "{:.2f} GiB"),
                  _f(r.get("params") and r["params"] / 1e9, "{:.2f} B"),
-                 f"CUDA pyprefill {r['impl'].removeprefix('ours ')}", f"pp{r['T']}", _rate(r)]
+                 f"CUDA pyprefill {r['impl'].removeprefix('ours ')}",
+                 f"tg{decode} @ d{r['T']}" if decode else f"pp{r['T']}", _rate(r)]
         if peers:
-            p = peers.get((r["model"], r["T"]))
+            p = None if decode else peers.get((r["model"], r["T"]))
             cells += [_rate(p) if p else "", _f(r.get("ratio_vs_hf"), "{:.2f}")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -118,6 +118,7 @@ def test_leg_variants_name_their_tuning():
     (["all", "--out", "FILE/sub"], "is not a directory"),
     (["model", "--gguf-dir", "FILE"], "--gguf-dir: FILE exists and is not a directory"),
     (["model", "--plot", "DIR"], "--plot: DIR is a directory"),
+    (["kernels", "--decode", "16"], "--decode times a whole model's decode steps"),
 ])
 def test_usage_errors(argv, words, tmp_path, capsys):
     """An option that does not apply to the mode, or an output that cannot be written: exit 2 and

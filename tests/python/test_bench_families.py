@@ -140,8 +140,9 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
 
 
 class FakeSession:
-    def __init__(self, n_vocab):
-        self.n_vocab, self.resets = n_vocab, 0
+    def __init__(self, n_vocab, max_tokens=None):
+        self.n_vocab, self.resets, self.max_tokens, self.pos = n_vocab, 0, max_tokens, 0
+        self.generated = []
 
     def __enter__(self):
         return self
@@ -151,10 +152,20 @@ class FakeSession:
 
     def reset(self):
         self.resets += 1
+        self.pos = 0
 
-    def prefill(self, ids):
+    def prefill(self, ids, logits="last"):
         assert ids.dtype == np.int32 and 0 <= ids.min() and ids.max() < self.n_vocab
-        return np.ones(self.n_vocab, np.float32)
+        self.pos += len(ids)
+        assert self.max_tokens is None or self.pos <= self.max_tokens
+        return np.ones(self.n_vocab, np.float32) if logits == "last" else None
+
+    def generate(self, n):
+        assert self.pos > 0, "generate needs a prior prefill"
+        self.pos += n
+        assert self.max_tokens is None or self.pos <= self.max_tokens, (self.pos, self.max_tokens)
+        self.generated.append(n)
+        return np.zeros(n, np.int32)
 
 
 class FakeModel:
@@ -174,7 +185,8 @@ class FakeModel:
             raise UnsupportedError("the int8 leg is reserved")
         from pyprefill import tuning as T
         T.new(tuning)                             # the field names and values must be valid
-        return FakeSession(self.n_vocab)
+        self.last_session = FakeSession(self.n_vocab, max_tokens)
+        return self.last_session
 
     def __enter__(self):
         return self
@@ -245,6 +257,32 @@ def test_whole_model_rows_on_a_fake_device(monkeypatch):
     assert [s["what"] for s in rec.skipped] == ["ours tiny int8 T=16", "ours tiny int8 T=32"]
     table = report.llama_table(rows)
     assert "| tiny |" in table and "| pp32 |" in table and "error: UnsupportedError" in table
+
+
+def test_decode_rows_on_a_fake_device(monkeypatch):
+    """--decode N: after each length's prefill row, a row of N greedy steps after a prompt of that
+    length (the session sized for both, the prompt prefilled untimed before each call), tok_s the
+    decoded tokens a second, no prefill roofline or HF ratio; llama-bench's "tg<N> @ d<T>"."""
+    import os
+
+    import pyprefill.core
+    import pyprefill.model
+    from pyprefill.bench import model, report
+    monkeypatch.setattr(pyprefill.core, "Context", FakeContext)
+    monkeypatch.setattr(pyprefill.model, "Model", FakeModel)
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_tiny.f32.gguf")
+    rows = model.bench_gguf(_common.Recorder(), path, "tiny", [16, 32], ["f16"], reps=2, peer="none",
+                            peak_tflops=1.0, decode=8)
+    assert [(r["impl"], r["T"]) for r in rows] == [("ours f16", 16), ("ours f16 tg8", 16),
+                                                  ("ours f16", 32), ("ours f16 tg8", 32)]
+    for r in rows[1::2]:
+        assert r["decode_tokens"] == 8 and len(r["reps_ms"]) == 2
+        assert r["tok_s"] == pytest.approx(8 / (r["median_ms"] * 1e-3))
+        assert r["ms_per_token"] == pytest.approx(r["median_ms"] / 8)
+        assert "pct_roofline" not in r and "ratio_vs_hf" not in r and "error" not in r
+    assert "pct_roofline" in rows[0]
+    table = report.llama_table(rows)
+    assert "| tg8 @ d32 |" in table and "| pp32 |" in table
 
 
 def test_leg_variant_tuning_reaches_the_session(monkeypatch):
