@@ -58,8 +58,8 @@ constexpr int kMaxSplit = 8;            // blocks per cluster (the portable limi
 constexpr int kStageBudget = 110 * 1024; // the stages' bytes a block aims for: two blocks an SM (of 228 KiB)
 
 // A row's raw slot: its superstep's bytes from a 16-byte boundary at any even offset o < 16
-// (copied as whole 16-byte chunks), and the 12 bytes the decoders may read past the end, in
-// 16-byte units.
+// (copied by the 16-byte chunks that cover them), and the 12 bytes the decoders may read past the
+// end, in 16-byte units.
 template <int Q>
 constexpr int kSlot = (RawGeom<Q>::kBytes + 14 + 12 + 15) / 16 * 16;
 template <int Q>
@@ -305,8 +305,8 @@ inline Q16Args make_args(const void *blocks, int64_t n, int64_t k, const float *
 // leave every block at least 5 supersteps (its pipeline's prologue and the cluster's sum are a
 // block's fixed costs) and at most 5 blocks an SM. bench_gemm_q16 on the H200 (session 39, Q4_K,
 // M = 1 / 16 / 64 at the qwen35-4b and 27B shapes, 1 / 2 / 4 / 8 timed): the fastest split, or
-// within 3% of it, at every shape; Q6_K at 2560 x 9216 ran 0.84-0.88x of its fastest (8, where
-// this picks 4) at M = 1 and 16.
+// within 3% of it, at 14 of the 15 (5120 x 17408 at 64 rows: 8, 4% behind 2); Q6_K at 2560 x 9216
+// ran 0.85-0.88x of its fastest (8, where this picks 4) at M = 1 and 16.
 inline int pick_split(const Q16Args &a, int sms) {
     const int64_t supersteps = (a.k + kRawCols - 1) / kRawCols;
     int s = 1;
