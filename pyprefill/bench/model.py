@@ -146,11 +146,13 @@ def _prewarm_line(label: str, base: dict) -> str:
 
 # ------------------------------------------------------------------------------------ timing
 
-def _row(label: str, impl: str, T: int, t: dict | None = None, **extra) -> dict:
+def _row(label: str, impl: str, T: int, t: dict | None = None, *, tokens: int | None = None, **extra) -> dict:
+    """A row of `impl` at prompt length T; with timings t, tok_s = `tokens` (default T) a second."""
     row = {"model": label, "impl": impl, "T": T, **extra}
     if t is not None:
-        rates = [T / (ms * 1e-3) for ms in t["reps_ms"]]
-        row.update(t, tok_s=T / (t["median_ms"] * 1e-3),
+        n = T if tokens is None else tokens
+        rates = [n / (ms * 1e-3) for ms in t["reps_ms"]]
+        row.update(t, tok_s=n / (t["median_ms"] * 1e-3),
                    tok_s_std=float(np.std(rates, ddof=1)) if len(rates) > 1 else 0.0)
     return row
 
@@ -164,13 +166,6 @@ def _decode_times(s, ids, n: int, ctx, reps: int) -> dict:
     return measure(lambda i: s.generate(n), HostClock(ctx.synchronize), reps=reps, warmup=1,
                    max_calls=1, setup=setup)
 
-
-def _decode_row(label: str, impl: str, T: int, n: int, t: dict, **extra) -> dict:
-    """A decode row: T the prompt's length, tok_s n decoded tokens over each call's time."""
-    rates = [n / (ms * 1e-3) for ms in t["reps_ms"]]
-    return {"model": label, "impl": impl, "T": T, "decode_tokens": n, **extra, **t,
-            "ms_per_token": t["median_ms"] / n, "tok_s": n / (t["median_ms"] * 1e-3),
-            "tok_s_std": float(np.std(rates, ddof=1)) if len(rates) > 1 else 0.0}
 
 
 def _say(rec, row: dict) -> None:
@@ -286,10 +281,11 @@ def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: i
                             _say(rec, row)
                             if decode:   # its own row and its own error: the prefill row stands
                                 rows.append(row)
-                                row = _row(label, f"ours {leg} tg{decode}{at}", T, **base, decode_tokens=decode)
+                                impl = f"ours {leg} tg{decode}{at}"
+                                row = _row(label, impl, T, **base, decode_tokens=decode)
                                 td = _decode_times(s, ids, decode, ctx, reps)
-                                row = _decode_row(label, row["impl"], T, decode, td, **base,
-                                                  allocated_bytes=ctx.allocated())
+                                row = _row(label, impl, T, td, tokens=decode, **base, decode_tokens=decode,
+                                           ms_per_token=td["median_ms"] / decode, allocated_bytes=ctx.allocated())
                                 _say(rec, row)
                     except Exception as exc:   # noqa: BLE001
                         row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
