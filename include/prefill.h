@@ -69,7 +69,10 @@
  * pf_session_options.own_executor and snapshot_* at its end; pf_context_options.memory_budget_bytes
  * and pf_prewarm_report.partial at their ends. Version 0.6 adds PF_STATUS_FORMAT_ERROR for the
  * faults of a GGUF's contents, which were IO_ERROR (IO_ERROR keeps those of reading the file;
- * a non-regular file is refused before it is opened, so a FIFO no longer blocks the call).
+ * a non-regular file is refused before it is opened, so a FIFO no longer blocks the call), and
+ * the tuning fields gemm_blocks and gemm_blocks_slab_rows at the end of pf_tuning (inside
+ * pf_model_options and pf_session_options: callers built against an earlier 0.6 header get
+ * ABI_MISMATCH from their _init until rebuilt).
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -236,6 +239,14 @@ typedef struct pf_tuning {
                                   dequantized per call; PF_GEMM_AUTO then runs such a matrix on the
                                   f16 leg. The weight operand is the cache's fp16 bit for bit, the
                                   products within the f16 leg's tolerance */
+    int32_t gemm_blocks_slab_rows; /* under gemm_blocks: from this many rows of a call on, the
+                                  matrix's blocks are dequantized per call into an fp16 slab (the
+                                  prewarm's kernel and bits) and the cache's GEMM runs on it, which
+                                  is faster there than the GEMM on the blocks; the weight stays at
+                                  its file's size, the slab is scratch of the largest matrix (at
+                                  most 512 MiB). 0 = default (65, measured on the H200), -1 =
+                                  never, else N >= 2. Products equal the cache's GEMM on the same
+                                  shape and algorithm bit for bit */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it

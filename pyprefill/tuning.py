@@ -22,6 +22,7 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     prewarm_fail_piece int (testing: piece N, 1-based, fails to allocate)
     varlen             bool                         a batch step's GDN layers as one launch each
     gemm_blocks        bool                         the f16 leg reads an uncached matrix's GGUF blocks
+    gemm_blocks_slab_rows int (>= 2) or "never"     ... as per-call fp16 slabs from this many rows on
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ _ENUMS = {
 _SWITCHES = ("fuse_groups", "f16_producers", "fuse_qk_rope", "fuse_conv_norm", "gdn_pdl", "varlen",
              "gemm_blocks")
 _INTS = {"gdn_subpass_rows": {"one-pass": -1}, "prewarm_piece_bytes": {"one-allocation": -1},
-         "prewarm_fail_piece": {}}
+         "prewarm_fail_piece": {}, "gemm_blocks_slab_rows": {"never": -1}}
 FIELDS = (*_ENUMS, *_SWITCHES, *_INTS)
 
 

@@ -18,5 +18,13 @@ constexpr int32_t kDefaultCapacity = 4096;
 constexpr int32_t kDefaultStepRows = 2048;
 // A batch's max_tokens = 0: the token ids of this many full steps per call.
 constexpr int32_t kDefaultBatchSteps = 8;
+// The blocks leg (tuning gemm_blocks): from this many rows of a call on, a matrix's blocks are
+// dequantized into an fp16 slab per call and the cache's GEMM runs on it; below, the GEMM on the
+// blocks runs its few-rows form (up to 64 rows). Measured on the H200 (NOTES.md, session 40: the
+// kernel suite at 128-8192 rows, qwen35-4b shapes): the slabs beat the GEMM on the blocks at
+// every shape and type from 128 rows but attn_qkv Q4_K at 512 (0.0554 against 0.0506 ms), and
+// the 256-row tiles that 65-127 rows would take run as slowly as at 128. tuning.gemm_blocks_slab_rows
+// overrides.
+constexpr int64_t kBlocksSlabRows = 65;
 
 }  // namespace pf

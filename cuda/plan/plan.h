@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 
 #include "prefill.h"
@@ -120,7 +121,14 @@ struct ExecPlan {
     // The f16 leg on a matrix without an fp16 copy reads its GGUF blocks (tuning.gemm_blocks, where
     // the device runs that GEMM: model_exec_plan asks), the weight form F16Blocks (plan/route.h).
     bool gemm_blocks = false;
+    // Under gemm_blocks, calls of at least this many rows dequantize the blocks into an fp16 slab
+    // and run the cache's GEMM on it (tuning.gemm_blocks_slab_rows resolved: blocks_slab_rows()).
+    int64_t blocks_slab_rows = INT64_MAX;
 };
+
+// The rows from which the blocks leg runs per-call fp16 slabs (tuning.gemm_blocks_slab_rows: 0 =
+// kBlocksSlabRows, -1 = never: INT64_MAX).
+int64_t blocks_slab_rows(const pf_tuning &t);
 
 // The plan of a session with `leg` (PF_GEMM_DEFAULT = the process default), `tuning` (already
 // merged over the model's and the context's) and its options' attention path, KV dtype and graphs.

@@ -47,10 +47,23 @@ pf_status plan_gemms(Executor *e) {
                 const __half *whole = r.weight == WeightForm::F16Cache ? w->f16
                                       : r.weight == WeightForm::F16    ? static_cast<const __half *>(w->data)
                                                                        : nullptr;
-                if (!whole) return PF_STATUS_OK;  // not the f16 leg, or its slabs
                 GemmTuneJob j;
                 j.shape = GemmShape{w->n, T, w->k, ldy, g.accumulate};
                 j.w = whole;
+                if (r.weight == WeightForm::F16Blocks && T >= e->plan.blocks_slab_rows) {
+                    // The blocks' per-call slabs (project_blocks_slabs): timed on the slab scratch
+                    // (reserved above; its contents do not matter for the timing), each slab shape.
+                    const int64_t slab = weight_slab_rows(w->n, w->k, sizeof(__half));
+                    j.w = static_cast<const __half *>(e->w16.ptr);
+                    j.shape.n = std::min(slab, w->n);
+                    jobs.push_back(j);
+                    if (w->n % slab != 0 && w->n > slab) {
+                        j.shape.n = w->n % slab;
+                        jobs.push_back(j);
+                    }
+                    return PF_STATUS_OK;
+                }
+                if (!whole) return PF_STATUS_OK;  // not the f16 leg, or its streaming slabs
                 jobs.push_back(j);
                 return PF_STATUS_OK;
             }));
@@ -252,7 +265,7 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_
     auto grow = [&](const pf_weight *w, int64_t r) {
         ProjRoute route;
         PF_TRY(step_route(plan, w, &route));
-        const ProjScratchBytes b = project_scratch_bytes(route, w, r);
+        const ProjScratchBytes b = project_scratch_bytes(route, w, r, plan.blocks_slab_rows);
         need.w32 = std::max(need.w32, b.w32);
         need.w16 = std::max(need.w16, b.w16);
         need.x16 = std::max(need.x16, b.x16);

@@ -23,6 +23,7 @@ ProjEnv step_env(Executor *e) {
     p.w32 = &e->w32;
     p.w16 = &e->w16;
     p.x16 = &e->x16;
+    p.blocks_slab_rows = e->plan.blocks_slab_rows;
     return p;
 }
 

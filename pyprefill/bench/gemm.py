@@ -6,7 +6,9 @@ gate|up and ffn_down (qwen35-4b; `--shapes` picks another). With the 8-bit leg, 
 `_scaled_mm` (row-wise scales) and int8 `_int_mm` run beside it as its GEMM peers (operands
 already 8-bit: no quantization in their time; ours includes the activations' quantization).
 With the blocks leg (`--gemm blocks`: the f16 leg on the GGUF blocks, no fp16 cache), each matrix
-type of the Q4_K_M mix (BLOCK_MIX) runs on fp16 x beside cuBLAS on the cache, and torch's W4A16
+type of the Q4_K_M mix (BLOCK_MIX) runs on fp16 x beside cuBLAS on the cache (the leg's default,
+then its two forms forced: "on chip", the GEMM on the blocks, and "slabs", per-call fp16 slabs
+and cuBLAS: gemm_blocks_slab_rows), and torch's W4A16
 GEMM (`torch._weight_int4pack_mm`: int4 weights in groups of 32, bf16 x) as the peer of its kind
 where the GPU image's torch runs it (the row's note says which call form ran, or why none did).
 Lengths 1, 16, 64 take the GEMV and small-GEMM routes (`-p 1 16 64 512 2048 8192`)."""
@@ -35,8 +37,8 @@ def _cache_f16(w):
     K.weight_cache_f16(w)
 
 
-def _set_blocks(ctx, on: bool):
-    ctx.set_tuning(gemm_blocks=True if on else None)
+def _set_blocks(ctx, on: bool, slab_rows=None):
+    ctx.set_tuning(gemm_blocks=True if on else None, gemm_blocks_slab_rows=slab_rows if on else None)
 
 
 def _cache_i8(w):
@@ -137,10 +139,19 @@ def projection(b, name: str, T: int, n: int, k: int, legs) -> None:
             for qt in BLOCK_MIX:
                 bws = [b.weight(qt, n, k) for _ in range(sets)]   # never cached
                 label = "ours blocks, fp16 x" if qt == "Q4_K" else f"ours blocks {qt}, fp16 x"
-                t = b.time_ours(lambda i: _project_f16x(b.ctx, bws[i % sets], View(x16, (i % sets) * T * k),
-                                                        View(inv), View(ys.buf, ys.off(i), n), T), reps=b.reps)
+                def f16x(i):
+                    _project_f16x(b.ctx, bws[i % sets], View(x16, (i % sets) * T * k), View(inv),
+                                  View(ys.buf, ys.off(i), n), T)
+                t = b.time_ours(f16x, reps=b.reps)
                 b.add(op, T, label, t, flops=flops, peer=peer,
                       note=f"{qt} {n}x{k} read as blocks, fp16 x, fp32 y", sets=sets)
+                if T > 1:   # the two forms of the leg either side of its crossover (gemm_blocks_slab_rows)
+                    for form, slab_rows in (("on chip", "never"), ("slabs", 2)):
+                        _set_blocks(b.ctx, True, slab_rows)
+                        t = b.time_ours(f16x, reps=b.reps)
+                        b.add(op, T, label.replace("blocks", f"blocks {form}"), t, flops=flops, peer=peer,
+                              note=f"{qt} {n}x{k}, gemm_blocks_slab_rows {slab_rows}", sets=sets)
+                    _set_blocks(b.ctx, True)
                 if qt == "Q4_K":
                     t = b.time_ours(lambda i: _project(b.ctx, bws[i % sets], View(xs.buf, xs.off(i), k),
                                                        View(ys.buf, ys.off(i), n), T, "f16"), reps=b.reps)

@@ -10,6 +10,10 @@ fp16 rows times the blocks dequantized on the chip (kernels/gemm/gemm_q16_kernel
 - fp16 rows with row scales (pf_project_f16x) equal the fp32 path on their twin bit for bit;
   accumulate, strided outputs, activations past the fp16 range, one row (the GEMV).
 - No fp16 copy of the weight is made: the context holds no slab scratch (what streaming needs).
+- From tuning gemm_blocks_slab_rows rows on (default 65) the blocks leg runs per-call fp16 slabs
+  and the cache's GEMM on them: bitwise the cache's products (the same operand, shape and cuBLAS
+  call), on fp32 rows and on fp16 rows with scales, accumulate included; the tests of the GEMM on
+  the blocks above pin gemm_blocks_slab_rows "never" so that it runs at every row count.
 - Few rows (1..64: gemm_q16_skinny_kernel.cuh, split K over clusters of 1-8 blocks): every type
   at ragged shapes with every tile count and split (among the ragged shapes above), the operand
   the cache's bit for bit (X's rows unit vectors), fp16 rows with scales, strided accumulate;
@@ -29,16 +33,17 @@ BLOCK_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 F16_BOUND, F32_BOUND = 3e-3, 1e-5
 
 
-def _blocks_on(c: Context, rng) -> None:
-    """gemm_blocks on in c; skips where the device does not run the sm_90a kernels (probed with
-    the 8-bit leg, which has the same check)."""
+def _blocks_on(c: Context, rng, slab_rows="never") -> None:
+    """gemm_blocks on in c (the GEMM on the blocks at every row count unless `slab_rows` says from
+    which the per-call slabs run: None = the library's default); skips where the device does not
+    run the sm_90a kernels (probed with the 8-bit leg, which has the same check)."""
     w, _ = make_weight(c, rng, "Q8_0", 8, 128)
     with w:
         try:
             gemm.project_np(c, w, randn(rng, 2, 128), leg="int8")
         except errors.UnsupportedError as e:
             pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
-    c.set_tuning(gemm_blocks="on")
+    c.set_tuning(gemm_blocks="on", gemm_blocks_slab_rows=slab_rows)
 
 
 @pytest.fixture
@@ -180,6 +185,61 @@ def test_blocks_make_no_fp16_copy(rng):
     assert sizes[True] < n * k * 2 // 8, sizes
 
 
+# ----------------------------------------------------------------------------- per-call slabs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [2, 300])
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_blocks_slabs_are_the_cache_bit_for_bit(rng, qtype, rows):
+    """gemm_blocks_slab_rows 2: every call of 2+ rows dequantizes the blocks into an fp16 slab and
+    runs the cache's GEMM on it; the products equal the cache's bit for bit on fp32 rows (strided,
+    rows past the fp16 range), on fp16 rows with scales, and accumulating; the slab scratch is one
+    fp16 copy of the matrix (at most), the weight keeps no cache."""
+    n, k = 264, _k_for(qtype, 1056)
+    with Context(0) as c:
+        _blocks_on(c, rng, slab_rows=2)
+        w, w64 = make_weight(c, rng, qtype, n, k)
+        with w:
+            x = randn(rng, rows, k + 7)
+            x[:, k:] = np.nan
+            x[1, :k] *= 3e5
+            ldy = n + 5
+            y0 = np.full((rows, ldy), 321.0, np.float32)
+            y0[:, :n] = randn(rng, rows, n)
+            x16 = np.clip(rng.standard_normal((rows, k)), -8, 8).astype(np.float16)
+            inv = rng.choice(np.array([1.0, 4.0, 512.0], np.float32), size=rows)
+            before = c.allocated()
+            got = gemm.project_np(c, w, x, leg="f16")
+            acc = gemm.project_np(c, w, x, leg="f16", accumulate=True, y=y0)
+            f16x = gemm.project_f16x_np(c, w, x16, inv)
+            assert c.allocated() - before <= n * k * 2 + rows * (k * 2 + 4) + (1 << 20)
+            assert np.isfinite(got).all() and (acc[:, n:] == 321.0).all()
+            assert_close(f"slabs/{qtype}", _ref(x[:, :k], w64), got, rtol=F16_BOUND, worst_rtol=F16_BOUND)
+            gemm.weight_cache_f16(w)
+            assert np.array_equal(got, gemm.project_np(c, w, x, leg="f16")), f"{qtype}: not the cache's products"
+            assert np.array_equal(acc, gemm.project_np(c, w, x, leg="f16", accumulate=True, y=y0))
+            assert np.array_equal(f16x, gemm.project_f16x_np(c, w, x16, inv)), f"{qtype}: fp16 rows differ"
+
+
+@pytest.mark.gpu
+def test_blocks_slab_rows_default_crossover(rng):
+    """The library's default (65): 64 rows run the GEMM on the blocks (its few-rows form), 65 the
+    slabs (bitwise the cache's); both within fp32 accumulation of each other."""
+    n, k = 200, 2560
+    with Context(0) as c:
+        _blocks_on(c, rng, slab_rows=None)
+        w, _ = make_weight(c, rng, "Q4_K", n, k)
+        with w:
+            x = randn(rng, 65, k)
+            below = gemm.project_np(c, w, x[:64], leg="f16")
+            at = gemm.project_np(c, w, x, leg="f16")
+            gemm.weight_cache_f16(w)
+            assert np.array_equal(at, gemm.project_np(c, w, x, leg="f16")), "65 rows: not the slabs"
+            assert not np.array_equal(below, gemm.project_np(c, w, x[:64], leg="f16")), "64 rows: the slabs"
+            assert_close("crossover", at[:64].astype(np.float64), below, rtol=F32_BOUND)
+
+
 # ----------------------------------------------------------------------------- few rows (skinny)
 
 
@@ -225,11 +285,12 @@ def test_blocks_few_rows_strided_accumulate(bctx, rng, qtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [64, 512])  # the GEMM on the blocks; from 65 rows the slabs
 @pytest.mark.parametrize("model", ["qwen3_tiny", "qwen35_hv2", "qwen35_hv1"])
-def test_model_without_caches_on_the_blocks(bctx, model):
+def test_model_without_caches_on_the_blocks(bctx, model, chunk):
     """A model loaded without its fp16 caches (prewarm off), its sessions on the default leg with
-    gemm_blocks: the HF fixtures within the default legs' bounds, the prewarmed model's logits
-    within the f16 leg's, and no fp16 copy held (f16_bytes 0)."""
+    gemm_blocks (the default slab rows): the HF fixtures within the default legs' bounds, the
+    prewarmed model's logits within the f16 leg's, and no fp16 copy held (f16_bytes 0)."""
     from _reference_fixtures import load_npz, rel_err
 
     from pyprefill.model import Model
@@ -240,7 +301,7 @@ def test_model_without_caches_on_the_blocks(bctx, model):
         assert cold.refresh_info()["f16_bytes"] == 0
         outs, warms = [], []
         for tokens in prompts:
-            with cold.session(1024, chunk=64, tuning=on) as s:
+            with cold.session(1024, chunk=chunk, tuning=on) as s:
                 outs.append(s.prefill(tokens, "all"))
             with warm.session(1024, chunk=64) as s:
                 warms.append(s.prefill(tokens, "all"))

@@ -28,15 +28,17 @@ def test_fields_round_trip():
     t = tuning.new({"gemm_lt": "force", "fuse_groups": False, "f16_producers": True,
                     "row_form": "recompute", "gdn_scan": "chunked", "gdn_state": "warp",
                     "gdn_subpass_rows": "one-pass", "gdn_pdl": False, "attn_kernel": "mma",
-                    "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3})
+                    "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
+                    "gemm_blocks_slab_rows": "never"})
     assert t.gemm_lt == lib.PF_GEMM_LT_FORCE and t.fuse_groups == lib.PF_SWITCH_OFF
     assert t.f16_producers == lib.PF_SWITCH_ON and t.gdn_subpass_rows == -1
-    assert t.prewarm_piece_bytes == -1 and t.prewarm_fail_piece == 3
+    assert t.prewarm_piece_bytes == -1 and t.prewarm_fail_piece == 3 and t.gemm_blocks_slab_rows == -1
     assert tuning.as_dict(t) == {"gemm_lt": "force", "fuse_groups": False, "f16_producers": True,
                                  "row_form": "recompute", "gdn_scan": "chunked",
                                  "gdn_state": "warp", "gdn_subpass_rows": "one-pass",
                                  "gdn_pdl": False, "attn_kernel": "mma",
-                                 "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3}
+                                 "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
+                                 "gemm_blocks_slab_rows": "never"}
     assert tuning.as_dict(tuning.new()) == {}
     assert tuning.as_dict(tuning.new({"gdn_state": None, "fuse_groups": "default"})) == {}
 
@@ -65,7 +67,9 @@ def test_python_side_names_the_field(fields, match):
     ("gdn_subpass_rows", 8256, "tuning.gdn_subpass_rows=8256"),
     ("attn_kernel", 3, "tuning.attn_kernel=3 is not a pf_attn_kernel"),
     ("prewarm_fail_piece", -2, "tuning.prewarm_fail_piece=-2"),
-    ("prewarm_piece_bytes", -5, "tuning.prewarm_piece_bytes=-5")])
+    ("prewarm_piece_bytes", -5, "tuning.prewarm_piece_bytes=-5"),
+    ("gemm_blocks_slab_rows", 1, "tuning.gemm_blocks_slab_rows=1 (0 default, -1 never, else rows >= 2)"),
+    ("gemm_blocks_slab_rows", -3, "tuning.gemm_blocks_slab_rows=-3")])
 def test_library_checks_every_field(field, value, say):
     mo = ffi.new("pf_model_options *")
     assert lib.pf_model_options_init(mo, ffi.sizeof("pf_model_options")) == 0
@@ -85,7 +89,8 @@ def test_valid_tuning_passes_to_the_next_check():
     """A valid tuning gets past its check: the next one (ctx, model NULL) speaks."""
     mo = ffi.new("pf_model_options *")
     lib.pf_model_options_init(mo, ffi.sizeof("pf_model_options"))
-    tuning.fill(mo.tuning, {"gdn_subpass_rows": 4096, "prewarm_piece_bytes": 1 << 20, "gdn_pdl": True})
+    tuning.fill(mo.tuning, {"gdn_subpass_rows": 4096, "prewarm_piece_bytes": 1 << 20, "gdn_pdl": True,
+                            "gemm_blocks_slab_rows": 2})
     st, msg = status_and_error(lib.pf_model_load(ffi.new("pf_model **"), ffi.NULL, b"unused.gguf", mo))
     assert st == lib.PF_STATUS_INVALID_ARGUMENT and "ctx is NULL" in msg, msg
 

@@ -240,10 +240,46 @@ pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const f
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
 }
 
+// Bytes of the fp16 slab the F16Blocks form dequantizes into from env.blocks_slab_rows rows on.
+size_t blocks_slab_bytes(const pf_weight *w) {
+    return size_t(slab_rows(w->n, w->k, sizeof(__half))) * size_t(w->k) * sizeof(__half);
+}
+
+// The F16Blocks form from env.blocks_slab_rows rows on: the blocks dequantized into fp16 slabs in
+// env.w16 by the prewarm's kernel (the cache's bits) and the cache's GEMM on each (gemm_f16: the
+// plan's algorithm for the shape, as the cache's), then the unscale. At many rows this beats the
+// GEMM on the blocks: the dequantization reads the blocks and writes 2 bytes a weight once per
+// call (~20 us for a 4B FFN matrix), a few percent of a GEMM of 2048 rows, while the GEMM on the
+// blocks decodes each weight tile once per 256 rows inside the tensor cores' pipeline (NOTES.md,
+// issue 38: 0.70-0.72x cuBLAS at 2048-8192 rows).
+pf_status project_blocks_slabs(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv, int64_t rows,
+                               MatF y, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    const int64_t n = w->n, k = w->k;
+    PF_CHECK_ARG(rows <= INT_MAX && y.ld >= n && y.ld <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+                 "project (blocks, slabs): rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows, (long long)n,
+                 (long long)k, (long long)y.ld);
+    PF_TRY(scratch_reserve(ctx, *env.w16, blocks_slab_bytes(w), "project (f16 leg, blocks as slabs): weight scratch"));
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    __half *ws = static_cast<__half *>(env.w16->ptr);
+    const int64_t slab = slab_rows(n, k, sizeof(__half)), rb = row_bytes(w);
+    for (int64_t n0 = 0; n0 < n; n0 += slab) {
+        const int64_t nc = std::min(slab, n - n0);
+        // Same stream: the next slab's dequantization waits for this slab's GEMM to finish reading.
+        PF_TRY(prewarm_dequantize(
+            {prewarm_job{static_cast<const uint8_t *>(w->data) + n0 * rb, ws, nc * k, w->qtype}}, ctx->stream));
+        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, x16, rows, MatF{y.ptr + n0, y.ld}, accumulate ? 1.0f : 0.0f}));
+    }
+    if (!inv) return PF_STATUS_OK;
+    return launch_unscale(inv, y.ptr, y.ld, rows, n, ctx->stream);
+}
+
 // The f16 leg on the GGUF blocks (F16Blocks) on fp16 rows in its input form: the GEMM with the
-// blocks dequantized on the chip and the unscale fused (gemm_q16).
+// blocks dequantized on the chip and the unscale fused (gemm_q16), or from env.blocks_slab_rows
+// rows on the per-call slabs (project_blocks_slabs).
 pf_status project_blocks_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv, int64_t rows,
                               MatF y, bool accumulate) {
+    if (rows >= env.blocks_slab_rows) return project_blocks_slabs(env, w, x16, inv, rows, y, accumulate);
     Q16Gemm g;
     g.blocks = w->data;
     g.qtype = w->qtype;
@@ -264,7 +300,9 @@ pf_status project_blocks(const ProjEnv &env, pf_weight *w, const float *x, int64
     if (rows == 1) return qgemv(blocks_of(w), x, y, accumulate, env.ctx->stream);
     __half *xh = nullptr;
     float *inv = nullptr;
-    PF_TRY(cast_input(env, x, rows, ldx, w->k, y, ldy, w->n, accumulate, 0, &xh, &inv));
+    // The slabs' scratch before the cast (which pre-scales an accumulate target): an OOM leaves Y as it was.
+    PF_TRY(cast_input(env, x, rows, ldx, w->k, y, ldy, w->n, accumulate,
+                      rows >= env.blocks_slab_rows ? blocks_slab_bytes(w) : 0, &xh, &inv));
     return project_blocks_rows(env, w, xh, inv, rows, MatF{y, ldy}, accumulate);
 }
 
@@ -537,7 +575,8 @@ bool fused_view(const ProjRoute &r, pf_weight *const *parts, int32_t count, pf_w
     }
 }
 
-ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows) {
+ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows,
+                                       int64_t blocks_slab_rows) {
     ProjScratchBytes b;
     if (rows < 1) return b;
     const int64_t k = w->k;
@@ -553,8 +592,11 @@ ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, i
             if (rows == 1) return b;  // the GEMV
             b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
             [[fallthrough]];
-        case WeightForm::F16Blocks:  // its fp32 rows' cast (none for one row: the GEMV)
-            if (rows == 1 && r.weight == WeightForm::F16Blocks) return b;
+        case WeightForm::F16Blocks:  // its fp32 rows' cast (none for one row: the GEMV); its slabs
+            if (r.weight == WeightForm::F16Blocks) {
+                if (rows == 1) return b;
+                if (rows >= blocks_slab_rows) b.w16 = blocks_slab_bytes(w);
+            }
             [[fallthrough]];
         case WeightForm::F16Cache:
         case WeightForm::F16:

@@ -3,6 +3,7 @@
 // (namespace pf); the C API is in api/api_gemm.cu.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct ProjEnv {
     Scratch *w32 = nullptr;          // f32 leg: dequantized weight slabs (nullptr: ctx->scratch_f32)
     Scratch *w16 = nullptr;          // f16 streaming leg: fp16 weight slabs (ctx->scratch_f16_w)
     Scratch *x16 = nullptr;          // f16 leg: activations rounded to fp16 + row scales (ctx->scratch_f16_x)
+    // F16Blocks: calls of at least this many rows run per-call fp16 slabs in w16 and the GEMM of
+    // the cache on them (plan.h blocks_slab_rows: the session's plan, or ctx's tuning).
+    int64_t blocks_slab_rows = INT64_MAX;
 };
 // The kernel-level environment of ctx.
 inline ProjEnv proj_env(pf_context *ctx) {
@@ -47,6 +51,7 @@ inline ProjEnv proj_env(pf_context *ctx) {
     e.w32 = &ctx->scratch_f32;
     e.w16 = &ctx->scratch_f16_w;
     e.x16 = &ctx->scratch_f16_x;
+    e.blocks_slab_rows = blocks_slab_rows(ctx->tuning);
     return e;
 }
 
@@ -84,11 +89,14 @@ struct ProjIn {
 //    A row of X with max|x| > 32768 is scaled by a power of two 2^-e before the cast and its
 //    output row by 2^e after (exact; with accumulate the existing Y row is pre-scaled by 2^-e
 //    so that the GEMM's beta = 1 adds in the scaled domain): activations never become Inf.
+//  - F16Blocks: the GEMM on the GGUF blocks dequantized on the chip (gemm_q16.cuh; one fp32 row:
+//    the GEMV); from env.blocks_slab_rows rows on, the blocks dequantized per call into fp16
+//    slabs in env.w16 (the prewarm's kernel: the cache's bits) and the cache's GEMM on them.
 //  - I8Copy / I8Slabs: the 8-bit leg (project_i8).
 //  - rows == 1 on a slab form (F32Slabs, F16Slabs): the fused GEMV (qgemm.cuh) reads the blocks
 //    once with fp32 math instead of dequantizing the whole weight for one token.
-// fp16 input rows (in.x16): F16Cache / F16 run the GEMM on them as they are and unscale (bitwise
-// what the fp32 path returns for the producer's fp32 twin output); I8Copy quantizes them to int8
+// fp16 input rows (in.x16): F16Cache / F16 / F16Blocks run the GEMM on them as they are and unscale
+// (bitwise what the fp32 path returns for the producer's fp32 twin output); I8Copy quantizes them to int8
 // (no accumulate); other forms take fp32 rows (INVALID_ARGUMENT).
 // Sizes (rows, n, k, x.ld, y.ld) must fit in int32 (cuBLAS). Asynchronous on ctx->stream.
 pf_status project(const ProjEnv &env, const ProjRoute &r, pf_weight *w, const ProjIn &in, MatF y, int64_t rows,
@@ -99,7 +107,9 @@ pf_status project(const ProjEnv &env, const ProjRoute &r, pf_weight *w, const Pr
 struct ProjScratchBytes {
     size_t w32 = 0, w16 = 0, x16 = 0;
 };
-ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows);
+// blocks_slab_rows: ProjEnv's (F16Blocks from that many rows on needs the slabs' w16).
+ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows,
+                                       int64_t blocks_slab_rows);
 
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
