@@ -233,12 +233,16 @@ typedef struct pf_tuning {
     int32_t varlen;            /* pf_switch (default on): a step of several sequences (a batch) runs
                                   each GDN layer's conv1d + L2 norms and delta rule as one launch
                                   over all of them (off: one launch per sequence; bitwise the same) */
-    int32_t gemm_blocks;       /* pf_switch (default off while it is measured): the f16 leg on a
-                                  matrix without an fp16 copy multiplies its GGUF blocks,
-                                  dequantized on the chip (sm_90a), instead of fp16 slabs
-                                  dequantized per call; PF_GEMM_AUTO then runs such a matrix on the
-                                  f16 leg. The weight operand is the cache's fp16 bit for bit, the
-                                  products within the f16 leg's tolerance */
+    int32_t gemm_blocks;       /* pf_switch (default: on for sessions and batches, off for the
+                                  kernel-level calls; where the device runs it: an sm_90a build on
+                                  compute capability 9.0): the f16 leg on a matrix without an fp16
+                                  copy multiplies its GGUF blocks, dequantized on the chip up to 64
+                                  rows, as per-call slabs from gemm_blocks_slab_rows on, instead of
+                                  fp16 slabs on fp32 rows; PF_GEMM_AUTO then runs such a matrix on
+                                  the f16 leg (a model whose prewarm cached nothing, or part: the
+                                  f16 leg at its file's size, not the f32 leg). The weight operand
+                                  is the cache's fp16 bit for bit, the products within the f16
+                                  leg's tolerance */
     int32_t gemm_blocks_slab_rows; /* under gemm_blocks: from this many rows of a call on, the
                                   matrix's blocks are dequantized per call into an fp16 slab (the
                                   prewarm's kernel and bits) and the cache's GEMM runs on it, which
@@ -430,7 +434,8 @@ PF_API pf_status pf_argmax(pf_context *ctx, const pf_view *x, const pf_view *out
 
 typedef enum pf_gemm_leg {
     PF_GEMM_DEFAULT = 0, /* the process default: env PREFILL_GEMM = f16 | f32 | auto (unset = auto) */
-    PF_GEMM_AUTO = 1,    /* f16 when the weight has an fp16 cache, else f32 */
+    PF_GEMM_AUTO = 1,    /* f16 when the weight has an fp16 cache (or, with tuning gemm_blocks: a
+                            block type or F16), else f32 */
     PF_GEMM_F32 = 2,     /* fp32 dequantized weight, SGEMM in pedantic fp32 (no TF32): bound 1e-5 */
     PF_GEMM_F16 = 3,     /* fp16 weight (cache, or dequantized per call) and fp16 activations on
                             tensor cores, fp32 accumulation and output: bound 3e-3 */

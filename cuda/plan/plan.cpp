@@ -237,7 +237,7 @@ ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t k
     p.fuse_qk_rope = switch_on(t.fuse_qk_rope, true);
     p.fuse_conv_norm = switch_on(t.fuse_conv_norm, true);
     p.varlen = switch_on(t.varlen, true);
-    p.gemm_blocks = switch_on(t.gemm_blocks, false);
+    p.gemm_blocks = switch_on(t.gemm_blocks, true);  // sessions: on (kernel-level calls: off, api_gemm.cu)
     p.blocks_slab_rows = blocks_slab_rows(t);
     p.graphs = graphs && env_knobs().graphs;
     p.rows = row_form(t);

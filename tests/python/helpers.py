@@ -51,6 +51,22 @@ def make_weight(ctx, rng, qtype: str, n: int, k: int):
     return ctx.weight(qtype, n, k, data), ref
 
 
+def runs_blocks(ctx) -> bool:
+    """Whether ctx's device runs the GEMM on the GGUF blocks (the sm_90a kernels; sessions then
+    run an uncached matrix on them, tuning gemm_blocks): probed with the 8-bit leg, which has the
+    same check."""
+    from pyprefill import errors
+    from pyprefill.kernels import gemm
+    rng = np.random.default_rng(5)
+    w, _ = make_weight(ctx, rng, "Q8_0", 8, 128)
+    with w:
+        try:
+            gemm.project_np(ctx, w, randn(rng, 2, 128), leg="int8")
+        except errors.UnsupportedError:
+            return False
+    return True
+
+
 # ----------------------------------------------------------------------------- C argument checks
 # The C API checks scalars and shapes, then NULL views and buffers, then ctx: tests call it with
 # ctx = NULL and views without a buffer, so that every check up to the NULL-buffer phase runs on

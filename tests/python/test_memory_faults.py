@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from _engine_models import random_tokens, synth_model, without_context_limit
+from helpers import assert_close, runs_blocks
 from pyprefill import errors
 
 pytestmark = pytest.mark.gpu
@@ -163,7 +164,9 @@ def test_model_and_sessions_on_a_full_device(rng):
 
 def test_prewarm_that_does_not_fit_falls_back_without_leaking(rng):
     """A headroom larger than the device: the prewarm (at load, and called later) reports not
-    armed, caches nothing, allocates nothing; the default leg then is the f32 leg, bit for bit."""
+    armed, caches nothing, allocates nothing; the default leg then is the f32 leg, bit for bit (on
+    a device that runs the GEMM on the blocks: the f16 leg on them, bitwise a session asking for
+    f16 and within its bound of the f32 leg)."""
     from pyprefill.model import Model
     path = synth_model("qwen35-tiny", "q4_k_m")
     toks = random_tokens(rng, 50, 1024)
@@ -181,7 +184,14 @@ def test_prewarm_that_does_not_fit_falls_back_without_leaking(rng):
             assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == 0
         _assert_back(ctx, free0, alloc0, "prewarms that did not fit")
         with m.session(max_tokens=64, chunk=32, gemm="auto", **EXACT) as s:
-            assert np.array_equal(s.prefill(toks, "all"), want), "auto without the fp16 cache is not the f32 leg"
+            got = s.prefill(toks, "all")
+        if runs_blocks(ctx):
+            with m.session(max_tokens=64, chunk=32, gemm="f16", **EXACT) as s:
+                assert np.array_equal(got, s.prefill(toks, "all")), "auto without the fp16 cache is not the blocks"
+            assert not np.array_equal(got, want)
+            assert_close("auto on the blocks", want, got, rtol=2e-2)
+        else:
+            assert np.array_equal(got, want), "auto without the fp16 cache is not the f32 leg"
         assert m.prewarm(headroom=1) is True       # and it does fit without the forced headroom
         assert m.info["f16_armed"] == 1 and ctx.allocated() >= alloc0 + m.info["f16_bytes"] > alloc0
         m.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from helpers import null_view, status_and_error
+from helpers import assert_close, null_view, runs_blocks, status_and_error
 from test_kernel_dequant import QTYPES, oracle, random_blocks
 
 from _engine_models import random_tokens, synth_model
@@ -402,7 +402,9 @@ def test_model_prewarm_failing_piece_leaves_the_exact_leg(rng):
     """A model whose prewarm loses a later piece's allocation (the context's tuning
     prewarm_fail_piece=4 with pieces from 1 byte: pieces 1-3 already launched): not armed at
     load nor when called again, nothing kept (the context's bytes, the device's free memory), the
-    auto leg is the f32 leg bit for bit; without the hook the same model arms."""
+    auto leg is the f32 leg bit for bit (on a device that runs the GEMM on the blocks: the f16 leg
+    on the blocks, bitwise a session asking for f16, within its bound of the f32 leg); without the
+    hook the same model arms."""
     from pyprefill.model import Model
     exact = dict(kv="f32", attention="cublas")
     path = synth_model("qwen35-tiny", "q4_k_m")
@@ -422,7 +424,14 @@ def test_model_prewarm_failing_piece_leaves_the_exact_leg(rng):
             ctx.synchronize()
             assert ctx.allocated() == alloc0 and abs(ctx.memory()[0] - free0) <= (1 << 20)
             with m.session(max_tokens=64, chunk=32, gemm="auto", **exact) as s:
-                assert np.array_equal(s.prefill(toks, "all"), want), "auto without the cache is not the f32 leg"
+                got = s.prefill(toks, "all")
+            if runs_blocks(ctx):
+                with m.session(max_tokens=64, chunk=32, gemm="f16", **exact) as s:
+                    assert np.array_equal(got, s.prefill(toks, "all")), "auto without the cache is not the blocks"
+                assert not np.array_equal(got, want)
+                assert_close("auto on the blocks", want, got, rtol=2e-2)
+            else:
+                assert np.array_equal(got, want), "auto without the cache is not the f32 leg"
             ctx.set_tuning(prewarm_piece_bytes=1)
             assert m.prewarm() is True and m.info["f16_armed"] == 1
 
@@ -432,15 +441,16 @@ def test_model_prewarm_failing_piece_leaves_the_exact_leg(rng):
 def test_partial_prewarm_under_a_memory_budget_streams_the_rest(preset, rng):
     """Issue 29 item 2: a context whose memory budget holds the model and half of its fp16 cache
     (plus the headroom): the prewarm caches whole groups, largest first, up to what fits, reports
-    partial, and the leg auto runs every matrix on the f16 leg (the uncached ones streamed): with
-    fused groups off (so that a cached and a streamed matrix take the same GEMM), bitwise the
-    fully cached model's logits, and not the f32 leg's. Allocations past the budget fail with
-    OUT_OF_MEMORY naming it."""
+    partial, and the leg auto runs every matrix on the f16 leg (the uncached ones streamed, or on a
+    device that runs the GEMM on the blocks, as per-call slabs: tuning gemm_blocks_slab_rows 2, so
+    that the LM head's pieces of fewer than 65 rows take them too): with fused groups off (so that
+    a cached and a streamed matrix take the same GEMM), bitwise the fully cached model's logits,
+    and not the f32 leg's. Allocations past the budget fail with OUT_OF_MEMORY naming it."""
     from pyprefill.model import Model
     path = synth_model(preset, "q4_k_m")
     nofuse = dict(fuse_groups=False)
     toks = random_tokens(rng, 70, 1024)
-    kw = dict(max_tokens=128, chunk=64, kv="f32", attention="cublas")
+    kw = dict(max_tokens=128, chunk=128, kv="f32", attention="cublas")
     with Model.load(path, gemm="auto", prewarm=True, progress=False, tuning=nofuse) as full:
         assert full.info["f16_armed"] == 1
         f16_total = full.info["f16_bytes"]
@@ -453,7 +463,7 @@ def test_partial_prewarm_under_a_memory_budget_streams_the_rest(preset, rng):
     budget = held_weights + f16_total // 2 + headroom
     with core.Context(0, memory_budget=budget) as ctx:
         with Model(path, context=ctx, gemm="auto", prewarm=True, prewarm_headroom=headroom,
-                   progress=False, tuning=nofuse) as m:
+                   progress=False, tuning=dict(nofuse, gemm_blocks_slab_rows=2)) as m:
             rep = m.prewarm_report()
             assert rep["partial"] and not rep["armed"], rep
             assert 0 < rep["weights_cached"] < rep["weights_total"], rep
