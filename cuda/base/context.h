@@ -142,6 +142,10 @@ struct pf_weight {
     int64_t i8_ldb = 0;
     pf::F16Arena *i8_arena = nullptr;
     const pf_weight *i8_block = nullptr;
+    // A fused view of F16Blocks parts (fused_view; a value on the caller's stack): the group's
+    // members in order, each with its own blocks (data is nullptr); n is the sum of theirs.
+    pf_weight *const *parts = nullptr;
+    int32_t nparts = 0;
 };
 
 namespace pf {

@@ -260,11 +260,10 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_
         PF_TRY(int8_leg_check("session (gemm_leg PF_GEMM_INT8)"));
         PF_TRY(weight_cache_i8_groups(ctx, model_i8_groups(m, plan.fuse_groups)));
     }
-    // Every matrix alone (a fused view needs no more than its parts: one k, its cache).
+    // Every GEMM a step runs, as for_each_gemm walks them (a fused view of the blocks needs its
+    // group's slab; the cache's views no more than their parts: one k).
     ProjScratchBytes need;
-    auto grow = [&](const pf_weight *w, int64_t r) {
-        ProjRoute route;
-        PF_TRY(step_route(plan, w, &route));
+    auto grow_by = [&](const ProjRoute &route, const pf_weight *w, int64_t r) {
         const ProjScratchBytes b = project_scratch_bytes(route, w, r, plan.blocks_slab_rows);
         need.w32 = std::max(need.w32, b.w32);
         need.w16 = std::max(need.w16, b.w16);
@@ -274,9 +273,13 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_
     for (const LayerWeights &Lw : m->layers) {
         const ProjGroup *groups = layer_groups(Lw.attn);
         for (int32_t gi = 0; gi < kLayerGroups; ++gi)
-            for (int32_t i = 0; i < groups[gi].count; ++i) PF_TRY(grow(Lw.*groups[gi].parts[i], step_rows));
+            PF_TRY(for_each_gemm(plan, Lw, groups[gi], [&](const ProjRoute &r, pf_weight *w, int64_t) {
+                return grow_by(r, w, step_rows);
+            }));
     }
-    PF_TRY(grow(m->output, L.lm_rows));
+    ProjRoute out_route;
+    PF_TRY(step_route(plan, m->output, &out_route));
+    PF_TRY(grow_by(out_route, m->output, L.lm_rows));
     PF_TRY(scratch_reserve(ctx, e->w32, need.w32, "project (f32 leg): weight scratch"));
     PF_TRY(scratch_reserve(ctx, e->w16, need.w16, "project (f16 streaming leg): weight scratch"));
     PF_TRY(scratch_reserve(ctx, e->x16, need.x16, "project (f16 leg): activation scratch"));

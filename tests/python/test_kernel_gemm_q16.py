@@ -313,3 +313,30 @@ def test_model_without_caches_on_the_blocks(bctx, model, chunk):
         whole, worst, row = rel_err(out, cached)
         assert whole <= F16_BOUND, f"{model}: {whole:.2e} from the cached model (worst {worst:.2e} at {row})"
         assert cold.refresh_info()["f16_bytes"] == 0, "a cache appeared"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_model_on_slabs_is_the_cached_model_bit_for_bit(bctx, rng, preset, fuse):
+    """From the slab rows on, a session on the blocks runs the cache's GEMMs: each matrix (and, with
+    fused groups, each group: its parts dequantized side by side into one slab, of mixed types in a
+    Q4_K_M file, one GEMM) on the prewarm's fp16 bits, so a model without its caches gives the
+    cached model's logits bit for bit (tuning gemm_blocks_slab_rows 2: every call of 2+ rows, the
+    LM head's 32-row pieces too; prompts of 70 and 200 tokens in steps of 64, no call of one row)."""
+    from _engine_models import random_tokens, synth_model
+
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    tuning = {"fuse_groups": fuse}
+    with Model.load(path, progress=False, tuning=tuning) as warm, \
+            Model.load(path, prewarm=False, progress=False, tuning=dict(tuning, gemm_blocks_slab_rows=2)) as cold:
+        assert warm.info["f16_armed"] == 1 and cold.refresh_info()["f16_bytes"] == 0
+        for n in (70, 200):
+            toks = random_tokens(rng, n, warm.n_vocab)
+            with warm.session(256, chunk=64) as s:
+                want = s.prefill(toks, "all")
+            with cold.session(256, chunk=64) as s:
+                got = s.prefill(toks, "all")
+            assert np.isfinite(got).all()
+            assert np.array_equal(got, want), f"{preset} fuse={fuse} {n} tokens: not the cached model's logits"

@@ -240,8 +240,19 @@ pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const f
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
 }
 
-// Bytes of the fp16 slab the F16Blocks form dequantizes into from env.blocks_slab_rows rows on.
+// Whether a fused view of F16Blocks parts dequantizes them into one slab (the group's fp16 fits
+// the slab bound), so that one GEMM runs them all.
+bool blocks_group_slab(const pf_weight *w) {
+    return w->nparts > 0 && size_t(w->n) * size_t(w->k) * sizeof(__half) <= kSlabBytes;
+}
+
+// Bytes of the fp16 slab the F16Blocks form dequantizes into from env.blocks_slab_rows rows on (a
+// fused view: the group's, or its largest part's where the group does not fit the bound).
 size_t blocks_slab_bytes(const pf_weight *w) {
+    if (blocks_group_slab(w)) return size_t(w->n) * size_t(w->k) * sizeof(__half);
+    size_t most = 0;
+    for (int32_t i = 0; i < w->nparts; ++i) most = std::max(most, blocks_slab_bytes(w->parts[i]));
+    if (w->nparts > 0) return most;
     return size_t(slab_rows(w->n, w->k, sizeof(__half))) * size_t(w->k) * sizeof(__half);
 }
 
@@ -262,6 +273,18 @@ pf_status project_blocks_slabs(const ProjEnv &env, pf_weight *w, const __half *x
     PF_TRY(scratch_reserve(ctx, *env.w16, blocks_slab_bytes(w), "project (f16 leg, blocks as slabs): weight scratch"));
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     __half *ws = static_cast<__half *>(env.w16->ptr);
+    if (w->nparts > 0) {  // a fused view whose group fits one slab: the parts side by side, one GEMM
+        std::vector<prewarm_job> jobs;
+        int64_t at = 0;
+        for (int32_t i = 0; i < w->nparts; ++i) {
+            const pf_weight *p = w->parts[i];
+            jobs.push_back(prewarm_job{p->data, ws + at * k, p->n * k, p->qtype});
+            at += p->n;
+        }
+        PF_TRY(prewarm_dequantize(jobs, ctx->stream));
+        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, n, k, x16, rows, y, accumulate ? 1.0f : 0.0f}));
+        return inv ? launch_unscale(inv, y.ptr, y.ld, rows, n, ctx->stream) : PF_STATUS_OK;
+    }
     const int64_t slab = slab_rows(n, k, sizeof(__half)), rb = row_bytes(w);
     for (int64_t n0 = 0; n0 < n; n0 += slab) {
         const int64_t nc = std::min(slab, n - n0);
@@ -279,7 +302,16 @@ pf_status project_blocks_slabs(const ProjEnv &env, pf_weight *w, const __half *x
 // rows on the per-call slabs (project_blocks_slabs).
 pf_status project_blocks_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv, int64_t rows,
                               MatF y, bool accumulate) {
-    if (rows >= env.blocks_slab_rows) return project_blocks_slabs(env, w, x16, inv, rows, y, accumulate);
+    const bool slabs = rows >= env.blocks_slab_rows;
+    if (w->nparts > 0 && !(slabs && blocks_group_slab(w))) {  // a fused view: its parts one by one
+        int64_t col = 0;
+        for (int32_t i = 0; i < w->nparts; ++i) {
+            PF_TRY(project_blocks_rows(env, w->parts[i], x16, inv, rows, y.cols_from(col), accumulate));
+            col += w->parts[i]->n;
+        }
+        return PF_STATUS_OK;
+    }
+    if (slabs) return project_blocks_slabs(env, w, x16, inv, rows, y, accumulate);
     Q16Gemm g;
     g.blocks = w->data;
     g.qtype = w->qtype;
@@ -297,6 +329,14 @@ pf_status project_blocks_rows(const ProjEnv &env, pf_weight *w, const __half *x1
 // the slabs).
 pf_status project_blocks(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx, float *y,
                          int64_t ldy, bool accumulate) {
+    if (rows == 1 && w->nparts > 0) {  // a fused view: the GEMV of each part
+        int64_t col = 0;
+        for (int32_t i = 0; i < w->nparts; ++i) {
+            PF_TRY(qgemv(blocks_of(w->parts[i]), x, y + col, accumulate, env.ctx->stream));
+            col += w->parts[i]->n;
+        }
+        return PF_STATUS_OK;
+    }
     if (rows == 1) return qgemv(blocks_of(w), x, y, accumulate, env.ctx->stream);
     __half *xh = nullptr;
     float *inv = nullptr;
@@ -565,12 +605,38 @@ bool fused_f16_view(pf_weight *const *parts, int32_t count, pf_weight *view) {
     return true;
 }
 
+// fused_view's F16Blocks case: parts of one k and context, listed (their blocks stay where they
+// are; the view holds no copy and no reference of its own).
+bool fused_blocks_view(pf_weight *const *parts, int32_t count, pf_weight *view) {
+    if (count < 1 || !parts[0]) return false;
+    int64_t n = 0;
+    for (int32_t i = 0; i < count; ++i) {
+        const pf_weight *w = parts[i];
+        if (!w || w->k != parts[0]->k || w->ctx != parts[0]->ctx || w->nparts != 0 || !w->data) return false;
+        n += w->n;
+    }
+    view->f16 = nullptr;
+    view->f16_arena = nullptr;
+    view->f16_block = nullptr;
+    view->i8 = nullptr;
+    view->data = nullptr;
+    view->bytes = 0;
+    view->ctx = parts[0]->ctx;
+    view->qtype = parts[0]->qtype;
+    view->n = n;
+    view->k = parts[0]->k;
+    view->parts = parts;
+    view->nparts = count;
+    return true;
+}
+
 }  // namespace
 
 bool fused_view(const ProjRoute &r, pf_weight *const *parts, int32_t count, pf_weight *view) {
     switch (r.weight) {
         case WeightForm::F16Cache: return fused_f16_view(parts, count, view);
         case WeightForm::I8Copy: return fused_i8_view(parts, count, view);
+        case WeightForm::F16Blocks: return fused_blocks_view(parts, count, view);
         default: return false;
     }
 }

@@ -180,9 +180,12 @@ bool fused_i8_view(pf_weight *const *parts, int32_t count, pf_weight *view);
 // When every weight of `parts` (in order) runs route r and their copies of that route are
 // consecutive slices of one fused block (prewarm_f16_groups for F16Cache, weight_cache_i8_groups
 // for I8Copy), fills *view with a weight of n = sum of n, the same k, whose copy is the block:
-// project() through it writes the parts' outputs side by side ([rows][n_0 | n_1 | ...]). The view
-// owns nothing (a value on the caller's stack; never destroyed). False otherwise (and for every
-// other form): the caller runs the parts one by one.
+// project() through it writes the parts' outputs side by side ([rows][n_0 | n_1 | ...]). F16Blocks
+// parts of one k make a view that lists them (pf_weight::parts): the per-call slabs dequantize
+// them side by side into one slab and run one GEMM (the cache's fused GEMM, bit for bit), fewer
+// rows run them one by one. The view owns nothing (a value on the caller's stack; never
+// destroyed), and `parts` must outlive it. False otherwise (and for every other form): the caller
+// runs the parts one by one.
 bool fused_view(const ProjRoute &r, pf_weight *const *parts, int32_t count, pf_weight *view);
 
 }  // namespace pf
