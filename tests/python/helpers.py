@@ -67,6 +67,21 @@ def runs_blocks(ctx) -> bool:
     return True
 
 
+def assert_uncached_auto_leg(model, ctx, tokens, f32_logits, **session_kw) -> None:
+    """A model without its fp16 caches on the leg auto: the f32 leg bit for bit (f32_logits), or
+    on a device that runs the GEMM on the blocks the f16 leg on them (bitwise a session asking
+    for f16, not the f32 leg's bits, within the default legs' 2e-2 of them)."""
+    with model.session(gemm="auto", **session_kw) as s:
+        got = s.prefill(tokens, "all")
+    if not runs_blocks(ctx):
+        assert np.array_equal(got, f32_logits), "auto without the fp16 cache is not the f32 leg"
+        return
+    with model.session(gemm="f16", **session_kw) as s:
+        assert np.array_equal(got, s.prefill(tokens, "all")), "auto without the fp16 cache is not the blocks"
+    assert not np.array_equal(got, f32_logits)
+    assert_close("auto on the blocks", f32_logits, got, rtol=2e-2)
+
+
 # ----------------------------------------------------------------------------- C argument checks
 # The C API checks scalars and shapes, then NULL views and buffers, then ctx: tests call it with
 # ctx = NULL and views without a buffer, so that every check up to the NULL-buffer phase runs on

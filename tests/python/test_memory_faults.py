@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from _engine_models import random_tokens, synth_model, without_context_limit
-from helpers import assert_close, runs_blocks
+from helpers import assert_uncached_auto_leg
 from pyprefill import errors
 
 pytestmark = pytest.mark.gpu
@@ -183,15 +183,7 @@ def test_prewarm_that_does_not_fit_falls_back_without_leaking(rng):
             assert m.prewarm(headroom=headroom) is False
             assert m.info["f16_armed"] == 0 and m.info["f16_bytes"] == 0
         _assert_back(ctx, free0, alloc0, "prewarms that did not fit")
-        with m.session(max_tokens=64, chunk=32, gemm="auto", **EXACT) as s:
-            got = s.prefill(toks, "all")
-        if runs_blocks(ctx):
-            with m.session(max_tokens=64, chunk=32, gemm="f16", **EXACT) as s:
-                assert np.array_equal(got, s.prefill(toks, "all")), "auto without the fp16 cache is not the blocks"
-            assert not np.array_equal(got, want)
-            assert_close("auto on the blocks", want, got, rtol=2e-2)
-        else:
-            assert np.array_equal(got, want), "auto without the fp16 cache is not the f32 leg"
+        assert_uncached_auto_leg(m, ctx, toks, want, max_tokens=64, chunk=32, **EXACT)
         assert m.prewarm(headroom=1) is True       # and it does fit without the forced headroom
         assert m.info["f16_armed"] == 1 and ctx.allocated() >= alloc0 + m.info["f16_bytes"] > alloc0
         m.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from helpers import assert_close, null_view, runs_blocks, status_and_error
+from helpers import assert_uncached_auto_leg, null_view, status_and_error
 from test_kernel_dequant import QTYPES, oracle, random_blocks
 
 from _engine_models import random_tokens, synth_model
@@ -423,15 +423,7 @@ def test_model_prewarm_failing_piece_leaves_the_exact_leg(rng):
             assert m.prewarm() is False
             ctx.synchronize()
             assert ctx.allocated() == alloc0 and abs(ctx.memory()[0] - free0) <= (1 << 20)
-            with m.session(max_tokens=64, chunk=32, gemm="auto", **exact) as s:
-                got = s.prefill(toks, "all")
-            if runs_blocks(ctx):
-                with m.session(max_tokens=64, chunk=32, gemm="f16", **exact) as s:
-                    assert np.array_equal(got, s.prefill(toks, "all")), "auto without the cache is not the blocks"
-                assert not np.array_equal(got, want)
-                assert_close("auto on the blocks", want, got, rtol=2e-2)
-            else:
-                assert np.array_equal(got, want), "auto without the cache is not the f32 leg"
+            assert_uncached_auto_leg(m, ctx, toks, want, max_tokens=64, chunk=32, **exact)
             ctx.set_tuning(prewarm_piece_bytes=1)
             assert m.prewarm() is True and m.info["f16_armed"] == 1
 

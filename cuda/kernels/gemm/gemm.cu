@@ -373,6 +373,25 @@ size_t f16_bytes(const pf_weight *w) { return size_t(w->n) * size_t(w->k) * size
 
 // ------------------------------------------------------------------ entry points
 
+void bare_view(const pf_weight *first, int64_t n, pf_weight *view) {
+    view->f16 = nullptr;
+    view->f16_arena = nullptr;
+    view->f16_block = nullptr;
+    view->f16_stream = false;
+    view->i8 = nullptr;
+    view->i8_r = view->i8_b = nullptr;
+    view->i8_arena = nullptr;
+    view->i8_block = nullptr;
+    view->parts = nullptr;
+    view->nparts = 0;
+    view->data = nullptr;
+    view->bytes = 0;
+    view->ctx = first->ctx;
+    view->qtype = first->qtype;
+    view->n = n;
+    view->k = first->k;
+}
+
 int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
 
 pf_status int8_leg_check(const char *who) {
@@ -593,12 +612,8 @@ bool fused_f16_view(pf_weight *const *parts, int32_t count, pf_weight *view) {
         n += w->n;
     }
     // A view: no reference of its own to the context (view->ref stays empty).
-    view->f16_arena = nullptr;
-    view->f16_block = nullptr;
-    view->ctx = first->ctx;
+    bare_view(first, n, view);
     view->qtype = PF_QTYPE_F16;
-    view->n = n;
-    view->k = first->k;
     view->data = first->f16;  // an F16 weight in place: the same bytes as the cache
     view->bytes = size_t(n) * size_t(first->k) * sizeof(__half);
     view->f16 = first->f16;
@@ -615,16 +630,7 @@ bool fused_blocks_view(pf_weight *const *parts, int32_t count, pf_weight *view) 
         if (!w || w->k != parts[0]->k || w->ctx != parts[0]->ctx || w->nparts != 0 || !w->data) return false;
         n += w->n;
     }
-    view->f16 = nullptr;
-    view->f16_arena = nullptr;
-    view->f16_block = nullptr;
-    view->i8 = nullptr;
-    view->data = nullptr;
-    view->bytes = 0;
-    view->ctx = parts[0]->ctx;
-    view->qtype = parts[0]->qtype;
-    view->n = n;
-    view->k = parts[0]->k;
+    bare_view(parts[0], n, view);
     view->parts = parts;
     view->nparts = count;
     return true;

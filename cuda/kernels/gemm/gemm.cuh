@@ -187,5 +187,8 @@ bool fused_i8_view(pf_weight *const *parts, int32_t count, pf_weight *view);
 // destroyed), and `parts` must outlive it. False otherwise (and for every other form): the caller
 // runs the parts one by one.
 bool fused_view(const ProjRoute &r, pf_weight *const *parts, int32_t count, pf_weight *view);
+// A fused view's common fields: first's context, type and k, n rows, no copy, no parts, no
+// reference of its own (the views fill their form's fields after).
+void bare_view(const pf_weight *first, int64_t n, pf_weight *view);
 
 }  // namespace pf

@@ -473,17 +473,7 @@ bool fused_i8_view(pf_weight *const *parts, int32_t count, pf_weight *view) {
     }
     // A view on the caller's stack (a fresh pf_weight): no reference of its own to the context,
     // no arena, nothing to free.
-    view->f16 = nullptr;
-    view->f16_arena = nullptr;
-    view->f16_block = nullptr;
-    view->f16_stream = false;
-    view->i8_arena = nullptr;
-    view->data = nullptr;
-    view->bytes = 0;
-    view->ctx = parts[0]->ctx;
-    view->qtype = parts[0]->qtype;
-    view->n = n;
-    view->k = parts[0]->k;
+    bare_view(parts[0], n, view);
     view->i8 = parts[0]->i8;
     view->i8_r = parts[0]->i8_r;
     view->i8_b = parts[0]->i8_b;
