@@ -146,7 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch suite: skip the tuning variants (varlen off)")
     p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=positive_float("GiB"), default=[],
                    help="model suite and FILE: also run ours on a context with each memory budget "
-                        "(GiB > 0: a smaller card; the prewarm caches what fits, the rest streams), "
+                        "(GiB > 0: a smaller card; the prewarm caches what fits, the rest runs uncached: "
+                        "its GGUF blocks on sm_90a, else streamed fp16 slabs), "
                         "with the ratio to the unbudgeted run")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of skipped parts")
 

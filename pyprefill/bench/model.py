@@ -212,7 +212,7 @@ def split_leg(leg: str) -> tuple[str, dict, bool]:
 def bench_ours(rec, path: str, label: str, lengths, legs, *, chunk: int, reps: int,
                rng, budget_gib: float = 0, decode: int = 0) -> list[dict]:
     """budget_gib > 0: on a context with that memory budget (a smaller card: the prewarm caches
-    what fits and the rest streams); its rows' impl ends with " @<budget>GiB". decode > 0: after
+    what fits, the rest runs uncached); its rows' impl ends with " @<budget>GiB". decode > 0: after
     each length's prefill row, a row of `decode` greedy steps after a prompt of that length
     (impl "ours LEG tg<decode>", tok_s the decoded tokens a second)."""
     from ..core import Context

@@ -826,8 +826,8 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
         rep.reason[0] = '\0';
     } else {
         std::snprintf(rep.reason, sizeof rep.reason,
-                      "partial: %d of %d weights cached (%zu bytes); the rest stream on the f16 leg "
-                      "(%zu headroom, %zu free)", rep.weights_cached, rep.weights_total, need, headroom_bytes, free_b);
+                      "partial: %d of %d weights cached (%zu bytes); the f16 leg reads the rest uncached "
+                      "(GGUF blocks or fp16 slabs; %zu headroom, %zu free)", rep.weights_cached, rep.weights_total, need, headroom_bytes, free_b);
     }
     return finish(PF_STATUS_OK);
 }
