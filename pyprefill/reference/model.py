@@ -64,13 +64,14 @@ def layer_tensor_names(desc: ModelDesc, i: int) -> dict[str, str]:
 def layer_forward(desc: ModelDesc, kind: str, w: dict[str, np.ndarray], x: np.ndarray,
                   pos0: int, state: tuple[np.ndarray, np.ndarray], *, chunked: bool = False,
                   chunk: int = 64, dtype: type[np.floating] = np.float64,
-                  project: ops.Projector | None = None
+                  project: ops.Projector | None = None, gdn_rows16: bool = False
                   ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """One block over the rows x (T, d) at positions pos0..: mixer + FFN with their residuals.
 
     kind "attn" (state = (k_cache, v_cache)) or "gdn" (state = (conv window, delta-rule state));
     w: the layer's tensors by short name (`layer_tensor_names`). project: optional projection
-    hook (ops.Projector) for every matrix product of the block. Returns (x, new state).
+    hook (ops.Projector) for every matrix product of the block. gdn_rows16: ops.gdn_mixer's
+    rows16 (the GDN layer's q / k / v / o rows in fp16). Returns (x, new state).
     """
     d = desc
     h = ops.rms_norm(x, w["attn_norm"], d.eps, dtype)
@@ -90,7 +91,7 @@ def layer_forward(desc: ModelDesc, kind: str, w: dict[str, np.ndarray], x: np.nd
             w["ssm_conv1d"], w["ssm_dt"], w["ssm_a"], w["ssm_norm"], w["ssm_out"],
             conv, ssm, n_k_heads=d.ssm_hk, n_v_heads=d.ssm_hv,
             head_k_dim=d.ssm_dk, head_v_dim=d.ssm_dv, eps=d.eps,
-            chunked=chunked, chunk=chunk, dtype=dtype, project=project)
+            chunked=chunked, chunk=chunk, dtype=dtype, project=project, rows16=gdn_rows16)
         state = (conv, ssm)
     x = x + mix
     h2 = ops.rms_norm(x, w["ffn_norm"], d.eps, dtype)

@@ -447,14 +447,17 @@ def gdn_mixer(h: np.ndarray, w_qkv: np.ndarray, w_gate: np.ndarray, w_beta: np.n
               w_norm: np.ndarray, w_out: np.ndarray, conv_window: np.ndarray, state: np.ndarray,
               *, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int, eps: float,
               chunked: bool = False, chunk: int = 64, dtype: DType = np.float64,
-              project: Projector | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              project: Projector | None = None, rows16: bool = False
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Gated DeltaNet mixer G1-G9 of spec.md §3.2 on GGUF (tiled V-head order) tensors.
 
     h: (T, d) normed input; w_qkv: (2·Hk·dk + Hv·dv, d); w_gate: (Hv·dv, d); w_beta, w_alpha:
     (Hv, d); w_conv: (conv_dim, Kc); dt_bias, ssm_a: (Hv,); w_norm: (dv,); w_out: (d, Hv·dv);
     conv_window: (Kc−1, conv_dim); state: (Hv, dk, dv).
     Returns (out (T, d), new conv_window, new state). project: optional hook for the five
-    products (roles attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_out).
+    products (roles attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_out). rows16: the rows between
+    the GDN kernels held in fp16 (q, k, v after the conv and the L2 norms, o after the delta rule,
+    each rounded to nearest even; issue 40's 16-bit rows, modelled).
     """
     h = _f(h, dtype)
     T = h.shape[0]
@@ -471,9 +474,13 @@ def gdn_mixer(h: np.ndarray, w_qkv: np.ndarray, w_gate: np.ndarray, w_beta: np.n
     v = u[:, 2 * key_dim:].reshape(T, Hv, dv)
     q = l2_norm(q, 1e-6, dtype) / np.sqrt(_f(dk, dtype))                 # G5 (HF: eps 1e-6)
     k = l2_norm(k, 1e-6, dtype)
+    if rows16:
+        q, k, v = (_f(a.astype(np.float16), dtype) for a in (q, k, v))
     if chunked:                                                          # G6 + G7
         o, state = delta_rule_chunked(q, k, v, g, beta, state, chunk, dtype)
     else:
         o, state = delta_rule_recurrent(q, k, v, g, beta, state, dtype)
+    if rows16:
+        o = _f(o.astype(np.float16), dtype)
     y = gated_rms_norm(o, w_norm, z, eps, dtype).reshape(T, Hv * dv)     # G8
     return _proj(project, "ssm_out", y, w_out, dtype), conv_window, state  # G9

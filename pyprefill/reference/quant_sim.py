@@ -447,6 +447,7 @@ class Recipe:
     float_weights_f16: bool = True
     note: str = ""
     arch_roles: tuple[tuple[str, tuple[tuple[str, Leg], ...]], ...] = ()
+    gdn_rows16: bool = False   # the GDN layers' q / k / v / o rows in fp16 (ops.gdn_mixer rows16)
 
     def for_arch(self, arch: str) -> "Recipe":
         """This recipe with the overrides of `arch` merged into `roles`."""
@@ -488,6 +489,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("bf16", Leg("bf16", weight="bf16"), gates=None,
            note="bf16 activations and weights, every projection"),
     Recipe("f16", F16_LEG, gates=None, note="fp16 activations and weights (the f16 leg)"),
+    Recipe("f16-rows16", F16_LEG, gates=None, gdn_rows16=True,
+           note="the f16 leg with the GDN q / k / v / o rows in fp16 between its kernels (issue 40)"),
     Recipe("q8_1-llama", Leg("q8_1", 32, "blocks_llama"),
            note="llama.cpp MMQ: q8_1 activations (fp32 math, roundf, fp16 d and exact-x sums "
                 "for DS4 types), fp16 Q4_K/Q5_K sub-scales and mins"),
@@ -787,7 +790,8 @@ def simulate(path: str, tokens: Sequence[int], recipes: Iterable[Recipe], *,
             t0 = time.perf_counter()
             hook = _hook(by_name[n], forms, stats[n] if role_stats else None)
             xs[n], states[n][i] = layer_forward(desc, kind, w, xs[n], 0, states[n][i],
-                                                chunked=chunked, project=hook)
+                                                chunked=chunked, project=hook,
+                                                gdn_rows16=by_name[n].gdn_rows16)
             secs[n] += time.perf_counter() - t0
         if log:
             log(f"layer {i + 1}/{len(desc.layer_kinds)} ({kind})")

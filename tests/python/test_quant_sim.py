@@ -312,3 +312,33 @@ def test_hidden_states_give_the_simulated_logits_errors():
     m = res.metrics["int8-g128-w128r-mix"]
     assert got["mix"][0] == pytest.approx(m.rel, rel=1e-9) and got["mix"][1] == m.argmax
     assert m.rel > 0
+
+
+
+@pytest.mark.parametrize("name", ["qwen3_tiny.mix", "qwen35_hv2.mix"])
+def test_gdn_rows16_recipe(name):
+    """f16-rows16 (issue 40's 16-bit rows between the GDN kernels, modelled): on a model without
+    GDN layers the f16 leg's logits bit for bit; on a hybrid one different from them, with an
+    error of the f16 leg's order; one GDN layer with its rows in fp16 differs from the float64
+    layer by about fp16's rounding (2^-11 relative), not more."""
+    from pyprefill.reference.model import empty_layer_state, layer_forward
+    from pyprefill.reference.quant_sim import _layer_forms
+    path = os.path.join(DATA, f"{name}.gguf")
+    desc = ReferenceModel(path).desc
+    toks = np.random.default_rng(4).integers(0, desc.n_vocab, 23)
+    res = qs.simulate(path, toks, [qs.RECIPES["f16"], qs.RECIPES["f16-rows16"]], keep_logits=True)
+    f16, rows16 = res.logits["f16"], res.logits["f16-rows16"]
+    if "gdn" not in desc.layer_kinds:
+        assert np.array_equal(rows16, f16)
+        return
+    assert not np.array_equal(rows16, f16)
+    m16, mrows = res.metrics["f16"], res.metrics["f16-rows16"]
+    assert 0 < mrows.rel < 4 * m16.rel, (m16.rel, mrows.rel)
+    w, _ = _layer_forms(desc, desc.layer_kinds.index("gdn"))
+    h = np.random.default_rng(5).standard_normal((9, desc.n_embd))
+    state = empty_layer_state(desc, "gdn")
+    a, _ = layer_forward(desc, "gdn", w, h, 0, state, gdn_rows16=True)
+    b, _ = layer_forward(desc, "gdn", w, h, 0, state)
+    mix_a, mix_b = a - h, b - h
+    err = rel(mix_a, mix_b)
+    assert 1e-6 < err < 4e-3, err
