@@ -51,14 +51,13 @@ pf_status plan_gemms(Executor *e) {
                 j.shape = GemmShape{w->n, T, w->k, ldy, g.accumulate};
                 j.w = whole;
                 if (r.weight == WeightForm::F16Blocks && T >= e->plan.blocks_slab_rows) {
-                    // The blocks' per-call slabs (project_blocks_slabs): timed on the slab scratch
-                    // (reserved above; its contents do not matter for the timing), each slab shape.
-                    const int64_t slab = weight_slab_rows(w->n, w->k, sizeof(__half));
+                    // The blocks' per-call slabs: timed on the slab scratch (reserved above; its
+                    // contents do not matter for the timing), each GEMM's shape.
+                    std::vector<int64_t> widths;
+                    slab_gemm_widths(w, &widths);
                     j.w = static_cast<const __half *>(e->w16.ptr);
-                    j.shape.n = std::min(slab, w->n);
-                    jobs.push_back(j);
-                    if (w->n % slab != 0 && w->n > slab) {
-                        j.shape.n = w->n % slab;
+                    for (const int64_t n : widths) {
+                        j.shape.n = n;
                         jobs.push_back(j);
                     }
                     return PF_STATUS_OK;

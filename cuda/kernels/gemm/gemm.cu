@@ -207,6 +207,74 @@ pf_status cast_input(const ProjEnv &env, const float *x, int64_t rows, int64_t l
     return PF_STATUS_OK;
 }
 
+// Whether a fused view of F16Blocks parts dequantizes them into one slab (the group's fp16 fits
+// the slab bound), so that one GEMM runs them all.
+bool group_slab(const pf_weight *w) {
+    return w->nparts > 0 && size_t(w->n) * size_t(w->k) * sizeof(__half) <= kSlabBytes;
+}
+
+// Calls fn(part, col) for each part of a fused view in order, col its first output column.
+template <class F>
+pf_status each_part(const pf_weight *w, F &&fn) {
+    int64_t col = 0;
+    for (int32_t i = 0; i < w->nparts; ++i) {
+        PF_TRY(fn(w->parts[i], col));
+        col += w->parts[i]->n;
+    }
+    return PF_STATUS_OK;
+}
+
+// Bytes of the fp16 slab project_slabs dequantizes w into (a fused view: the group's, or its
+// largest part's where the group does not fit the bound).
+size_t slab_bytes16(const pf_weight *w) {
+    if (group_slab(w)) return size_t(w->n) * size_t(w->k) * sizeof(__half);
+    size_t most = 0;
+    for (int32_t i = 0; i < w->nparts; ++i) most = std::max(most, slab_bytes16(w->parts[i]));
+    if (w->nparts > 0) return most;
+    return size_t(slab_rows(w->n, w->k, sizeof(__half))) * size_t(w->k) * sizeof(__half);
+}
+
+// The per-call fp16 slabs on fp16 rows in the f16 leg's input form: w's blocks dequantized into
+// env.w16 by the prewarm's kernel (persistent CTAs over 8192-element tiles: bitwise dequantize()'s
+// fp16, the cache's bits, at ~2x its bandwidth) and the cache's GEMM on each slab (gemm_f16: the
+// plan's algorithm for the shape, as the cache's), then the unscale. A fused view that fits one
+// slab (project_blocks_rows sends no other here) has its parts side by side in it and one GEMM.
+// The streaming form (F16Slabs) runs it after its cast; the blocks form (F16Blocks) from
+// env.blocks_slab_rows rows on, where it beats the GEMM on the blocks: the dequantization reads
+// the blocks and writes 2 bytes a weight once a call, ~15-30 us a 4B matrix, against a GEMM of
+// 2048 rows that the GEMM on the blocks runs at 0.44-0.64x cuBLAS (NOTES.md, session 40).
+pf_status project_slabs(const ProjEnv &env, const pf_weight *w, const __half *x16, const float *inv, int64_t rows,
+                        MatF y, bool accumulate) {
+    pf_context *ctx = env.ctx;
+    const int64_t n = w->n, k = w->k;
+    PF_CHECK_ARG(rows <= INT_MAX && y.ld >= n && y.ld <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+                 "project (fp16 slabs): rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows, (long long)n,
+                 (long long)k, (long long)y.ld);
+    PF_TRY(scratch_reserve(ctx, *env.w16, slab_bytes16(w), "project (f16 leg, fp16 slabs): weight scratch"));
+    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+    __half *ws = static_cast<__half *>(env.w16->ptr);
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (w->nparts > 0) {  // a fused view that fits one slab: the parts side by side, one GEMM
+        std::vector<prewarm_job> jobs;
+        PF_TRY(each_part(w, [&](const pf_weight *p, int64_t col) {
+            jobs.push_back(prewarm_job{p->data, ws + col * k, p->n * k, p->qtype});
+            return PF_STATUS_OK;
+        }));
+        PF_TRY(prewarm_dequantize(jobs, ctx->stream));
+        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, n, k, x16, rows, y, beta}));
+    } else {
+        const int64_t slab = slab_rows(n, k, sizeof(__half)), rb = row_bytes(w);
+        for (int64_t n0 = 0; n0 < n; n0 += slab) {
+            const int64_t nc = std::min(slab, n - n0);
+            // Same stream: the next slab's dequantization waits for this slab's GEMM to finish reading.
+            PF_TRY(prewarm_dequantize(
+                {prewarm_job{static_cast<const uint8_t *>(w->data) + n0 * rb, ws, nc * k, w->qtype}}, ctx->stream));
+            PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, x16, rows, MatF{y.ptr + n0, y.ld}, beta}));
+        }
+    }
+    return inv ? launch_unscale(inv, y.ptr, y.ld, rows, n, ctx->stream) : PF_STATUS_OK;
+}
+
 pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const float *x, int64_t rows, int64_t ldx,
                       float *y, int64_t ldy, bool accumulate) {
     pf_context *ctx = env.ctx;
@@ -215,103 +283,26 @@ pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const f
     // One token and no fp16 copy: a streaming dequant would read and write the whole weight;
     // the GEMV reads the blocks once (fp32 math: more exact than the leg promises, no overflow).
     if (rows == 1 && !whole) return qgemv(blocks_of(w), x, y, accumulate, ctx->stream);
-    const int64_t slab = slab_rows(n, k, sizeof(__half));
     __half *xh = nullptr;
     float *inv = nullptr;
-    PF_TRY(cast_input(env, x, rows, ldx, k, y, ldy, n, accumulate,
-                      whole ? 0 : size_t(slab) * size_t(k) * sizeof(__half), &xh, &inv));
+    PF_TRY(cast_input(env, x, rows, ldx, k, y, ldy, n, accumulate, whole ? 0 : slab_bytes16(w), &xh, &inv));
+    if (!whole) return project_slabs(env, w, xh, inv, rows, MatF{y, ldy}, accumulate);  // streaming
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
-    const float beta = accumulate ? 1.0f : 0.0f;
-    if (whole) {
-        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, n, k, xh, rows, MatF{y, ldy}, beta}));
-    } else {  // streaming: fp16 slabs dequantized per call
-        __half *ws = static_cast<__half *>(env.w16->ptr);
-        const int64_t rb = row_bytes(w);
-        for (int64_t n0 = 0; n0 < n; n0 += slab) {
-            const int64_t nc = std::min(slab, n - n0);
-            // The prewarm's kernel (persistent CTAs over 8192-element tiles): bitwise dequantize()'s
-            // fp16, at ~2x its bandwidth on a whole matrix (issue 29: a partly cached model).
-            PF_TRY(prewarm_dequantize({prewarm_job{static_cast<const uint8_t *>(w->data) + n0 * rb, ws, nc * k,
-                                                   w->qtype}},
-                                      ctx->stream));
-            PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, xh, rows, MatF{y + n0, ldy}, beta}));
-        }
-    }
+    PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{whole, n, k, xh, rows, MatF{y, ldy}, accumulate ? 1.0f : 0.0f}));
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
-}
-
-// Whether a fused view of F16Blocks parts dequantizes them into one slab (the group's fp16 fits
-// the slab bound), so that one GEMM runs them all.
-bool blocks_group_slab(const pf_weight *w) {
-    return w->nparts > 0 && size_t(w->n) * size_t(w->k) * sizeof(__half) <= kSlabBytes;
-}
-
-// Bytes of the fp16 slab the F16Blocks form dequantizes into from env.blocks_slab_rows rows on (a
-// fused view: the group's, or its largest part's where the group does not fit the bound).
-size_t blocks_slab_bytes(const pf_weight *w) {
-    if (blocks_group_slab(w)) return size_t(w->n) * size_t(w->k) * sizeof(__half);
-    size_t most = 0;
-    for (int32_t i = 0; i < w->nparts; ++i) most = std::max(most, blocks_slab_bytes(w->parts[i]));
-    if (w->nparts > 0) return most;
-    return size_t(slab_rows(w->n, w->k, sizeof(__half))) * size_t(w->k) * sizeof(__half);
-}
-
-// The F16Blocks form from env.blocks_slab_rows rows on: the blocks dequantized into fp16 slabs in
-// env.w16 by the prewarm's kernel (the cache's bits) and the cache's GEMM on each (gemm_f16: the
-// plan's algorithm for the shape, as the cache's), then the unscale. At many rows this beats the
-// GEMM on the blocks: the dequantization reads the blocks and writes 2 bytes a weight once per
-// call (~20 us for a 4B FFN matrix), a few percent of a GEMM of 2048 rows, while the GEMM on the
-// blocks decodes each weight tile once per 256 rows inside the tensor cores' pipeline (NOTES.md,
-// issue 38: 0.70-0.72x cuBLAS at 2048-8192 rows).
-pf_status project_blocks_slabs(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv, int64_t rows,
-                               MatF y, bool accumulate) {
-    pf_context *ctx = env.ctx;
-    const int64_t n = w->n, k = w->k;
-    PF_CHECK_ARG(rows <= INT_MAX && y.ld >= n && y.ld <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
-                 "project (blocks, slabs): rows=%lld n=%lld k=%lld ldy=%lld", (long long)rows, (long long)n,
-                 (long long)k, (long long)y.ld);
-    PF_TRY(scratch_reserve(ctx, *env.w16, blocks_slab_bytes(w), "project (f16 leg, blocks as slabs): weight scratch"));
-    PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
-    __half *ws = static_cast<__half *>(env.w16->ptr);
-    if (w->nparts > 0) {  // a fused view whose group fits one slab: the parts side by side, one GEMM
-        std::vector<prewarm_job> jobs;
-        int64_t at = 0;
-        for (int32_t i = 0; i < w->nparts; ++i) {
-            const pf_weight *p = w->parts[i];
-            jobs.push_back(prewarm_job{p->data, ws + at * k, p->n * k, p->qtype});
-            at += p->n;
-        }
-        PF_TRY(prewarm_dequantize(jobs, ctx->stream));
-        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, n, k, x16, rows, y, accumulate ? 1.0f : 0.0f}));
-        return inv ? launch_unscale(inv, y.ptr, y.ld, rows, n, ctx->stream) : PF_STATUS_OK;
-    }
-    const int64_t slab = slab_rows(n, k, sizeof(__half)), rb = row_bytes(w);
-    for (int64_t n0 = 0; n0 < n; n0 += slab) {
-        const int64_t nc = std::min(slab, n - n0);
-        // Same stream: the next slab's dequantization waits for this slab's GEMM to finish reading.
-        PF_TRY(prewarm_dequantize(
-            {prewarm_job{static_cast<const uint8_t *>(w->data) + n0 * rb, ws, nc * k, w->qtype}}, ctx->stream));
-        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, nc, k, x16, rows, MatF{y.ptr + n0, y.ld}, accumulate ? 1.0f : 0.0f}));
-    }
-    if (!inv) return PF_STATUS_OK;
-    return launch_unscale(inv, y.ptr, y.ld, rows, n, ctx->stream);
 }
 
 // The f16 leg on the GGUF blocks (F16Blocks) on fp16 rows in its input form: the GEMM with the
 // blocks dequantized on the chip and the unscale fused (gemm_q16), or from env.blocks_slab_rows
-// rows on the per-call slabs (project_blocks_slabs).
-pf_status project_blocks_rows(const ProjEnv &env, pf_weight *w, const __half *x16, const float *inv, int64_t rows,
-                              MatF y, bool accumulate) {
+// rows on the per-call slabs (project_slabs).
+pf_status project_blocks_rows(const ProjEnv &env, const pf_weight *w, const __half *x16, const float *inv,
+                              int64_t rows, MatF y, bool accumulate) {
     const bool slabs = rows >= env.blocks_slab_rows;
-    if (w->nparts > 0 && !(slabs && blocks_group_slab(w))) {  // a fused view: its parts one by one
-        int64_t col = 0;
-        for (int32_t i = 0; i < w->nparts; ++i) {
-            PF_TRY(project_blocks_rows(env, w->parts[i], x16, inv, rows, y.cols_from(col), accumulate));
-            col += w->parts[i]->n;
-        }
-        return PF_STATUS_OK;
-    }
-    if (slabs) return project_blocks_slabs(env, w, x16, inv, rows, y, accumulate);
+    if (w->nparts > 0 && !(slabs && group_slab(w)))  // a fused view: its parts one by one
+        return each_part(w, [&](const pf_weight *p, int64_t col) {
+            return project_blocks_rows(env, p, x16, inv, rows, y.cols_from(col), accumulate);
+        });
+    if (slabs) return project_slabs(env, w, x16, inv, rows, y, accumulate);
     Q16Gemm g;
     g.blocks = w->data;
     g.qtype = w->qtype;
@@ -327,22 +318,18 @@ pf_status project_blocks_rows(const ProjEnv &env, pf_weight *w, const __half *x1
 
 // The same on fp32 rows: cast to the input form first; one row: the GEMV on the blocks (as for
 // the slabs).
-pf_status project_blocks(const ProjEnv &env, pf_weight *w, const float *x, int64_t rows, int64_t ldx, float *y,
-                         int64_t ldy, bool accumulate) {
-    if (rows == 1 && w->nparts > 0) {  // a fused view: the GEMV of each part
-        int64_t col = 0;
-        for (int32_t i = 0; i < w->nparts; ++i) {
-            PF_TRY(qgemv(blocks_of(w->parts[i]), x, y + col, accumulate, env.ctx->stream));
-            col += w->parts[i]->n;
-        }
-        return PF_STATUS_OK;
-    }
+pf_status project_blocks(const ProjEnv &env, const pf_weight *w, const float *x, int64_t rows, int64_t ldx,
+                         float *y, int64_t ldy, bool accumulate) {
+    if (rows == 1 && w->nparts > 0)  // a fused view: the GEMV of each part
+        return each_part(w, [&](const pf_weight *p, int64_t col) {
+            return qgemv(blocks_of(p), x, y + col, accumulate, env.ctx->stream);
+        });
     if (rows == 1) return qgemv(blocks_of(w), x, y, accumulate, env.ctx->stream);
     __half *xh = nullptr;
     float *inv = nullptr;
     // The slabs' scratch before the cast (which pre-scales an accumulate target): an OOM leaves Y as it was.
     PF_TRY(cast_input(env, x, rows, ldx, w->k, y, ldy, w->n, accumulate,
-                      rows >= env.blocks_slab_rows ? blocks_slab_bytes(w) : 0, &xh, &inv));
+                      rows >= env.blocks_slab_rows ? slab_bytes16(w) : 0, &xh, &inv));
     return project_blocks_rows(env, w, xh, inv, rows, MatF{y, ldy}, accumulate);
 }
 
@@ -393,6 +380,20 @@ void bare_view(const pf_weight *first, int64_t n, pf_weight *view) {
 }
 
 int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
+
+void slab_gemm_widths(const pf_weight *w, std::vector<int64_t> *out) {
+    if (group_slab(w)) {
+        out->push_back(w->n);
+    } else if (w->nparts > 0) {
+        (void)each_part(w, [&](const pf_weight *p, int64_t) {
+            slab_gemm_widths(p, out);
+            return PF_STATUS_OK;
+        });
+    } else {
+        const int64_t slab = slab_rows(w->n, w->k, sizeof(__half));
+        for (int64_t n0 = 0; n0 < w->n; n0 += slab) out->push_back(std::min(slab, w->n - n0));
+    }
+}
 
 pf_status int8_leg_check(const char *who) {
     if (gemm_i8_available()) return PF_STATUS_OK;
@@ -662,12 +663,12 @@ ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, i
             return b;
         case WeightForm::F16Slabs:
             if (rows == 1) return b;  // the GEMV
-            b.w16 = size_t(slab_rows(w->n, k, sizeof(__half))) * size_t(k) * sizeof(__half);
+            b.w16 = slab_bytes16(w);
             [[fallthrough]];
         case WeightForm::F16Blocks:  // its fp32 rows' cast (none for one row: the GEMV); its slabs
             if (r.weight == WeightForm::F16Blocks) {
                 if (rows == 1) return b;
-                if (rows >= blocks_slab_rows) b.w16 = blocks_slab_bytes(w);
+                if (rows >= blocks_slab_rows) b.w16 = slab_bytes16(w);
             }
             [[fallthrough]];
         case WeightForm::F16Cache:

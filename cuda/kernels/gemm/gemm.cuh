@@ -110,6 +110,9 @@ struct ProjScratchBytes {
 // blocks_slab_rows: ProjEnv's (F16Blocks from that many rows on needs the slabs' w16).
 ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows,
                                        int64_t blocks_slab_rows);
+// Appends the n of each GEMM that the per-call fp16 slabs run for w (or a fused view of the
+// blocks), in order: for the executor's GEMM plan, the shapes it times.
+void slab_gemm_widths(const pf_weight *w, std::vector<int64_t> *out);
 
 // Fills w->f16 (n*k fp16, row-major [n][k]) from w's blocks; a no-op when already cached.
 // OUT_OF_MEMORY leaves w uncached and the context usable.
