@@ -51,10 +51,10 @@ def make_weight(ctx, rng, qtype: str, n: int, k: int):
     return ctx.weight(qtype, n, k, data), ref
 
 
-def runs_blocks(ctx) -> bool:
-    """Whether ctx's device runs the GEMM on the GGUF blocks (the sm_90a kernels; sessions then
-    run an uncached matrix on them, tuning gemm_blocks): probed with the 8-bit leg, which has the
-    same check."""
+def blocks_unsupported(ctx) -> str | None:
+    """None where ctx's device runs the GEMM on the GGUF blocks (the sm_90a kernels; sessions then
+    run an uncached matrix on them, tuning gemm_blocks), else the library's reason: probed with the
+    8-bit leg, which has the same check."""
     from pyprefill import errors
     from pyprefill.kernels import gemm
     rng = np.random.default_rng(5)
@@ -62,9 +62,9 @@ def runs_blocks(ctx) -> bool:
     with w:
         try:
             gemm.project_np(ctx, w, randn(rng, 2, 128), leg="int8")
-        except errors.UnsupportedError:
-            return False
-    return True
+        except errors.UnsupportedError as e:
+            return str(e)
+    return None
 
 
 def assert_uncached_auto_leg(model, ctx, tokens, f32_logits, **session_kw) -> None:
@@ -73,7 +73,7 @@ def assert_uncached_auto_leg(model, ctx, tokens, f32_logits, **session_kw) -> No
     for f16, not the f32 leg's bits, within the default legs' 2e-2 of them)."""
     with model.session(gemm="auto", **session_kw) as s:
         got = s.prefill(tokens, "all")
-    if not runs_blocks(ctx):
+    if blocks_unsupported(ctx) is not None:
         assert np.array_equal(got, f32_logits), "auto without the fp16 cache is not the f32 leg"
         return
     with model.session(gemm="f16", **session_kw) as s:

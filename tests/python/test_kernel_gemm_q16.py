@@ -22,9 +22,8 @@ Where the device does not run it (no sm_90a build or not compute capability 9.0)
 with the 8-bit leg's reason (the same sm_90a check)."""
 import numpy as np
 import pytest
-from helpers import assert_close, make_weight, randn
+from helpers import assert_close, blocks_unsupported, make_weight, randn
 
-from pyprefill import errors
 from pyprefill.core import Context
 from pyprefill.kernels import gemm
 from pyprefill.reference import ops
@@ -33,25 +32,22 @@ BLOCK_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 F16_BOUND, F32_BOUND = 3e-3, 1e-5
 
 
-def _blocks_on(c: Context, rng, slab_rows="never") -> None:
+def _blocks_on(c: Context, slab_rows="never") -> None:
     """gemm_blocks on in c (the GEMM on the blocks at every row count unless `slab_rows` says from
     which the per-call slabs run: None = the library's default); skips where the device does not
-    run the sm_90a kernels (probed with the 8-bit leg, which has the same check)."""
-    w, _ = make_weight(c, rng, "Q8_0", 8, 128)
-    with w:
-        try:
-            gemm.project_np(c, w, randn(rng, 2, 128), leg="int8")
-        except errors.UnsupportedError as e:
-            pytest.skip(f"the sm_90a kernels do not run on this device: {e}")
+    run the sm_90a kernels (helpers.blocks_unsupported)."""
+    why = blocks_unsupported(c)
+    if why is not None:
+        pytest.skip(f"the sm_90a kernels do not run on this device: {why}")
     c.set_tuning(gemm_blocks="on", gemm_blocks_slab_rows=slab_rows)
 
 
 @pytest.fixture
-def bctx(rng):
+def bctx():
     """A context whose kernel-level calls read uncached weights' blocks (gemm_blocks on); skips
     where the device does not run the sm_90a kernels."""
     with Context(0) as c:
-        _blocks_on(c, rng)
+        _blocks_on(c)
         yield c
 
 
@@ -177,7 +173,7 @@ def test_blocks_make_no_fp16_copy(rng):
             w, _ = make_weight(c, rng, "Q4_K", n, k)
             with w:
                 if blocks:
-                    _blocks_on(c, rng)
+                    _blocks_on(c)
                 before = c.allocated()
                 gemm.project_np(c, w, randn(rng, rows, k), leg="f16")
                 sizes[blocks] = c.allocated() - before
@@ -198,7 +194,7 @@ def test_blocks_slabs_are_the_cache_bit_for_bit(rng, qtype, rows):
     fp16 copy of the matrix (at most), the weight keeps no cache."""
     n, k = 264, _k_for(qtype, 1056)
     with Context(0) as c:
-        _blocks_on(c, rng, slab_rows=2)
+        _blocks_on(c, slab_rows=2)
         w, w64 = make_weight(c, rng, qtype, n, k)
         with w:
             x = randn(rng, rows, k + 7)
@@ -228,7 +224,7 @@ def test_blocks_slab_rows_default_crossover(rng):
     slabs (bitwise the cache's); both within fp32 accumulation of each other."""
     n, k = 200, 2560
     with Context(0) as c:
-        _blocks_on(c, rng, slab_rows=None)
+        _blocks_on(c, slab_rows=None)
         w, _ = make_weight(c, rng, "Q4_K", n, k)
         with w:
             x = randn(rng, 65, k)
