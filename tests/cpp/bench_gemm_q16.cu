@@ -38,6 +38,7 @@
 #include "kernels/gemm/gemm_q16_kernel.cuh"
 #include "kernels/gemm/gemm_q16_mma_kernel.cuh"
 #include "kernels/gemm/gemm_q16_rs_kernel.cuh"
+#include "kernels/gemm/gemm_q16_gemv_kernel.cuh"
 #include "kernels/gemm/gemm_q16_skinny_kernel.cuh"
 #include "cuda_exit.h"
 
@@ -63,6 +64,16 @@ __global__ void decode_rows(const uint8_t *w, int64_t row_bytes, int n, int k, _
     float v[8];
     decode8_at<Q>(w + r * row_bytes, c, v);
     for (int e = 0; e < 8; ++e) out[i + e] = __float2half_rn(v[e]);
+}
+// The same values before their rounding to fp16 (the exact weights the GEMV form multiplies).
+template <int Q>
+__global__ void decode_rows_f32(const uint8_t *w, int64_t row_bytes, int n, int k, float *out) {
+    const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+    if (i >= int64_t(n) * k) return;
+    const int64_t r = i / k, c = i % k;
+    float v[8];
+    decode8_at<Q>(w + r * row_bytes, c, v);
+    for (int e = 0; e < 8; ++e) out[i + e] = v[e];
 }
 
 // Random blocks: random bytes, then every fp16 scale field a small positive fp16 (random bytes
@@ -122,7 +133,8 @@ float median_ms(cudaStream_t st, int reps, const F &run) {
 // The worst of 64 sampled outputs' errors against the float64 product of the fp16 rows and the
 // decoded fp16 weight, relative to the sum of the products' magnitudes (the same samples for every
 // form; the first the last output).
-double sampled_error(const std::vector<__half> &hx, const std::vector<__half> &hw16, const std::vector<float> &y,
+template <class W>
+double sampled_error(const std::vector<__half> &hx, const std::vector<W> &hw16, const std::vector<float> &y,
                      int64_t M, int64_t N, int64_t K) {
     double worst = 0;
     std::mt19937 pick(7);
@@ -132,7 +144,7 @@ double sampled_error(const std::vector<__half> &hx, const std::vector<__half> &h
         double ref = 0, mag = 0;
         for (int64_t i = 0; i < K; ++i) {
             const double p =
-                double(__half2float(hx[size_t(r * K + i)])) * double(__half2float(hw16[size_t(c * K + i)]));
+                double(__half2float(hx[size_t(r * K + i)])) * double(float(hw16[size_t(c * K + i)]));
             ref += p;
             mag += std::fabs(p);
         }
@@ -296,6 +308,104 @@ void launch_skinny_any(const uint8_t *w, int64_t N, int64_t K, const __half *x, 
     else launch_skinny<Q, 8>(w, N, K, x, M, y, split, tma, st);
 }
 
+// M <= 16 rows of a type the GEMV form reads (gemm_q16_gemv_kernel.cuh): every K-slice count,
+// checked (every output written; X's rows unit vectors give the fp32 decoded weight exactly, the
+// value the prewarm rounds to fp16; float64 samples of the exact weight's product within 4e-7),
+// then timed beside cuBLAS on the fp16 weights and the skinny form; the library's count marked.
+template <int Q>
+bool run_gemv(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng, int sms) {
+    using G = q16::RawGeom<Q>;
+    const int64_t row_bytes = K / G::kElems * G::kBlock;
+    std::vector<uint8_t> hw(size_t(N * row_bytes));
+    fill_blocks<Q>(hw, rng);
+    std::vector<__half> hx(size_t(M * K)), hsel(size_t(M * K), __float2half_rn(0.f));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto &v : hx) v = __float2half_rn(u(rng));
+    std::vector<int64_t> sel(size_t(M), K - 1);
+    for (int64_t i = 1; i < M; ++i) sel[size_t(i)] = (i * 7919 + 13) % (K - 1);
+    for (int64_t i = 0; i < M; ++i) hsel[size_t(i * K + sel[size_t(i)])] = __float2half_rn(1.f);
+    uint8_t *w = nullptr;
+    __half *x = nullptr, *xsel = nullptr, *w16 = nullptr;
+    float *y = nullptr, *yc = nullptr, *w32 = nullptr;
+    const size_t ybytes = size_t(M * N) * 4;
+    CK(cudaMalloc(&w, hw.size()));
+    CK(cudaMalloc(&x, hx.size() * 2));
+    CK(cudaMalloc(&xsel, hsel.size() * 2));
+    CK(cudaMalloc(&w16, size_t(N * K) * 2));
+    CK(cudaMalloc(&w32, size_t(N * K) * 4));
+    CK(cudaMalloc(&y, ybytes));
+    CK(cudaMalloc(&yc, ybytes));
+    CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(xsel, hsel.data(), hsel.size() * 2, cudaMemcpyHostToDevice));
+    decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
+    decode_rows_f32<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w32);
+    CK(cudaGetLastError());
+    std::vector<float> hw32(size_t(N * K));
+    CK(cudaMemcpy(hw32.data(), w32, hw32.size() * 4, cudaMemcpyDeviceToHost));
+    cudaStream_t st = nullptr;
+    const int lib_ks = q16v::pick_kslices(N, K, sms);
+    auto args = [&](const __half *xx, int ks) {
+        q16v::GemvArgs a{};
+        a.w = w;
+        a.row_bytes = row_bytes;
+        a.x = xx;
+        a.y = y;
+        a.ldy = N;
+        a.rows = int32_t(M);
+        a.n = int32_t(N);
+        a.k = int32_t(K);
+        a.kslices = ks;
+        return a;
+    };
+    auto launch = [&](const __half *xx, int ks) {
+        if (M <= 8) CK((q16v::launch<Q, 1>(args(xx, ks), st)));
+        else CK((q16v::launch<Q, 2>(args(xx, ks), st)));
+    };
+    bool ok = true;
+    std::printf("%-7s M=%-5lld N=%-6lld K=%-6lld gemv (library: %d K slices)\n", type_name(Q), (long long)M,
+                (long long)N, (long long)K, lib_ks);
+    std::vector<float> h(size_t(M * N));
+    for (int ks = 1; ks <= q16v::kWarps; ks *= 2) {
+        CK(cudaMemset(y, 0xFF, ybytes));
+        launch(xsel, ks);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t c = 0; c < N; ++c) wrong += h[size_t(i * N + c)] != hw32[size_t(c * K + sel[size_t(i)])];
+        CK(cudaMemset(y, 0xFF, ybytes));
+        launch(x, ks);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        int64_t unwritten = 0;
+        for (float v : h) unwritten += !std::isfinite(v);
+        const double worst = sampled_error(hx, hw32, h, M, N, K);
+        const bool f_ok = unwritten == 0 && wrong == 0 && worst <= 4e-7;
+        std::printf("  gemv ks=%d check: %s (unwritten %lld, X = e_c outputs not the fp32 weight %lld, sampled "
+                    "error %.2g)\n", ks, f_ok ? "ok" : "FAIL", (long long)unwritten, (long long)wrong, worst);
+        ok &= f_ok;
+    }
+    if (!check_only && ok) {
+        const double flop = 2.0 * double(M) * double(N) * double(K);
+        const float tc = time_cublas(cb, st, 20, w16, x, yc, M, N, K);
+        const double gb = double(N) * double(row_bytes) * 1e-9;
+        for (int ks = 1; ks <= q16v::kWarps; ks *= 2) {
+            const float t = median_ms(st, 20, [&] { launch(x, ks); });
+            std::printf("  gemv ks=%d %8.4f ms %7.1f TF/s %6.0f GB/s  %.2fx cache%s\n", ks, t, flop / t * 1e-9,
+                        gb / t * 1e3, tc / t, ks == lib_ks ? "  <- library" : "");
+        }
+    }
+    CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(xsel));
+    CK(cudaFree(w16));
+    CK(cudaFree(w32));
+    CK(cudaFree(y));
+    CK(cudaFree(yc));
+    return ok;
+}
+
 // M <= 64 rows: the skinny form at every split, checked (every output written, sampled float64
 // errors; with X's rows unit vectors e_c, one product per output: Y[i][j] = W16[j][c_i], the
 // decoded weight exactly), then timed beside cuBLAS on the fp16 weights; the library's split
@@ -427,6 +537,8 @@ int main(int argc, char **argv) {
             const int64_t M = dims[i], N = dims[i + 1], K = dims[i + 2];
             if (M <= q16s::kMaxRows) {
                 const int sms = p.multiProcessorCount;
+                if (type == "Q4_K" && M <= q16v::kMaxRows) ok &= run_gemv<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng, sms);
+                if (type == "Q6_K" && M <= q16v::kMaxRows) ok &= run_gemv<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng, sms);
                 if (type == "Q4_K") ok &= run_skinny<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng, sms);
                 else if (type == "Q5_K") ok &= run_skinny<PF_QTYPE_Q5_K>(M, N, K, check_only, cb, rng, sms);
                 else if (type == "Q6_K") ok &= run_skinny<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng, sms);
@@ -475,6 +587,16 @@ int main(int argc, char **argv) {
     ok &= run_skinny<PF_QTYPE_Q6_K>(50, 136, 768, true, cb, rng, p.multiProcessorCount);
     ok &= run_skinny<PF_QTYPE_IQ4_XS>(40, 384, 2304, true, cb, rng, p.multiProcessorCount);
     ok &= run_skinny<PF_QTYPE_Q4_0>(64, 300, 2560, true, cb, rng, p.multiProcessorCount);
+    // The GEMV form: 1, 8, 9 and 16 rows, n not a multiple of the 16-row group, one to 9 blocks a slice
+    ok &= run_gemv<PF_QTYPE_Q4_K>(1, 300, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q4_K>(8, 137, 256, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q4_K>(9, 520, 4096, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q4_K>(16, 33, 2560, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q6_K>(1, 300, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q6_K>(8, 137, 256, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q6_K>(9, 520, 4096, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q6_K>(16, 33, 2560, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q6_K>(3, 129, 768, true, cb, rng, p.multiProcessorCount);
     ok &= run_skinny<PF_QTYPE_Q8_0>(2, 96, 96, true, cb, rng, p.multiProcessorCount);
     // X = I: each output one product, the decoded fp16 weight exactly (every form's operand)
     ok &= run_shape<PF_QTYPE_Q4_0>(544, 136, 544, true, cb, rng, true);
