@@ -70,7 +70,7 @@
  * and pf_prewarm_report.partial at their ends. Version 0.6 adds PF_STATUS_FORMAT_ERROR for the
  * faults of a GGUF's contents, which were IO_ERROR (IO_ERROR keeps those of reading the file;
  * a non-regular file is refused before it is opened, so a FIFO no longer blocks the call), and
- * the tuning fields gemm_blocks and gemm_blocks_slab_rows at the end of pf_tuning (inside
+ * the tuning fields gemm_blocks, gemm_blocks_slab_rows and gemm_blocks_gemv_rows at the end of pf_tuning (inside
  * pf_model_options and pf_session_options: callers built against an earlier 0.6 header get
  * ABI_MISMATCH from their _init until rebuilt).
  */
@@ -251,6 +251,13 @@ typedef struct pf_tuning {
                                   most 512 MiB). 0 = default (65, measured on the H200), -1 =
                                   never, else N >= 2. Products equal the cache's GEMM on the same
                                   shape and algorithm bit for bit */
+    int32_t gemm_blocks_gemv_rows; /* under gemm_blocks: calls of up to this many rows on Q4_K or
+                                  Q6_K blocks run the GEMV form, which applies the blocks' scales
+                                  to the fp32 sums (the exact weight, as the f32 leg's operand,
+                                  not the cache's fp16: the products within fp32 accumulation of
+                                  the exact weight, within the f16 leg's tolerance of the cache);
+                                  the other types and more rows run the few-rows form. 0 = default
+                                  (8, measured on the H200), -1 = never, else 1..16 */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it

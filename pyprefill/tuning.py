@@ -23,6 +23,7 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     varlen             bool                         a batch step's GDN layers as one launch each
     gemm_blocks        bool                         the f16 leg reads an uncached matrix's GGUF blocks
     gemm_blocks_slab_rows int (>= 2) or "never"     ... as per-call fp16 slabs from this many rows on
+    gemm_blocks_gemv_rows int (1..16) or "never"    ... up to this many rows on Q4_K / Q6_K: the GEMV form
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ _ENUMS = {
 _SWITCHES = ("fuse_groups", "f16_producers", "fuse_qk_rope", "fuse_conv_norm", "gdn_pdl", "varlen",
              "gemm_blocks")
 _INTS = {"gdn_subpass_rows": {"one-pass": -1}, "prewarm_piece_bytes": {"one-allocation": -1},
-         "prewarm_fail_piece": {}, "gemm_blocks_slab_rows": {"never": -1}}
+         "prewarm_fail_piece": {}, "gemm_blocks_slab_rows": {"never": -1},
+         "gemm_blocks_gemv_rows": {"never": -1}}
 FIELDS = (*_ENUMS, *_SWITCHES, *_INTS)
 
 

@@ -143,6 +143,7 @@ pf_tuning tuning_over(const pf_tuning &top, const pf_tuning &base) {
     over(t.varlen, top.varlen);
     over(t.gemm_blocks, top.gemm_blocks);
     over(t.gemm_blocks_slab_rows, top.gemm_blocks_slab_rows);
+    over(t.gemm_blocks_gemv_rows, top.gemm_blocks_gemv_rows);
     return t;
 }
 
@@ -172,6 +173,9 @@ pf_status tuning_check(const pf_tuning &t, const char *fn) {
     PF_CHECK_ARG(t.gemm_blocks_slab_rows == -1 || t.gemm_blocks_slab_rows == 0 || t.gemm_blocks_slab_rows >= 2,
                  "%s: tuning.gemm_blocks_slab_rows=%d (0 default, -1 never, else rows >= 2)", fn,
                  t.gemm_blocks_slab_rows);
+    PF_CHECK_ARG(t.gemm_blocks_gemv_rows >= -1 && t.gemm_blocks_gemv_rows <= 16,
+                 "%s: tuning.gemm_blocks_gemv_rows=%d (0 default, -1 never, else rows 1..16)", fn,
+                 t.gemm_blocks_gemv_rows);
     PF_CHECK_ARG(t.prewarm_fail_piece >= 0, "%s: tuning.prewarm_fail_piece=%d must be >= 0", fn,
                  t.prewarm_fail_piece);
     PF_CHECK_ARG(t.prewarm_piece_bytes >= -1, "%s: tuning.prewarm_piece_bytes=%lld (0 default, -1 one "
@@ -228,6 +232,10 @@ int64_t blocks_slab_rows(const pf_tuning &t) {
                                                                                        : t.gemm_blocks_slab_rows;
 }
 
+int64_t blocks_gemv_rows(const pf_tuning &t) {
+    return t.gemm_blocks_gemv_rows == 0 ? kBlocksGemvRows : t.gemm_blocks_gemv_rows < 0 ? 0 : t.gemm_blocks_gemv_rows;
+}
+
 ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t kv_dtype, bool graphs) {
     ExecPlan p;
     p.leg = resolve_default_leg(leg);
@@ -239,6 +247,7 @@ ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t k
     p.varlen = switch_on(t.varlen, true);
     p.gemm_blocks = switch_on(t.gemm_blocks, true);  // sessions: on (kernel-level calls: off, api_gemm.cu)
     p.blocks_slab_rows = blocks_slab_rows(t);
+    p.blocks_gemv_rows = blocks_gemv_rows(t);
     p.graphs = graphs && env_knobs().graphs;
     p.rows = row_form(t);
     p.gdn_scan = t.gdn_scan;
@@ -258,7 +267,7 @@ void exec_plan_describe(const ExecPlan &p, char *buf, size_t size) {
     std::snprintf(buf, size,
                   "leg=%s gemm_lt=%s fuse_groups=%d f16_producers=%d qk_rope=%d conv_norm=%d graphs=%d "
                   "rows=%s gdn_scan=%s gdn_state=%s subpass=%lld pdl=%d varlen=%d attn=%s kernel=%s kv=%s "
-                  "blocks=%d slab_rows=%lld",
+                  "blocks=%d slab_rows=%lld gemv_rows=%lld",
                   legs[std::clamp(p.leg, 0, 4)],
                   p.gemm_lt == kGemmLtOff ? "off" : p.gemm_lt == kGemmLtForce ? "force" : "on",
                   int(p.fuse_groups), int(p.f16_producers), int(p.fuse_qk_rope), int(p.fuse_conv_norm),
@@ -266,7 +275,8 @@ void exec_plan_describe(const ExecPlan &p, char *buf, size_t size) {
                   scans[std::clamp(p.gdn_scan, 0, 2)], states[int(p.gdn.state)],
                   (long long)p.gdn.subpass_rows, int(p.gdn.pdl), int(p.varlen), attn[std::clamp(p.attn_path, 0, 2)],
                   kern[std::clamp(p.attn_kernel, 0, 2)], p.kv_dtype == PF_KV_F32 ? "f32" : "f16",
-                  int(p.gemm_blocks), (long long)(p.blocks_slab_rows == INT64_MAX ? -1 : p.blocks_slab_rows));
+                  int(p.gemm_blocks), (long long)(p.blocks_slab_rows == INT64_MAX ? -1 : p.blocks_slab_rows),
+                  (long long)p.blocks_gemv_rows);
 }
 
 }  // namespace pf

@@ -24,6 +24,7 @@ ProjEnv step_env(Executor *e) {
     p.w16 = &e->w16;
     p.x16 = &e->x16;
     p.blocks_slab_rows = e->plan.blocks_slab_rows;
+    p.blocks_gemv_rows = e->plan.blocks_gemv_rows;
     return p;
 }
 

@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="projection legs: auto, f16, f32, int8; LEG/VARIANT runs LEG with one "
                         "tuning field changed (combinable: LEG/nofuse/noact16/nograph): nofuse, "
                         "noact16, nograph, noqkrope, norowregs, nolt, noconvnorm, seqscan, "
-                        "onepass, warpstate, blocks, noblocks (pyprefill.bench.model.VARIANT_TUNING; "
+                        "onepass, warpstate, blocks, noblocks, nogemv (pyprefill.bench.model.VARIANT_TUNING; "
                         "before/after in one run); the kernel suite also takes blocks (the f16 leg "
                         "on the GGUF blocks against cuBLAS on the cache) "
                         "(default: FILE auto, suites f16,f32)")

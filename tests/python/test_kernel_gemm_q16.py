@@ -17,7 +17,13 @@ fp16 rows times the blocks dequantized on the chip (kernels/gemm/gemm_q16_kernel
 - Few rows (1..64: gemm_q16_skinny_kernel.cuh, split K over clusters of 1-8 blocks): every type
   at ragged shapes with every tile count and split (among the ragged shapes above), the operand
   the cache's bit for bit (X's rows unit vectors), fp16 rows with scales, strided accumulate;
-  every shape the same bits run after run.
+  every shape the same bits run after run. The tests above pin gemm_blocks_gemv_rows "never".
+- The GEMV form (up to gemm_blocks_gemv_rows rows of Q4_K / Q6_K, default 8:
+  gemm_q16_gemv_kernel.cuh, the scales on the fp32 sums): 1-16 rows at ragged n and k with every
+  K-slice count, within fp32 accumulation of the float64 product of the exact weight (gguf's
+  dequantizer) on fp16-exact rows and within the f16 leg's bound of the cache; X's rows unit
+  vectors give the library's fp32 decode exactly; fp16 rows with scales, strided accumulate; the
+  same bits run after run.
 Where the device does not run it (no sm_90a build or not compute capability 9.0) the tests skip,
 with the 8-bit leg's reason (the same sm_90a check)."""
 import numpy as np
@@ -32,14 +38,15 @@ BLOCK_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 F16_BOUND, F32_BOUND = 3e-3, 1e-5
 
 
-def _blocks_on(c: Context, slab_rows="never") -> None:
+def _blocks_on(c: Context, slab_rows="never", gemv_rows="never") -> None:
     """gemm_blocks on in c (the GEMM on the blocks at every row count unless `slab_rows` says from
-    which the per-call slabs run: None = the library's default); skips where the device does not
+    which the per-call slabs run, and its few-rows form unless `gemv_rows` says up to which the
+    GEMV form runs on Q4_K / Q6_K: None = the library's default); skips where the device does not
     run the sm_90a kernels (helpers.blocks_unsupported)."""
     why = blocks_unsupported(c)
     if why is not None:
         pytest.skip(f"the sm_90a kernels do not run on this device: {why}")
-    c.set_tuning(gemm_blocks="on", gemm_blocks_slab_rows=slab_rows)
+    c.set_tuning(gemm_blocks="on", gemm_blocks_slab_rows=slab_rows, gemm_blocks_gemv_rows=gemv_rows)
 
 
 @pytest.fixture
@@ -275,6 +282,90 @@ def test_blocks_few_rows_strided_accumulate(bctx, rng, qtype):
         assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
         want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w16.T
         assert_close(f"few rows accumulate/{qtype}", want, acc[:, :n], rtol=F32_BOUND)
+
+
+# ----------------------------------------------------------------------------- the GEMV form
+
+GEMV_TYPES = ["Q4_K", "Q6_K"]
+# rows: one and two token tiles; n not a multiple of the 16-row group; k of 1-40 blocks, so that
+# the K slices (pick_kslices: 1-8 a block of 8 warps) take from one block to several.
+GEMV_SHAPES = [(1, 300, 2304), (3, 33, 256), (8, 137, 768), (9, 520, 4096), (16, 130, 2560), (5, 2560, 10240)]
+
+
+@pytest.fixture
+def gctx():
+    """A context on the blocks with the GEMV form up to 16 rows; skips as bctx."""
+    with Context(0) as c:
+        _blocks_on(c, gemv_rows=16)
+        yield c
+
+
+def _f16_exact(rng, rows, k):
+    """fp16 rows (clipped normals) and their exact float32 twin."""
+    x16 = np.clip(rng.standard_normal((rows, k)), -8, 8).astype(np.float16)
+    return x16, x16.astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("qtype", GEMV_TYPES)
+def test_blocks_gemv_is_the_exact_weight(gctx, rng, qtype, rows, n, k):
+    """The GEMV form multiplies the blocks' exact values: within fp32 accumulation of the float64
+    product with gguf's dequantization; the same bits run to run; within the f16 leg's bound of
+    the cache's GEMM (which rounds the weight to fp16)."""
+    w, w64 = make_weight(gctx, rng, qtype, n, k)
+    with w:
+        x16, x = _f16_exact(rng, rows, k)
+        got = gemm.project_f16x_np(gctx, w, x16, None)
+        assert np.array_equal(got, gemm.project_f16x_np(gctx, w, x16, None)), "differs run to run"
+        assert_close(f"gemv/{qtype} {rows}x{k}->{n}", x.astype(np.float64) @ w64.T, got, rtol=F32_BOUND)
+        gemm.weight_cache_f16(w)
+        cached = gemm.project_f16x_np(gctx, w, x16, None)
+        assert_close(f"gemv vs cache/{qtype}", cached.astype(np.float64), got, rtol=F16_BOUND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("qtype", GEMV_TYPES)
+def test_blocks_gemv_operand_is_the_fp32_decode(gctx, rng, qtype, rows):
+    """X's rows unit vectors e_c (the last column among them): Y[i][j] = W[j][c_i], the library's
+    fp32 decode (the value the prewarm rounds to fp16) exactly: the scales applied to exact sums
+    round once, as the decoder's expression does; the few-rows form (gemv_rows never) gives the
+    cache's fp16 of the same values."""
+    n, k = 136, 5120
+    w, _ = make_weight(gctx, rng, qtype, n, k)
+    with w:
+        cols = rng.choice(k - 1, size=rows, replace=False)
+        cols[0] = k - 1
+        x16 = np.zeros((rows, k), np.float16)
+        x16[np.arange(rows), cols] = 1.0
+        got = gemm.project_f16x_np(gctx, w, x16, None)
+        w32 = gemm.dequantize_np(gctx, w)
+        assert np.array_equal(got, w32[:, cols].T), f"{qtype}: not the fp32 decode"
+        gctx.set_tuning(gemm_blocks="on", gemm_blocks_slab_rows="never", gemm_blocks_gemv_rows="never")
+        few = gemm.project_f16x_np(gctx, w, x16, None)
+        assert np.array_equal(few, w32[:, cols].T.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", GEMV_TYPES)
+def test_blocks_gemv_scales_and_strided_accumulate(gctx, rng, qtype):
+    """fp16 rows with row scales (the producers' input form) and accumulation into a strided
+    output on the GEMV form: columns past n untouched, y0 + (x16 * inv) . W^T within fp32
+    accumulation of float64 on the exact weight."""
+    n, k, rows = 260, 2560, 6
+    w, w64 = make_weight(gctx, rng, qtype, n, k)
+    with w:
+        x16, x = _f16_exact(rng, rows, k)
+        inv = rng.choice(np.array([1.0, 16.0, 1024.0], np.float32), size=rows)
+        got = gemm.project_f16x_np(gctx, w, x16, inv)
+        assert_close(f"gemv scales/{qtype}", (x * inv[:, None]).astype(np.float64) @ w64.T, got, rtol=F32_BOUND)
+        y0 = np.full((rows, n + 5), 777.0, np.float32)
+        y0[:, :n] = randn(rng, rows, n)
+        acc = gemm.project_np(gctx, w, x, leg="f16", accumulate=True, y=y0)
+        assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
+        want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w64.T
+        assert_close(f"gemv accumulate/{qtype}", want, acc[:, :n], rtol=F32_BOUND)
 
 
 # ----------------------------------------------------------------------------- whole models

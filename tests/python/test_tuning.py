@@ -29,16 +29,17 @@ def test_fields_round_trip():
                     "row_form": "recompute", "gdn_scan": "chunked", "gdn_state": "warp",
                     "gdn_subpass_rows": "one-pass", "gdn_pdl": False, "attn_kernel": "mma",
                     "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
-                    "gemm_blocks_slab_rows": "never"})
+                    "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16})
     assert t.gemm_lt == lib.PF_GEMM_LT_FORCE and t.fuse_groups == lib.PF_SWITCH_OFF
     assert t.f16_producers == lib.PF_SWITCH_ON and t.gdn_subpass_rows == -1
     assert t.prewarm_piece_bytes == -1 and t.prewarm_fail_piece == 3 and t.gemm_blocks_slab_rows == -1
+    assert t.gemm_blocks_gemv_rows == 16
     assert tuning.as_dict(t) == {"gemm_lt": "force", "fuse_groups": False, "f16_producers": True,
                                  "row_form": "recompute", "gdn_scan": "chunked",
                                  "gdn_state": "warp", "gdn_subpass_rows": "one-pass",
                                  "gdn_pdl": False, "attn_kernel": "mma",
                                  "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
-                                 "gemm_blocks_slab_rows": "never"}
+                                 "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16}
     assert tuning.as_dict(tuning.new()) == {}
     assert tuning.as_dict(tuning.new({"gdn_state": None, "fuse_groups": "default"})) == {}
 
@@ -69,7 +70,9 @@ def test_python_side_names_the_field(fields, match):
     ("prewarm_fail_piece", -2, "tuning.prewarm_fail_piece=-2"),
     ("prewarm_piece_bytes", -5, "tuning.prewarm_piece_bytes=-5"),
     ("gemm_blocks_slab_rows", 1, "tuning.gemm_blocks_slab_rows=1 (0 default, -1 never, else rows >= 2)"),
-    ("gemm_blocks_slab_rows", -3, "tuning.gemm_blocks_slab_rows=-3")])
+    ("gemm_blocks_slab_rows", -3, "tuning.gemm_blocks_slab_rows=-3"),
+    ("gemm_blocks_gemv_rows", 17, "tuning.gemm_blocks_gemv_rows=17 (0 default, -1 never, else rows 1..16)"),
+    ("gemm_blocks_gemv_rows", -2, "tuning.gemm_blocks_gemv_rows=-2")])
 def test_library_checks_every_field(field, value, say):
     mo = ffi.new("pf_model_options *")
     assert lib.pf_model_options_init(mo, ffi.sizeof("pf_model_options")) == 0

@@ -313,6 +313,7 @@ pf_status project_blocks_rows(const ProjEnv &env, const pf_weight *w, const __ha
     g.rows = rows;
     g.y = y;
     g.accumulate = accumulate;
+    g.gemv_rows = env.blocks_gemv_rows;
     return gemm_q16(g, env.ctx->stream);
 }
 

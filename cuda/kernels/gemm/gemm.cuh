@@ -43,6 +43,9 @@ struct ProjEnv {
     // F16Blocks: calls of at least this many rows run per-call fp16 slabs in w16 and the GEMM of
     // the cache on them (plan.h blocks_slab_rows: the session's plan, or ctx's tuning).
     int64_t blocks_slab_rows = INT64_MAX;
+    // F16Blocks: calls of at most this many rows on Q4_K / Q6_K run the GEMV form (plan.h
+    // blocks_gemv_rows).
+    int64_t blocks_gemv_rows = 0;
 };
 // The kernel-level environment of ctx.
 inline ProjEnv proj_env(pf_context *ctx) {
@@ -52,6 +55,7 @@ inline ProjEnv proj_env(pf_context *ctx) {
     e.w16 = &ctx->scratch_f16_w;
     e.x16 = &ctx->scratch_f16_x;
     e.blocks_slab_rows = blocks_slab_rows(ctx->tuning);
+    e.blocks_gemv_rows = blocks_gemv_rows(ctx->tuning);
     return e;
 }
 

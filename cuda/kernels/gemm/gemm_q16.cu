@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "kernels/dequant/quant.cuh"
+#include "kernels/gemm/gemm_q16_gemv_kernel.cuh"
 #include "kernels/gemm/gemm_q16_kernel.cuh"
 #include "kernels/gemm/gemm_q16_skinny_kernel.cuh"
 #include "plan/qtype.h"
@@ -32,8 +33,38 @@ pf_status launch_skinny(const Q16Gemm &g, cudaStream_t st) {
     return PF_STATUS_OK;
 }
 
+// Up to g.gemv_rows rows of Q4_K / Q6_K: the GEMV form (gemm_q16_gemv_kernel.cuh), NT tiles of
+// 8 rows of X, K sliced over a block's warps (pick_kslices).
+template <int Q, int NT>
+pf_status launch_gemv(const Q16Gemm &g, cudaStream_t st) {
+    int sms = 0;
+    PF_TRY(device_sm_count(&sms));
+    q16v::GemvArgs a{};
+    a.w = static_cast<const uint8_t *>(g.blocks);
+    a.row_bytes = g.k / 256 * int64_t(qtraits<Q>::kBytes);
+    a.x = g.x16;
+    a.y = g.y.ptr;
+    a.ldy = g.y.ld;
+    a.inv = g.inv;
+    a.rows = int32_t(g.rows);
+    a.n = int32_t(g.n);
+    a.k = int32_t(g.k);
+    a.kslices = q16v::pick_kslices(g.n, g.k, sms);
+    a.accumulate = g.accumulate ? 1 : 0;
+    const cudaError_t e = q16v::launch<Q, NT>(a, st);
+    if (e != cudaSuccess)
+        return launch_fail(e, __FILE__, __LINE__, "gemm_q16_gemv_kernel<%s, %d> (%lld x %lld x %lld, %d K slices)",
+                           pf_qtype_name(Q), NT, (long long)g.rows, (long long)g.n, (long long)g.k, a.kslices);
+    return PF_STATUS_OK;
+}
+
 template <int Q>
 pf_status launch(const Q16Gemm &g, cudaStream_t st) {
+    if constexpr (q16v::gemv_type(Q)) {
+        if (g.rows <= g.gemv_rows && g.rows <= q16v::kMaxRows &&
+            q16v::gemv_aligned(Q, g.blocks, g.k / 256 * int64_t(qtraits<Q>::kBytes)))
+            return g.rows <= 8 ? launch_gemv<Q, 1>(g, st) : launch_gemv<Q, 2>(g, st);
+    }
     // Few rows: 8, 16, 32 or 64 rows of X a block (rows 33-64 in one form: at most 3 of 8 tiles of
     // zeros); blocks off a 16-byte boundary (its chunk copies' premise) take the 256-row tiles.
     if (reinterpret_cast<uintptr_t>(g.blocks) % 16 == 0) {

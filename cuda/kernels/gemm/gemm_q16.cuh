@@ -1,7 +1,8 @@
 // gemm_q16.cuh — the f16 leg's GEMM on a weight's GGUF blocks (the weight form F16Blocks,
 // plan/route.h): the f16 leg's fp16 input rows times the blocks dequantized on the chip to the
 // fp16 of the prewarm's cache, fp32 out (gemm_q16_kernel.cuh has the kernel and its design; up to
-// 64 rows, gemm_q16_skinny_kernel.cuh's form bound by reading the blocks).
+// 64 rows, gemm_q16_skinny_kernel.cuh's form bound by reading the blocks; up to gemv_rows rows of
+// Q4_K / Q6_K, gemm_q16_gemv_kernel.cuh's, the scales on the fp32 sums: the exact weight).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -23,6 +24,7 @@ struct Q16Gemm {
     int64_t rows = 0;
     MatF y;                        // [rows][y.ld >= n] fp32
     bool accumulate = false;       // y += (else y =) x16 . W^T, before the rows' inverse scales
+    int64_t gemv_rows = 0;         // up to this many rows on Q4_K / Q6_K: the GEMV form (the exact weight)
 };
 
 // The types it reads: the GGUF block types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS).
