@@ -23,7 +23,7 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     varlen             bool                         a batch step's GDN layers as one launch each
     gemm_blocks        bool                         the f16 leg reads an uncached matrix's GGUF blocks
     gemm_blocks_slab_rows int (>= 2) or "never"     ... as per-call fp16 slabs from this many rows on
-    gemm_blocks_gemv_rows int (1..16) or "never"    ... up to this many rows on Q4_K / Q6_K: the GEMV form
+    gemm_blocks_gemv_rows int (1..16) or "never"    ... up to this many rows on Q4_K / Q5_K / Q6_K: the GEMV form
 """
 from __future__ import annotations
 

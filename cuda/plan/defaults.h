@@ -26,7 +26,7 @@ constexpr int32_t kDefaultBatchSteps = 8;
 // the 256-row tiles that 65-127 rows would take run as slowly as at 128. tuning.gemm_blocks_slab_rows
 // overrides.
 constexpr int64_t kBlocksSlabRows = 65;
-// The blocks leg: calls of up to this many rows on Q4_K / Q6_K blocks run the GEMV form
+// The blocks leg: calls of up to this many rows on Q4_K / Q5_K / Q6_K blocks run the GEMV form
 // (kernels/gemm/gemm_q16_gemv_kernel.cuh: the scales on the fp32 sums). Measured on the H200
 // (NOTES.md, session 41: bench_gemm_q16, qwen35-4b and 27B shapes): at one row 1.47-2.09x the
 // cache's GEMM where the few-rows form ran 1.05-1.51x; at 16 rows 0.72-0.79x where the few-rows

@@ -124,7 +124,7 @@ struct ExecPlan {
     // Under gemm_blocks, calls of at least this many rows dequantize the blocks into an fp16 slab
     // and run the cache's GEMM on it (tuning.gemm_blocks_slab_rows resolved: blocks_slab_rows()).
     int64_t blocks_slab_rows = INT64_MAX;
-    // Under gemm_blocks, calls of at most this many rows on Q4_K / Q6_K blocks run the GEMV form
+    // Under gemm_blocks, calls of at most this many rows on Q4_K / Q5_K / Q6_K blocks run the GEMV form
     // (tuning.gemm_blocks_gemv_rows resolved: blocks_gemv_rows(); 0: never).
     int64_t blocks_gemv_rows = 0;
 };
@@ -132,7 +132,7 @@ struct ExecPlan {
 // The rows from which the blocks leg runs per-call fp16 slabs (tuning.gemm_blocks_slab_rows: 0 =
 // kBlocksSlabRows, -1 = never: INT64_MAX).
 int64_t blocks_slab_rows(const pf_tuning &t);
-// The rows up to which the blocks leg runs the GEMV form on Q4_K / Q6_K (tuning.gemm_blocks_gemv_rows:
+// The rows up to which the blocks leg runs the GEMV form on Q4_K / Q5_K / Q6_K (tuning.gemm_blocks_gemv_rows:
 // 0 = kBlocksGemvRows, -1 = never: 0).
 int64_t blocks_gemv_rows(const pf_tuning &t);
 

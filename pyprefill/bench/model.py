@@ -188,7 +188,7 @@ def _say(rec, row: dict) -> None:
 # sub-passes), "LEG/warpstate" runs its warp-owned state kernel, "LEG/blocks" runs a model loaded
 # without fp16 caches on the GGUF blocks, "LEG/noblocks" streams the uncached matrices' fp16 slabs
 # on fp32 rows instead of reading their blocks (gemm_blocks off: before session 40's default),
-# "LEG/nogemv" runs 1-8 rows of Q4_K / Q6_K blocks in the few-rows form instead of the GEMV form
+# "LEG/nogemv" runs 1-8 rows of Q4_K / Q5_K / Q6_K blocks in the few-rows form instead of the GEMV form
 # (gemm_blocks_gemv_rows never: before session 41's default).
 VARIANT_TUNING = {"nofuse": {"fuse_groups": False}, "noact16": {"f16_producers": False},
                   "nograph": {}, "noqkrope": {"fuse_qk_rope": False}, "norowregs": {"row_form": "staged"},

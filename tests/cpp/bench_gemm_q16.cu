@@ -347,13 +347,15 @@ bool run_gemv(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t c
     const int lib_ks = q16v::pick_kslices(N, K, sms);
     auto args = [&](const __half *xx, int ks) {
         q16v::GemvArgs a{};
-        a.w = w;
+        a.nparts = 1;
+        a.part[0].w = w;
+        a.part[0].n = int32_t(N);
+        q16v::gemv_layout(a);
         a.row_bytes = row_bytes;
         a.x = xx;
         a.y = y;
         a.ldy = N;
         a.rows = int32_t(M);
-        a.n = int32_t(N);
         a.k = int32_t(K);
         a.kslices = ks;
         return a;
@@ -539,6 +541,7 @@ int main(int argc, char **argv) {
                 const int sms = p.multiProcessorCount;
                 if (type == "Q4_K" && M <= q16v::kMaxRows) ok &= run_gemv<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng, sms);
                 if (type == "Q6_K" && M <= q16v::kMaxRows) ok &= run_gemv<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng, sms);
+                if (type == "Q5_K" && M <= q16v::kMaxRows) ok &= run_gemv<PF_QTYPE_Q5_K>(M, N, K, check_only, cb, rng, sms);
                 if (type == "Q4_K") ok &= run_skinny<PF_QTYPE_Q4_K>(M, N, K, check_only, cb, rng, sms);
                 else if (type == "Q5_K") ok &= run_skinny<PF_QTYPE_Q5_K>(M, N, K, check_only, cb, rng, sms);
                 else if (type == "Q6_K") ok &= run_skinny<PF_QTYPE_Q6_K>(M, N, K, check_only, cb, rng, sms);
@@ -592,6 +595,8 @@ int main(int argc, char **argv) {
     ok &= run_gemv<PF_QTYPE_Q4_K>(8, 137, 256, true, cb, rng, p.multiProcessorCount);
     ok &= run_gemv<PF_QTYPE_Q4_K>(9, 520, 4096, true, cb, rng, p.multiProcessorCount);
     ok &= run_gemv<PF_QTYPE_Q4_K>(16, 33, 2560, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q5_K>(1, 300, 2304, true, cb, rng, p.multiProcessorCount);
+    ok &= run_gemv<PF_QTYPE_Q5_K>(11, 520, 4096, true, cb, rng, p.multiProcessorCount);
     ok &= run_gemv<PF_QTYPE_Q6_K>(1, 300, 2304, true, cb, rng, p.multiProcessorCount);
     ok &= run_gemv<PF_QTYPE_Q6_K>(8, 137, 256, true, cb, rng, p.multiProcessorCount);
     ok &= run_gemv<PF_QTYPE_Q6_K>(9, 520, 4096, true, cb, rng, p.multiProcessorCount);

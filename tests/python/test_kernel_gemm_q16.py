@@ -18,7 +18,7 @@ fp16 rows times the blocks dequantized on the chip (kernels/gemm/gemm_q16_kernel
   at ragged shapes with every tile count and split (among the ragged shapes above), the operand
   the cache's bit for bit (X's rows unit vectors), fp16 rows with scales, strided accumulate;
   every shape the same bits run after run. The tests above pin gemm_blocks_gemv_rows "never".
-- The GEMV form (up to gemm_blocks_gemv_rows rows of Q4_K / Q6_K, default 8:
+- The GEMV form (up to gemm_blocks_gemv_rows rows of Q4_K / Q5_K / Q6_K, default 8:
   gemm_q16_gemv_kernel.cuh, the scales on the fp32 sums): 1-16 rows at ragged n and k with every
   K-slice count, within fp32 accumulation of the float64 product of the exact weight (gguf's
   dequantizer) on fp16-exact rows and within the f16 leg's bound of the cache; X's rows unit
@@ -41,7 +41,7 @@ F16_BOUND, F32_BOUND = 3e-3, 1e-5
 def _blocks_on(c: Context, slab_rows="never", gemv_rows="never") -> None:
     """gemm_blocks on in c (the GEMM on the blocks at every row count unless `slab_rows` says from
     which the per-call slabs run, and its few-rows form unless `gemv_rows` says up to which the
-    GEMV form runs on Q4_K / Q6_K: None = the library's default); skips where the device does not
+    GEMV form runs on Q4_K / Q5_K / Q6_K: None = the library's default); skips where the device does not
     run the sm_90a kernels (helpers.blocks_unsupported)."""
     why = blocks_unsupported(c)
     if why is not None:
@@ -286,7 +286,7 @@ def test_blocks_few_rows_strided_accumulate(bctx, rng, qtype):
 
 # ----------------------------------------------------------------------------- the GEMV form
 
-GEMV_TYPES = ["Q4_K", "Q6_K"]
+GEMV_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 # rows: one and two token tiles; n not a multiple of the 16-row group; k of 1-40 blocks, so that
 # the K slices (pick_kslices: 1-8 a block of 8 warps) take from one block to several.
 GEMV_SHAPES = [(1, 300, 2304), (3, 33, 256), (8, 137, 768), (9, 520, 4096), (16, 130, 2560), (5, 2560, 10240)]
@@ -366,6 +366,44 @@ def test_blocks_gemv_scales_and_strided_accumulate(gctx, rng, qtype):
         assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
         want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w64.T
         assert_close(f"gemv accumulate/{qtype}", want, acc[:, :n], rtol=F32_BOUND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["qwen3_tiny", "qwen35_hv2"])
+def test_model_gemv_fused_groups_one_launch(bctx, model):
+    """Steps of 8 rows on a model without caches run the GEMV form, a fused group's parts of one
+    type in one launch (their 16-row groups side by side): the HF fixtures within the default
+    legs' bound; the logits within fp32 accumulation of the same model with its groups unfused
+    (each part its own launch); within twice the f16 leg's bound of the cached model (both legs
+    are within it of the exact weights: the GEMV multiplies them, the cache their fp16)."""
+    from _reference_fixtures import load_npz, rel_err
+
+    from pyprefill.model import Model
+    path, prompts, hf = load_npz(model, "mix")
+    outs = {}
+    for fuse in (True, False):
+        with Model.load(path, prewarm=False, progress=False, tuning={"fuse_groups": fuse}) as cold:
+            assert cold.refresh_info()["f16_bytes"] == 0
+            got = []
+            for tokens in prompts:
+                with cold.session(1024, chunk=8) as s:
+                    got.append(s.prefill(tokens, "all"))
+            outs[fuse] = np.concatenate(got)
+    with Model.load(path, progress=False) as warm:
+        got = []
+        for tokens in prompts:
+            with warm.session(1024, chunk=8) as s:
+                got.append(s.prefill(tokens, "all"))
+        cached = np.concatenate(got)
+    out, ref = outs[True], np.concatenate(hf)
+    assert np.isfinite(out).all()
+    whole, worst, row = rel_err(out, ref)
+    assert whole <= 2e-2, f"{model}: {whole:.2e} from HF (worst {worst:.2e} at row {row})"
+    assert float((out.argmax(-1) == ref.argmax(-1)).mean()) >= 0.99
+    whole, worst, row = rel_err(out, outs[False])
+    assert whole <= F32_BOUND, f"{model}: fused {whole:.2e} from unfused (worst {worst:.2e} at row {row})"
+    whole, worst, row = rel_err(out, cached)
+    assert whole <= 2 * F16_BOUND, f"{model}: {whole:.2e} from the cached model (worst {worst:.2e} at row {row})"
 
 
 # ----------------------------------------------------------------------------- whole models

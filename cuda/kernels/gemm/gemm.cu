@@ -292,12 +292,58 @@ pf_status project_f16(const ProjEnv &env, WeightForm form, pf_weight *w, const f
     return launch_unscale(inv, y, ldy, rows, n, ctx->stream);
 }
 
+pf_status project_blocks_rows(const ProjEnv &env, const pf_weight *w, const __half *x16, const float *inv,
+                              int64_t rows, MatF y, bool accumulate);
+
+// A fused view's parts at the GEMV form's row counts: each run of consecutive parts of one type
+// that it reads (up to 4) in one launch, the others one by one (project_blocks_rows).
+pf_status gemv_parts(const ProjEnv &env, const pf_weight *w, const __half *x16, const float *inv, int64_t rows,
+                     MatF y, bool accumulate) {
+    const auto runs = [&](const pf_weight *p) {
+        return gemm_q16_gemv_runs(p->qtype, p->data, p->k, rows, env.blocks_gemv_rows);
+    };
+    int64_t col = 0;
+    for (int32_t i = 0; i < w->nparts;) {
+        const pf_weight *p = w->parts[i];
+        int32_t j = i + 1;
+        while (runs(p) && j < w->nparts && j - i < 4 && w->parts[j]->qtype == p->qtype && runs(w->parts[j])) ++j;
+        if (j - i == 1) {
+            PF_TRY(project_blocks_rows(env, p, x16, inv, rows, y.cols_from(col), accumulate));
+            col += p->n;
+            i = j;
+            continue;
+        }
+        Q16Gemm g;
+        g.qtype = p->qtype;
+        g.k = p->k;
+        g.blocks = p->data;
+        g.nparts = j - i;
+        for (int32_t q = i; q < j; ++q) {
+            g.part_blocks[q - i] = w->parts[q]->data;
+            g.part_n[q - i] = w->parts[q]->n;
+            g.n += w->parts[q]->n;
+        }
+        g.x16 = x16;
+        g.inv = inv;
+        g.rows = rows;
+        g.y = y.cols_from(col);
+        g.accumulate = accumulate;
+        g.gemv_rows = env.blocks_gemv_rows;
+        PF_TRY(gemm_q16(g, env.ctx->stream));
+        col += g.n;
+        i = j;
+    }
+    return PF_STATUS_OK;
+}
+
 // The f16 leg on the GGUF blocks (F16Blocks) on fp16 rows in its input form: the GEMM with the
 // blocks dequantized on the chip and the unscale fused (gemm_q16), or from env.blocks_slab_rows
 // rows on the per-call slabs (project_slabs).
 pf_status project_blocks_rows(const ProjEnv &env, const pf_weight *w, const __half *x16, const float *inv,
                               int64_t rows, MatF y, bool accumulate) {
     const bool slabs = rows >= env.blocks_slab_rows;
+    if (w->nparts > 0 && !slabs && rows <= env.blocks_gemv_rows)  // the GEMV form: runs of parts in one launch
+        return gemv_parts(env, w, x16, inv, rows, y, accumulate);
     if (w->nparts > 0 && !(slabs && group_slab(w)))  // a fused view: its parts one by one
         return each_part(w, [&](const pf_weight *p, int64_t col) {
             return project_blocks_rows(env, p, x16, inv, rows, y.cols_from(col), accumulate);

@@ -43,7 +43,7 @@ struct ProjEnv {
     // F16Blocks: calls of at least this many rows run per-call fp16 slabs in w16 and the GEMM of
     // the cache on them (plan.h blocks_slab_rows: the session's plan, or ctx's tuning).
     int64_t blocks_slab_rows = INT64_MAX;
-    // F16Blocks: calls of at most this many rows on Q4_K / Q6_K run the GEMV form (plan.h
+    // F16Blocks: calls of at most this many rows on Q4_K / Q5_K / Q6_K run the GEMV form (plan.h
     // blocks_gemv_rows).
     int64_t blocks_gemv_rows = 0;
 };

@@ -33,38 +33,47 @@ pf_status launch_skinny(const Q16Gemm &g, cudaStream_t st) {
     return PF_STATUS_OK;
 }
 
-// Up to g.gemv_rows rows of Q4_K / Q6_K: the GEMV form (gemm_q16_gemv_kernel.cuh), NT tiles of
+// Up to g.gemv_rows rows of Q4_K / Q5_K / Q6_K: the GEMV form (gemm_q16_gemv_kernel.cuh), NT tiles of
 // 8 rows of X, K sliced over a block's warps (pick_kslices).
 template <int Q, int NT>
 pf_status launch_gemv(const Q16Gemm &g, cudaStream_t st) {
     int sms = 0;
     PF_TRY(device_sm_count(&sms));
     q16v::GemvArgs a{};
-    a.w = static_cast<const uint8_t *>(g.blocks);
+    a.nparts = g.nparts > 0 ? g.nparts : 1;
+    for (int i = 0; i < a.nparts; ++i) {
+        a.part[i].w = static_cast<const uint8_t *>(g.nparts > 0 ? g.part_blocks[i] : g.blocks);
+        a.part[i].n = int32_t(g.nparts > 0 ? g.part_n[i] : g.n);
+        a.part[i].col = i == 0 ? 0 : a.part[i - 1].col + a.part[i - 1].n;
+    }
+    q16v::gemv_layout(a);
     a.row_bytes = g.k / 256 * int64_t(qtraits<Q>::kBytes);
     a.x = g.x16;
     a.y = g.y.ptr;
     a.ldy = g.y.ld;
     a.inv = g.inv;
     a.rows = int32_t(g.rows);
-    a.n = int32_t(g.n);
     a.k = int32_t(g.k);
     a.kslices = q16v::pick_kslices(g.n, g.k, sms);
     a.accumulate = g.accumulate ? 1 : 0;
     const cudaError_t e = q16v::launch<Q, NT>(a, st);
     if (e != cudaSuccess)
-        return launch_fail(e, __FILE__, __LINE__, "gemm_q16_gemv_kernel<%s, %d> (%lld x %lld x %lld, %d K slices)",
-                           pf_qtype_name(Q), NT, (long long)g.rows, (long long)g.n, (long long)g.k, a.kslices);
+        return launch_fail(e, __FILE__, __LINE__,
+                           "gemm_q16_gemv_kernel<%s, %d> (%lld x %lld x %lld, %d parts, %d K slices)", pf_qtype_name(Q),
+                           NT, (long long)g.rows, (long long)g.n, (long long)g.k, a.nparts, a.kslices);
     return PF_STATUS_OK;
 }
 
 template <int Q>
 pf_status launch(const Q16Gemm &g, cudaStream_t st) {
     if constexpr (q16v::gemv_type(Q)) {
-        if (g.rows <= g.gemv_rows && g.rows <= q16v::kMaxRows &&
-            q16v::gemv_aligned(Q, g.blocks, g.k / 256 * int64_t(qtraits<Q>::kBytes)))
-            return g.rows <= 8 ? launch_gemv<Q, 1>(g, st) : launch_gemv<Q, 2>(g, st);
+        bool runs = gemm_q16_gemv_runs(Q, g.blocks, g.k, g.rows, g.gemv_rows);
+        for (int i = 0; i < g.nparts; ++i) runs = runs && gemm_q16_gemv_runs(Q, g.part_blocks[i], g.k, g.rows, g.gemv_rows);
+        if (runs) return g.rows <= 8 ? launch_gemv<Q, 1>(g, st) : launch_gemv<Q, 2>(g, st);
     }
+    if (g.nparts > 0)
+        return fail(PF_STATUS_INTERNAL, "gemm_q16: %d parts of %s at %lld rows, which the GEMV form does not run",
+                    int(g.nparts), pf_qtype_name(Q), (long long)g.rows);
     // Few rows: 8, 16, 32 or 64 rows of X a block (rows 33-64 in one form: at most 3 of 8 tiles of
     // zeros); blocks off a 16-byte boundary (its chunk copies' premise) take the 256-row tiles.
     if (reinterpret_cast<uintptr_t>(g.blocks) % 16 == 0) {
@@ -110,6 +119,13 @@ pf_status launch(const Q16Gemm &g, cudaStream_t st) {
 
 bool gemm_q16_type(int32_t qtype) { return qtype_is_block(qtype); }
 
+bool gemm_q16_gemv_runs(int32_t qtype, const void *blocks, int64_t k, int64_t rows, int64_t gemv_rows) {
+    if (!q16v::gemv_type(qtype) || rows < 1 || rows > gemv_rows || rows > q16v::kMaxRows || k % 256 != 0) return false;
+    int64_t be = 1, bb = 1;
+    qtype_block(qtype, &be, &bb);
+    return q16v::gemv_aligned(qtype, blocks, k / be * bb);
+}
+
 bool gemm_q16_available(int device) { return sm90a_kernels_available(device); }
 
 pf_status gemm_q16(const Q16Gemm &g, cudaStream_t st) {
@@ -125,6 +141,8 @@ pf_status gemm_q16(const Q16Gemm &g, cudaStream_t st) {
                  "gemm_q16: rows=%lld n=%lld k=%lld y.ld=%lld (k a whole number of %lld-element blocks, sizes "
                  "below 2^31, y.ld >= n)", (long long)g.rows, (long long)g.n, (long long)g.k, (long long)g.y.ld,
                  (long long)be);
+    PF_CHECK_ARG(g.nparts == 0 || (g.nparts >= 2 && g.nparts <= q16v::kMaxParts),
+                 "gemm_q16: %d parts (2..%d)", int(g.nparts), q16v::kMaxParts);
     PF_CHECK_ARG(reinterpret_cast<uintptr_t>(g.x16) % 16 == 0 && g.k % 8 == 0,
                  "gemm_q16: the fp16 rows must start 16-byte aligned with k %% 8 == 0 (TMA)");
     if (g.rows == 0 || g.n == 0) return PF_STATUS_OK;

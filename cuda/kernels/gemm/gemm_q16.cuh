@@ -2,7 +2,7 @@
 // plan/route.h): the f16 leg's fp16 input rows times the blocks dequantized on the chip to the
 // fp16 of the prewarm's cache, fp32 out (gemm_q16_kernel.cuh has the kernel and its design; up to
 // 64 rows, gemm_q16_skinny_kernel.cuh's form bound by reading the blocks; up to gemv_rows rows of
-// Q4_K / Q6_K, gemm_q16_gemv_kernel.cuh's, the scales on the fp32 sums: the exact weight).
+// Q4_K / Q5_K / Q6_K, gemm_q16_gemv_kernel.cuh's, the scales on the fp32 sums: the exact weight).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -24,9 +24,18 @@ struct Q16Gemm {
     int64_t rows = 0;
     MatF y;                        // [rows][y.ld >= n] fp32
     bool accumulate = false;       // y += (else y =) x16 . W^T, before the rows' inverse scales
-    int64_t gemv_rows = 0;         // up to this many rows on Q4_K / Q6_K: the GEMV form (the exact weight)
+    int64_t gemv_rows = 0;         // up to this many rows on Q4_K / Q5_K / Q6_K: the GEMV form (the exact weight)
+    // A fused group's parts in one launch of the GEMV form (nparts 2..4; then blocks is part 0's
+    // and n their sum): part i's blocks and rows, its outputs at the next n_i columns of y. All
+    // of qtype and k, each as gemm_q16_gemv_runs accepts.
+    int32_t nparts = 0;
+    const void *part_blocks[4] = {};
+    int64_t part_n[4] = {};
 };
 
+// Whether `rows` rows on these blocks run the GEMV form (gemm_q16_gemv_kernel.cuh: Q4_K, Q5_K, Q6_K
+// up to gemv_rows rows, blocks aligned for its loads).
+bool gemm_q16_gemv_runs(int32_t qtype, const void *blocks, int64_t k, int64_t rows, int64_t gemv_rows);
 // The types it reads: the GGUF block types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS).
 bool gemm_q16_type(int32_t qtype);
 // Whether this build and `device` run it (an sm_90a build on compute capability 9.0 with the

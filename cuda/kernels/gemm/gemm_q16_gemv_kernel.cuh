@@ -2,7 +2,8 @@
 // steps, short batch items) with the scales applied outside the weight operand: Y[rows][n] (+)=
 // X[rows][k] . W^T, W the blocks' exact values (the f32 leg's operand: d * sc * q - dmin * m), X
 // the f16 leg's fp16 rows, mma.m16n8k16 with fp32 accumulation, the rows' inverse scales in the
-// store. Q4_K and Q6_K (a Q4_K_M file's types: Q6_K its LM head and half its ffn_down / attn_v).
+// store. Q4_K, Q5_K and Q6_K (a Q4_K_M file's types: Q6_K its LM head and half its ffn_down /
+// attn_v, Q5_K where llama.cpp's mix asks for more bits).
 //
 // Why another form: the few-rows form (gemm_q16_skinny_kernel.cuh) decodes every weight to the
 // prewarm's fp16 by the prewarm's fp32 expression, ~9 instructions a weight in all (session 39's
@@ -40,7 +41,9 @@
 
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/dequant/quant.cuh"
 #include "ptx/mma.cuh"
@@ -52,25 +55,47 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 16;  // two token tiles of 8
 
+// One matrix of the launch: a fused group's parts (Q|K|V, gate|up, ...) run as one grid, their
+// 16-row groups side by side, each part's outputs at its columns of y.
+struct GemvPart {
+    const uint8_t *w;   // the part's blocks, row 0, rows GemvArgs::row_bytes apart (gemv_aligned)
+    int32_t n;          // its rows
+    int32_t col;        // its first column of y
+    int32_t group0;     // its first 16-row group in the grid's order
+};
+constexpr int kMaxParts = 4;
+
 struct GemvArgs {
-    const uint8_t *w;   // the weight's blocks, row 0, rows row_bytes apart (gemv_aligned)
+    GemvPart part[kMaxParts];
+    int32_t nparts;     // 1..kMaxParts, all of one type and k
+    int32_t groups;     // the parts' 16-row groups in all
     int64_t row_bytes;
     const __half *x;    // [rows][k] fp16, 16-byte aligned
     float *y;           // [rows][ldy]
     int64_t ldy;
     const float *inv;   // the rows' inverse scales, or nullptr
-    int32_t rows, n, k;
+    int32_t rows, k;
     int32_t kslices;    // KS: 1, 2, 4 or 8
     int32_t accumulate;
 };
 
+// A's parts laid out: group0 of each, and `groups` in all.
+inline void gemv_layout(GemvArgs &a) {
+    int32_t g = 0;
+    for (int i = 0; i < a.nparts; ++i) {
+        a.part[i].group0 = g;
+        g += (a.part[i].n + 15) / 16;
+    }
+    a.groups = g;
+}
+
 // The types this form reads.
-constexpr bool gemv_type(int q) { return q == PF_QTYPE_Q4_K || q == PF_QTYPE_Q6_K; }
-// Whether its loads suit the blocks at w, rows row_bytes apart: Q4_K's 16-byte vectors need rows
-// on 16-byte boundaries; Q6_K's 210-byte blocks are read as words from 2-byte boundaries.
+constexpr bool gemv_type(int q) { return q == PF_QTYPE_Q4_K || q == PF_QTYPE_Q5_K || q == PF_QTYPE_Q6_K; }
+// Whether its loads suit the blocks at w, rows row_bytes apart: Q4_K's and Q5_K's 16-byte vectors
+// need rows on 16-byte boundaries; Q6_K's 210-byte blocks are read as words from 2-byte boundaries.
 inline bool gemv_aligned(int q, const void *w, int64_t row_bytes) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(w);
-    return q == PF_QTYPE_Q4_K ? p % 16 == 0 && row_bytes % 16 == 0 : p % 2 == 0 && row_bytes % 2 == 0;
+    return q == PF_QTYPE_Q6_K ? p % 2 == 0 && row_bytes % 2 == 0 : p % 16 == 0 && row_bytes % 16 == 0;
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -90,6 +115,21 @@ __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__
 // of y (0x64) above each: with y = 0x64646464, the fp16 pair (1024 + x[lo], 1024 + x[lo + 1]).
 __host__ __device__ constexpr uint32_t byte_pair_sel(uint32_t lo) { return lo | (4u << 4) | ((lo + 1u) << 8) | (4u << 12); }
 
+// (a & B) | c in one LOP3: ptxas gives a LOP3 one immediate, so with c a register (the fp16
+// exponent 0x64006400, kept in one) the mask and the or stay one instruction, not two.
+template <uint32_t B>
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(B), "r"(c));
+    return d;
+}
+// 0x64006400 in a register (the fp16 pair 1024, 1024: the bias of the quants' fp16 form).
+__device__ __forceinline__ uint32_t k6464() {
+    uint32_t k;
+    asm("mov.b32 %0, 0x64006400;" : "=r"(k));
+    return k;
+}
+
 // Step i's B fragment from the uint4 of X that holds its 4 columns: columns 0, 1 and 2, 3 of
 // the half (i % 2) of it.
 __device__ __forceinline__ void x_frag(const uint4 &v, int i, uint32_t &bx, uint32_t &by) {
@@ -97,20 +137,34 @@ __device__ __forceinline__ void x_frag(const uint4 &v, int i, uint32_t &bx, uint
     by = (i & 1) ? v.w : v.y;
 }
 
-// ---------------------------------------------------------------------------- Q4_K
+// ---------------------------------------------------------------------------- Q4_K, Q5_K
 //
 // Lane t of a row: the header (d, dmin, the 12 scale bytes) and the 32 bytes of qs that hold
-// sub-blocks 2t (low nibbles) and 2t + 1 (high nibbles). Step (h, i): word i's nibbles h, elements
-// 4 i .. 4 i + 3 of sub-block 2t + h, X columns 64 t + 32 h + 4 i of the block.
-struct Q4K {
+// sub-blocks 2t (low nibbles) and 2t + 1 (high nibbles); Q5_K also the 32 bytes of qh (byte l: the
+// fifth bit of element l of sub-block j in bit j). Step (h, i): word i's nibbles h, elements 4 i ..
+// 4 i + 3 of sub-block 2t + h, X columns 64 t + 32 h + 4 i of the block. Q5_K's q < 32: sc q <=
+// 1953, still an integer fp16 holds exactly.
+template <bool kQ5>
+struct QK {
+    using Block = std::conditional_t<kQ5, block_q5_K, block_q4_K>;
+    static constexpr int kQs = int(offsetof(Block, qs));
     struct Raw {
         uint4 head, qa, qb;
+        uint4 ha, hb;  // Q5_K: qh (unused for Q4_K)
     };
     // The lane's X columns of a block: its uint4 m (8 columns) starts at this column.
     __device__ static __forceinline__ int xcol(int t, int m) { return 64 * t + 8 * m; }
     __device__ static __forceinline__ Raw load(const uint8_t *row, int blk, int t) {
-        const uint8_t *b = row + int64_t(blk) * sizeof(block_q4_K);
-        return Raw{ldg_nc16(b), ldg_nc16(b + 16 + 32 * t), ldg_nc16(b + 32 + 32 * t)};
+        const uint8_t *b = row + int64_t(blk) * sizeof(Block);
+        Raw r;
+        r.head = ldg_nc16(b);
+        r.qa = ldg_nc16(b + kQs + 32 * t);
+        r.qb = ldg_nc16(b + kQs + 16 + 32 * t);
+        if constexpr (kQ5) {
+            r.ha = ldg_nc16(b + offsetof(block_q5_K, qh));
+            r.hb = ldg_nc16(b + offsetof(block_q5_K, qh) + 16);
+        }
+        return r;
     }
     // One row's operands: the sub-blocks' fp16 multipliers and addends (low nibbles: sc, -1024 sc;
     // high nibbles, held as 1024 + 16 q: sc / 16, -64 sc), the mins, d and dmin.
@@ -137,15 +191,25 @@ struct Q4K {
         r.dmin = __high2float(dd);
         return r;
     }
-    // Step (H, word w)'s A operands of one row: k slots (2t, 2t + 1) and (2t + 8, 2t + 9).
+    // Step (H, word w)'s A operands of one row: k slots (2t, 2t + 1) and (2t + 8, 2t + 9). hs: Q5_K's
+    // qh word of the step shifted right by 2t (bit 0 of each byte: sub-block 2t's fifth bit, bit 1:
+    // 2t + 1's), moved above the nibble (to bit 4, or 8 for the high nibble's 1024 + 16 q).
     template <int H>
-    __device__ static __forceinline__ void step(uint32_t w, const Scales &s, uint32_t &a01, uint32_t &a23) {
-        constexpr uint32_t kMask = H == 0 ? 0x000F000Fu : 0x00F000F0u;
+    __device__ static __forceinline__ void step(uint32_t w, uint32_t hs, const Scales &s, uint32_t &a01,
+                                                uint32_t &a23) {
+        constexpr uint32_t kMask = H == 0 ? 0x000F000Fu : 0x00F000F0u, kBit = H == 0 ? 0x00100010u : 0x01000100u;
         const uint32_t b01 = __byte_perm(w, 0u, 0x1100u), b23 = __byte_perm(w, 0u, 0x3322u);
         const __half2 mul = H == 0 ? __low2half2(s.mul) : __high2half2(s.mul);
         const __half2 add = H == 0 ? __low2half2(s.add) : __high2half2(s.add);
-        a01 = h2u(__hfma2(u2h((b01 & kMask) | 0x64006400u), mul, add));
-        a23 = h2u(__hfma2(u2h((b23 & kMask) | 0x64006400u), mul, add));
+        const uint32_t k = k6464();
+        uint32_t v01 = and_or<kMask>(b01, k), v23 = and_or<kMask>(b23, k);
+        if constexpr (kQ5) {
+            constexpr int kUp = H == 0 ? 4 : 7;
+            v01 = and_or<kBit>(__byte_perm(hs, 0u, 0x1100u) << kUp, v01);
+            v23 = and_or<kBit>(__byte_perm(hs, 0u, 0x3322u) << kUp, v23);
+        }
+        a01 = h2u(__hfma2(u2h(v01), mul, add));
+        a23 = h2u(__hfma2(u2h(v23), mul, add));
     }
     // One block of the lane's two rows into out: y += d * acc(sc q) - dmin * acc(m).
     template <int NT>
@@ -159,6 +223,8 @@ struct Q4K {
             for (int e = 0; e < 4; ++e) acc[nt][e] = accm[nt][e] = 0.0f;
         const uint32_t q0[8] = {r0.qa.x, r0.qa.y, r0.qa.z, r0.qa.w, r0.qb.x, r0.qb.y, r0.qb.z, r0.qb.w};
         const uint32_t q1[8] = {r1.qa.x, r1.qa.y, r1.qa.z, r1.qa.w, r1.qb.x, r1.qb.y, r1.qb.z, r1.qb.w};
+        const uint32_t h0[8] = {r0.ha.x, r0.ha.y, r0.ha.z, r0.ha.w, r0.hb.x, r0.hb.y, r0.hb.z, r0.hb.w};
+        const uint32_t h1[8] = {r1.ha.x, r1.ha.y, r1.ha.z, r1.ha.w, r1.hb.x, r1.hb.y, r1.hb.z, r1.hb.w};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             // the mins' A operand: m of sub-block 2t + h, rows g and g + 8
@@ -168,12 +234,13 @@ struct Q4K {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 uint32_t af[4];
+                const uint32_t hs0 = kQ5 ? h0[i] >> (2 * t) : 0u, hs1 = kQ5 ? h1[i] >> (2 * t) : 0u;
                 if (h == 0) {
-                    step<0>(q0[i], s0, af[0], af[2]);
-                    step<0>(q1[i], s1, af[1], af[3]);
+                    step<0>(q0[i], hs0, s0, af[0], af[2]);
+                    step<0>(q1[i], hs1, s1, af[1], af[3]);
                 } else {
-                    step<1>(q0[i], s0, af[0], af[2]);
-                    step<1>(q1[i], s1, af[1], af[3]);
+                    step<1>(q0[i], hs0, s0, af[0], af[2]);
+                    step<1>(q1[i], hs1, s1, af[1], af[3]);
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
@@ -276,7 +343,7 @@ struct Q6K {
         for (int p = 0; p < 2; ++p) {
             const uint32_t sel = p == 0 ? 0x1100u : 0x3322u;
             const uint32_t lq = __byte_perm(ql, 0u, sel), hq = __byte_perm(qh, 0u, sel) << qsh;
-            const __half2 v = u2h((lq & kLo) | 0x64006400u | (hq & kHi));  // 1024 + q (C = 1: 1024 + 16 q)
+            const __half2 v = u2h(and_or<kHi>(hq, and_or<kLo>(lq, k6464())));  // 1024 + q (C = 1: 1024 + 16 q)
             a1[p] = h2u(__hfma2(v, mb, ab));
             a2[p] = h2u(__hfma2(v, ma, aa));
         }
@@ -324,7 +391,11 @@ template <int Q>
 struct GemvType;
 template <>
 struct GemvType<PF_QTYPE_Q4_K> {
-    using D = Q4K;
+    using D = QK<false>;
+};
+template <>
+struct GemvType<PF_QTYPE_Q5_K> {
+    using D = QK<true>;
 };
 template <>
 struct GemvType<PF_QTYPE_Q6_K> {
@@ -333,16 +404,28 @@ struct GemvType<PF_QTYPE_Q6_K> {
 
 // The tile of a warp: its group's 16 rows over its K slice, then its partial tile into `part`
 // (part[warp][token][row]).
+// The part holding 16-row group G of the grid (G past the last group: the last part, whose rows
+// past its n are read at its row n - 1 and not stored).
+__device__ __forceinline__ int part_of(const GemvArgs &a, int G) {
+    int p = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxParts; ++i)
+        if (i < a.nparts && G >= a.part[i].group0) p = i;
+    return p;
+}
+
 template <class D, int NT>
 __device__ __forceinline__ void gemv_tile(const GemvArgs &a, float *part) {
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane >> 2, t = lane & 3;
     const int ks = warp % a.kslices, rg = warp / a.kslices, groups = kWarps / a.kslices;
-    const int n0 = (int(blockIdx.x) * groups + rg) * 16;
+    const int G = int(blockIdx.x) * groups + rg;
+    const GemvPart &pt = a.part[part_of(a, G)];
+    const int n0 = (G - pt.group0) * 16;
     const int nb = a.k / 256;
     const int b0 = ks * nb / a.kslices, b1 = (ks + 1) * nb / a.kslices;
-    const uint8_t *row0 = a.w + int64_t(min(n0 + g, a.n - 1)) * a.row_bytes;
-    const uint8_t *row1 = a.w + int64_t(min(n0 + g + 8, a.n - 1)) * a.row_bytes;
+    const uint8_t *row0 = pt.w + int64_t(min(n0 + g, pt.n - 1)) * a.row_bytes;
+    const uint8_t *row1 = pt.w + int64_t(min(n0 + g + 8, pt.n - 1)) * a.row_bytes;
     bool tok_in[NT];
     const __half *xrow[NT];
 #pragma unroll
@@ -355,6 +438,15 @@ __device__ __forceinline__ void gemv_tile(const GemvArgs &a, float *part) {
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) out[nt][e] = 0.0f;
+    const auto x_load = [&](int blk, uint4 (&xv)[NT][8]) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int m = 0; m < 8; ++m)
+                xv[nt][m] = tok_in[nt] ? ldg_nc16(xrow[nt] + int64_t(blk) * 256 + D::xcol(t, m)) : make_uint4(0, 0, 0, 0);
+    };
+    // Block blk + 1's bytes in flight while blk's are multiplied. (Two register sets in turn
+    // instead of the copy spilled and ran 0.84-0.98x, bench_gemm_q16 on the H200, session 41.)
     typename D::Raw w0, w1;
     if (b0 < b1) {
         w0 = D::load(row0, b0, t);
@@ -362,16 +454,12 @@ __device__ __forceinline__ void gemv_tile(const GemvArgs &a, float *part) {
     }
     for (int blk = b0; blk < b1; ++blk) {
         const typename D::Raw c0 = w0, c1 = w1;
-        if (blk + 1 < b1) {  // the next block's bytes in flight while this one is multiplied
+        if (blk + 1 < b1) {
             w0 = D::load(row0, blk + 1, t);
             w1 = D::load(row1, blk + 1, t);
         }
         uint4 xv[NT][8];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int m = 0; m < 8; ++m)
-                xv[nt][m] = tok_in[nt] ? ldg_nc16(xrow[nt] + int64_t(blk) * 256 + D::xcol(t, m)) : make_uint4(0, 0, 0, 0);
+        x_load(blk, xv);
         D::template block<NT>(c0, c1, t, xv, out);
     }
 #pragma unroll
@@ -396,8 +484,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<NT>) gemm_q16_gemv_kernel
     const int rows = min(a.rows, 8 * NT);
     for (int i = int(threadIdx.x); i < groups * rows * 16; i += kThreads) {
         const int rg = i / (rows * 16), rest = i - rg * rows * 16, tok = rest / 16, r = rest % 16;
-        const int col = (int(blockIdx.x) * groups + rg) * 16 + r;
-        if (col >= a.n) continue;
+        const int G = int(blockIdx.x) * groups + rg;
+        const GemvPart &pt = a.part[part_of(a, G)];
+        const int c = (G - pt.group0) * 16 + r;  // the part's row
+        if (G >= a.groups || c >= pt.n) continue;
+        const int col = pt.col + c;
         float s = 0.0f;
         for (int ks = 0; ks < a.kslices; ++ks) s += part[((rg * a.kslices + ks) * 8 * NT + tok) * 16 + r];
         float *y = a.y + int64_t(tok) * a.ldy + col;
@@ -428,12 +519,15 @@ inline int pick_kslices(int64_t n, int64_t k, int sms) {
 
 template <int Q, int NT>
 inline cudaError_t launch(const GemvArgs &a, cudaStream_t st) {
-    if (a.rows > 8 * NT || a.rows < 1 || a.k % 256 != 0 || !gemv_aligned(Q, a.w, a.row_bytes) ||
-        reinterpret_cast<uintptr_t>(a.x) % 16 != 0 ||
+    bool parts_ok = a.nparts >= 1 && a.nparts <= kMaxParts;
+    for (int i = 0; parts_ok && i < a.nparts; ++i)
+        parts_ok = a.part[i].n >= 1 && gemv_aligned(Q, a.part[i].w, a.row_bytes) &&
+                   a.part[i].group0 == (i == 0 ? 0 : a.part[i - 1].group0 + (a.part[i - 1].n + 15) / 16);
+    if (!parts_ok || a.rows > 8 * NT || a.rows < 1 || a.k % 256 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 ||
         (a.kslices != 1 && a.kslices != 2 && a.kslices != 4 && a.kslices != 8))
         return cudaErrorInvalidValue;
     const int groups = kWarps / a.kslices;
-    const unsigned grid = unsigned((int64_t(a.n) + 16 * groups - 1) / (16 * groups));
+    const unsigned grid = unsigned((int64_t(a.groups) + groups - 1) / groups);
     gemm_q16_gemv_kernel<Q, NT><<<grid, kThreads, 0, st>>>(a);
     return cudaGetLastError();
 }
