@@ -33,7 +33,8 @@
 #   8 sanitize-model-b    initcheck (the exact leg: it cannot see cuBLAS's fp16 TMA-store writes)
 #                         and synccheck over them; SANITIZER_BIG=1 adds a qwen35-0.8b shape.
 #   9 bench-kernels-a     bench_gemm_q16 (the GEMM on the GGUF blocks, single blocks and pairs, checked
-#                         and timed beside cuBLAS on the fp16 weights), then pyprefill bench kernels
+#                         and timed beside cuBLAS on the fp16 weights; then its few-rows forms, the
+#                         GEMV form among them, at one row), then pyprefill bench kernels
 #                         --families gemm rows gdn.
 #  10 bench-kernels-b     pyprefill bench kernels --families attention.
 #  11 bench-model-a       pyprefill bench model --models qwen35-4b (HF peer, plot).
@@ -342,6 +343,11 @@ run_part() {
                    77) result "9: blocks GEMM forms" "skipped: not a compute capability 9.0 device or no sm_90a code" ;;
                    *) result "9: blocks GEMM forms" "FAIL (bench_gemm_q16.log)" ;; esac
         grep -E "x cache|FAIL" "$dir/bench_gemm_q16.log" | head -n 20
+        # the few-rows forms at one row (the GEMV form and the skinny form beside cuBLAS), Q4_K and Q6_K
+        { timeout "$tq" "$BUILD_DIR/tests/bench_gemm_q16" 1 8192 2560 1 2560 9216 1 248320 2560
+          timeout "$tq" "$BUILD_DIR/tests/bench_gemm_q16" --type Q6_K 1 2560 9216 1 248320 2560; } \
+          > "$dir/bench_gemm_q16_rows1.log" 2>&1
+        grep -E "M=|<- library|FAIL" "$dir/bench_gemm_q16_rows1.log" | head -n 20
       fi
       # shellcheck disable=SC2086
       bench "$p: bench kernels ($fams)" "$dir/bench_kernels.log" kernels --out "$dir" --families $fams \

@@ -55,25 +55,19 @@ namespace {
 
 using namespace pf;
 
-// W [n][k] fp16 from the blocks with quant.cuh's decoder (the prewarm's values).
-template <int Q>
-__global__ void decode_rows(const uint8_t *w, int64_t row_bytes, int n, int k, __half *out) {
+// W [n][k] from the blocks with quant.cuh's decoder: T = __half, the prewarm's fp16 values; T =
+// float, the same values before their rounding (the exact weights the GEMV form multiplies).
+template <int Q, class T>
+__global__ void decode_rows(const uint8_t *w, int64_t row_bytes, int n, int k, T *out) {
     const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
     if (i >= int64_t(n) * k) return;
     const int64_t r = i / k, c = i % k;
     float v[8];
     decode8_at<Q>(w + r * row_bytes, c, v);
-    for (int e = 0; e < 8; ++e) out[i + e] = __float2half_rn(v[e]);
-}
-// The same values before their rounding to fp16 (the exact weights the GEMV form multiplies).
-template <int Q>
-__global__ void decode_rows_f32(const uint8_t *w, int64_t row_bytes, int n, int k, float *out) {
-    const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-    if (i >= int64_t(n) * k) return;
-    const int64_t r = i / k, c = i % k;
-    float v[8];
-    decode8_at<Q>(w + r * row_bytes, c, v);
-    for (int e = 0; e < 8; ++e) out[i + e] = v[e];
+    for (int e = 0; e < 8; ++e) {
+        if constexpr (std::is_same_v<T, __half>) out[i + e] = __float2half_rn(v[e]);
+        else out[i + e] = v[e];
+    }
 }
 
 // Random blocks: random bytes, then every fp16 scale field a small positive fp16 (random bytes
@@ -308,52 +302,81 @@ void launch_skinny_any(const uint8_t *w, int64_t N, int64_t K, const __half *x, 
     else launch_skinny<Q, 8>(w, N, K, x, M, y, split, tma, st);
 }
 
+// The operands of a few-rows case: random blocks W [N][K] of type Q, random fp16 rows X [M][K],
+// X's rows as unit vectors e_c (sel: row i's column, row 0 the last one), W decoded to fp16 (the
+// cache's values) and to fp32, outputs y and yc; device copies freed with the case.
+template <int Q>
+struct FewRowsCase {
+    int64_t M, N, K, row_bytes;
+    std::vector<__half> hx, hw16;
+    std::vector<float> hw32;
+    std::vector<int64_t> sel;
+    uint8_t *w = nullptr;
+    __half *x = nullptr, *xsel = nullptr, *w16 = nullptr;
+    float *w32 = nullptr, *y = nullptr, *yc = nullptr;
+    size_t ybytes;
+    FewRowsCase(int64_t m, int64_t n, int64_t k, std::mt19937 &rng)
+        : M(m), N(n), K(k), row_bytes(k / q16::RawGeom<Q>::kElems * q16::RawGeom<Q>::kBlock), ybytes(size_t(m * n) * 4) {
+        std::vector<uint8_t> hw(size_t(N * row_bytes));
+        fill_blocks<Q>(hw, rng);
+        hx.resize(size_t(M * K));
+        std::vector<__half> hsel(size_t(M * K), __float2half_rn(0.f));
+        std::uniform_real_distribution<float> u(-1.f, 1.f);
+        for (auto &v : hx) v = __float2half_rn(u(rng));
+        sel.assign(size_t(M), K - 1);
+        for (int64_t i = 1; i < M; ++i) sel[size_t(i)] = (i * 7919 + 13) % (K - 1);
+        for (int64_t i = 0; i < M; ++i) hsel[size_t(i * K + sel[size_t(i)])] = __float2half_rn(1.f);
+        CK(cudaMalloc(&w, hw.size()));
+        CK(cudaMalloc(&x, hx.size() * 2));
+        CK(cudaMalloc(&xsel, hsel.size() * 2));
+        CK(cudaMalloc(&w16, size_t(N * K) * 2));
+        CK(cudaMalloc(&w32, size_t(N * K) * 4));
+        CK(cudaMalloc(&y, ybytes));
+        CK(cudaMalloc(&yc, ybytes));
+        CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(xsel, hsel.data(), hsel.size() * 2, cudaMemcpyHostToDevice));
+        decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
+        decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w32);
+        CK(cudaGetLastError());
+        hw16.resize(size_t(N * K));
+        hw32.resize(size_t(N * K));
+        CK(cudaMemcpy(hw16.data(), w16, hw16.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hw32.data(), w32, hw32.size() * 4, cudaMemcpyDeviceToHost));
+    }
+    ~FewRowsCase() {
+        for (void *p : {static_cast<void *>(w), static_cast<void *>(x), static_cast<void *>(xsel),
+                        static_cast<void *>(w16), static_cast<void *>(w32), static_cast<void *>(y),
+                        static_cast<void *>(yc)})
+            CK(cudaFree(p));
+    }
+    FewRowsCase(const FewRowsCase &) = delete;
+    FewRowsCase &operator=(const FewRowsCase &) = delete;
+};
+
 // M <= 16 rows of a type the GEMV form reads (gemm_q16_gemv_kernel.cuh): every K-slice count,
 // checked (every output written; X's rows unit vectors give the fp32 decoded weight exactly, the
 // value the prewarm rounds to fp16; float64 samples of the exact weight's product within 4e-7),
 // then timed beside cuBLAS on the fp16 weights and the skinny form; the library's count marked.
 template <int Q>
 bool run_gemv(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t cb, std::mt19937 &rng, int sms) {
-    using G = q16::RawGeom<Q>;
-    const int64_t row_bytes = K / G::kElems * G::kBlock;
-    std::vector<uint8_t> hw(size_t(N * row_bytes));
-    fill_blocks<Q>(hw, rng);
-    std::vector<__half> hx(size_t(M * K)), hsel(size_t(M * K), __float2half_rn(0.f));
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (auto &v : hx) v = __float2half_rn(u(rng));
-    std::vector<int64_t> sel(size_t(M), K - 1);
-    for (int64_t i = 1; i < M; ++i) sel[size_t(i)] = (i * 7919 + 13) % (K - 1);
-    for (int64_t i = 0; i < M; ++i) hsel[size_t(i * K + sel[size_t(i)])] = __float2half_rn(1.f);
-    uint8_t *w = nullptr;
-    __half *x = nullptr, *xsel = nullptr, *w16 = nullptr;
-    float *y = nullptr, *yc = nullptr, *w32 = nullptr;
-    const size_t ybytes = size_t(M * N) * 4;
-    CK(cudaMalloc(&w, hw.size()));
-    CK(cudaMalloc(&x, hx.size() * 2));
-    CK(cudaMalloc(&xsel, hsel.size() * 2));
-    CK(cudaMalloc(&w16, size_t(N * K) * 2));
-    CK(cudaMalloc(&w32, size_t(N * K) * 4));
-    CK(cudaMalloc(&y, ybytes));
-    CK(cudaMalloc(&yc, ybytes));
-    CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(xsel, hsel.data(), hsel.size() * 2, cudaMemcpyHostToDevice));
-    decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
-    decode_rows_f32<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w32);
-    CK(cudaGetLastError());
-    std::vector<float> hw32(size_t(N * K));
-    CK(cudaMemcpy(hw32.data(), w32, hw32.size() * 4, cudaMemcpyDeviceToHost));
+    if (K % 256 != 0 || M > q16v::kMaxRows) {
+        std::printf("%-7s M=%lld N=%lld K=%lld: K a multiple of 256 and M <= %d\n", type_name(Q), (long long)M,
+                    (long long)N, (long long)K, q16v::kMaxRows);
+        return false;
+    }
+    FewRowsCase<Q> c(M, N, K, rng);
     cudaStream_t st = nullptr;
     const int lib_ks = q16v::pick_kslices(N, K, sms);
     auto args = [&](const __half *xx, int ks) {
         q16v::GemvArgs a{};
         a.nparts = 1;
-        a.part[0].w = w;
+        a.part[0].w = c.w;
         a.part[0].n = int32_t(N);
         q16v::gemv_layout(a);
-        a.row_bytes = row_bytes;
+        a.row_bytes = c.row_bytes;
         a.x = xx;
-        a.y = y;
+        a.y = c.y;
         a.ldy = N;
         a.rows = int32_t(M);
         a.k = int32_t(K);
@@ -369,20 +392,20 @@ bool run_gemv(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t c
                 (long long)N, (long long)K, lib_ks);
     std::vector<float> h(size_t(M * N));
     for (int ks = 1; ks <= q16v::kWarps; ks *= 2) {
-        CK(cudaMemset(y, 0xFF, ybytes));
-        launch(xsel, ks);
+        CK(cudaMemset(c.y, 0xFF, c.ybytes));
+        launch(c.xsel, ks);
         CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h.data(), c.y, c.ybytes, cudaMemcpyDeviceToHost));
         int64_t wrong = 0;
         for (int64_t i = 0; i < M; ++i)
-            for (int64_t c = 0; c < N; ++c) wrong += h[size_t(i * N + c)] != hw32[size_t(c * K + sel[size_t(i)])];
-        CK(cudaMemset(y, 0xFF, ybytes));
-        launch(x, ks);
+            for (int64_t j = 0; j < N; ++j) wrong += h[size_t(i * N + j)] != c.hw32[size_t(j * K + c.sel[size_t(i)])];
+        CK(cudaMemset(c.y, 0xFF, c.ybytes));
+        launch(c.x, ks);
         CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h.data(), c.y, c.ybytes, cudaMemcpyDeviceToHost));
         int64_t unwritten = 0;
         for (float v : h) unwritten += !std::isfinite(v);
-        const double worst = sampled_error(hx, hw32, h, M, N, K);
+        const double worst = sampled_error(c.hx, c.hw32, h, M, N, K);
         const bool f_ok = unwritten == 0 && wrong == 0 && worst <= 4e-7;
         std::printf("  gemv ks=%d check: %s (unwritten %lld, X = e_c outputs not the fp32 weight %lld, sampled "
                     "error %.2g)\n", ks, f_ok ? "ok" : "FAIL", (long long)unwritten, (long long)wrong, worst);
@@ -390,21 +413,14 @@ bool run_gemv(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t c
     }
     if (!check_only && ok) {
         const double flop = 2.0 * double(M) * double(N) * double(K);
-        const float tc = time_cublas(cb, st, 20, w16, x, yc, M, N, K);
-        const double gb = double(N) * double(row_bytes) * 1e-9;
+        const float tc = time_cublas(cb, st, 20, c.w16, c.x, c.yc, M, N, K);
+        const double gb = double(N) * double(c.row_bytes) * 1e-9;
         for (int ks = 1; ks <= q16v::kWarps; ks *= 2) {
-            const float t = median_ms(st, 20, [&] { launch(x, ks); });
+            const float t = median_ms(st, 20, [&] { launch(c.x, ks); });
             std::printf("  gemv ks=%d %8.4f ms %7.1f TF/s %6.0f GB/s  %.2fx cache%s\n", ks, t, flop / t * 1e-9,
                         gb / t * 1e3, tc / t, ks == lib_ks ? "  <- library" : "");
         }
     }
-    CK(cudaFree(w));
-    CK(cudaFree(x));
-    CK(cudaFree(xsel));
-    CK(cudaFree(w16));
-    CK(cudaFree(w32));
-    CK(cudaFree(y));
-    CK(cudaFree(yc));
     return ok;
 }
 
@@ -420,61 +436,36 @@ bool run_skinny(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t
                     (long long)N, (long long)K, G::kElems, q16s::kMaxRows);
         return false;
     }
-    const int64_t row_bytes = K / G::kElems * G::kBlock;
-    std::vector<uint8_t> hw(size_t(N * row_bytes));
-    fill_blocks<Q>(hw, rng);
-    std::vector<__half> hx(size_t(M * K)), hsel(size_t(M * K), __float2half_rn(0.f));
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (auto &v : hx) v = __float2half_rn(u(rng));
-    std::vector<int64_t> sel(size_t(M), K - 1);  // row i's column (row 0: the last one)
-    for (int64_t i = 1; i < M; ++i) sel[size_t(i)] = (i * 7919 + 13) % (K - 1);
-    for (int64_t i = 0; i < M; ++i) hsel[size_t(i * K + sel[size_t(i)])] = __float2half_rn(1.f);
-    uint8_t *w = nullptr;
-    __half *x = nullptr, *xsel = nullptr, *w16 = nullptr;
-    float *y = nullptr, *yc = nullptr;
-    const size_t ybytes = size_t(M * N) * 4;
-    CK(cudaMalloc(&w, hw.size()));
-    CK(cudaMalloc(&x, hx.size() * 2));
-    CK(cudaMalloc(&xsel, hsel.size() * 2));
-    CK(cudaMalloc(&w16, size_t(N * K) * 2));
-    CK(cudaMalloc(&y, ybytes));
-    CK(cudaMalloc(&yc, ybytes));
-    CK(cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(xsel, hsel.data(), hsel.size() * 2, cudaMemcpyHostToDevice));
-    decode_rows<Q><<<unsigned((N * K / 8 + 255) / 256), 256>>>(w, row_bytes, int(N), int(K), w16);
-    CK(cudaGetLastError());
-    std::vector<__half> hw16(size_t(N * K));
-    CK(cudaMemcpy(hw16.data(), w16, hw16.size() * 2, cudaMemcpyDeviceToHost));
+    FewRowsCase<Q> c(M, N, K, rng);
     cudaStream_t st = nullptr;
-    const int lib_split = q16s::pick_split(q16s::make_args<Q>(w, N, K, nullptr, M, y, N, false), sms);
+    const int lib_split = q16s::pick_split(q16s::make_args<Q>(c.w, N, K, nullptr, M, c.y, N, false), sms);
     const int supersteps = int((K + q16::kRawCols - 1) / q16::kRawCols);
     bool ok = true;
     std::printf("%-7s M=%-5lld N=%-6lld K=%-6lld skinny (library: split %d)\n", type_name(Q), (long long)M,
                 (long long)N, (long long)K, lib_split);
     std::vector<float> h(size_t(M * N));
     // the raw blocks by TMA (where the rows allow: Q16Args::tma_raw) and by 16-byte chunks
-    const int copies = q16s::make_args<Q>(w, N, K, nullptr, M, y, N, false).tma_raw ? 2 : 1;
+    const int copies = q16s::make_args<Q>(c.w, N, K, nullptr, M, c.y, N, false).tma_raw ? 2 : 1;
     for (int cp = 0; cp < copies; ++cp)
     for (int split = 1; split <= q16s::kMaxSplit && split <= supersteps; split *= 2) {
         const bool tma = cp == 0;
         // X's rows unit vectors: one product per output, the decoded weight
-        CK(cudaMemset(y, 0xFF, ybytes));
-        launch_skinny_any<Q>(w, N, K, xsel, M, y, split, tma, st);
+        CK(cudaMemset(c.y, 0xFF, c.ybytes));
+        launch_skinny_any<Q>(c.w, N, K, c.xsel, M, c.y, split, tma, st);
         CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h.data(), c.y, c.ybytes, cudaMemcpyDeviceToHost));
         int64_t wrong = 0;
         for (int64_t i = 0; i < M; ++i)
-            for (int64_t c = 0; c < N; ++c)
-                wrong += h[size_t(i * N + c)] != __half2float(hw16[size_t(c * K + sel[size_t(i)])]);
+            for (int64_t j = 0; j < N; ++j)
+                wrong += h[size_t(i * N + j)] != __half2float(c.hw16[size_t(j * K + c.sel[size_t(i)])]);
         // random rows: written, float64 samples
-        CK(cudaMemset(y, 0xFF, ybytes));
-        launch_skinny_any<Q>(w, N, K, x, M, y, split, tma, st);
+        CK(cudaMemset(c.y, 0xFF, c.ybytes));
+        launch_skinny_any<Q>(c.w, N, K, c.x, M, c.y, split, tma, st);
         CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(h.data(), y, ybytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h.data(), c.y, c.ybytes, cudaMemcpyDeviceToHost));
         int64_t unwritten = 0;
         for (float v : h) unwritten += !std::isfinite(v);
-        const double worst = sampled_error(hx, hw16, h, M, N, K);
+        const double worst = sampled_error(c.hx, c.hw16, h, M, N, K);
         const bool f_ok = unwritten == 0 && wrong == 0 && worst <= 4e-5;
         std::printf("  skinny %s split=%d check: %s (unwritten %lld, X = e_c outputs not the weight %lld, sampled "
                     "error %.2g)\n",
@@ -484,23 +475,17 @@ bool run_skinny(int64_t M, int64_t N, int64_t K, bool check_only, cublasHandle_t
     }
     if (!check_only && ok) {
         const double flop = 2.0 * double(M) * double(N) * double(K);
-        const float tc = time_cublas(cb, st, 20, w16, x, yc, M, N, K);
-        const double gb = double(N) * double(row_bytes) * 1e-9;
+        const float tc = time_cublas(cb, st, 20, c.w16, c.x, c.yc, M, N, K);
+        const double gb = double(N) * double(c.row_bytes) * 1e-9;
         for (int cp = 0; cp < copies; ++cp)
             for (int split = 1; split <= q16s::kMaxSplit && split <= supersteps; split *= 2) {
                 const bool tma = cp == 0;
-                const float t = median_ms(st, 20, [&] { launch_skinny_any<Q>(w, N, K, x, M, y, split, tma, st); });
+                const float t = median_ms(st, 20, [&] { launch_skinny_any<Q>(c.w, N, K, c.x, M, c.y, split, tma, st); });
                 std::printf("  skinny %s split=%d %8.4f ms %7.1f TF/s %6.0f GB/s  %.2fx cache%s\n",
                             tma && copies == 2 ? "tma" : "chunks", split, t, flop / t * 1e-9, gb / t * 1e3, tc / t,
                             tma && split == lib_split ? "  <- library" : "");
             }
     }
-    CK(cudaFree(w));
-    CK(cudaFree(x));
-    CK(cudaFree(xsel));
-    CK(cudaFree(w16));
-    CK(cudaFree(y));
-    CK(cudaFree(yc));
     return ok;
 }
 

@@ -246,6 +246,19 @@ def test_blocks_slab_rows_default_crossover(rng):
 # ----------------------------------------------------------------------------- few rows (skinny)
 
 
+def _check_strided_accumulate(ctx, rng, w, x, w64, name):
+    """The f16 leg accumulating x @ W.T into a strided output y0 [rows, n + 5]: the columns past n
+    untouched, the rest y0 + x @ w64.T within fp32 accumulation (x fp16-exact; w64 the operand the
+    form multiplies, float64)."""
+    rows, n = x.shape[0], w64.shape[0]
+    y0 = np.full((rows, n + 5), 777.0, np.float32)
+    y0[:, :n] = randn(rng, rows, n)
+    acc = gemm.project_np(ctx, w, x, leg="f16", accumulate=True, y=y0)
+    assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
+    want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w64.T
+    assert_close(name, want, acc[:, :n], rtol=F32_BOUND)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 16, 40])
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
@@ -276,12 +289,7 @@ def test_blocks_few_rows_strided_accumulate(bctx, rng, qtype):
     with w:
         w16 = gemm.dequantize_np(bctx, w, f16=True).astype(np.float64)
         x = np.clip(rng.standard_normal((rows, k)), -8, 8).astype(np.float16).astype(np.float32)
-        y0 = np.full((rows, n + 5), 777.0, np.float32)
-        y0[:, :n] = randn(rng, rows, n)
-        acc = gemm.project_np(bctx, w, x, leg="f16", accumulate=True, y=y0)
-        assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
-        want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w16.T
-        assert_close(f"few rows accumulate/{qtype}", want, acc[:, :n], rtol=F32_BOUND)
+        _check_strided_accumulate(bctx, rng, w, x, w16, f"few rows accumulate/{qtype}")
 
 
 # ----------------------------------------------------------------------------- the GEMV form
@@ -360,12 +368,7 @@ def test_blocks_gemv_scales_and_strided_accumulate(gctx, rng, qtype):
         inv = rng.choice(np.array([1.0, 16.0, 1024.0], np.float32), size=rows)
         got = gemm.project_f16x_np(gctx, w, x16, inv)
         assert_close(f"gemv scales/{qtype}", (x * inv[:, None]).astype(np.float64) @ w64.T, got, rtol=F32_BOUND)
-        y0 = np.full((rows, n + 5), 777.0, np.float32)
-        y0[:, :n] = randn(rng, rows, n)
-        acc = gemm.project_np(gctx, w, x, leg="f16", accumulate=True, y=y0)
-        assert (acc[:, n:] == 777.0).all(), "columns beyond n were written"
-        want = y0[:, :n].astype(np.float64) + x.astype(np.float64) @ w64.T
-        assert_close(f"gemv accumulate/{qtype}", want, acc[:, :n], rtol=F32_BOUND)
+        _check_strided_accumulate(gctx, rng, w, x, w64, f"gemv accumulate/{qtype}")
 
 
 @pytest.mark.gpu

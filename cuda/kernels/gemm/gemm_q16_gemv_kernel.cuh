@@ -130,11 +130,19 @@ __device__ __forceinline__ uint32_t k6464() {
     return k;
 }
 
-// Step i's B fragment from the uint4 of X that holds its 4 columns: columns 0, 1 and 2, 3 of
-// the half (i % 2) of it.
-__device__ __forceinline__ void x_frag(const uint4 &v, int i, uint32_t &bx, uint32_t &by) {
-    bx = (i & 1) ? v.z : v.x;
-    by = (i & 1) ? v.w : v.y;
+// A step's two products on its X columns, for each token tile: p += ap . X, q += aq . X, X's B
+// fragment from xv[nt][m], the uint4 that holds the step's 4 columns (columns 0, 1 and 2, 3 of its
+// half i % 2).
+template <int NT>
+__device__ __forceinline__ void mma_pair(float (&p)[NT][4], const uint32_t (&ap)[4], float (&q)[NT][4],
+                                         const uint32_t (&aq)[4], const uint4 (&xv)[NT][8], int m, int i) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint4 &v = xv[nt][m];
+        const uint32_t bx = (i & 1) ? v.z : v.x, by = (i & 1) ? v.w : v.y;
+        mma_m16n8k16(p[nt], ap, bx, by);
+        mma_m16n8k16(q[nt], aq, bx, by);
+    }
 }
 
 // ---------------------------------------------------------------------------- Q4_K, Q5_K
@@ -242,13 +250,7 @@ struct QK {
                     step<1>(q0[i], hs0, s0, af[0], af[2]);
                     step<1>(q1[i], hs1, s1, af[1], af[3]);
                 }
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    uint32_t bx, by;
-                    x_frag(xv[nt][4 * h + i / 2], i, bx, by);
-                    mma_m16n8k16(acc[nt], af, bx, by);
-                    mma_m16n8k16(accm[nt], am, bx, by);
-                }
+                mma_pair<NT>(acc, af, accm, am, xv, 4 * h + i / 2, i);
             }
         }
 #pragma unroll
@@ -371,13 +373,7 @@ struct Q6K {
                     step<1>(r1.ql[i], r1.qh[i], qsh, s1, i, y1, y2);
                 }
                 const uint32_t f1[4] = {x1[0], y1[0], x1[1], y1[1]}, f2[4] = {x2[0], y2[0], x2[1], y2[1]};
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    uint32_t bx, by;
-                    x_frag(xv[nt][4 * c + i / 2], i, bx, by);
-                    mma_m16n8k16(acc1[nt], f1, bx, by);
-                    mma_m16n8k16(acc2[nt], f2, bx, by);
-                }
+                mma_pair<NT>(acc1, f1, acc2, f2, xv, 4 * c + i / 2, i);
             }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
