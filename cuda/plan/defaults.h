@@ -29,8 +29,9 @@ constexpr int64_t kBlocksSlabRows = 65;
 // The blocks leg: calls of up to this many rows on Q4_K / Q5_K / Q6_K blocks run the GEMV form
 // (kernels/gemm/gemm_q16_gemv_kernel.cuh: the scales on the fp32 sums). Measured on the H200
 // (NOTES.md, session 41: bench_gemm_q16, qwen35-4b and 27B shapes): at one row 1.47-2.09x the
-// cache's GEMM where the few-rows form ran 1.05-1.51x; at 16 rows 0.72-0.79x where the few-rows
-// form ran 0.99-1.03x. tuning.gemm_blocks_gemv_rows overrides (up to q16v::kMaxRows = 16).
+// cache's GEMM where the few-rows form ran 1.05-1.51x; at 8 rows 0.86-1.13x the few-rows form's
+// speed (the LM head slower, the 4B's projections faster); at 16 rows 0.72-0.79x the cache where
+// the few-rows form ran 0.99-1.03x. tuning.gemm_blocks_gemv_rows overrides (up to q16v::kMaxRows = 16).
 constexpr int64_t kBlocksGemvRows = 8;
 
 }  // namespace pf

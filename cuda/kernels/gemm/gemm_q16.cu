@@ -68,7 +68,8 @@ template <int Q>
 pf_status launch(const Q16Gemm &g, cudaStream_t st) {
     if constexpr (q16v::gemv_type(Q)) {
         bool runs = gemm_q16_gemv_runs(Q, g.blocks, g.k, g.rows, g.gemv_rows);
-        for (int i = 0; i < g.nparts; ++i) runs = runs && gemm_q16_gemv_runs(Q, g.part_blocks[i], g.k, g.rows, g.gemv_rows);
+        for (int i = 0; i < g.nparts; ++i)
+            runs = runs && gemm_q16_gemv_runs(Q, g.part_blocks[i], g.k, g.rows, g.gemv_rows);
         if (runs) return g.rows <= 8 ? launch_gemv<Q, 1>(g, st) : launch_gemv<Q, 2>(g, st);
     }
     if (g.nparts > 0)

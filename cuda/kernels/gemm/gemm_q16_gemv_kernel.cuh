@@ -11,32 +11,33 @@
 // operand is an exact small integer in fp16 and the per-block scales go to the fp32 accumulators:
 //  - Q4_K's 4-bit quant q becomes the fp16 1024 + q by one LOP3 (the bias trick of Marlin and
 //    FasterTransformer: 0x6400 | q), the high nibble 1024 + 16 q in place; one HFMA2 makes sc * q
-//    exactly (sc the 6-bit sub-block scale: sc * q <= 945, an integer fp16 holds exactly; the
-//    fused multiply-add rounds once, from the exact sc * q). So A = sc * q, a k16 step's four
-//    lanes' columns may come from four sub-blocks with their own scales.
+//    exactly (sc the 6-bit sub-block scale: sc * q <= 945, an integer fp16 holds exactly; the fused
+//    multiply-add rounds once, from the exact sc * q). So A = sc * q, a k16 step's four lanes'
+//    columns may come from four sub-blocks with their own scales.
 //  - The mins: a second mma on the same X fragments with A = m (the 6-bit min, constant over its
 //    sub-block) gives sum_j m_j sum_{i in j} x_i with exact products.
 //  - Per 256-column block and row: y += d * acc(sc q) - dmin * acc(m), in fp32.
 //  - Q6_K (struct Q6K): its int8 scale times q - 32 can pass 2048, which fp16 does not hold
 //    exactly, so the scale goes in two parts, 16 a + b, two exact operands and two mma.
-// About 2-4 instructions a weight instead of 9. The values: every product d sc q x and dmin m x
-// exact before fp32 sums, so the result is the exact weight's (the f32 leg's), within fp32
-// accumulation; against the fp16 cache's GEMM it differs by the cache's rounding of the weight to
-// fp16 (|dw| <= 2^-11 |w|). With X's row a unit vector the output is the fp32 value the prewarm
-// rounds to fp16 (d sc q - dmin m rounded once from exact terms; Q6_K d sc (q - 32)), exactly.
+// 3.5 (Q4_K) and 6.4 (Q6_K) instructions a weight by ncu instead of 9. The values: every product
+// d sc q x and dmin m x exact before fp32 sums, so the result is the exact weight's (the f32 leg's),
+// within fp32 accumulation; against the fp16 cache's GEMM it differs by the cache's rounding of the
+// weight to fp16 (|dw| <= 2^-11 |w|). With X's row a unit vector the output is the fp32 value the
+// prewarm rounds to fp16 (d sc q - dmin m rounded once from exact terms; Q6_K d sc (q - 32)),
+// exactly.
 //
-// The layout (Q4_K; Q6_K's in struct Q6K). A block has 8 warps: RG groups of 16 weight rows x KS slices of K (RG KS = 8, the
-// host's choice: kslices), a warp owns its group's 16 rows over its slice's blocks. Lane (g, t):
-// rows g and g + 8 of the group (mma's A rows), tokens g (and 8 + g: NT = 2) of X (mma's N). In a
-// block, lane t reads the 32 bytes of qs that hold sub-blocks 2t (low nibbles) and 2t + 1 (high
-// nibbles): step s (0..15) of the block takes the bytes 4 (s % 8) .. + 3 of them, nibbles s / 8,
-// as lane t's k slots (2t, 2t + 1) <- elements 0, 1 and (2t + 8, 2t + 9) <- elements 2, 3 (a
-// PRMT puts two bytes in the two halves of a word, a LOP3 masks a nibble and adds 0x6400); X's B
-// fragment takes the same four columns, 8 contiguous bytes of X. So the four lanes of a quad read
-// 128 contiguous bytes of qs and 128 of X a block, straight from global memory (the read-only
-// path), one block ahead in registers. The K slices' partial tiles are summed in shared memory in
-// slice order (the same bits run to run), then stored.
-// Rows of W past n are read at row n - 1 and not stored; rows of X past `rows` are zeros.
+// The layout (Q4_K; Q6_K's in struct Q6K). A block has 8 warps: RG groups of 16 weight rows x KS
+// slices of K (RG KS = 8, the host's choice: kslices), a warp owns its group's 16 rows over its
+// slice's blocks. Lane (g, t): rows g and g + 8 of the group (mma's A rows), tokens g (and 8 + g:
+// NT = 2) of X (mma's N). In a block, lane t reads the 32 bytes of qs that hold sub-blocks 2t (low
+// nibbles) and 2t + 1 (high nibbles): step s (0..15) of the block takes the bytes 4 (s % 8) .. + 3
+// of them, nibbles s / 8, as lane t's k slots (2t, 2t + 1) <- elements 0, 1 and (2t + 8, 2t + 9) <-
+// elements 2, 3 (a PRMT puts two bytes in the two halves of a word, a LOP3 masks a nibble and adds
+// 0x6400); X's B fragment takes the same four columns, 8 contiguous bytes of X. So the four lanes
+// of a quad read 128 contiguous bytes of qs and 128 of X a block, straight from global memory (the
+// read-only path), one block ahead in registers. The K slices' partial tiles are summed in shared
+// memory in slice order (the same bits run to run), then stored. Rows of W past n are read at
+// row n - 1 and not stored; rows of X past `rows` are zeros.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -113,7 +114,9 @@ __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__
 
 // A PRMT selector putting bytes lo and lo + 1 of x into the low bytes of the two halves, byte 0
 // of y (0x64) above each: with y = 0x64646464, the fp16 pair (1024 + x[lo], 1024 + x[lo + 1]).
-__host__ __device__ constexpr uint32_t byte_pair_sel(uint32_t lo) { return lo | (4u << 4) | ((lo + 1u) << 8) | (4u << 12); }
+__host__ __device__ constexpr uint32_t byte_pair_sel(uint32_t lo) {
+    return lo | (4u << 4) | ((lo + 1u) << 8) | (4u << 12);
+}
 
 // (a & B) | c in one LOP3: ptxas gives a LOP3 one immediate, so with c a register (the fp16
 // exponent 0x64006400, kept in one) the mask and the or stay one instruction, not two.
@@ -439,7 +442,8 @@ __device__ __forceinline__ void gemv_tile(const GemvArgs &a, float *part) {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int m = 0; m < 8; ++m)
-                xv[nt][m] = tok_in[nt] ? ldg_nc16(xrow[nt] + int64_t(blk) * 256 + D::xcol(t, m)) : make_uint4(0, 0, 0, 0);
+                xv[nt][m] = tok_in[nt] ? ldg_nc16(xrow[nt] + int64_t(blk) * 256 + D::xcol(t, m))
+                                       : make_uint4(0, 0, 0, 0);
     };
     // Block blk + 1's bytes in flight while blk's are multiplied. (Two register sets in turn
     // instead of the copy spilled and ran 0.84-0.98x, bench_gemm_q16 on the H200, session 41.)
