@@ -31,7 +31,10 @@ constexpr int64_t kBlocksSlabRows = 65;
 // (NOTES.md, session 41: bench_gemm_q16, qwen35-4b and 27B shapes): at one row 1.47-2.09x the
 // cache's GEMM where the few-rows form ran 1.05-1.51x; at 8 rows 0.86-1.13x the few-rows form's
 // speed (the LM head slower, the 4B's projections faster); at 16 rows 0.72-0.79x the cache where
-// the few-rows form ran 0.99-1.03x. tuning.gemm_blocks_gemv_rows overrides (up to q16v::kMaxRows = 16).
+// the few-rows form ran 0.99-1.03x. tuning.gemm_blocks_gemv_rows overrides.
 constexpr int64_t kBlocksGemvRows = 8;
+// The most rows the GEMV form takes (its two token tiles; gemm_q16.cuh kQ16GemvMaxRows, checked
+// equal there): tuning.gemm_blocks_gemv_rows's upper bound.
+constexpr int32_t kBlocksGemvMaxRows = 16;
 
 }  // namespace pf

@@ -173,9 +173,9 @@ pf_status tuning_check(const pf_tuning &t, const char *fn) {
     PF_CHECK_ARG(t.gemm_blocks_slab_rows == -1 || t.gemm_blocks_slab_rows == 0 || t.gemm_blocks_slab_rows >= 2,
                  "%s: tuning.gemm_blocks_slab_rows=%d (0 default, -1 never, else rows >= 2)", fn,
                  t.gemm_blocks_slab_rows);
-    PF_CHECK_ARG(t.gemm_blocks_gemv_rows >= -1 && t.gemm_blocks_gemv_rows <= 16,
-                 "%s: tuning.gemm_blocks_gemv_rows=%d (0 default, -1 never, else rows 1..16)", fn,
-                 t.gemm_blocks_gemv_rows);
+    PF_CHECK_ARG(t.gemm_blocks_gemv_rows >= -1 && t.gemm_blocks_gemv_rows <= kBlocksGemvMaxRows,
+                 "%s: tuning.gemm_blocks_gemv_rows=%d (0 default, -1 never, else rows 1..%d)", fn,
+                 t.gemm_blocks_gemv_rows, kBlocksGemvMaxRows);
     PF_CHECK_ARG(t.prewarm_fail_piece >= 0, "%s: tuning.prewarm_fail_piece=%d must be >= 0", fn,
                  t.prewarm_fail_piece);
     PF_CHECK_ARG(t.prewarm_piece_bytes >= -1, "%s: tuning.prewarm_piece_bytes=%lld (0 default, -1 one "

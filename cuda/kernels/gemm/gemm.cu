@@ -296,7 +296,7 @@ pf_status project_blocks_rows(const ProjEnv &env, const pf_weight *w, const __ha
                               int64_t rows, MatF y, bool accumulate);
 
 // A fused view's parts at the GEMV form's row counts: each run of consecutive parts of one type
-// that it reads (up to 4) in one launch, the others one by one (project_blocks_rows).
+// that it reads (up to kQ16GemvMaxParts) in one launch, the others one by one (project_blocks_rows).
 pf_status gemv_parts(const ProjEnv &env, const pf_weight *w, const __half *x16, const float *inv, int64_t rows,
                      MatF y, bool accumulate) {
     const auto runs = [&](const pf_weight *p) {
@@ -306,7 +306,9 @@ pf_status gemv_parts(const ProjEnv &env, const pf_weight *w, const __half *x16, 
     for (int32_t i = 0; i < w->nparts;) {
         const pf_weight *p = w->parts[i];
         int32_t j = i + 1;
-        while (runs(p) && j < w->nparts && j - i < 4 && w->parts[j]->qtype == p->qtype && runs(w->parts[j])) ++j;
+        while (runs(p) && j < w->nparts && j - i < kQ16GemvMaxParts && w->parts[j]->qtype == p->qtype &&
+               runs(w->parts[j]))
+            ++j;
         if (j - i == 1) {
             PF_TRY(project_blocks_rows(env, p, x16, inv, rows, y.cols_from(col), accumulate));
             col += p->n;

@@ -7,6 +7,7 @@
 #include "kernels/gemm/gemm_q16_gemv_kernel.cuh"
 #include "kernels/gemm/gemm_q16_kernel.cuh"
 #include "kernels/gemm/gemm_q16_skinny_kernel.cuh"
+#include "plan/defaults.h"
 #include "plan/qtype.h"
 #include "ptx/common.cuh"
 
@@ -35,6 +36,10 @@ pf_status launch_skinny(const Q16Gemm &g, cudaStream_t st) {
 
 // Up to g.gemv_rows rows of Q4_K / Q5_K / Q6_K: the GEMV form (gemm_q16_gemv_kernel.cuh), NT tiles of
 // 8 rows of X, K sliced over a block's warps (pick_kslices).
+static_assert(q16v::kMaxRows == kQ16GemvMaxRows && q16v::kMaxParts == kQ16GemvMaxParts &&
+                  kQ16GemvMaxRows == kBlocksGemvMaxRows,
+              "the GEMV form's limits: the kernel's, gemm_q16.cuh's and the tuning check's");
+
 template <int Q, int NT>
 pf_status launch_gemv(const Q16Gemm &g, cudaStream_t st) {
     int sms = 0;

@@ -15,6 +15,11 @@
 
 namespace pf {
 
+// The GEMV form's limits (gemm_q16_gemv_kernel.cuh's kMaxRows and kMaxParts, checked there): rows
+// of X a call (tuning.gemm_blocks_gemv_rows at most), and parts of a fused group in one launch.
+constexpr int kQ16GemvMaxRows = 16;
+constexpr int kQ16GemvMaxParts = 4;
+
 struct Q16Gemm {
     const void *blocks = nullptr;  // W [n][k] GGUF blocks of qtype, k / block elements per row
     int32_t qtype = 0;
@@ -29,8 +34,8 @@ struct Q16Gemm {
     // and n their sum): part i's blocks and rows, its outputs at the next n_i columns of y. All
     // of qtype and k, each as gemm_q16_gemv_runs accepts.
     int32_t nparts = 0;
-    const void *part_blocks[4] = {};
-    int64_t part_n[4] = {};
+    const void *part_blocks[kQ16GemvMaxParts] = {};
+    int64_t part_n[kQ16GemvMaxParts] = {};
 };
 
 // Whether `rows` rows on these blocks run the GEMV form (gemm_q16_gemv_kernel.cuh: Q4_K, Q5_K, Q6_K

@@ -174,6 +174,8 @@ struct QK {
         if constexpr (kQ5) {
             r.ha = ldg_nc16(b + offsetof(block_q5_K, qh));
             r.hb = ldg_nc16(b + offsetof(block_q5_K, qh) + 16);
+        } else {  // never read (the compiler drops them); set so that no copy reads indeterminate values
+            r.ha = r.hb = make_uint4(0, 0, 0, 0);
         }
         return r;
     }
