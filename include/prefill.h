@@ -383,6 +383,8 @@ typedef struct pf_attention_options {
                                    it, pos0 read from device memory and the wgmma kernel's maps
                                    over the caches' whole capacity (bitwise the same output).
                                    default 0 */
+    int64_t page_rows;          /* 0: contiguous caches (pf_attention). > 0: paged caches
+                                   (pf_attention_paged): rows per page, a multiple of 64. default 0 */
 } pf_attention_options;
 
 PF_API pf_status pf_attention_options_init(pf_attention_options *opts, size_t struct_size);
@@ -410,6 +412,12 @@ typedef struct pf_kv_write_args {
     int64_t kv_dim;      /* n_kv_heads * head_dim, 1..2^31-1. no default (0) */
     int64_t pos0;        /* cache row of row 0, >= 0, pos0 + rows < 2^31. default 0 */
     int32_t kv_dtype;    /* pf_kv_dtype of both caches. default PF_KV_F16 */
+    pf_buffer *page_table; /* NULL: contiguous caches. Else the caches are pools of pages of
+                            page_rows rows and this int32 buffer their page table (see
+                            pf_attention_paged); position p goes to pool row
+                            table[p / page_rows] * page_rows + p % page_rows. The pages written
+                            must be distinct. default NULL */
+    int64_t page_rows;   /* with page_table: rows per page, a multiple of 64. default 0 */
 } pf_kv_write_args;
 
 PF_API pf_status pf_kv_write_args_init(pf_kv_write_args *args, size_t struct_size);
@@ -424,6 +432,18 @@ PF_API pf_status pf_kv_write(pf_context *ctx, const pf_kv_write_args *args);
  * out must be a buffer distinct from q and the caches. Runs on the context's stream. */
 PF_API pf_status pf_attention(pf_context *ctx, const pf_attention_options *opts, const pf_buffer *q,
                               const pf_buffer *k_cache, const pf_buffer *v_cache, pf_buffer *out);
+
+/* pf_attention over paged caches: k_pool and v_pool hold pages of opts->page_rows rows (> 0, a
+ * multiple of 64; each pool a whole number of pages, at most 2^31 - 1 rows) and page_table
+ * (int32, from its start) lists the pool page of each page of positions: key j is pool row
+ *   page_table[j / page_rows] * page_rows + j % page_rows,
+ * for j < pos0 + rows, so the table needs ceil((pos0 + rows) / page_rows) entries, each a page
+ * of both pools. Pages may repeat (shared prefixes). The output is bitwise pf_attention's on
+ * contiguous caches holding the same rows, on every path and kernel. The table's entries are
+ * read and checked first (a synchronous copy of that many int32). */
+PF_API pf_status pf_attention_paged(pf_context *ctx, const pf_attention_options *opts, const pf_buffer *q,
+                                    const pf_buffer *k_pool, const pf_buffer *v_pool,
+                                    const pf_buffer *page_table, pf_buffer *out);
 
 /* Greedy decoding: out_ids[r] = argmax_{i < n} x[r][i] for r < rows.
  * x: float32 [rows][ld] view, ld 0 = n, at most 2^31 - 1; 1 <= n <= 2^31 - 1. out_ids: a

@@ -3,30 +3,47 @@
 for each length, and 2048 new rows at pos0 = 30720 (a chunk deep into a long prompt). Ours in
 one run: both flash kernels by name ("ours flash wgmma": the Hopper kernel, skipped with the
 reason where the device or build lacks it; "ours flash mma": the mma.sync kernel) and the cuBLAS
-path (up to 8192 keys: past that its passes only measure the scores traffic). Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s count the causal FLOPs once:
-4 x H x D x (query, key) pairs under the mask. The issue-10 table:
+path (up to 8192 keys: past that its passes only measure the scores traffic); "paged P"
+variants run the same kernels over paged caches (pages of P rows in a random order: the prefix
+cache's form, issue 39), at 256 rows (the wgmma kernel's key tiles then often cross a page and
+load in 16-row pieces) and at its tiles' multiple ("tile": kernels.attention.tile_page_rows, no
+tile crosses a page); pf_attention_paged reads and checks the page table first (a synchronous
+copy), which these times include. Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s
+count the causal FLOPs once: 4 x H x D x (query, key) pairs under the mask. The issue-10 table:
     pyprefill bench kernels --families attention --lengths 2048,8192,32768 --out DIR"""
 from __future__ import annotations
+
+import numpy as np
 
 from ..formats.synth import preset_desc
 from ..kernels import attention as K
 
 SHAPES = ("qwen35-4b", "qwen3-4b")
-# (label, path, flash kernel) of each timed variant of ours.
-VARIANTS = (("flash wgmma", "flash", "wgmma"), ("flash mma", "flash", "mma"),
-            ("cublas", "cublas", "auto"))
+# (label, path, flash kernel, page rows: 0 = contiguous caches, "tile" = the tiles' multiple) of
+# each timed variant of ours.
+VARIANTS = (("flash wgmma", "flash", "wgmma", 0), ("flash mma", "flash", "mma", 0),
+            ("cublas", "cublas", "auto", 0), ("flash wgmma paged 256", "flash", "wgmma", 256),
+            ("flash wgmma paged tile", "flash", "wgmma", "tile"),
+            ("flash mma paged 256", "flash", "mma", 256))
 CUBLAS_MAX_KEYS = 8192
 DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.attention -------------------
-def _kv_write(ctx, k, v, k_cache, v_cache, rows, kv_dim, pos0):
-    K.kv_write(ctx, k, v, k_cache, v_cache, rows=rows, kv_dim=kv_dim, pos0=pos0, kv_dtype="f16")
+def _kv_write(ctx, k, v, k_cache, v_cache, rows, kv_dim, pos0, table=None, page_rows=0):
+    K.kv_write(ctx, k, v, k_cache, v_cache, rows=rows, kv_dim=kv_dim, pos0=pos0, kv_dtype="f16",
+               page_table=table, page_rows=page_rows)
 
 
-def _attention(ctx, q, k_cache, v_cache, out, H, Hkv, D, rows, pos0, path, kernel):
-    K.attention(ctx, q, k_cache, v_cache, out, n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=rows,
-                pos0=pos0, kv_dtype="f16", path=path, kernel=kernel)
+def _tile_page_rows(head_dim):
+    return K.tile_page_rows(head_dim)
+
+
+def _attention(ctx, q, k_cache, v_cache, out, H, Hkv, D, rows, pos0, path, kernel, table=None,
+               page_rows=0):
+    K.attention(ctx, q, k_cache, v_cache, out, page_table=table, page_rows=page_rows, n_heads=H,
+                n_kv_heads=Hkv, head_dim=D, rows=rows, pos0=pos0, kv_dtype="f16", path=path,
+                kernel=kernel)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -68,24 +85,34 @@ def sdpa(torch, H: int, Hkv: int, D: int, rows: int, pos0: int):
 
 def time_variants(b, op: str, H: int, Hkv: int, D: int, rows: int, pos0: int, variants,
                   emit) -> None:
-    """Times each (label, path, kernel) of ours on fresh inputs (caches filled up to pos0 + rows)
-    and calls emit(label, timing, sets); a variant that fails is one skipped line."""
+    """Times each (label, path, kernel, page rows) of ours on fresh inputs (caches filled up to
+    pos0 + rows; paged ones through a random page order, one table per set) and calls
+    emit(label, timing, sets); a variant that fails is one skipped line."""
     S, kv_dim = pos0 + rows, Hkv * D
-    n = b.sets(4 * rows * H * D * 2 + 2 * S * kv_dim * 2, max_sets=8)
+    sizes = {pr: _tile_page_rows(D) if pr == "tile" else pr for *_, pr in variants if pr}
+    S_pool = max([-(-S // P) * P for P in sizes.values()] + [S])  # whole pages of each size
+    n = b.sets(4 * rows * H * D * 2 + 2 * S_pool * kv_dim * 2, max_sets=8)
     qs = [b.upload(b.rand(rows, H * D)) for _ in range(n)]
     outs = [b.buffer(4 * rows * H * D) for _ in range(n)]
-    kcs = [b.buffer(2 * S * kv_dim) for _ in range(n)]
-    vcs = [b.buffer(2 * S * kv_dim) for _ in range(n)]
-    for kc, vc in zip(kcs, vcs):                  # fill every cache row the queries will read
-        k, v = b.upload(b.rand(S, kv_dim)), b.upload(b.rand(S, kv_dim))
-        _kv_write(b.ctx, k, v, kc, vc, S, kv_dim, 0)
+    kcs = [b.buffer(2 * S_pool * kv_dim) for _ in range(n)]
+    vcs = [b.buffer(2 * S_pool * kv_dim) for _ in range(n)]
+    rng = np.random.default_rng(0)
+    tables = {pr: [b.upload(rng.permutation(-(-S // P)).astype(np.int32)) for _ in range(n)]
+              for pr, P in sizes.items()}
+    for kc, vc in zip(kcs, vcs):                  # fill every cache row the queries may read
+        k, v = b.upload(b.rand(S_pool, kv_dim)), b.upload(b.rand(S_pool, kv_dim))
+        _kv_write(b.ctx, k, v, kc, vc, S_pool, kv_dim, 0)
         b.ctx.synchronize()
-    for label, path, kernel in variants:
+    for label, path, kernel, pr in variants:
         if path == "cublas" and S > CUBLAS_MAX_KEYS:
             continue
-        def run(path=path, kernel=kernel, label=label):
+        def run(path=path, kernel=kernel, label=label, pr=pr):
+            # A paged variant reads the same caches through its set's table: every page a
+            # written one (up to the last page's tail), in a random order.
             t = b.time_ours(lambda i: _attention(b.ctx, qs[i % n], kcs[i % n], vcs[i % n],
-                                                 outs[i % n], H, Hkv, D, rows, pos0, path, kernel),
+                                                 outs[i % n], H, Hkv, D, rows, pos0, path, kernel,
+                                                 tables[pr][i % n] if pr else None,
+                                                 sizes.get(pr, 0)),
                             target_s=0.01)
             emit(label, t, n)
         b.rec.guard(f"{op} T={rows} {label}", run)

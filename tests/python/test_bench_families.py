@@ -40,6 +40,9 @@ class FakeWeight(FakeBuf):
 
 class FakeCtx:
     def upload(self, arr):
+        if arr.dtype == np.int32:   # a page table: a permutation of the pool's pages
+            assert sorted(arr.tolist()) == list(range(arr.size))
+            return FakeBuf(arr.nbytes)
         assert arr.dtype in (np.float32, np.float16) and np.isfinite(arr).all() and np.any(arr != 0)
         return FakeBuf(arr.nbytes)
 
@@ -76,7 +79,7 @@ API = {"gemm": [KG.project, KG.project_f16x, KG.weight_cache_f16, KG.dequantize]
 
 
 def fake_module(family, calls):
-    mod = types.SimpleNamespace(View=View)
+    mod = types.SimpleNamespace(View=View, tile_page_rows=KA.tile_page_rows)   # pure: no device
     for fn in API[family]:
         name = fn.__name__.rstrip("_")
 
@@ -129,10 +132,15 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         v = [a for n, a in calls if n == "gdn_scan_varlen"]
         assert v and all(list(a["cu_seqlens"]) == [1024 * i for i in range(9)] and
                          a["n_states"] == 8 and a["path"] == "auto" for a in v)
-    if name == "attention":    # both flash kernels by name and the cuBLAS path
-        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas"}
-        assert {(a["kw"]["path"], a["kw"]["kernel"]) for n, a in calls if n == "attention"} == {
-            ("flash", "wgmma"), ("flash", "mma"), ("cublas", "auto")}
+    if name == "attention":    # both flash kernels by name and the cuBLAS path, paged too
+        assert {r["impl"] for r in ours} == {"ours flash wgmma", "ours flash mma", "ours cublas",
+                                            "ours flash wgmma paged 256", "ours flash wgmma paged tile",
+                                            "ours flash mma paged 256"}
+        att = [a for n, a in calls if n == "attention"]
+        assert {(a["kw"]["path"], a["kw"]["kernel"], a["kw"]["page_rows"]) for a in att} == {
+            ("flash", "wgmma", 0), ("flash", "mma", 0), ("cublas", "auto", 0), ("flash", "wgmma", 256),
+            ("flash", "wgmma", 320), ("flash", "mma", 256)}   # qwen35-4b (--quick): head_dim 256
+        assert all((a["page_table"] is None) == (a["kw"]["page_rows"] == 0) for a in att)
     if name == "gemm":
         assert {r["impl"] for r in ours} == {"ours f16 leg", "ours f16 leg, fp16 x", "ours f32 leg",
                                             "ours -> fp16"}

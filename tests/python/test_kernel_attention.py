@@ -461,6 +461,133 @@ def test_kv_write_buffer_checks(ctx):
         A.kv_write(ctx, k, k, kc, vc, rows=4, kv_dim=kv_dim, pos0=0)
 
 
+# ------------------------------------------------------------------------------ GPU: paged KV
+#
+# Paged caches (issue 39): the K and V buffers are pools of pages and a page table names the page
+# of each page_rows positions. Every path and kernel must give bitwise the output of the
+# contiguous caches holding the same rows (the position is the only thing that changes: where a
+# row is read from), with every pool row that no table entry holds NaN (A.paginate), so a row
+# read from the wrong page shows.
+
+PAGED_LEGS = [("cublas", "f32", "auto"), ("cublas", "f16", "auto"), ("flash", "f16", "mma"),
+              ("flash", "f16", "wgmma")]
+PAGED_IDS = ["cublas-f32", "cublas-f16", "flash-mma", "flash-wgmma"]
+
+
+def paged_pair(ctx, rng, leg, q, k, v, n, page_rows, *, table=None, pools=None, **kw):
+    """(contiguous output, paged output) of one leg on caches k, v (rows [0, n) used), the pools
+    and table from A.paginate unless given."""
+    path, _, kernel = leg
+    if pools is None:
+        kp, vp, table = A.paginate(k[:n], v[:n], page_rows=page_rows, rng=rng)
+    else:
+        kp, vp = pools
+    run = (lambda *a, **k2: flash_np(ctx, kernel, *a, **k2)) if path == "flash" else \
+        (lambda *a, **k2: A.attention_np(ctx, *a, path=path, **k2))
+    return run(q, k, v, **kw), run(q, kp, vp, page_table=table, page_rows=page_rows, **kw)
+
+
+def assert_bitwise(name, want, got):
+    assert np.isfinite(got).all(), f"{name}: {int((~np.isfinite(got)).sum())} non-finite outputs"
+    assert np.array_equal(want, got), \
+        f"{name}: differs from the contiguous caches (max |diff| {np.abs(want - got).max():.3e})"
+
+
+@gpu
+@pytest.mark.parametrize("page_rows", [64, 192, "tile"])
+@pytest.mark.parametrize("rows,pos0", [(1, 0), (1, 700), (17, 300), (64, 64), (81, 79), (200, 63),
+                                       (777, 2000)])
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=[s[0] for s in FLASH_SHAPES])
+@pytest.mark.parametrize("leg", PAGED_LEGS, ids=PAGED_IDS)
+def test_paged_attention_is_bitwise_contiguous(ctx, rng, leg, shape, rows, pos0, page_rows):
+    """Pages of 64 rows (every wgmma key tile crosses a page: 16-row pieces), 192 (some do) and
+    the tiles' multiple (none do: one box a tile)."""
+    _, H, Hkv, D, qmult = shape
+    if page_rows == "tile":
+        page_rows = A.tile_page_rows(D)
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=qmult, rows=rows, pos0=pos0,
+                               kv_dtype=leg[1])
+    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
+    want, got = paged_pair(ctx, rng, leg, q, k, v, pos0 + rows, page_rows, **kw)
+    name = f"paged {leg} H={H} D={D} rows={rows} pos0={pos0} page_rows={page_rows}"
+    assert_bitwise(name, want, got)
+    if leg[0] == "flash":  # the session's graph form of the launch: pos0 on the device
+        _, dev = paged_pair(ctx, rng, leg, q, k, v, pos0 + rows, page_rows, position_on_device=True, **kw)
+        assert_bitwise(name + " position_on_device", want, dev)
+
+
+@gpu
+@pytest.mark.parametrize("leg", PAGED_LEGS, ids=PAGED_IDS)
+def test_paged_attention_shared_pages(ctx, rng, leg):
+    """A table naming one pool page twice (a prefix shared by reference): positions [0, 64) and
+    [128, 192) read the same page, as contiguous caches whose rows there are equal."""
+    H, Hkv, D, rows, pos0, P = 16, 4, 256, 70, 150, 64
+    q, k, v, qhs = make_inputs(rng, H=H, Hkv=Hkv, D=D, qmult=2, rows=rows, pos0=pos0,
+                               kv_dtype=leg[1])
+    k[128:192], v[128:192] = k[0:64], v[0:64]
+    n = pos0 + rows
+    kp, vp, table = A.paginate(k[:n], v[:n], page_rows=P, rng=rng)
+    kp[table[2] * P:(table[2] + 1) * P] = np.nan   # page 2's own copy is never read
+    vp[table[2] * P:(table[2] + 1) * P] = np.nan
+    table[2] = table[0]
+    kw = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, pos0=pos0, q_head_stride=qhs)
+    want, got = paged_pair(ctx, rng, leg, q, k, v, n, P, table=table, pools=(kp, vp), **kw)
+    assert_bitwise(f"paged {leg} shared pages", want, got)
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+@pytest.mark.parametrize("rows,pos0", [(1, 0), (7, 13), (200, 100), (777, 64)])
+def test_kv_write_paged(ctx, rng, kv_dtype, rows, pos0):
+    """Rows land at their pages' pool rows; every other pool row keeps its NaN."""
+    kv_dim, P = 4 * 256, 64
+    dt = np.float16 if kv_dtype == "f16" else np.float32
+    k = rng.standard_normal((rows, kv_dim)).astype(np.float32)
+    v = (3 * rng.standard_normal((rows, kv_dim))).astype(np.float32)
+    n_pages = -(-(pos0 + rows) // P)
+    table = rng.permutation(n_pages + 2)[:n_pages].astype(np.int32)
+    pool0 = np.full(((n_pages + 2) * P, kv_dim), np.nan, dt)
+    kp, vp = A.kv_write_np(ctx, k, v, pool0, pool0.copy(), pos0=pos0, page_table=table, page_rows=P)
+    at = np.array([table[p // P] * P + p % P for p in range(pos0, pos0 + rows)])
+    assert np.array_equal(kp[at], k.astype(dt)) and np.array_equal(vp[at], v.astype(dt))
+    rest = np.setdiff1d(np.arange(pool0.shape[0]), at)
+    assert np.isnan(kp[rest]).all() and np.isnan(vp[rest]).all()
+
+
+@gpu
+def test_paged_buffer_checks(ctx, rng):
+    """The page table's length, its entries, the pools' size and distinct written pages, each
+    refused with a message naming it before anything runs."""
+    H, Hkv, D, P, kv_dim = 16, 4, 256, 64, 1024
+    opts = dict(n_heads=H, n_kv_heads=Hkv, head_dim=D, rows=10, pos0=100, page_rows=P)
+    with ctx.buffer(10 * H * D * 4) as q, ctx.buffer(10 * H * D * 4) as o, \
+            ctx.buffer(4 * P * kv_dim * 2) as kp, ctx.buffer(4 * P * kv_dim * 2) as vp, \
+            ctx.buffer(P * kv_dim * 2 - 2) as small, ctx.upload(np.array([3, 1], np.int32)) as t2, \
+            ctx.upload(np.array([3], np.int32)) as t1, ctx.upload(np.array([3, 4], np.int32)) as tbad, \
+            ctx.upload(np.array([2, 2, 0], np.int32)) as tdup:
+        A.attention(ctx, q, kp, vp, o, page_table=t2, **opts)
+        with pytest.raises(errors.InvalidArgumentError, match="need 2 page-table entries"):
+            A.attention(ctx, q, kp, vp, o, page_table=t1, **opts)
+        with pytest.raises(errors.InvalidArgumentError, match=r"page_table\[1\] = 4 is not a page"):
+            A.attention(ctx, q, kp, vp, o, page_table=tbad, **opts)
+        with pytest.raises(errors.InvalidArgumentError, match="k_pool holds 63 rows"):
+            A.attention(ctx, q, small, vp, o, page_table=t2, **opts)
+        with pytest.raises(errors.InvalidArgumentError, match="pf_attention_paged"):
+            A.attention(ctx, q, kp, vp, o, **opts)
+        with pytest.raises(errors.InvalidArgumentError, match="out must be a buffer distinct"):
+            A.attention(ctx, q, kp, vp, t2, page_table=t2, **{**opts, "rows": 0})
+        kw = dict(rows=10, kv_dim=kv_dim, page_rows=P)
+        A.kv_write(ctx, q, q, kp, vp, pos0=100, page_table=t2, **kw)
+        A.kv_write(ctx, q, q, kp, vp, pos0=130, page_table=tdup, **kw)  # page 2 only: pool page 0
+        with pytest.raises(errors.InvalidArgumentError,
+                           match=r"page_table\[0\] and page_table\[1\] are both page 2"):
+            A.kv_write(ctx, q, q, kp, vp, pos0=60, page_table=tdup, **kw)  # pages 0 and 1
+        with pytest.raises(errors.InvalidArgumentError, match="page_rows=0 must be"):
+            A.kv_write(ctx, q, q, kp, vp, pos0=0, page_table=t2, **{**kw, "page_rows": 0})
+        with pytest.raises(errors.InvalidArgumentError, match="need 2 page-table entries"):
+            A.kv_write(ctx, q, q, kp, vp, pos0=100, page_table=t1, **kw)
+
+
 # ------------------------------------------------------------------------------ GPU: argmax
 
 @gpu
@@ -519,6 +646,7 @@ def test_options_init_defaults():
     assert (o.n_heads, o.n_kv_heads, o.head_dim) == (0, 0, 0)
     assert (o.q_head_stride, o.q_row_stride, o.out_row_stride, o.rows_per_pass,
             o.scores_budget_bytes, o.kernel) == (0, 0, 0, 0, 0, lib.PF_ATTN_KERNEL_AUTO)
+    assert o.page_rows == 0
 
 
 def test_options_init_abi_mismatch():
@@ -566,6 +694,9 @@ BAD_OPTIONS = [
     (dict(q_row_stride=2**31), "q_row_stride"),
     (dict(out_row_stride=16 * 256 - 1), "out_row_stride=4095"),
     (dict(out_row_stride=-3), "out_row_stride=-3"),
+    (dict(page_rows=100), "page_rows=100"),
+    (dict(page_rows=-64), "page_rows=-64"),
+    (dict(page_rows=2**31 + 64 - 2**31 % 64), "page_rows="),
 ]
 
 
@@ -642,6 +773,30 @@ def test_plan_explicit_rows_per_pass_and_clamp():
     assert A.attention_plan(rows=5, rows_per_pass=0, scores_budget_bytes=1, **kw)["rows_per_pass"] == 1
 
 
+def test_paged_and_contiguous_entries_route_by_page_rows():
+    """pf_attention takes contiguous caches only, pf_attention_paged paged ones: each says which
+    entry the other kind goes to before it looks at buffers or the context."""
+    n = ffi.NULL
+    s, msg = _status_and_error(lib.pf_attention(n, _opts(page_rows=64), n, n, n, n))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "pf_attention_paged" in msg, msg
+    s, msg = _status_and_error(lib.pf_attention_paged(n, _opts(), n, n, n, n, n))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "page_rows=0" in msg, msg
+    s, msg = _status_and_error(lib.pf_attention_paged(n, _opts(page_rows=128), n, n, n, n, n))
+    assert s == lib.PF_STATUS_INVALID_ARGUMENT and "ctx is NULL" in msg, msg
+
+
+def test_plan_paged_cublas_counts_the_gathered_rows():
+    """The cuBLAS path on paged caches gathers rows [0, pos0 + rows) of K and V first: its
+    workspace grows by those two arrays (each rounded up to 256 bytes), the rest unchanged."""
+    for kv, esz in (("f32", 4), ("f16", 2)):
+        kw = dict(n_heads=16, n_kv_heads=4, head_dim=256, rows=77, pos0=1000, path="cublas", kv_dtype=kv)
+        flat, paged = A.attention_plan(**kw), A.attention_plan(page_rows=64, **kw)
+        rows = -(-1077 * 1024 * esz // 256) * 256
+        assert paged["workspace_bytes"] - flat["workspace_bytes"] == 2 * rows
+        assert paged["rows_per_pass"] == flat["rows_per_pass"] == 77
+        assert A.attention_plan(page_rows=64, **{**kw, "path": "auto", "kv_dtype": "f16"})["workspace_bytes"] == 0
+
+
 # ------------------------------------------------------------------------------ CPU: kv_write
 
 def _kv_write_null(ldk=0, ldv=0, offk=0, **kw):
@@ -657,6 +812,7 @@ def _kv_write_null(ldk=0, ldv=0, offk=0, **kw):
     (dict(ldv=100), "v row stride ld=100"), (dict(ldk=-1), "k row stride ld=-1"),
     (dict(ldk=2**31), "k ld=2147483648"), (dict(offk=-2), "k offset=-2"),
     (dict(kv_dtype=7), "kv_dtype=7"),
+    (dict(page_rows=64), "page_rows=64 must be a positive multiple of 64 with a page_table, 0 without"),
 ])
 def test_kv_write_rejects_bad_arguments(bad, message):
     s, msg = _kv_write_null(**bad)
@@ -669,6 +825,7 @@ def test_kv_write_args_init_and_struct_checks():
     assert lib.pf_kv_write_args_init(a, ffi.sizeof("pf_kv_write_args")) == lib.PF_STATUS_OK
     assert (a.kv_dtype, a.rows, a.kv_dim, a.pos0) == (lib.PF_KV_F16, 0, 0, 0)
     assert a.k_cache == ffi.NULL and a.v_cache == ffi.NULL and a.k.buf == ffi.NULL
+    assert a.page_table == ffi.NULL and a.page_rows == 0
     s, msg = _status_and_error(lib.pf_kv_write(ffi.NULL, ffi.NULL))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "pf_kv_write_args_init" in msg
     a.struct_size = 8

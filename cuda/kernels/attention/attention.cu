@@ -30,21 +30,45 @@ unsigned grid_for(int64_t n) {
 struct KvWriteArgs {
     CMatF k, v;  // the entry's views
     int64_t rows, kv_dim;
-    void *k_cache, *v_cache;  // already offset to row pos0 (unless pos0_dev)
-    const int64_t *pos0_dev;  // when set: the caches' row 0, offset here by *pos0_dev rows
+    void *k_cache, *v_cache;  // the caches' row 0 (or the pools')
+    int64_t pos0;
+    const int64_t *pos0_dev;  // when set, pos0 is read here when the kernel runs
+    KvPages pages;            // position p at row pages.row(p)
 };
 
 template <typename T>
 __global__ void kv_write_kernel(const __grid_constant__ KvWriteArgs a) {
-    const int64_t off = a.pos0_dev ? *a.pos0_dev * a.kv_dim : 0;
-    T *kc = static_cast<T *>(a.k_cache) + off;
-    T *vc = static_cast<T *>(a.v_cache) + off;
+    const int64_t pos0 = a.pos0_dev ? *a.pos0_dev : a.pos0;
+    T *kc = static_cast<T *>(a.k_cache);
+    T *vc = static_cast<T *>(a.v_cache);
     const int64_t total = a.rows * a.kv_dim;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t r = i / a.kv_dim, c = i - r * a.kv_dim;
-        kc[i] = from_float<T>(a.k.ptr[r * a.k.ld + c]);  // cache rows are contiguous (stride kv_dim)
-        vc[i] = from_float<T>(a.v.ptr[r * a.v.ld + c]);
+        const int64_t o = a.pages.row(pos0 + r) * a.kv_dim + c;
+        kc[o] = from_float<T>(a.k.ptr[r * a.k.ld + c]);
+        vc[o] = from_float<T>(a.v.ptr[r * a.v.ld + c]);
+    }
+}
+
+// The cuBLAS path's view of paged caches: dst row j = the pool's row pages.row(j), j < n, in
+// 16-byte units (kv_dim * element size is a multiple of 16: the launcher checks) or elements.
+struct GatherKvArgs {
+    const void *k, *v;
+    void *dk, *dv;
+    int64_t n, row_bytes;
+    KvPages pages;
+};
+
+template <typename U>
+__global__ void gather_kv_kernel(const __grid_constant__ GatherKvArgs a) {
+    const int64_t per_row = a.row_bytes / int64_t(sizeof(U)), total = a.n * per_row;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t j = i / per_row, c = i - j * per_row;
+        const int64_t src = a.pages.row(j) * per_row + c;
+        static_cast<U *>(a.dk)[i] = static_cast<const U *>(a.k)[src];
+        static_cast<U *>(a.dv)[i] = static_cast<const U *>(a.v)[src];
     }
 }
 
@@ -136,6 +160,7 @@ struct FlashArgs {
     int64_t qhs;
     const __half *k_cache, *v_cache;
     int64_t kv_dim;
+    KvPages pages;  // key j at row pages.row(j) of the caches
     MatF o;   // the launcher's o (AttentionArgs o, ldo)
     int32_t G;
     int64_t rows, pos0;
@@ -158,6 +183,7 @@ constexpr size_t flash_smem_bytes() {
 template <int D, int BC>
 __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_constant__ FlashArgs a) {
     static_assert(D % 16 == 0 && BC % 16 == 0, "tiles are whole mma steps");
+    static_assert(kKvPageGranule % BC == 0, "a key tile lies in one page");
     // Shared rows are padded by 8 halves (16 bytes): the row stride is then 4 banks off a multiple
     // of 32 banks, so the 8 gid rows x 4 tig words of a fragment load hit 32 distinct banks.
     constexpr int LDS = D + 8;
@@ -208,12 +234,15 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attn_kernel(const __grid_
         // K, V tile: BC rows of D halves, 16-byte vectors; rows past n_keys are zero (P is 0 there,
         // but 0 * uninitialised shared memory could be NaN).
         constexpr int VPR = D / 8;
+        // The tile's keys lie in one page (BC divides kKvPageGranule, which divides the pages):
+        // one table read per tile.
+        const int64_t row0 = a.pages.row(j0);
         for (int idx = threadIdx.x; idx < BC * VPR; idx += kFlashThreads) {
             const int r = idx / VPR, c = (idx % VPR) * 8;
             const int64_t j = j0 + r;
             uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
             if (j < n_keys) {
-                const int64_t off = j * a.kv_dim + int64_t(kvh) * D + c;
+                const int64_t off = (row0 + r) * a.kv_dim + int64_t(kvh) * D + c;
                 kx = *reinterpret_cast<const uint4 *>(a.k_cache + off);
                 vx = *reinterpret_cast<const uint4 *>(a.v_cache + off);
             }
@@ -330,13 +359,39 @@ pf_status reserve_scratch(pf_context *ctx, size_t bytes, void **out) {
 // ------------------------------------------------------------------------- cuBLAS path
 
 // Workspace of the cuBLAS path for passes of n query rows over at most pos0 + rows keys: gathered
-// q [H][n][D] (cache dtype), fp32 scores [H][n][T], fp16 probabilities [H][n][T] (fp16 cache).
+// q [H][n][D] (cache dtype), fp32 scores [H][n][T], fp16 probabilities [H][n][T] (fp16 cache);
+// with paged caches first the K and V rows [0, T) gathered contiguous (paged_kv_bytes).
+size_t paged_kv_bytes(const AttentionArgs &a) {
+    if (!a.pages.paged()) return 0;
+    const size_t T = size_t(a.pos0 + std::max<int64_t>(a.rows, 1));
+    const size_t row = size_t(a.n_kv_heads) * size_t(a.head_dim) * (a.kv_dtype == PF_KV_F16 ? 2 : 4);
+    return 2 * align256(T * row);
+}
+
 size_t cublas_bytes(const AttentionArgs &a, int64_t n_rows) {
     const size_t H = size_t(a.n_heads), n = size_t(n_rows), D = size_t(a.head_dim);
     const size_t T = size_t(a.pos0 + std::max<int64_t>(a.rows, 1));
     const bool f16 = a.kv_dtype == PF_KV_F16;
-    return align256(H * n * D * (f16 ? 2 : 4)) + align256(H * n * T * 4) +
+    return paged_kv_bytes(a) + align256(H * n * D * (f16 ? 2 : 4)) + align256(H * n * T * 4) +
            (f16 ? align256(H * n * T * 2) : 0);
+}
+
+// Paged caches for the cuBLAS path: rows [0, pos0 + rows) of both into `dst` (paged_kv_bytes),
+// contiguous; *k, *v then point there.
+pf_status gather_paged_kv(const AttentionArgs &a, char *dst, const void **k, const void **v, cudaStream_t st) {
+    const int64_t n = a.pos0 + a.rows;
+    const int64_t row_bytes = int64_t(a.n_kv_heads) * a.head_dim * (a.kv_dtype == PF_KV_F16 ? 2 : 4);
+    GatherKvArgs g{a.k_cache, a.v_cache, dst, dst + align256(size_t(n * row_bytes)), n, row_bytes, a.pages};
+    if (row_bytes % 16 == 0) {
+        gather_kv_kernel<uint4><<<grid_for(n * row_bytes / 16), 256, 0, st>>>(g);
+        PF_LAUNCH_CHECK("gather_kv_kernel<uint4>");
+    } else {
+        gather_kv_kernel<uint16_t><<<grid_for(n * row_bytes / 2), 256, 0, st>>>(g);
+        PF_LAUNCH_CHECK("gather_kv_kernel<uint16_t>");
+    }
+    *k = g.dk;
+    *v = g.dv;
+    return PF_STATUS_OK;
 }
 
 pf_status attention_cublas(pf_context *ctx, const AttentionArgs &a) {
@@ -363,12 +418,17 @@ pf_status attention_cublas(pf_context *ctx, const AttentionArgs &a) {
     }
     const int64_t t_max = a.pos0 + a.rows;
     char *base = static_cast<char *>(ws);
+    const cudaStream_t st = ctx->stream;
+    const void *k_cache = a.k_cache, *v_cache = a.v_cache;
+    if (a.pages.paged()) {
+        PF_TRY(gather_paged_kv(a, base, &k_cache, &v_cache, st));
+        base += paged_kv_bytes(a);
+    }
     void *qs = base;                                                       // [H][n][D] cache dtype
     float *scores = reinterpret_cast<float *>(base + align256(size_t(H * rpp * D) * esz));  // [H][n][T]
     void *probs = f16 ? static_cast<void *>(reinterpret_cast<char *>(scores) +
                                             align256(size_t(H * rpp * t_max) * sizeof(float)))
                       : static_cast<void *>(scores);  // fp32: softmax in place
-    const cudaStream_t st = ctx->stream;
     const float one = 1.f, zero = 0.f;
 
     for (int64_t r0 = 0; r0 < a.rows; r0 += rpp) {
@@ -390,13 +450,13 @@ pf_status attention_cublas(pf_context *ctx, const AttentionArgs &a) {
         if (f16) {
             PF_CUBLAS_TRY(cublasGemmStridedBatchedEx(
                 ctx->blas_tc, CUBLAS_OP_T, CUBLAS_OP_N, int(T), int(G * n), int(D), &a.scale,
-                a.k_cache, CUDA_R_16F, int(kv_dim), (long long)D, qs, CUDA_R_16F, int(D),
+                k_cache, CUDA_R_16F, int(kv_dim), (long long)D, qs, CUDA_R_16F, int(D),
                 (long long)(G * n * D), &zero, scores, CUDA_R_32F, int(T), (long long)(G * n * T),
                 int(Hkv), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         } else {
             PF_CUBLAS_TRY(cublasSgemmStridedBatched(
                 ctx->blas_f32, CUBLAS_OP_T, CUBLAS_OP_N, int(T), int(G * n), int(D), &a.scale,
-                static_cast<const float *>(a.k_cache), int(kv_dim), (long long)D,
+                static_cast<const float *>(k_cache), int(kv_dim), (long long)D,
                 static_cast<const float *>(qs), int(D), (long long)(G * n * D), &zero, scores, int(T),
                 (long long)(G * n * T), int(Hkv)));
         }
@@ -414,7 +474,7 @@ pf_status attention_cublas(pf_context *ctx, const AttentionArgs &a) {
         for (int64_t g = 0; g < Hkv; ++g) {
             float *o_g = a.o + r0 * a.ldo + g * G * D;
             if (f16) {
-                const __half *v_g = static_cast<const __half *>(a.v_cache) + g * D;
+                const __half *v_g = static_cast<const __half *>(v_cache) + g * D;
                 const __half *p_g = static_cast<const __half *>(probs) + g * G * n * T;
                 PF_CUBLAS_TRY(cublasGemmStridedBatchedEx(
                     ctx->blas_tc, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(n), int(T), &one, v_g,
@@ -422,7 +482,7 @@ pf_status attention_cublas(pf_context *ctx, const AttentionArgs &a) {
                     o_g, CUDA_R_32F, int(a.ldo), (long long)D, int(G), CUBLAS_COMPUTE_32F,
                     CUBLAS_GEMM_DEFAULT));
             } else {
-                const float *v_g = static_cast<const float *>(a.v_cache) + g * D;
+                const float *v_g = static_cast<const float *>(v_cache) + g * D;
                 const float *p_g = static_cast<const float *>(probs) + g * G * n * T;
                 PF_CUBLAS_TRY(cublasSgemmStridedBatched(
                     ctx->blas_f32, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(n), int(T), &one, v_g,
@@ -447,6 +507,7 @@ pf_status launch_flash(const AttentionArgs &a, cudaStream_t st) {
     f.k_cache = static_cast<const __half *>(a.k_cache);
     f.v_cache = static_cast<const __half *>(a.v_cache);
     f.kv_dim = int64_t(a.n_kv_heads) * D;
+    f.pages = a.pages;
     f.o = MatF{a.o, a.ldo};
     f.G = a.n_heads / a.n_kv_heads;
     f.rows = a.rows;
@@ -463,6 +524,13 @@ pf_status launch_flash(const AttentionArgs &a, cudaStream_t st) {
 
 // ------------------------------------------------------------------------- entry points
 
+pf_status check_pages(const KvPages &p, const char *fn) {
+    PF_CHECK_ARG(!p.paged() || (p.page_rows > 0 && p.page_rows % kKvPageGranule == 0),
+                 "%s: page_rows=%d must be a positive multiple of %d", fn, (int)p.page_rows,
+                 kKvPageGranule);
+    return PF_STATUS_OK;
+}
+
 pf_status kv_write(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCache &cache, int64_t pos0,
                    cudaStream_t stream) {
     const int64_t ldk = km.ld, ldv = vm.ld;
@@ -473,12 +541,10 @@ pf_status kv_write(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCac
                  (long long)kv_dim, (long long)pos0, (long long)ldk, (long long)ldv);
     PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32, "kv_write: kv_dtype=%d",
                  (int)kv_dtype);
+    PF_TRY(check_pages(cache.pages, "kv_write"));
     if (rows == 0) return PF_STATUS_OK;
-    const size_t esz = kv_dtype == PF_KV_F16 ? sizeof(__half) : sizeof(float);
-    KvWriteArgs a{km, vm, rows, kv_dim,
-                  static_cast<char *>(k_cache) + size_t(pos0 * kv_dim) * esz,
-                  static_cast<char *>(v_cache) + size_t(pos0 * kv_dim) * esz, nullptr};
-    return kv_write_launch(a, kv_dtype, stream);
+    return kv_write_launch(KvWriteArgs{km, vm, rows, kv_dim, k_cache, v_cache, pos0, nullptr, cache.pages},
+                           kv_dtype, stream);
 }
 
 pf_status kv_write_at(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const KvCache &cache,
@@ -491,8 +557,9 @@ pf_status kv_write_at(CMatF km, CMatF vm, int64_t rows, int64_t kv_dim, const Kv
                  (long long)kv_dim, (long long)ldk, (long long)ldv, (const void *)pos0_dev);
     PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32, "kv_write_at: kv_dtype=%d",
                  (int)kv_dtype);
+    PF_TRY(check_pages(cache.pages, "kv_write_at"));
     if (rows == 0) return PF_STATUS_OK;
-    return kv_write_launch(KvWriteArgs{km, vm, rows, kv_dim, k_cache, v_cache, pos0_dev},
+    return kv_write_launch(KvWriteArgs{km, vm, rows, kv_dim, k_cache, v_cache, 0, pos0_dev, cache.pages},
                            kv_dtype, stream);
 }
 
@@ -525,7 +592,9 @@ int64_t attention_rows_per_pass(const AttentionArgs &a) {
     if (rpp <= 0) {
         const size_t budget = a.scores_budget_bytes ? a.scores_budget_bytes : kAttnDefaultBudget;
         // cublas_bytes(a, n) <= n * cublas_bytes(a, 1): this n keeps a pass within the budget.
-        rpp = int64_t(std::min<size_t>(budget / cublas_bytes(a, 1), size_t(INT_MAX)));
+        // Paged caches' gathered rows are not a pass's: they come on top, and the passes are
+        // those of contiguous caches (the same cuBLAS calls, bitwise the same output).
+        rpp = int64_t(std::min<size_t>(budget / (cublas_bytes(a, 1) - paged_kv_bytes(a)), size_t(INT_MAX)));
     }
     rpp = std::min(rpp, rows);
     // H * n score rows form a grid dimension and G * n a cuBLAS int.
@@ -551,6 +620,7 @@ pf_status attention(pf_context *ctx, const AttentionArgs &a) {
                      a.ldo >= int64_t(a.n_heads) * a.head_dim && a.ldo <= INT_MAX,
                  "attention: strides q_head_stride=%lld ldq=%lld ldo=%lld too small",
                  (long long)a.q_head_stride, (long long)a.ldq, (long long)a.ldo);
+    PF_TRY(check_pages(a.pages, "attention"));
     if (a.rows == 0) return PF_STATUS_OK;
     const int32_t path = attention_resolved_path(a);
     if (path == PF_ATTN_FLASH) {
@@ -559,10 +629,18 @@ pf_status attention(pf_context *ctx, const AttentionArgs &a) {
                         "attention: the flash path needs an fp16 cache (kv_dtype=%d), head_dim 128 "
                         "or 256 (head_dim=%d) and 16-byte aligned caches",
                         (int)a.kv_dtype, a.head_dim);
-        // The device position: the host copy must fit the caches (the kernels trust it).
-        PF_CHECK_ARG(!a.pos0_dev || (a.kv_capacity >= a.pos0 + a.rows && a.kv_capacity <= INT_MAX),
+        // The device position: the host copy must fit the caches (the kernels trust it). Paged:
+        // kv_capacity is the pools' rows (the wgmma kernel's maps span them), whole pages; the
+        // table's length is the caller's to check.
+        PF_CHECK_ARG(a.pages.paged() || !a.pos0_dev ||
+                         (a.kv_capacity >= a.pos0 + a.rows && a.kv_capacity <= INT_MAX),
                      "attention: pos0_dev with kv_capacity=%lld rows, pos0=%lld + rows=%lld",
                      (long long)a.kv_capacity, (long long)a.pos0, (long long)a.rows);
+        PF_CHECK_ARG(!a.pages.paged() || (a.kv_capacity >= a.pages.page_rows && a.kv_capacity <= INT_MAX &&
+                                          a.kv_capacity % a.pages.page_rows == 0),
+                     "attention: paged caches with kv_capacity=%lld rows (whole pages of %d rows, at "
+                     "most 2^31 - 1)",
+                     (long long)a.kv_capacity, (int)a.pages.page_rows);
         if (attention_resolved_kernel(a, ctx->device) == PF_ATTN_KERNEL_WGMMA) {
             if (!sm90a_kernels_available(ctx->device))
                 return fail(PF_STATUS_UNSUPPORTED,

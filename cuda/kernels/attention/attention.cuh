@@ -23,15 +23,43 @@
 
 namespace pf {
 
+// Where position p of a cache lies (issue 39's paged KV; plan/page_pool.h has the bookkeeping).
+// Contiguous (table == nullptr): row p of the arrays. Paged: the arrays are a pool of pages of
+// page_rows rows (a positive multiple of 64, the attention kernels' tile granule) and page k of
+// the sequence, positions [k P, (k + 1) P), is pool page table[k]: position p lies at row
+// table[p / P] * P + p % P. The table is device memory with an entry for every page up to the
+// last position a call reads or writes; pages may be shared between tables (read-only then:
+// the writer copies first).
+struct KvPages {
+    const int32_t *table = nullptr;
+    int32_t page_rows = 0;
+    PF_HD bool paged() const { return table != nullptr; }
+    PF_HD int64_t row(int64_t p) const {
+        if (!table) return p;
+        const int64_t k = p / page_rows;
+        return int64_t(table[k]) * page_rows + (p - k * page_rows);
+    }
+};
+
+// Pages are whole multiples of this many rows (the mma.sync kernel's key tile; the wgmma
+// kernel's 16-row TMA boxes divide it, so no box straddles two pages).
+constexpr int32_t kKvPageGranule = 64;
+// INVALID_ARGUMENT naming fn unless p is contiguous or its page_rows a positive multiple of
+// kKvPageGranule.
+pf_status check_pages(const KvPages &p, const char *fn);
+
 // One attention layer's KV cache: K and V arrays [capacity][kv_dim] of `dtype` (PF_KV_F16 or
-// PF_KV_F32), row p = position p.
+// PF_KV_F32), row p = position p; or, with `pages`, pools of pages addressed through a page
+// table (KvPages).
 struct KvCache {
     void *k = nullptr, *v = nullptr;
     int32_t dtype = PF_KV_F16;
+    KvPages pages;
 };
 
 // Converts rows of fp32 k and v into the cache: for r in [0, rows), c in [0, kv_dim):
-//   cache.k[(pos0 + r) * kv_dim + c] = cvt(k.row(r)[c]), same for v.
+//   cache.k[cache.pages.row(pos0 + r) * kv_dim + c] = cvt(k.row(r)[c]), same for v
+// (contiguous caches: row pos0 + r).
 // k, v: device fp32, ld >= kv_dim; the cache holds at least pos0 + rows rows. fp16 conversion
 // rounds to nearest even and saturates at +-65504 (finite values never become inf, which would
 // turn into NaN in the softmax; NaN stays NaN). rows == 0 is a no-op.
@@ -88,6 +116,12 @@ struct AttentionArgs {
     // The flash path's stream (nullptr: the context's); the cuBLAS path always runs on the
     // context's stream (its handle is bound to it).
     cudaStream_t stream = nullptr;
+    // Paged KV (KvPages): k_cache / v_cache are pools of pages and position j of the keys lies at
+    // row pages.row(j). Every path serves it with bitwise the output of the contiguous caches
+    // holding the same rows: the flash kernels translate each key row (the wgmma kernel loads
+    // its tiles in 16-row TMA boxes, each inside one page, over maps spanning kv_capacity rows:
+    // the pool's), the cuBLAS path gathers rows [0, pos0 + rows) into its workspace first.
+    KvPages pages;
 };
 
 constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-path workspace
@@ -106,6 +140,8 @@ constexpr size_t kAttnDefaultBudget = size_t(256) << 20;  // 256 MiB of cuBLAS-p
 //    256 bytes):   H * n * D * esz      (gathered q, esz = 2 for fp16, 4 for fp32)
 //                + H * n * T * 4        (fp32 scores; the bound the budget controls)
 //                + H * n * T * 2        (fp16 probabilities, fp16 cache only)
+//    and with paged caches, once, on top of the budget: 2 * T * Hkv * D * esz (K and V rows
+//    [0, T) gathered contiguous before the passes, which are those of contiguous caches).
 //  - PF_ATTN_FLASH: fused kernel for D in {128, 256} and an fp16 cache (16-byte aligned cache
 //    pointers): fp16 Q/K/V/P into mma.sync m16n8k16 tensor-core products, fp32 accumulation and
 //    online softmax, no scores materialised; the G query heads of one KV head share a tile, KV
