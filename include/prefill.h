@@ -870,6 +870,21 @@ PF_API pf_status pf_model_prewarm_report(const pf_model *model, pf_prewarm_repor
  * borrowed, valid while the model lives; do not destroy it. INVALID_ARGUMENT when the model has
  * no matrix of that name (1-D tensors are not weights). For tests and tools. */
 PF_API pf_status pf_model_weight(pf_model *model, const char *name, pf_weight **out);
+/* Paged KV (issue 39): a pool of n_pages pages of page_rows positions (a multiple of 64) of every
+ * attention layer's K and V rows in kv_dtype, allocated now, from which sessions created with
+ * pf_session_options.kv_paged = 1 take pages as their positions reach them. Forks and
+ * pf_session_copy / _copy_prefix of paged sessions share the pages of their common prefix
+ * (reference counts; a shared partial page is copied when written), rollback and reset give
+ * pages back; the logits are bitwise those of contiguous sessions. Pages a multiple of the
+ * Hopper attention kernel's key tiles (704 rows at head_dim 128, 320 at 256) keep its tiles in
+ * one page. One pool per model: a second call replaces it while no session uses it (else
+ * INVALID_ARGUMENT). A prefill that needs more pages than are free fails with OUT_OF_MEMORY
+ * and changes nothing. UNSUPPORTED for a model without attention layers. */
+PF_API pf_status pf_model_kv_pool(pf_model *model, int32_t page_rows, int32_t n_pages, int32_t kv_dtype);
+/* The pool's pages in all and free, its page rows and device bytes (all 0 when there is none);
+ * any out pointer may be NULL. */
+PF_API pf_status pf_model_kv_pool_info(const pf_model *model, int32_t *n_pages, int32_t *n_free,
+                                       int32_t *page_rows, size_t *bytes);
 
 typedef struct pf_session_options {
     size_t struct_size;    /* set by pf_session_options_init; do not change */
@@ -908,6 +923,10 @@ typedef struct pf_session_options {
     int32_t snapshot_slots; /* device slots for snapshots, allocated now (pf_session_snapshots
                                reports their bytes); when all are held the oldest is dropped.
                                default 0 (then snapshot_every and snapshot_at_end must be 0) */
+    int32_t kv_paged;      /* 1: the KV rows in pages of the model's pool (pf_model_kv_pool, of this
+                              kv_dtype), taken as positions reach them; max_tokens still bounds
+                              the positions. Copies between a paged and a contiguous session are
+                              UNSUPPORTED. default 0 (the session's own max_tokens rows) */
 } pf_session_options;
 
 typedef enum pf_logits_mode {

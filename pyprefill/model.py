@@ -163,11 +163,31 @@ class Model(_Owner):
     def session(self, max_tokens: int = DEFAULT_CAPACITY, *, chunk: int = 0, kv: str = "f16",
                 gemm="default", attention: str = "auto", graphs: bool = True,
                 tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
-                snapshot_at_end: bool = False, snapshot_slots: int = 0) -> "Session":
+                snapshot_at_end: bool = False, snapshot_slots: int = 0,
+                paged: bool = False) -> "Session":
         return Session(self, max_tokens=max_tokens, chunk=chunk, kv=kv, gemm=gemm,
                        attention=attention, graphs=graphs, tuning=tuning, own_executor=own_executor,
                        snapshot_every=snapshot_every, snapshot_at_end=snapshot_at_end,
-                       snapshot_slots=snapshot_slots)
+                       snapshot_slots=snapshot_slots, paged=paged)
+
+    def kv_pool(self, pages: int, *, page_rows: int = 0, kv: str = "f16") -> None:
+        """Makes the model's pool of KV pages (pf_model_kv_pool): `pages` pages of `page_rows`
+        positions (a multiple of 64; 0 = the least multiple of the Hopper attention kernel's key
+        tiles, 704 rows at head_dim 128, 320 at 256) of every attention layer's K and V rows, for
+        sessions made with paged=True. Forks and copies of paged sessions share their common
+        prefix's pages; the logits are bitwise those of contiguous sessions. Replaces the pool
+        while no session uses it."""
+        from .kernels.attention import kv_dtype_id, tile_page_rows
+        pages = int_arg(pages, "pages", 1, INT32_MAX)
+        page_rows = int_arg(page_rows, "page_rows", 0, INT32_MAX) or tile_page_rows(self.info["head_dim"])
+        _check(lib.pf_model_kv_pool(self.ptr, page_rows, pages, kv_dtype_id(kv)))
+
+    def kv_pool_info(self) -> dict:
+        """The pool's pages (all and free), page rows and device bytes; zeros when there is none."""
+        n, free, rows, size = (ffi.new("int32_t *"), ffi.new("int32_t *"), ffi.new("int32_t *"),
+                               ffi.new("size_t *"))
+        _check(lib.pf_model_kv_pool_info(self.ptr, n, free, rows, size))
+        return {"pages": int(n[0]), "free": int(free[0]), "page_rows": int(rows[0]), "bytes": int(size[0])}
 
     def prefix_cache(self, *, max_tokens: int = DEFAULT_CAPACITY, snapshot_every: int = 1024,
                      max_entries: int = 32, budget_bytes: int | None = None, kv: str = "f16",
@@ -267,12 +287,14 @@ class Session(_Owner):
     def __init__(self, model: Model, *, max_tokens: int = DEFAULT_CAPACITY, chunk: int = 0, kv: str = "f16",
                  gemm="default", attention: str = "auto", graphs: bool = True,
                  tuning: dict | None = None, own_executor: bool = True, snapshot_every: int = 0,
-                 snapshot_at_end: bool = False, snapshot_slots: int = 0, _handle=None):
+                 snapshot_at_end: bool = False, snapshot_slots: int = 0, paged: bool = False,
+                 _handle=None):
         """tuning: pyprefill.tuning fields over the model's, resolved with the other options
         into the session's execution plan once, here. own_executor=False: state only, for
         sessions that run in batches (Model.batch / prefill_batch). snapshot_every (a multiple
         of 64), snapshot_at_end, snapshot_slots: keep the recurrent state on the device at those
-        positions, for rollback(). Every argument is checked before any device work."""
+        positions, for rollback(). paged: the KV rows in pages of the model's pool
+        (Model.kv_pool first). Every argument is checked before any device work."""
         if _handle is not None:                   # pf_session_fork's new session
             self.model, self.max_tokens, self.kv = model, max_tokens, kv
             self._adopt(_handle, lib.pf_session_destroy, model)
@@ -291,6 +313,7 @@ class Session(_Owner):
         opts.snapshot_every = int_arg(snapshot_every, "snapshot_every", 0, INT32_MAX)
         opts.snapshot_at_end = 1 if snapshot_at_end else 0
         opts.snapshot_slots = int_arg(snapshot_slots, "snapshot_slots", 0, INT32_MAX)
+        opts.kv_paged = 1 if paged else 0
         _check_model(model)
         self.model, self.max_tokens, self.kv = model, max_tokens, kv
         out = ffi.new("pf_session **")

@@ -1,13 +1,16 @@
 // api_model.cu — the model-level C API: models and sessions. Validation, then delegation to
 // runtime/ (model.cu, session.cu, batch.cu).
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "base/cuda_check.cuh"
 #include "kernels/gemm/gemm.cuh"
 #include "plan/defaults.h"
 #include "plan/plan.h"
 #include "runtime/batch.h"
+#include "runtime/kv_pool.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 
@@ -25,6 +28,7 @@ pf_status session_options_check(const pf_session_options &o, const char *fn) {
     PF_CHECK_ARG(o.snapshot_slots > 0 || (o.snapshot_every == 0 && o.snapshot_at_end == 0),
                  "%s: snapshot_every=%d / snapshot_at_end=%d need snapshot_slots > 0", fn, o.snapshot_every,
                  o.snapshot_at_end);
+    PF_CHECK_ARG(o.kv_paged == 0 || o.kv_paged == 1, "%s: kv_paged=%d must be 0 or 1", fn, o.kv_paged);
     return PF_STATUS_OK;
 }
 
@@ -120,6 +124,51 @@ extern "C" PF_API pf_status pf_model_weight(pf_model *model, const char *name, p
                 return PF_STATUS_OK;
             }
         return pf::fail(PF_STATUS_INVALID_ARGUMENT, "%s: the model has no matrix named '%s'", fn, name);
+    });
+}
+
+extern "C" PF_API pf_status pf_model_kv_pool(pf_model *model, int32_t page_rows, int32_t n_pages,
+                                             int32_t kv_dtype) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        const char *fn = "pf_model_kv_pool";
+        PF_CHECK_ARG(page_rows > 0 && page_rows % pf::kKvPageGranule == 0,
+                     "%s: page_rows=%d must be a positive multiple of %d", fn, (int)page_rows, pf::kKvPageGranule);
+        PF_CHECK_ARG(n_pages >= 1 && int64_t(n_pages) * page_rows <= INT32_MAX,
+                     "%s: n_pages=%d must be >= 1 with n_pages * page_rows < 2^31", fn, (int)n_pages);
+        PF_CHECK_ARG(kv_dtype == PF_KV_F16 || kv_dtype == PF_KV_F32, "%s: kv_dtype=%d (0 = fp16, 1 = fp32)", fn,
+                     (int)kv_dtype);
+        PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
+        if (model->n_attn_layers == 0)
+            return pf::fail(PF_STATUS_UNSUPPORTED, "%s: the model has no attention layers", fn);
+        PF_CHECK_ARG(!model->kv_pool || model->kv_pool->users == 0,
+                     "%s: the model's KV pool is in use by %d session(s): destroy them first", fn,
+                     model->kv_pool ? (int)model->kv_pool->users : 0);
+        pf::DeviceGuard dg(model->ctx->device);
+        PF_TRY(dg.status());
+        pf::KvPool *p = nullptr;
+        if (model->kv_pool) {  // the old one goes first: both may not fit
+            PF_CUDA_TRY(cudaStreamSynchronize(model->ctx->stream));
+            pf::kv_pool_destroy(model->kv_pool);
+            model->kv_pool = nullptr;
+        }
+        PF_TRY(pf::kv_pool_create(model, page_rows, n_pages, kv_dtype, &p));
+        model->kv_pool = p;
+        return PF_STATUS_OK;
+    });
+}
+
+extern "C" PF_API pf_status pf_model_kv_pool_info(const pf_model *model, int32_t *n_pages, int32_t *n_free,
+                                                  int32_t *page_rows, size_t *bytes) {
+    return pf::guard(__func__, [&]() -> pf_status {
+        PF_CHECK_ARG(model != nullptr, "pf_model_kv_pool_info: model is NULL");
+        pf::KvPool *p = model->kv_pool;
+        std::unique_lock<std::mutex> lock;
+        if (p) lock = std::unique_lock<std::mutex>(p->mu);
+        if (n_pages) *n_pages = p ? p->n_pages() : 0;
+        if (n_free) *n_free = p ? p->ids.n_free() : 0;
+        if (page_rows) *page_rows = p ? p->page_rows : 0;
+        if (bytes) *bytes = p ? p->mem_bytes : 0;
+        return PF_STATUS_OK;
     });
 }
 

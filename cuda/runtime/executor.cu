@@ -81,12 +81,16 @@ pf_status plan_gemms(Executor *e) {
 // the cache (few flash blocks, many keys). Sized for the most query rows a cuBLAS call of this
 // executor can have, at keys up to the capacity (the choice is monotone: fewer rows and more keys
 // favour cuBLAS); attention() runs smaller passes where a call needs more.
-size_t attention_ws_bytes(const pf_model *m, const ExecPlan &plan, int64_t T, int64_t capacity, void *k, void *v) {
+size_t attention_ws_bytes(const pf_model *m, const ExecPlan &plan, int64_t T, int64_t capacity, void *k, void *v,
+                          bool paged) {
     const Hparams &hp = m->hp;
     if (m->n_attn_layers == 0) return 0;
     AttentionArgs a;
     a.k_cache = k;
     a.v_cache = v;
+    // Paged sequences: the cuBLAS path gathers their rows first (the table's address is not
+    // read here, only whether there is one).
+    if (paged) a.pages = KvPages{reinterpret_cast<const int32_t *>(k), kKvPageGranule};
     a.kv_dtype = plan.kv_dtype;
     a.n_heads = int32_t(hp.n_head);
     a.n_kv_heads = int32_t(hp.n_head_kv);
@@ -236,7 +240,8 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_
     e->tab_host.reserve(size_t(L.tab));
     e->tab_dev_copy.reserve(size_t(L.tab));
     // The cuBLAS attention path's workspace (its size needs aligned cache pointers: the base is).
-    e->attn_ws_bytes = attention_ws_bytes(m, plan, step_rows, capacity, e->ws, e->ws);
+    e->paged_kv = m->kv_pool != nullptr;
+    e->attn_ws_bytes = attention_ws_bytes(m, plan, step_rows, capacity, e->ws, e->ws, e->paged_kv);
     if (e->attn_ws_bytes) PF_TRY(device_alloc(ctx, e->attn_ws_bytes, &e->attn_ws, "attention workspace"));
     if (max_items > 1 && m->n_attn_layers > 0) {  // the items' attention side by side
         const int64_t k = std::min<int64_t>(max_items, kSideStreams);

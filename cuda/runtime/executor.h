@@ -96,6 +96,8 @@ struct Executor {
     ExecPlan plan;
     StepLayout L;
     int64_t capacity = 0;      // the most positions of a sequence it serves (cuBLAS attention sizing)
+    bool paged_kv = false;     // sized for paged sequences too (the model had a KV pool when made:
+                               // the cuBLAS path's gathered rows)
     void *ws = nullptr;        // the workspace (L.bytes), one allocation
     // Views into ws.
     float *x = nullptr, *h = nullptr, *a = nullptr, *b = nullptr, *o = nullptr, *beta = nullptr, *g = nullptr;

@@ -138,6 +138,8 @@ AttentionArgs attn_args(const Executor *e, const StepItem &it, int32_t index) {
     a.k_cache = it.seq->k_cache[size_t(index)];
     a.v_cache = it.seq->v_cache[size_t(index)];
     a.kv_dtype = it.seq->kv_dtype;
+    a.pages = sequence_kv_pages(*it.seq);
+    a.kv_capacity = sequence_kv_rows(*it.seq);
     a.ldo = H * D;
     a.o = e->o + it.row0 * a.ldo;
     a.n_heads = int32_t(H);
@@ -183,7 +185,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
     auto rope = [&](size_t i, cudaStream_t s) -> pf_status {
         const StepItem &it = items[i];
         const KvCache cache{it.seq->k_cache[size_t(Lw.attn_index)], it.seq->v_cache[size_t(Lw.attn_index)],
-                            it.seq->kv_dtype};
+                            it.seq->kv_dtype, sequence_kv_pages(*it.seq)};
         float *qi = q + it.row0 * W, *ki = k + it.row0 * W;
         const float *vi = v + it.row0 * W;
         if (fused_rope) {  // the five launches below in one, bitwise the same (qk_rope.cu)
@@ -208,6 +210,7 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
             a.k_cache = cache.k;
             a.v_cache = cache.v;
             a.kv_dtype = cache.dtype;
+            a.pages = cache.pages;
             a.regs = e->plan.rows.regs;
             return qk_norm_rope_kv_at(a, s);
         }
@@ -226,7 +229,6 @@ pf_status attn_layer(Executor *e, const LayerWeights &Lw, const std::vector<Step
         AttentionArgs a = attn_args(e, items[i], Lw.attn_index);
         a.path = PF_ATTN_FLASH;  // attn_graphable resolved it for this step
         a.pos0_dev = pos_dev(e, i);
-        a.kv_capacity = items[i].seq->capacity;
         a.stream = s;
         return attention(ctx, a);
     };

@@ -11,6 +11,7 @@
 #include "kernels/gemm/gemm.cuh"
 #include "kernels/gemm/gemm_q16.cuh"
 #include "plan/gguf.h"
+#include "runtime/kv_pool.h"
 #include "ptx/common.cuh"
 #include "runtime/model.h"
 
@@ -125,6 +126,7 @@ void model_destroy(pf_model *m) {
     DeviceGuard dg(m->ctx->device);
     (void)cudaStreamSynchronize(m->ctx->stream);
     for (pf_weight *w : m->weights) pf_weight_destroy(w);
+    kv_pool_destroy(m->kv_pool);
     device_free(m->ctx, m->arena, m->arena_bytes);
     delete m;
 }

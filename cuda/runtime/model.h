@@ -12,6 +12,10 @@
 #include "plan/plan.h"        // ExecPlan
 #include "prefill.h"
 
+namespace pf {
+struct KvPool;
+}
+
 struct pf_model {
     pf::CtxRef ref;                       // first: the last member to go
     pf_context *ctx = nullptr;
@@ -33,6 +37,7 @@ struct pf_model {
     pf_progress_fn progress = nullptr;  // from the load options: reports the prewarm too
     void *progress_user = nullptr;
     pf_tuning tuning{};                 // the load options' (over the context's for the prewarm)
+    pf::KvPool *kv_pool = nullptr;      // the paged sessions' pages (pf_model_kv_pool), or none
 };
 
 namespace pf {

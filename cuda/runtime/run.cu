@@ -30,6 +30,23 @@ pf_status run_execute(Executor *e, RunPlan &p) {
     const Hparams &hp = e->model->hp;
     const int64_t V = hp.n_vocab, d = hp.n_embd, lm = e->L.lm_rows;
     cudaStream_t st = e->ctx->stream;
+    // Paged sequences: the pages of every item's new positions first (a shared partial page
+    // copied, fresh pages, the tables uploaded); when the pool is short, the pages taken are
+    // given back and nothing has changed.
+    for (size_t i = 0; i < p.items.size(); ++i) {
+        Sequence &q = *p.items[i].seq;
+        if (q.pool && !e->paged_kv)
+            return fail(PF_STATUS_UNSUPPORTED, "a paged session runs in an executor made before the model's KV "
+                        "pool (a batch: make it after pf_model_kv_pool)");
+        const pf_status r = sequence_pages_reserve(q, p.items[i].n, st);
+        if (r != PF_STATUS_OK) {
+            for (size_t j = 0; j < i; ++j) {
+                Sequence &o = *p.items[j].seq;
+                (void)sequence_pages_truncate(o, o.pos, o.pos + p.items[j].n);
+            }
+            return r;
+        }
+    }
     executor_begin(e);
     std::vector<int32_t> finished;  // the item of each greedy token in e->argmax, in order
     auto body = [&]() -> pf_status {

@@ -5,15 +5,17 @@
 
 #include "base/cuda_check.cuh"
 #include "plan/session_state.h"  // state_kv_elem
+#include "runtime/kv_pool.h"
 
 namespace pf {
 namespace {
 
 // The layout of a sequence's state in its one allocation (256-byte aligned pieces, in this
-// order): the K and V rows per attention layer, the conv window and recurrent state per GDN
-// layer, the snapshot slots. Returns the bytes; with q, also points q's views into `base`.
-size_t sequence_layout(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, char *base,
-                       Sequence *q) {
+// order): the K and V rows per attention layer (paged: the page table's device copy instead,
+// the views then the pool's arrays), the conv window and recurrent state per GDN layer, the
+// snapshot slots. Returns the bytes; with q, also points q's views into `base`.
+size_t sequence_layout(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots,
+                       const KvPool *pool, char *base, Sequence *q) {
     const Hparams &hp = m->hp;
     size_t at = 0;
     auto take = [&](size_t bytes) {
@@ -21,12 +23,21 @@ size_t sequence_layout(const pf_model *m, int32_t capacity, int32_t kv_dtype, in
         at += (bytes + 255) & ~size_t(255);
         return p;
     };
-    const size_t kv_bytes = size_t(capacity) * size_t(hp.kv_dim()) * state_kv_elem(kv_dtype);
-    for (int32_t i = 0; i < m->n_attn_layers; i++) {
-        void *k = take(kv_bytes), *v = take(kv_bytes);
+    if (pool) {
+        int32_t *table = reinterpret_cast<int32_t *>(take(size_t(pages_for(capacity, pool->page_rows)) * 4));
         if (q) {
-            q->k_cache[size_t(i)] = k;
-            q->v_cache[size_t(i)] = v;
+            q->table = table;
+            q->k_cache = pool->k;
+            q->v_cache = pool->v;
+        }
+    } else {
+        const size_t kv_bytes = size_t(capacity) * size_t(hp.kv_dim()) * state_kv_elem(kv_dtype);
+        for (int32_t i = 0; i < m->n_attn_layers; i++) {
+            void *k = take(kv_bytes), *v = take(kv_bytes);
+            if (q) {
+                q->k_cache[size_t(i)] = k;
+                q->v_cache[size_t(i)] = v;
+            }
         }
     }
     for (int64_t il = 0; il < hp.n_layer; il++) {
@@ -63,11 +74,12 @@ pf_status snapshot_copy(Sequence &q, char *slot, bool to_slot, cudaStream_t st, 
 
 }  // namespace
 
-size_t sequence_bytes(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots) {
-    return sequence_layout(m, capacity, kv_dtype, snapshot_bytes(m) ? snap_slots : 0, nullptr, nullptr);
+size_t sequence_bytes(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, const KvPool *pool) {
+    return sequence_layout(m, capacity, kv_dtype, snapshot_bytes(m) ? snap_slots : 0, pool, nullptr, nullptr);
 }
 
-pf_status sequence_alloc(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, Sequence *q) {
+pf_status sequence_alloc(const pf_model *m, int32_t capacity, int32_t kv_dtype, int32_t snap_slots, Sequence *q,
+                         KvPool *pool) {
     const Hparams &hp = m->hp;
     pf_context *ctx = m->ctx;
     static std::atomic<uint64_t> next_id{1};
@@ -81,19 +93,78 @@ pf_status sequence_alloc(const pf_model *m, int32_t capacity, int32_t kv_dtype, 
     q->ssm.assign(size_t(hp.n_layer), nullptr);
     q->snap_bytes = snapshot_bytes(m);
     q->snap_slots = q->snap_bytes ? snap_slots : 0;
-    const size_t bytes = sequence_layout(m, capacity, kv_dtype, q->snap_slots, nullptr, nullptr);
+    q->pool = nullptr;  // set once the allocation stands (sequence_free gives the use back)
+    q->pages.clear();
+    const size_t bytes = sequence_layout(m, capacity, kv_dtype, q->snap_slots, pool, nullptr, nullptr);
     void *mem = nullptr;
     PF_TRY(device_alloc_pooled(ctx, bytes, &mem, "session state (KV caches, recurrent states, snapshots)"));
     q->mem = mem;
     q->mem_bytes = bytes;
-    sequence_layout(m, capacity, kv_dtype, q->snap_slots, static_cast<char *>(mem), q);
+    sequence_layout(m, capacity, kv_dtype, q->snap_slots, pool, static_cast<char *>(mem), q);
+    if (pool) {
+        std::lock_guard<std::mutex> lock(pool->mu);
+        ++pool->users;
+        q->pool = pool;
+    }
     return PF_STATUS_OK;
 }
 
+void sequence_pages_clear(Sequence &q) {
+    if (!q.pool) return;
+    std::lock_guard<std::mutex> lock(q.pool->mu);
+    (void)page_table_release(q.pool->ids, &q.pages, nullptr);  // every id is held: cannot fail
+}
+
+namespace {
+// sequence_free's: the pages, then the use of the pool.
+void sequence_leave_pool(Sequence &q) {
+    if (!q.pool) return;
+    sequence_pages_clear(q);
+    std::lock_guard<std::mutex> lock(q.pool->mu);
+    --q.pool->users;
+    q.pool = nullptr;
+}
+}  // namespace
+
 void sequence_free(pf_context *ctx, Sequence &q) {
+    sequence_leave_pool(q);
     device_free_pooled(ctx, q.mem, q.mem_bytes);
     q.mem = nullptr;
     q.mem_bytes = 0;
+}
+
+KvPages sequence_kv_pages(const Sequence &q) {
+    return q.pool ? KvPages{q.table, q.pool->page_rows} : KvPages{};
+}
+
+int64_t sequence_kv_rows(const Sequence &q) { return q.pool ? q.pool->rows() : q.capacity; }
+
+pf_status sequence_pages_reserve(Sequence &q, int64_t rows, cudaStream_t st) {
+    if (!q.pool || rows <= 0) return PF_STATUS_OK;
+    KvPool &p = *q.pool;
+    PageCopy cow;
+    std::vector<int64_t> fresh;
+    {
+        std::lock_guard<std::mutex> lock(p.mu);
+        const pf_status r = page_table_append(p.ids, &q.pages, q.pos, rows, p.page_rows, &cow, &fresh);
+        if (r == PF_STATUS_OUT_OF_MEMORY)
+            return fail(r, "KV pool: positions %lld..%lld need more pages of %d rows than the %d of %d free "
+                        "(pf_model_kv_pool sizes the pool; sessions that end or roll back give theirs back)",
+                        (long long)q.pos, (long long)(q.pos + rows - 1), (int)p.page_rows, (int)p.ids.n_free(),
+                        (int)p.n_pages());
+        PF_TRY(r);
+    }
+    if (cow.index >= 0) PF_TRY(kv_pool_copy_page(p, cow.src, cow.dst, cow.rows, st));
+    // From pageable memory: the host copy is staged before the call returns, so the table may
+    // change afterwards; every kernel of the run reads it after this copy (stream order).
+    PF_CUDA_TRY(cudaMemcpyAsync(q.table, q.pages.data(), q.pages.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    return PF_STATUS_OK;
+}
+
+pf_status sequence_pages_truncate(Sequence &q, int64_t to, int64_t from) {
+    if (!q.pool) return PF_STATUS_OK;
+    std::lock_guard<std::mutex> lock(q.pool->mu);
+    return page_table_rollback(q.pool->ids, &q.pages, from, to, q.pool->page_rows, nullptr, nullptr);
 }
 
 pf_status sequence_zero(Sequence &q, cudaStream_t st) {
@@ -116,9 +187,22 @@ pf_status sequence_copy_prefix(Sequence &dst, const Sequence &src, int64_t pos, 
     if (!h && pos != src.pos && snapshot_bytes(src.model) > 0)
         return fail(PF_STATUS_INTERNAL, "sequence_copy_prefix: a recurrent state at %lld needs its snapshot",
                     (long long)pos);
+    if (dst.pool != src.pool)
+        return fail(PF_STATUS_UNSUPPORTED,
+                    "copy: the sessions' KV rows are of different kinds (%s and %s): copy between paged "
+                    "sessions of one model's pool or between contiguous ones",
+                    src.pool ? "paged" : "contiguous", dst.pool ? "paged" : "contiguous");
     const Hparams &hp = src.model->hp;
-    const size_t kv_rows = size_t(pos) * size_t(hp.kv_dim()) * state_kv_elem(src.kv_dtype);
-    for (size_t i = 0; i < src.k_cache.size(); ++i) {
+    if (src.pool) {  // dst shares src's pages of [0, pos): its partial last page is copied on write
+        KvPool &p = *src.pool;
+        std::lock_guard<std::mutex> lock(p.mu);
+        const std::vector<int32_t> ids(src.pages.begin(), src.pages.begin() + pages_for(pos, p.page_rows));
+        std::vector<int32_t> old = dst.pages;
+        PF_TRY(page_table_share(p.ids, ids, pos, p.page_rows, &dst.pages));
+        PF_TRY(page_table_release(p.ids, &old, nullptr));  // after the share: a page both hold stays
+    }
+    const size_t kv_rows = src.pool ? 0 : size_t(pos) * size_t(hp.kv_dim()) * state_kv_elem(src.kv_dtype);
+    for (size_t i = 0; i < src.k_cache.size() && kv_rows; ++i) {
         PF_CUDA_TRY(cudaMemcpyAsync(dst.k_cache[i], src.k_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
         PF_CUDA_TRY(cudaMemcpyAsync(dst.v_cache[i], src.v_cache[i], kv_rows, cudaMemcpyDeviceToDevice, st));
     }

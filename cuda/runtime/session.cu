@@ -10,6 +10,7 @@
 
 #include "base/cuda_check.cuh"
 #include "plan/session_state.h"
+#include "runtime/kv_pool.h"
 #include "runtime/run.h"
 
 namespace pf {
@@ -24,6 +25,14 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     s->ctx = m->ctx;
     s->opts = o;
     const int32_t capacity = o.max_tokens;  // > 0: pf_session_create checked it
+    KvPool *pool = nullptr;
+    if (o.kv_paged == 1) {
+        pool = m->kv_pool;
+        PF_CHECK_ARG(pool != nullptr, "pf_session_create: kv_paged=1 but the model has no KV pool (make one with "
+                     "pf_model_kv_pool first)");
+        PF_CHECK_ARG(pool->kv_dtype == o.kv_dtype, "pf_session_create: kv_dtype=%d but the model's KV pool holds "
+                     "kv_dtype=%d", (int)o.kv_dtype, (int)pool->kv_dtype);
+    }
     // The execution plan: the session's tuning over its model's over its context's, the options,
     // the device and the environment, resolved once.
     s->plan = like ? like->plan : model_exec_plan(m, o.gemm_leg, o.tuning, o.attn_path, o.kv_dtype, o.cuda_graphs);
@@ -37,10 +46,10 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     else if (o.own_executor && !(like && like->exec)) {
         bool streaming = false;
         for (const pf_weight *w : m->weights) streaming = streaming || w->f16_stream;
-        const size_t state = sequence_bytes(m, capacity, o.kv_dtype, o.snapshot_slots);
+        const size_t state = sequence_bytes(m, capacity, o.kv_dtype, o.snapshot_slots, pool);
         PF_TRY(auto_step_rows(m->ctx, hp, capacity, state, streaming, &step_rows));
     }
-    PF_TRY(sequence_alloc(m, capacity, o.kv_dtype, o.snapshot_slots, &s->seq));
+    PF_TRY(sequence_alloc(m, capacity, o.kv_dtype, o.snapshot_slots, &s->seq, pool));
     s->seq.snap_every = o.snapshot_every;
     s->seq.snap_at_end = o.snapshot_at_end == 1;
     pf_status st = PF_STATUS_OK;
@@ -74,6 +83,7 @@ void session_destroy(pf_session *s) {
 
 pf_status session_reset(pf_session *s) {
     cudaStream_t st = s->ctx->stream;
+    sequence_pages_clear(s->seq);
     PF_TRY(sequence_zero(s->seq, st));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     s->seq.pos = 0;
@@ -127,7 +137,7 @@ StateLayout state_layout(const pf_session *s) {
 }
 
 // The device address of a span's data: K/V cache rows from 0, or the index-th GDN layer's
-// conv window / recurrent state.
+// conv window / recurrent state (a paged sequence's K/V rows: for_each_piece).
 void *span_device(Sequence &q, const StateSpan &sp) {
     switch (sp.kind) {
         case StateSpan::K: return q.k_cache[size_t(sp.index)];
@@ -141,6 +151,22 @@ void *span_device(Sequence &q, const StateSpan &sp) {
     }
     return nullptr;
 }
+// Calls f(device address, offset in the span, bytes) for each contiguous piece of a span: the
+// span itself, or for a paged sequence's K/V rows one piece per page (rows [k P, min((k + 1) P,
+// pos)) at pool page pages[k]). f returns a cudaError_t.
+template <class F>
+pf_status for_each_piece(Sequence &q, const StateSpan &sp, F &&f) {
+    if (!q.pool || (sp.kind != StateSpan::K && sp.kind != StateSpan::V)) {
+        PF_CUDA_TRY(f(span_device(q, sp), size_t(0), sp.bytes));
+        return PF_STATUS_OK;
+    }
+    const size_t page = size_t(q.pool->page_rows) * q.pool->row_bytes();
+    char *base = static_cast<char *>(span_device(q, sp));
+    for (size_t k = 0; k * page < sp.bytes; ++k)
+        PF_CUDA_TRY(f(base + size_t(q.pages[k]) * page, k * page, std::min(page, sp.bytes - k * page)));
+    return PF_STATUS_OK;
+}
+
 }  // namespace
 
 size_t session_state_size(const pf_session *s) { return state_bytes(state_layout(s), s->seq.pos); }
@@ -159,7 +185,9 @@ pf_status session_save(pf_session *s, void *dst, size_t bytes) {
     PF_TRY(dg.status());
     cudaStream_t st = s->ctx->stream;
     for (const StateSpan &sp : state_spans(l, q.pos))
-        PF_CUDA_TRY(cudaMemcpyAsync(p + sp.offset, span_device(q, sp), sp.bytes, cudaMemcpyDeviceToHost, st));
+        PF_TRY(for_each_piece(q, sp, [&](void *dev, size_t off, size_t n) {
+            return cudaMemcpyAsync(p + sp.offset + off, dev, n, cudaMemcpyDeviceToHost, st);
+        }));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     return PF_STATUS_OK;
 }
@@ -174,8 +202,15 @@ pf_status session_restore(pf_session *s, const void *src, size_t bytes) {
     cudaStream_t st = s->ctx->stream;
     const char *p = static_cast<const char *>(src);
     q.broken = true;  // until every copy has landed
+    if (q.pool) {  // fresh pages for the state's positions
+        sequence_pages_clear(q);
+        q.pos = 0;
+        PF_TRY(sequence_pages_reserve(q, h.pos, st));
+    }
     for (const StateSpan &sp : state_spans(l, h.pos))
-        PF_CUDA_TRY(cudaMemcpyAsync(span_device(q, sp), p + sp.offset, sp.bytes, cudaMemcpyHostToDevice, st));
+        PF_TRY(for_each_piece(q, sp, [&](void *dev, size_t off, size_t n) {
+            return cudaMemcpyAsync(dev, p + sp.offset + off, n, cudaMemcpyHostToDevice, st);
+        }));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
     q.pos = h.pos;
     q.last_token = h.last_token;
@@ -215,6 +250,11 @@ pf_status copy_at(pf_session *dst, const pf_session *src, int64_t pos, const cha
     PF_CHECK_ARG(dst->seq.kv_dtype == src->seq.kv_dtype, "%s: dst has kv_dtype=%d, src %d", fn, dst->seq.kv_dtype,
                  src->seq.kv_dtype);
     PF_CHECK_ARG(!src->seq.broken, "%s: src hit a device error earlier", fn);
+    if (dst->seq.pool != src->seq.pool)
+        return fail(PF_STATUS_UNSUPPORTED,
+                    "%s: the sessions' KV rows are of different kinds (src %s, dst %s): copy between paged "
+                    "sessions of one model's pool or between contiguous ones",
+                    fn, src->seq.pool ? "paged" : "contiguous", dst->seq.pool ? "paged" : "contiguous");
     PF_CHECK_ARG(pos >= 0 && pos <= src->seq.pos, "%s: pos=%lld must be in [0, %lld] (src's position)", fn,
                  (long long)pos, (long long)src->seq.pos);
     PF_CHECK_ARG(pos <= dst->seq.capacity, "%s: %lld positions to copy, dst holds %d positions", fn, (long long)pos,
@@ -253,7 +293,8 @@ pf_status session_rollback(pf_session *s, int64_t pos) {
     auto drop_after = [&](int64_t p) {
         while (!q.snaps.empty() && q.snaps.back().pos > p) q.snaps.pop_back();
     };
-    if (!recurrent) {  // the KV rows past pos are simply not read again
+    if (!recurrent) {  // the KV rows past pos are simply not read again (paged: their pages go)
+        PF_TRY(sequence_pages_truncate(q, pos));
         drop_after(pos);
         q.pos = pos;
         q.last_token = -1;
@@ -269,6 +310,7 @@ pf_status session_rollback(pf_session *s, int64_t pos) {
     q.broken = true;  // until every copy has landed
     PF_TRY(snapshot_restore(q, *hit, st));
     PF_CUDA_TRY(cudaStreamSynchronize(st));
+    PF_TRY(sequence_pages_truncate(q, pos));
     drop_after(pos);
     q.pos = pos;
     q.last_token = tok;

@@ -211,8 +211,9 @@ def _table_arg(page_table) -> np.ndarray:
 def tile_page_rows(head_dim: int) -> int:
     """The least page size (a multiple of 64) that the wgmma kernel's key tiles divide (176-key
     tiles at head_dim 128, 80 at 256: attention_wgmma.cu), so that no tile crosses a page and
-    each loads as one box (across pages it loads in 16-row pieces, slower)."""
-    tile = {128: 176, 256: 80}[int(head_dim)]
+    each loads as one box (across pages it loads in 16-row pieces, slower); 64 (the pages'
+    granule) for head dims the flash kernels do not serve."""
+    tile = {128: 176, 256: 80}.get(int(head_dim), 64)
     return tile * 64 // math.gcd(tile, 64)
 
 

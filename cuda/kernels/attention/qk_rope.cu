@@ -43,6 +43,7 @@ struct QkArgs {
     const int64_t *pos0_dev;
     void *k_cache, *v_cache;
     int64_t kv_dim;
+    KvPages pages;
 };
 
 // One block per row t. Shared memory: the row's cos / sin per pair (computed once per row, as
@@ -57,8 +58,8 @@ __global__ void __launch_bounds__(kQkThreads) qk_norm_rope_kv_kernel(const __gri
     const int64_t pos = *a.pos0_dev + t;
     for (int i = threadIdx.x; i < half; i += kQkThreads) rope_cos_sin(a.base, a.rot, i, pos, cs[i], sn[i]);
     __syncthreads();
-    T *kc = static_cast<T *>(a.k_cache) + pos * a.kv_dim;
-    T *vc = static_cast<T *>(a.v_cache) + pos * a.kv_dim;
+    T *kc = static_cast<T *>(a.k_cache) + a.pages.row(pos) * a.kv_dim;
+    T *vc = static_cast<T *>(a.v_cache) + a.pages.row(pos) * a.kv_dim;
     // Heads 0..H-1 are q's, H..H+Hkv-1 k's; warp-uniform branches only.
     for (int hh = warp; hh < a.n_heads + a.n_kv_heads; hh += kQkWarps) {
         const bool is_q = hh < a.n_heads;
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(kQkThreads) qk_norm_rope_kv_reg_kernel(const _
     const int64_t pos = *a.pos0_dev + t;
     for (int i = threadIdx.x; i < half; i += kQkThreads) rope_cos_sin(a.base, a.rot, i, pos, cs[i], sn[i]);
     __syncthreads();
-    T *kc = static_cast<T *>(a.k_cache) + pos * a.kv_dim;
-    T *vc = static_cast<T *>(a.v_cache) + pos * a.kv_dim;
+    T *kc = static_cast<T *>(a.k_cache) + a.pages.row(pos) * a.kv_dim;
+    T *vc = static_cast<T *>(a.v_cache) + a.pages.row(pos) * a.kv_dim;
     for (int hh = warp; hh < n_all; hh += kQkWarps) {
         float nxt[PER];
         if (hh + kQkWarps < n_all) {
@@ -202,12 +203,13 @@ pf_status qk_norm_rope_kv_at(const QkRopeKvArgs &a, cudaStream_t stream) {
                  (double)a.rope_base);
     PF_CHECK_ARG(a.eps >= 0.0f && std::isfinite(a.eps), "%s: eps=%g must be finite, >= 0", fn, (double)a.eps);
     PF_CHECK_ARG(a.kv_dtype == PF_KV_F16 || a.kv_dtype == PF_KV_F32, "%s: kv_dtype=%d", fn, (int)a.kv_dtype);
+    PF_TRY(check_pages(a.pages, fn));
     if (a.rows == 0) return PF_STATUS_OK;
     PF_CHECK_ARG(a.q && a.k && a.v && a.q_norm && a.k_norm && a.pos0_dev && a.k_cache && a.v_cache,
                  "%s: null pointer", fn);
     const QkArgs k{a.q, a.ldq, a.q_head_stride, a.k, a.ldk, a.v, a.ldv, a.n_heads, a.n_kv_heads,
                    a.head_dim, a.rot_dim / 2, (double)a.rope_base, (double)a.rot_dim, a.q_norm, a.k_norm,
-                   a.eps, a.pos0_dev, a.k_cache, a.v_cache, kvd};
+                   a.eps, a.pos0_dev, a.k_cache, a.v_cache, kvd, a.pages};
     // The register form for the two models' head shapes (a.regs false: the staged one).
     if (a.regs && (a.kv_dtype == PF_KV_F16 ? launch_qk_reg<__half>(k, a.rows, stream)
                                                         : launch_qk_reg<float>(k, a.rows, stream))) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "base/error.h"
+#include "kernels/attention/attention.cuh"  // KvPages
 
 namespace pf {
 
@@ -32,6 +33,7 @@ struct QkRopeKvArgs {
     // are written (the caller keeps them within the caches).
     void *k_cache = nullptr, *v_cache = nullptr;
     int32_t kv_dtype = 0;          // PF_KV_F16 or PF_KV_F32
+    KvPages pages;                 // paged caches: position p at row pages.row(p)
     bool regs = true;              // the register form where the head shape has one (RowForm.regs)
 };
 
