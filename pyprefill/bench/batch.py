@@ -185,6 +185,57 @@ def bench_fork(rec, model, label: str, *, T: int, reps: int, rng) -> list[dict]:
     return rows
 
 
+def bench_paged(rec, model, label: str, *, T: int, reps: int, rng) -> list[dict]:
+    """Paged KV (issue 39) against contiguous sessions in one run, at T tokens: the prefill of T
+    tokens from position 0 (the attention kernels reading through the page table), a fork and a
+    copy into an existing session (the pages shared instead of the KV rows copied: the recurrent
+    state is still copied), an attach at a snapshot halfway (copy_from(pos): what a prefix-cache
+    hit costs), and the pool pages 16 forks hold (none until they write)."""
+    ctx, V = model.ctx, model.n_vocab
+    info = model.info
+    from ..kernels.attention import tile_page_rows
+    P = tile_page_rows(info["head_dim"])
+    n_pages = 2 * (-(-(T + 64) // P)) + 4
+    model.kv_pool(n_pages, page_rows=P)
+    rows = []
+    every = max(64, T // 2 // 64 * 64)
+    kw = dict(max_tokens=T + 64, snapshot_every=every, snapshot_at_end=True, snapshot_slots=T // every + 2)
+    tokens = rng.integers(0, V, T, dtype=np.int32)
+    for impl, paged in (("contiguous", False), ("paged", True)):
+        with model.session(paged=paged, **kw) as s, model.session(paged=paged, **kw) as dst:
+            def prefill(_i):
+                s.prefill(tokens, "none")
+            t = measure(prefill, HostClock(ctx.synchronize), reps=reps, warmup=1, max_calls=1,
+                        setup=lambda _i: s.reset())
+            rows.append(_row(label, f"prefill @{T}", f"ours {impl}", T, t, page_rows=P if paged else 0))
+            s.reset()
+            s.prefill(tokens, "none")
+            forks = []
+
+            def drop(_i):
+                while forks:
+                    forks.pop().close()
+            t = measure(lambda _i: forks.append(s.fork()), HostClock(ctx.synchronize), reps=reps, warmup=1,
+                        max_calls=1, setup=drop)
+            drop(0)
+            rows.append(_row(label, f"fork @{T}", f"ours {impl}", 0, t))
+            for pos, what in ((T, "copy"), (every, "attach at a snapshot")):
+                t = measure(lambda _i: dst.copy_from(s, pos=pos), HostClock(ctx.synchronize), reps=reps,
+                            warmup=1, max_calls=8)
+                rows.append(_row(label, f"{what} @{pos}", f"ours {impl}", 0, t))
+            if paged:
+                free0 = model.kv_pool_info()["free"]
+                forks = [s.fork() for _ in range(16)]
+                held = free0 - model.kv_pool_info()["free"]
+                drop(0)
+                rec.say(f"  {label:12s} 16 forks of a paged session @{T} hold {held} new pages of {P} rows "
+                        f"(the session holds {-(-T // P)}; {model.kv_pool_info()['bytes'] / n_pages / 2**20:.1f} "
+                        f"MiB a page)")
+    for r in rows:
+        _say(rec, r)
+    return rows
+
+
 def bench_hf(rec, torch, path: str, label: str, cases, *, reps: int, rng) -> list[dict]:
     """HF transformers bf16 (+FLA for qwen35) over each case as one padded batch (left padding,
     attention mask), logits of each prompt's last token."""
@@ -247,6 +298,8 @@ def run(rec, torch, *, models, steps, reps: int, peer: str, quick: bool, mix: st
                                   reps=reps, rng=rng) or []
         if fork:
             rec.rows += rec.guard(f"{preset} fork", bench_fork, rec, model, preset,
+                                  T=1024 if quick else 8192, reps=reps, rng=rng) or []
+            rec.rows += rec.guard(f"{preset} paged", bench_paged, rec, model, preset,
                                   T=1024 if quick else 8192, reps=reps, rng=rng) or []
         peers.append((preset, path, cases, rng))
     if peer == "hf" and torch is not None:
