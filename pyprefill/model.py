@@ -181,6 +181,10 @@ class Model(_Owner):
         pages = int_arg(pages, "pages", 1, INT32_MAX)
         page_rows = int_arg(page_rows, "page_rows", 0, INT32_MAX) or tile_page_rows(self.info["head_dim"])
         _check(lib.pf_model_kv_pool(self.ptr, page_rows, pages, kv_dtype_id(kv)))
+        b = getattr(self, "_batch", None)   # made before the pool: it cannot run paged sessions
+        if b is not None:
+            b.close()
+            self._batch = None
 
     def kv_pool_info(self) -> dict:
         """The pool's pages (all and free), page rows and device bytes; zeros when there is none."""
@@ -191,12 +195,12 @@ class Model(_Owner):
 
     def prefix_cache(self, *, max_tokens: int = DEFAULT_CAPACITY, snapshot_every: int = 1024,
                      max_entries: int = 32, budget_bytes: int | None = None, kv: str = "f16",
-                     gemm="default"):
+                     gemm="default", paged: bool = False):
         """A prefix cache of this model (pyprefill.prefix_cache.PrefixCache): cache.prefill(session,
         ids) reuses every prompt prefix it computed before, exactly."""
         from .prefix_cache import PrefixCache
         return PrefixCache(self, max_tokens=max_tokens, snapshot_every=snapshot_every, max_entries=max_entries,
-                           budget_bytes=budget_bytes, kv=kv, gemm=gemm)
+                           budget_bytes=budget_bytes, kv=kv, gemm=gemm, paged=paged)
 
     def batch(self, *, max_items: int = 64, step_tokens: int = 0, max_tokens: int = 0,
               max_context: int = 0, kv: str = "f16", gemm="default", attention: str = "auto",
@@ -296,7 +300,7 @@ class Session(_Owner):
         positions, for rollback(). paged: the KV rows in pages of the model's pool
         (Model.kv_pool first). Every argument is checked before any device work."""
         if _handle is not None:                   # pf_session_fork's new session
-            self.model, self.max_tokens, self.kv = model, max_tokens, kv
+            self.model, self.max_tokens, self.kv, self.paged = model, max_tokens, kv, bool(paged)
             self._adopt(_handle, lib.pf_session_destroy, model)
             model._sessions.add(self)
             return
@@ -315,7 +319,7 @@ class Session(_Owner):
         opts.snapshot_slots = int_arg(snapshot_slots, "snapshot_slots", 0, INT32_MAX)
         opts.kv_paged = 1 if paged else 0
         _check_model(model)
-        self.model, self.max_tokens, self.kv = model, max_tokens, kv
+        self.model, self.max_tokens, self.kv, self.paged = model, max_tokens, kv, bool(paged)
         out = ffi.new("pf_session **")
         _check(lib.pf_session_create(out, model.ptr, opts))
         self._adopt(out[0], lib.pf_session_destroy, model)
@@ -378,7 +382,7 @@ class Session(_Owner):
         recurrent states, position): both continue as this one would have (pf_session_fork)."""
         out = ffi.new("pf_session **")
         _check(lib.pf_session_fork(out, self.ptr))
-        return Session(self.model, max_tokens=self.max_tokens, kv=self.kv, _handle=out[0])
+        return Session(self.model, max_tokens=self.max_tokens, kv=self.kv, paged=self.paged, _handle=out[0])
 
     def copy_from(self, other: "Session", pos: int | None = None) -> None:
         """Replaces this session's state by other's (pf_session_copy, on the device); with pos, by

@@ -219,3 +219,25 @@ def test_kv_paged_option_checked():
     o.kv_paged = 2
     s, msg = status_and_error(lib.pf_session_create(ffi.new("pf_session **"), ffi.NULL, o))
     assert s == lib.PF_STATUS_INVALID_ARGUMENT and "kv_paged=2" in msg, msg
+
+
+@pytest.mark.gpu
+def test_prefix_cache_on_pages(rng):
+    """The prefix cache with paged=True (entries and the caller's session paged, attaches sharing
+    pages): the logits and greedy tokens of the contiguous cache on the same requests, bitwise,
+    the session continuing alike; every page back once the caches and sessions close."""
+    m = _model("qwen35-tiny", "default")
+    info = _pool(m, "default", pages=256, page_rows=64)
+    V = m.n_vocab
+    base = random_tokens(rng, 600, V)
+    prompts = [np.concatenate([base, random_tokens(rng, n, V)]) for n in (50, 120, 7)] + [base[:300]]
+    with m.prefix_cache(max_tokens=1024, snapshot_every=128, paged=True) as pc, \
+            m.prefix_cache(max_tokens=1024, snapshot_every=128) as fc, \
+            m.session(max_tokens=1024, paged=True) as ps, m.session(max_tokens=1024) as fs:
+        for i, p in enumerate(prompts):
+            got, tok = pc.prefill(ps, p, return_token=True)
+            want, want_tok = fc.prefill(fs, p, return_token=True)
+            assert np.array_equal(got, want) and tok == want_tok, f"request {i}"
+            assert np.array_equal(ps.generate(3), fs.generate(3)), f"request {i} continued"
+        assert pc.stats["served_tokens"] == fc.stats["served_tokens"] > 0
+    assert m.kv_pool_info()["free"] == info["pages"]

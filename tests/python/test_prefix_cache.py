@@ -27,8 +27,8 @@ def _logits(history) -> np.ndarray:
 class FakeSession(Session):
     """A session double: no handle, the token history, the snapshot positions."""
 
-    def __init__(self, model, max_tokens, kv, every, at_end, slots):   # noqa: D107  (no super: no handle)
-        self.model, self.max_tokens, self.kv = model, max_tokens, kv
+    def __init__(self, model, max_tokens, kv, every, at_end, slots, paged=False):   # noqa: D107  (no handle)
+        self.model, self.max_tokens, self.kv, self.paged = model, max_tokens, kv, paged
         self.every, self.at_end, self.slots = every, at_end, slots
         self.history, self.snaps, self.is_closed = [], [], False
 
@@ -78,8 +78,11 @@ class FakeSession(Session):
 
 
 class FakeModel:
-    def __init__(self, recurrent=True, fail_at=None):
+    def __init__(self, recurrent=True, fail_at=None, pool_tokens=0):
         self.recurrent, self.n_vocab, self.fail_at = recurrent, V, fail_at
+        # a KV pool of pool_tokens positions (0: none), pages of one token, no sharing: a run
+        # past it raises OutOfMemoryError and changes nothing, as pf's paged runs do
+        self.pool_tokens = pool_tokens
         self.info = dict(n_layer=4, n_attn_layers=1 if recurrent else 4, n_head_kv=2, head_dim=8,
                          ssm_hk=1, ssm_dk=2, ssm_hv=1, ssm_dv=2, conv_kernel=4)
         self.calls = []   # (session, tokens) of every prefill_batch
@@ -91,13 +94,24 @@ class FakeModel:
         self.reserved.append(kw)
 
     def session(self, max_tokens, kv="f16", gemm="default", own_executor=True, snapshot_every=0,
-                snapshot_at_end=False, snapshot_slots=0):
-        self.made.append(FakeSession(self, max_tokens, kv, snapshot_every, snapshot_at_end, snapshot_slots))
+                snapshot_at_end=False, snapshot_slots=0, paged=False):
+        self.made.append(FakeSession(self, max_tokens, kv, snapshot_every, snapshot_at_end, snapshot_slots,
+                                     paged))
         return self.made[-1]
+
+    def kv_pool_info(self):
+        return {"pages": self.pool_tokens, "free": self.pool_tokens - self._pool_used(), "page_rows": 1,
+                "bytes": 0}
+
+    def _pool_used(self):
+        return sum(len(s.history) for s in self.made if s.paged and not s.is_closed)
 
     def prefill_batch(self, sessions, tokens, logits="last"):
         if self.fail_at is not None and len(self.calls) == self.fail_at:
             raise errors.CudaError("injected")
+        if any(s.paged for s in sessions) and \
+                self._pool_used() + sum(np.asarray(t).size for t in tokens) > self.pool_tokens:
+            raise errors.OutOfMemoryError("KV pool: injected")
         out = []
         for s, t in zip(sessions, tokens):
             self.calls.append((s, np.asarray(t).copy()))
@@ -412,3 +426,26 @@ def test_the_bench_serves_a_chat_the_same_with_the_cache(rng):
         least = bc.distinct_prefix_tokens(warm)
         assert least <= cache.stats["prefilled_tokens"] < sum(p.size for p in cold)
         assert len(ttft) == 9 and cache.stats["requests"] == 9
+
+
+def test_paged_cache_evicts_when_the_pool_is_short(rng):
+    """paged=True: the entries are paged sessions, the callers' must be paged too; a run the pool
+    cannot hold drops the least recently used entry not in use (its pages come back) and runs
+    again, with the same result; without an entry to drop the error goes to the caller."""
+    m = FakeModel(pool_tokens=2600)
+    with pytest.raises(errors.InvalidArgumentError, match="no KV pool"):
+        PrefixCache(FakeModel(), max_tokens=4096, paged=True)
+    cache = PrefixCache(m, max_tokens=4096, snapshot_every=256, paged=True)
+    assert cache.entry_bytes() < PrefixCache(FakeModel(), max_tokens=4096, snapshot_every=256).entry_bytes()
+    with pytest.raises(errors.InvalidArgumentError, match="paged=False, the cache's entries paged=True"):
+        cache.prefill(m.session(4096), _prompt(rng, 10))
+    user = m.session(4096, paged=True)
+    a, b, c = _prompt(rng, 1000), _prompt(rng, 1000), _prompt(rng, 900)
+    cache.prefill(user, a)
+    cache.prefill(user, b)                   # user 1000 + entries a, b: 3000 > 2600? a's entry goes
+    assert cache.stats["evicted"] == 1 and [e.tokens.size for e in cache._entries] == [1000]
+    assert np.array_equal(cache.prefill(user, c), _logits(c)) and user.history == c.tolist()
+    assert cache.stats["evicted"] == 2
+    big = FakeModel(pool_tokens=500)
+    with pytest.raises(errors.OutOfMemoryError):
+        PrefixCache(big, max_tokens=4096, paged=True).prefill(big.session(4096, paged=True), _prompt(rng, 600))
