@@ -137,14 +137,19 @@ class PrefixCache:
             n = len(self._entries) + room
             return n > self.max_entries or (self.budget_bytes is not None
                                             and n * self._entry_bytes > self.budget_bytes)
-        while over():
-            victims = [e for e in self._entries if not any(e is k for k in keep)]
-            if not victims:
-                break
-            v = min(victims, key=lambda e: e.tick)
-            self._entries.remove(v)
-            v.session.close()
-            self.stats["evicted"] += 1
+        while over() and self._evict_one(keep):
+            pass
+
+    def _evict_one(self, keep: list) -> bool:
+        """Drops the least recently used entry not in `keep`; False when there is none."""
+        victims = [e for e in self._entries if not any(e is k for k in keep)]
+        if not victims:
+            return False
+        v = min(victims, key=lambda e: e.tick)
+        self._entries.remove(v)
+        v.session.close()
+        self.stats["evicted"] += 1
+        return True
 
     # -- the calls ---------------------------------------------------------------------------
     def prefill(self, session, tokens, logits: str = "last", *, return_token: bool = False):
@@ -307,13 +312,8 @@ class PrefixCache:
             try:
                 return self.model.prefill_batch(sessions, tokens, logits=logits)
             except OutOfMemoryError:
-                victims = [e for e in self._entries if not any(e is k for k in keep)] if self.paged else []
-                if not victims:
+                if not (self.paged and self._evict_one(keep)):
                     raise
-                v = min(victims, key=lambda e: e.tick)
-                self._entries.remove(v)
-                v.session.close()
-                self.stats["evicted"] += 1
 
     def clear(self) -> None:
         """Drops every entry."""
