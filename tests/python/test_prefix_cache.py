@@ -449,3 +449,18 @@ def test_paged_cache_evicts_when_the_pool_is_short(rng):
     big = FakeModel(pool_tokens=500)
     with pytest.raises(errors.OutOfMemoryError):
         PrefixCache(big, max_tokens=4096, paged=True).prefill(big.session(4096, paged=True), _prompt(rng, 600))
+
+
+def test_the_bench_serves_a_chat_the_same_on_pages(rng):
+    """The bench's serving loop with paged=True (the serving session paged, the cache's entries
+    paged): the same prompts and tokens as the contiguous cache on the chat trace."""
+    from pyprefill.bench import cache as bc
+    size = bc.TraceSize(conversations=3, turns=3, system=300, user=(20, 40), reply=(5, 9))
+    m = FakeModel(pool_tokens=100000)
+    script = bc.chat_script(rng, V, size)
+    with PrefixCache(m, max_tokens=script.capacity(), snapshot_every=64) as flat:
+        _, want = bc.serve_chat(m, script, bc.cached_first(flat))
+    with PrefixCache(m, max_tokens=script.capacity(), snapshot_every=64, paged=True) as cache:
+        ttft, got = bc.serve_chat(m, script, bc.cached_first(cache), paged=True)
+        assert [p.tolist() for p in got] == [p.tolist() for p in want] and len(ttft) == 9
+        assert all(s.paged for s in m.made[-cache.stats["entries"]:])
