@@ -181,9 +181,9 @@ class PrefixCache:
                 raise InvalidArgumentError(f"{what}: expected a Session of the cache's model")
             if session.kv != self.kv:
                 raise InvalidArgumentError(f"{what}: kv={session.kv!r}, the cache's entries {self.kv!r}")
-            if getattr(session, "paged", False) != self.paged:
-                raise InvalidArgumentError(f"{what}: paged={getattr(session, 'paged', False)}, the cache's "
-                                           f"entries paged={self.paged} (copies need one kind)")
+            if session.paged != self.paged:
+                raise InvalidArgumentError(f"{what}: paged={session.paged}, the cache's entries "
+                                           f"paged={self.paged} (copies need one kind)")
             p = token_ids(t, "tokens" if len(sessions) == 1 else f"tokens[{i}]", n_vocab=self.model.n_vocab)
             if p.size == 0:
                 raise InvalidArgumentError(("tokens" if len(sessions) == 1 else f"tokens[{i}]") + ": empty")

@@ -140,9 +140,13 @@ extern "C" PF_API pf_status pf_model_kv_pool(pf_model *model, int32_t page_rows,
         PF_CHECK_ARG(model != nullptr, "%s: model is NULL", fn);
         if (model->n_attn_layers == 0)
             return pf::fail(PF_STATUS_UNSUPPORTED, "%s: the model has no attention layers", fn);
-        PF_CHECK_ARG(!model->kv_pool || model->kv_pool->users == 0,
-                     "%s: the model's KV pool is in use by %d session(s): destroy them first", fn,
-                     model->kv_pool ? (int)model->kv_pool->users : 0);
+        int32_t users = 0;
+        if (model->kv_pool) {
+            std::lock_guard<std::mutex> lock(model->kv_pool->mu);
+            users = model->kv_pool->users;
+        }
+        PF_CHECK_ARG(users == 0, "%s: the model's KV pool is in use by %d session(s): destroy them first", fn,
+                     (int)users);
         pf::DeviceGuard dg(model->ctx->device);
         PF_TRY(dg.status());
         pf::KvPool *p = nullptr;

@@ -213,11 +213,8 @@ pf_status sequence_copy_prefix(Sequence &dst, const Sequence &src, int64_t pos, 
     if (!h && pos != src.pos && snapshot_bytes(src.model) > 0)
         return fail(PF_STATUS_INTERNAL, "sequence_copy_prefix: a recurrent state at %lld needs its snapshot",
                     (long long)pos);
-    if (dst.pool != src.pool)
-        return fail(PF_STATUS_UNSUPPORTED,
-                    "copy: the sessions' KV rows are of different kinds (%s and %s): copy between paged "
-                    "sessions of one model's pool or between contiguous ones",
-                    src.pool ? "paged" : "contiguous", dst.pool ? "paged" : "contiguous");
+    if (dst.pool != src.pool)  // session.cu copy_at refuses it with the user's message first
+        return fail(PF_STATUS_INTERNAL, "sequence_copy_prefix: sequences of different KV kinds");
     const Hparams &hp = src.model->hp;
     if (src.pool) {  // dst shares src's pages of [0, pos): its partial last page is copied on write
         KvPool &p = *src.pool;

@@ -97,8 +97,8 @@ pf_status sequence_copy(Sequence &dst, const Sequence &src, cudaStream_t stream)
 // KV rows [0, pos) and the recurrent state of src's snapshot h at pos (h == nullptr: pos is src's
 // position and its own state is copied, or the model has no recurrent state), asynchronously.
 // dst's snapshots are dropped. Paged (both of one pool): dst shares src's pages of [0, pos)
-// instead of copying rows (a partial last page is copied when dst first writes into it);
-// UNSUPPORTED for one paged and one contiguous.
+// instead of copying rows (a partial last page is copied when dst first writes into it). Both
+// must be of one kind (paged on one pool, or contiguous): the caller checks.
 pf_status sequence_copy_prefix(Sequence &dst, const Sequence &src, int64_t pos, const Snapshot *h,
                                cudaStream_t stream);
 

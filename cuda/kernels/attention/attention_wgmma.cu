@@ -646,7 +646,9 @@ pf_status launch_wgmma(const AttentionArgs &a, cudaStream_t st) {
 
 pf_status attention_flash_wgmma(const AttentionArgs &a, cudaStream_t st) {
     // Key tiles: 176 at D = 128, 80 at D = 256 (shared memory: Q + 2 stages of K and V, 208 and
-    // 224 KiB; registers: O, two S and two P at 240 per consumer thread, no spills).
+    // 224 KiB; registers: O, two S and two P at 240 per consumer thread, no spills). The page
+    // sizes that keep a tile in one page (pyprefill.kernels.attention.tile_page_rows, the pool's
+    // default there, and prefill.h's pf_model_kv_pool text) follow from these two numbers.
     if (a.head_dim == 128) return launch_wgmma<128, 176>(a, st);
     if (a.head_dim == 256) return launch_wgmma<256, 80>(a, st);
     return fail(PF_STATUS_UNSUPPORTED, "attention: the wgmma kernel needs head_dim 128 or 256 (got %d)",
