@@ -34,6 +34,7 @@ host tier, and the C API.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -195,7 +196,7 @@ class PrefixCache:
             raise InvalidArgumentError("sessions: one session twice in a batch")
         self._tick += 1
         # what several requests share beyond what the cache holds: computed once, first
-        while (common := self._shared_in_batch(prompts)) is not None:
+        while len(prompts) > 1 and (common := self._shared_in_batch(prompts)) is not None:
             self._serve([common], request=False)
         served = self._serve(prompts)
         st = self.stats
@@ -212,13 +213,38 @@ class PrefixCache:
         return out
 
     def _plan(self, prompt: np.ndarray) -> tuple[_Entry | None, int, int]:
-        """(the entry to resume from, the prefix it shares with prompt, the resume position)."""
+        """(the entry to resume from, the prefix it shares with prompt, the resume position): the
+        deepest resume, the most recently used entry among equals. The entries are tried in the
+        order of the most each could give (_bound: one token compared per snapshot), and the
+        search stops where that is less than the resume found: the previous turn of a
+        conversation is found first and the other entries are not compared whole (with 256
+        entries of 4k tokens the compare of every one took 1.4 ms of the 16 ms a chat request
+        took, session 43)."""
+        bounds = [(self._bound(e, prompt), e.tick, i) for i, e in enumerate(self._entries)]
+        bounds.sort(key=lambda b: (-b[0], -b[1], b[2]))
         best, shared, resume = None, 0, 0
-        for e in self._entries:
+        for bound, _, i in bounds:
+            if best is not None and bound < resume:
+                break
+            e = self._entries[i]
             m, r = self._resume(e, prompt)
             if best is None or r > resume or (r == resume and e.tick > best.tick):
                 best, shared, resume = e, m, r
         return best, shared, resume
+
+    def _bound(self, e: _Entry, prompt: np.ndarray) -> int:
+        """At least the position a prompt resumes from with e (_resume's second value), found
+        without comparing whole prefixes: e's length and the prompt's, and for a recurrent model
+        the deepest snapshot s within both whose token s - 1 is the prompt's (a prefix of s tokens
+        shared needs that token equal)."""
+        m = min(int(prompt.size), int(e.tokens.size))
+        if not self._recurrent:
+            return m
+        for k in range(bisect.bisect_right(e.snapshots, m) - 1, -1, -1):
+            s = e.snapshots[k]
+            if s == 0 or e.tokens[s - 1] == prompt[s - 1]:
+                return s
+        return 0
 
     def _shared_in_batch(self, prompts) -> np.ndarray | None:
         """The longest prefix two of the prompts share beyond where both would resume (at least

@@ -464,3 +464,30 @@ def test_the_bench_serves_a_chat_the_same_on_pages(rng):
         ttft, got = bc.serve_chat(m, script, bc.cached_first(cache), paged=True)
         assert [p.tolist() for p in got] == [p.tolist() for p in want] and len(ttft) == 9
         assert all(s.paged for s in m.made[-cache.stats["entries"]:])
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_plan_finds_what_comparing_every_entry_finds(recurrent, rng):
+    """_plan tries the entries in the order of _bound and stops early: on random entries (a
+    shared 'system prompt', ties of use) it returns the resume, the shared prefix and the use
+    tick that comparing every entry returns."""
+    from pyprefill.prefix_cache import _Entry
+    cache = PrefixCache.__new__(PrefixCache)   # no model: _plan reads only the entries
+    cache._recurrent = recurrent
+    system = rng.integers(0, 50, 300)
+    cache._entries = []
+    for _ in range(60):
+        t = np.concatenate([system[:int(rng.integers(0, 301))], rng.integers(0, 50, int(rng.integers(1, 400)))])
+        snaps = sorted({int(s) for s in rng.integers(1, t.size + 1, 4)} | {t.size}) if recurrent else []
+        cache._entries.append(_Entry(None, t.astype(np.int32), snaps, None, 0, int(rng.integers(0, 4))))
+    for _ in range(200):
+        base = cache._entries[int(rng.integers(0, 60))].tokens
+        p = np.concatenate([base[:int(rng.integers(0, base.size + 1))], rng.integers(0, 50, int(rng.integers(1, 50)))])
+        p = p.astype(np.int32)
+        want = None
+        for e in cache._entries:
+            m, r = cache._resume(e, p)
+            if want is None or r > want[2] or (r == want[2] and e.tick > want[0].tick):
+                want = (e, m, r)
+        got = cache._plan(p)
+        assert (got[1], got[2], got[0].tick) == (want[1], want[2], want[0].tick)
