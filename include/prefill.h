@@ -1062,6 +1062,83 @@ PF_API pf_status pf_batch_plan(pf_batch *b, const pf_batch_item *items, int32_t 
 PF_API pf_status pf_batch_run(pf_batch *b);
 PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32_t n_items);
 
+/* ---- the prefix cache: every computed prompt prefix reused (issue 39) ----
+ * One per model, over its KV pool (pf_model_kv_pool first): a radix tree over token ids whose
+ * nodes hold KV pages of the pool (shared by reference with the sessions that attach them) and,
+ * for a qwen35 model, snapshots of the recurrent state (conv windows + GDN states) in slots of the
+ * cache's own: every snapshot_every positions, at the end of every cached prompt and at every
+ * point where a prompt left the tree inside an edge (a branch point), so that a prompt that
+ * diverges anywhere re-runs at most snapshot_every tokens. pf_prefix_cache_prefill puts a prompt
+ * into a session through the cache: the longest cached prefix shares its pages, the recurrent
+ * state is restored from the deepest snapshot at or below it (R) and the tokens from R on run in
+ * the session (in calls that end at the snapshot positions above), then the prompt's new
+ * positions and snapshots go into the tree. After each call the cache's device bytes (pages it
+ * holds, a page a session shares included, and snapshots) are brought within device_bytes, least
+ * recently used first, into the host tier (pinned memory; a later hit copies them back) when there
+ * is one and it has room, else dropped. A run that finds the pool short drops cached pages and
+ * runs again. Calls on one cache are serialized (a mutex); sessions and other caches of the model
+ * may run on other threads. Destroy the cache before its model. */
+typedef struct pf_prefix_cache pf_prefix_cache;
+
+typedef struct pf_prefix_cache_options {
+    size_t struct_size;       /* set by pf_prefix_cache_options_init; do not change */
+    int32_t snapshot_every;   /* qwen35: a snapshot every this many positions, a positive multiple
+                                 of 64; must be 0 for a model without recurrent layers. -1 (the
+                                 _init value) = the model's default: 1024 for qwen35, else 0 */
+    int32_t snapshot_slots;   /* device slots for the snapshots, allocated now (pf_session_snapshots'
+                                 bytes each); when all are held a prefill evicts for one or skips
+                                 that snapshot (stats). -1 = the default: 64 for qwen35, else 0 */
+    int64_t device_bytes;     /* the device bytes the cache may hold after each call (pages at the
+                                 pool's page bytes, snapshots), at least one page and one snapshot.
+                                 default 0 = half the pool's bytes plus half the slots' */
+    int64_t host_bytes;       /* the host tier: at most this many bytes of pages and snapshots in
+                                 pinned host memory (pinned now: this for the pages and, for qwen35,
+                                 this again for the snapshots); 0 = none (default) */
+} pf_prefix_cache_options;
+
+typedef struct pf_prefix_cache_stats {
+    size_t struct_size;           /* set by pf_prefix_cache_stats_get */
+    int64_t requests;             /* prefills through the cache */
+    int64_t prompt_tokens;        /* their tokens */
+    int64_t matched_tokens;       /* positions found in the tree (their KV pages shared) */
+    int64_t served_tokens;        /* positions not computed again (the resume points R) */
+    int64_t rerun_tokens;         /* matched positions run again for the recurrent state */
+    int64_t prefilled_tokens;     /* positions the sessions ran (prompt_tokens - served_tokens) */
+    int64_t nodes;                /* the tree's nodes */
+    int64_t device_pages, device_snapshots, device_bytes;
+    int64_t host_pages, host_snapshots, host_bytes;
+    int64_t evicted_pages, evicted_snapshots;      /* dropped, from either tier */
+    int64_t offloaded_pages, offloaded_snapshots;  /* moved to the host tier */
+    int64_t restored_pages, restored_snapshots;    /* moved back to the device */
+    int64_t snapshots_skipped;    /* snapshots not kept: every slot held and none could be freed */
+    int64_t pinned_bytes;         /* the host tier's pinned memory */
+} pf_prefix_cache_stats;
+
+PF_API pf_status pf_prefix_cache_options_init(pf_prefix_cache_options *opts, size_t struct_size);
+/* A cache of model's prompts (opts NULL: the defaults). INVALID_ARGUMENT when the model has no KV
+ * pool or an option is out of range (named); OUT_OF_MEMORY when the slots or the pinned tier do
+ * not fit. */
+PF_API pf_status pf_prefix_cache_create(pf_prefix_cache **out, pf_model *model, const pf_prefix_cache_options *opts);
+PF_API void pf_prefix_cache_destroy(pf_prefix_cache *c);
+/* Prefills tokens[0, n_tokens) into s from position 0 through the cache: s ends at position
+ * n_tokens as after pf_session_reset and pf_session_prefill of the same tokens (its snapshots
+ * dropped), with the last token's logits (PF_LOGITS_LAST or NONE) and the greedy token after it,
+ * bitwise those of a cold session with the same options that ran the same calls: the resumed
+ * prefix (R), then calls ending at each snapshot position the tree asked for. s: a paged session
+ * (kv_paged = 1) of this model with its own executor, holding n_tokens positions. Bad arguments
+ * (another model's session, a contiguous one, tokens outside the vocabulary, ...): INVALID_ARGUMENT
+ * naming them, nothing changed. Any other failure leaves s reset (position 0) and the cache as it
+ * was before the call, less what it evicted. */
+PF_API pf_status pf_prefix_cache_prefill(pf_prefix_cache *c, pf_session *s, const int32_t *tokens,
+                                         int32_t n_tokens, int32_t logits_mode, float *logits,
+                                         size_t logits_len, int32_t *out_token);
+/* Evicts (as after a call) until the cache's device bytes are at most target_bytes (>= 0):
+ * into the host tier where it has room. */
+PF_API pf_status pf_prefix_cache_evict(pf_prefix_cache *c, int64_t target_bytes);
+/* Drops every cached prefix (the statistics' counts stay). */
+PF_API pf_status pf_prefix_cache_clear(pf_prefix_cache *c);
+PF_API pf_status pf_prefix_cache_stats_get(pf_prefix_cache *c, pf_prefix_cache_stats *out, size_t struct_size);
+
 /* PF_CDEF_END */
 
 #ifdef __cplusplus

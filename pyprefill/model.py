@@ -202,6 +202,15 @@ class Model(_Owner):
         return PrefixCache(self, max_tokens=max_tokens, snapshot_every=snapshot_every, max_entries=max_entries,
                            budget_bytes=budget_bytes, kv=kv, gemm=gemm, paged=paged)
 
+    def prefix_tree(self, *, snapshot_every: int | None = None, snapshot_slots: int | None = None,
+                    device_bytes: int = 0, host_bytes: int = 0):
+        """The prefix cache in the library (pyprefill.prefix_tree.PrefixTree: pf_prefix_cache, a
+        radix tree whose nodes hold pages of the model's KV pool; Model.kv_pool first):
+        tree.prefill(session, ids) on paged sessions reuses every prefix it holds, exactly."""
+        from .prefix_tree import PrefixTree
+        return PrefixTree(self, snapshot_every=snapshot_every, snapshot_slots=snapshot_slots,
+                          device_bytes=device_bytes, host_bytes=host_bytes)
+
     def batch(self, *, max_items: int = 64, step_tokens: int = 0, max_tokens: int = 0,
               max_context: int = 0, kv: str = "f16", gemm="default", attention: str = "auto",
               graphs: bool = True, tuning: dict | None = None) -> "Batch":

@@ -29,8 +29,9 @@ pages instead of copying rows (an attach of 8192 tokens at a snapshot: 0.041 ms 
 against 0.148 ms copying, session 42), so entries that share a prefix hold it once. Their
 device bytes are then their recurrent states and snapshots (entry_bytes, what budget_bytes
 counts) plus the pool's pages, which the pool bounds: a run the pool cannot hold drops the least
-recently used entries (their pages come back) and runs again. What the tree form adds: the
-host tier, and the C API.
+recently used entries (their pages come back) and runs again. The tree form is
+pyprefill.prefix_tree (Model.prefix_tree, the C API's pf_prefix_cache): each distinct prefix held
+once in pages, snapshots in slots of its own, a host tier.
 """
 from __future__ import annotations
 

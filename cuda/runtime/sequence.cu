@@ -285,6 +285,10 @@ pf_status snapshot_take(Sequence &q, int32_t last_token, cudaStream_t st) {
     return PF_STATUS_OK;
 }
 
+pf_status snapshot_copy_slot(Sequence &q, char *slot, bool to_slot, cudaStream_t st) {
+    return snapshot_copy(q, slot, to_slot, st, to_slot ? "prefix cache: snapshot" : "prefix cache: restore");
+}
+
 pf_status snapshot_restore(Sequence &q, const Snapshot &h, cudaStream_t st) {
     return snapshot_copy(q, q.snap_mem + size_t(h.slot) * q.snap_bytes, false, st, "rollback: cudaMemcpyAsync");
 }

@@ -109,6 +109,9 @@ size_t snapshot_bytes(const pf_model *m);
 pf_status snapshot_take(Sequence &q, int32_t last_token, cudaStream_t stream);
 // Copies snapshot h back into q's recurrent state (asynchronous); q's position is the caller's.
 pf_status snapshot_restore(Sequence &q, const Snapshot &h, cudaStream_t stream);
+// Copies q's recurrent state into snapshot memory at `slot` (snapshot_bytes(q.model) device bytes,
+// a snapshot's layout; to_slot) or from it back into q, asynchronously: the prefix cache's slots.
+pf_status snapshot_copy_slot(Sequence &q, char *slot, bool to_slot, cudaStream_t stream);
 
 // Each GDN layer's (conv window, bytes, recurrent state, bytes) of q, in layer order: the spans a
 // snapshot keeps.

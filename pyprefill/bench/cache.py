@@ -15,6 +15,8 @@ device copy of the KV rows), with snapshots every 1024 positions (256 with --qui
 free device memory as its budget. "cache on (pages)": the same cache on paged sessions
 (`paged=True`: a pool of KV pages of half the free device memory, made for it; entries and the
 serving session share the pages of common prefixes, a hit copies only the recurrent state).
+"cache on (tree)": the library's tree (Model.prefix_tree: pf_prefix_cache) over a pool of half the
+free device memory: each distinct prefix held once in pages, snapshots in slots of its own.
 
 The traces are pure functions of a seed (chat_script, branch_trace) and the minimum a cache must
 prefill (distinct_prefix_tokens) is computed from the prompts as served, so both are checked on a
@@ -136,25 +138,59 @@ def _timed(first, s, p) -> tuple[float, int]:
     return (time.perf_counter() - t0) * 1e3, int(tok)
 
 
-def serve_chat(model, script: ChatScript, first, before=None, paged: bool = False) -> tuple[list[float],
-                                                                                         list[np.ndarray]]:
+def chat_replies(model, script: ChatScript) -> list[list[np.ndarray]]:
+    """The trace's replies, computed once before any side is timed, so that every side serves the
+    same prompts and no side's time is spent decoding: per turn, each conversation's prompt so far
+    prefilled cold from position 0 (its own session), then every conversation's reply decoded
+    greedily together, one batch of one token per conversation per step (model.prefill_batch: 32
+    decode items at once instead of 32 x 300 single steps, which took most of a device call)."""
+    n_conv, n_turns = len(script.users), len(script.users[0])
+    replied: list[list[np.ndarray]] = [[] for _ in range(n_conv)]
+    sessions = []
+    try:
+        for _ in range(n_conv):
+            sessions.append(model.session(max_tokens=script.capacity(), own_executor=False))
+        for t in range(n_turns):
+            toks = []
+            for c, s in enumerate(sessions):
+                s.reset()
+                out = model.prefill_batch([s], [chat_prompt(script, c, t, replied[c])], logits="none")
+                toks.append([int(out[0]["token"])])
+            for step in range(1, max(script.replies[c][t] for c in range(n_conv))):
+                live = [c for c in range(n_conv) if script.replies[c][t] > step]
+                outs = model.prefill_batch([sessions[c] for c in live],
+                                           [np.array([toks[c][-1]], np.int32) for c in live], logits="none")
+                for c, o in zip(live, outs):
+                    toks[c].append(int(o["token"]))
+            for c in range(n_conv):
+                replied[c].append(np.array(toks[c][:script.replies[c][t]], np.int32))
+    finally:
+        for s in sessions:
+            s.close()
+    return replied
+
+
+def serve_chat(model, script: ChatScript, first, before=None, paged: bool = False,
+               replies: list[list[np.ndarray]] | None = None) -> tuple[list[float], list[np.ndarray]]:
     """Every turn of the chat trace, in order, into its conversation's session: before(s) (not in
-    the time), the turn's prompt through first(s, p) (timed), then the reply generated in the
-    session (not in the time). Returns the times to first token (ms) and the prompts as served.
-    paged: the session's KV rows in the model's pool."""
+    the time), the turn's prompt through first(s, p) (timed), then the reply: replies[c][t] when
+    given (chat_replies), else generated in the session (not in the time). Returns the times to
+    first token (ms) and the prompts as served. paged: the session's KV rows in the model's pool."""
     replied: list[list[np.ndarray]] = [[] for _ in script.users]
     ttft, prompts = [], []
     with model.session(max_tokens=script.capacity(), paged=paged) as s:
         for c, t in script.order():
-            p = chat_prompt(script, c, t, replied[c])
+            p = chat_prompt(script, c, t, replies[c] if replies is not None else replied[c])
             if before is not None:
                 before(s)
             ms, tok = _timed(first, s, p)
             ttft.append(ms)
+            prompts.append(p)
+            if replies is not None:
+                continue
             n = script.replies[c][t]   # the reply: the first token and n - 1 more, each fed back
             rest = s.generate(n - 1) if n > 1 else np.empty(0, np.int32)
             replied[c].append(np.concatenate([np.array([tok], np.int32), rest[:n - 1]]).astype(np.int32))
-            prompts.append(p)
     return ttft, prompts
 
 
@@ -234,32 +270,67 @@ def _cache_for(model, max_tokens: int, quick: bool, paged: bool = False):
                               budget_bytes=free // 2, paged=paged)
 
 
+def _tree_for(model, quick: bool):
+    """The "cache on (tree)" side: the library's tree (Model.prefix_tree) over a pool of half the
+    free device memory, a device budget of half that pool, no host tier."""
+    free, _ = model.ctx.memory()
+    info = model.info
+    from ..kernels.attention import tile_page_rows
+    rows = tile_page_rows(info["head_dim"])
+    page = rows * info["n_attn_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * 2
+    pages = max(1, free // 2 // page)
+    model.kv_pool(pages, page_rows=rows)
+    recurrent = info["n_layer"] > info["n_attn_layers"]
+    return model.prefix_tree(snapshot_every=(256 if quick else 1024) if recurrent else 0,
+                             snapshot_slots=256 if recurrent else 0, device_bytes=pages * page // 2)
+
+
+def tree_first(tree):
+    """Cache on (tree): the prompt through the library's prefix tree."""
+    return lambda s, p: tree.prefill(s, p, "none", return_token=True)[1]
+
+
 def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: bool = False) -> list[dict]:
-    """Both traces, cache off then on. The chat replies are each side's greedy tokens: equal
-    where the two sides' last logits have the same argmax (the cache's calls differ from one cold
-    call, so on the default leg a near tie may pick another token and the conversation differ
-    from there); each row's minimum is of the prompts that side served."""
+    """Both traces, cache off then on. The chat replies are the model's greedy tokens, computed
+    once (chat_replies) and served by every side, so every side prefills the same prompts; when
+    that fails, each side generates its own (then on the default leg a near tie may pick another
+    token and the conversation differ from there); each row's minimum is of the prompts that
+    side served."""
     rows = []
     rng = np.random.default_rng(seed)
     V = model.n_vocab
     script = chat_script(rng, V, size)
     branches = branch_trace(rng, V, size)
+    t0 = time.perf_counter()
+    replies = rec.guard(f"{label} chat replies", chat_replies, model, script)
+    if replies is not None:
+        rec.say(f"  {label} chat: the replies of {sum(map(len, replies))} turns computed in "
+                f"{time.perf_counter() - t0:.1f} s (not timed)")
     for trace in ("chat", "branch"):
-        for impl in ("cache off (cold)", "cache on (sessions)", "cache on (pages)"):
+        for impl in ("cache off (cold)", "cache on (sessions)", "cache on (pages)", "cache on (tree)"):
             try:
                 if impl.startswith("cache off"):
                     reset = lambda s: s.reset()   # noqa: E731
                     if trace == "chat":
-                        ttft, prompts = serve_chat(model, script, cold_first, reset)
+                        ttft, prompts = serve_chat(model, script, cold_first, reset, replies=replies)
                     else:
                         ttft, prompts = serve(model, branches, cold_first, reset), branches
                     prefilled, held = sum(len(p) for p in prompts), model.ctx.allocated()
+                elif impl.endswith("(tree)"):
+                    with _tree_for(model, quick) as tree:
+                        if trace == "chat":
+                            ttft, prompts = serve_chat(model, script, tree_first(tree), paged=True, replies=replies)
+                        else:
+                            ttft, prompts = serve(model, branches, tree_first(tree), paged=True), branches
+                        prefilled, held = tree.stats["prefilled_tokens"], model.ctx.allocated()
+                        rec.say(f"  {label} {trace} tree: {tree.stats}")
                 else:
                     longest = script.capacity() if trace == "chat" else max(len(p) for p in branches)
                     paged = impl.endswith("(pages)")
                     with _cache_for(model, longest, quick, paged) as cache:
                         if trace == "chat":
-                            ttft, prompts = serve_chat(model, script, cached_first(cache), paged=paged)
+                            ttft, prompts = serve_chat(model, script, cached_first(cache), paged=paged,
+                                                       replies=replies)
                         else:
                             ttft, prompts = serve(model, branches, cached_first(cache), paged=paged), branches
                         prefilled, held = cache.stats["prefilled_tokens"], model.ctx.allocated()

@@ -161,3 +161,71 @@ def test_loaded_models_closes_each_before_the_next(monkeypatch):
                       "ctx", "load b", "use b", "close b", "ctx closed"]
     reasons = " ".join(str(s) for s in rec.skipped)
     assert "disk full" in reasons and "no such weights" in reasons
+
+
+class _Echo:
+    """A fake model for chat_replies / serve_chat: a session's greedy token is a hash of every
+    token it has seen (so a wrong prompt or a lost decode step changes the replies)."""
+    n_vocab = 1000
+
+    class Session:
+        def __init__(self, model, max_tokens):
+            self.model, self.max_tokens, self.seen, self.closed = model, max_tokens, [], False
+
+        def reset(self):
+            self.seen = []
+
+        def close(self):
+            self.closed = True
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+        def tok(self):
+            return int(sum((i + 1) * t for i, t in enumerate(self.seen)) % _Echo.n_vocab)
+
+    def __init__(self):
+        self.sessions, self.batches = [], []
+
+    def session(self, max_tokens, own_executor=True, paged=False):
+        s = _Echo.Session(self, max_tokens)
+        self.sessions.append(s)
+        return s
+
+    def prefill_batch(self, sessions, tokens, logits="last"):
+        self.batches.append(len(sessions))
+        out = []
+        for s, t in zip(sessions, tokens):
+            s.seen += [int(x) for x in t]
+            assert len(s.seen) <= s.max_tokens
+            out.append({"logits": None, "token": s.tok()})
+        return out
+
+
+def test_chat_replies_match_generating_in_each_session():
+    """chat_replies (the replies batched across conversations) gives what one session per turn
+    prefilling the prompt cold and decoding each token gives, and every side then serves the
+    same prompts without generating."""
+    size = cache.TraceSize(conversations=3, turns=3, system=5, user=(2, 4), reply=(1, 4))
+    script = cache.chat_script(_rng(9), _Echo.n_vocab, size)
+    model = _Echo()
+    replies = cache.chat_replies(model, script)
+    assert all(s.closed for s in model.sessions)
+    assert max(model.batches) == 3   # the decode steps ran the conversations together
+    for c in range(3):   # each conversation by hand: a cold prefill, then one token at a time
+        for t in range(3):
+            s = _Echo.Session(model, 10**6)
+            s.seen = [int(x) for x in cache.chat_prompt(script, c, t, replies[c])]
+            want = [s.tok()]
+            while len(want) < script.replies[c][t]:
+                s.seen.append(want[-1])
+                want.append(s.tok())
+            assert replies[c][t].tolist() == want, (c, t)
+    calls = []   # the fake sessions have no generate: serving with replies must not call it
+    ttft, prompts = cache.serve_chat(model, script, lambda s, p: calls.append(p.size) or 7, replies=replies)
+    assert len(ttft) == len(prompts) == 9 and calls == [p.size for p in prompts]
+    assert [p.tolist() for p in prompts] == [cache.chat_prompt(script, c, t, replies[c]).tolist()
+                                             for c, t in script.order()]

@@ -14,8 +14,9 @@ CUDA = Path(__file__).resolve().parents[2] / "cuda"
 ORDER = ["base", "plan", "ptx", "kernels", "runtime", "api"]
 # Inside runtime/, bottom up: a model and its pool of KV pages; one sequence's state; the
 # executor that runs a step (its layer loop and its projections); the runner of planned items;
-# sessions; batches.
-RUNTIME = [{"model", "kv_pool"}, {"sequence"}, {"executor", "forward", "project"}, {"run"}, {"session"}, {"batch"}]
+# sessions; batches and the prefix cache (it runs sessions).
+RUNTIME = [{"model", "kv_pool"}, {"sequence"}, {"executor", "forward", "project"}, {"run"}, {"session"},
+           {"batch", "prefix_cache"}]
 # plan/ is host-only: of base/ it may read only the host-only headers.
 PLAN_BASE = {"base/error.h", "base/mat.h"}
 CUDA_SYSTEM = re.compile(r"#include <(cuda|cublas|cudaTypedefs|cuda_fp16|cuda_runtime|device_)")

@@ -1,0 +1,374 @@
+// prefix_cache.cu — see prefix_cache.h.
+#include "runtime/prefix_cache.h"
+
+#include <algorithm>
+
+#include "base/cuda_check.cuh"
+#include "runtime/kv_pool.h"
+#include "runtime/run.h"
+#include "runtime/session.h"
+
+namespace pf {
+namespace {
+
+// Pool page `dev` <-> host memory `host` (every attention layer's K rows, then its V rows, one
+// layer after another: page_bytes in all), on `st`.
+pf_status page_copy(const KvPool &p, int32_t dev, char *host, bool to_host, cudaStream_t st) {
+    const size_t bytes = size_t(p.page_rows) * p.row_bytes(), off = size_t(dev) * bytes;
+    for (size_t i = 0; i < p.k.size(); ++i)
+        for (int kv = 0; kv < 2; ++kv) {
+            char *d = static_cast<char *>(kv ? p.v[i] : p.k[i]) + off, *h = host + (2 * i + size_t(kv)) * bytes;
+            PF_CUDA_TRY(to_host ? cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, st)
+                                : cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, st));
+        }
+    return PF_STATUS_OK;
+}
+
+char *slot_at(pf_prefix_cache *c, int32_t slot) { return c->slot_mem + size_t(slot) * c->snap_bytes; }
+
+// Carries out the copies of an evict plan (device -> host, in the plan's order) on the stream.
+pf_status apply_evict(pf_prefix_cache *c, const EvictPlan &plan) {
+    cudaStream_t st = c->ctx->stream;
+    for (const Move &m : plan.page_moves)
+        PF_TRY(page_copy(*c->pool, m.from, c->host_pages + size_t(m.to) * c->pool->page_bytes, true, st));
+    for (const Move &m : plan.slot_moves)
+        PF_CUDA_TRY(cudaMemcpyAsync(c->host_slots + size_t(m.to) * c->snap_bytes, slot_at(c, m.from), c->snap_bytes,
+                                    cudaMemcpyDeviceToHost, st));
+    return PF_STATUS_OK;
+}
+
+pf_status apply_restore(pf_prefix_cache *c, const RestorePlan &plan) {
+    cudaStream_t st = c->ctx->stream;
+    for (const Move &m : plan.page_moves)
+        PF_TRY(page_copy(*c->pool, m.to, c->host_pages + size_t(m.from) * c->pool->page_bytes, false, st));
+    for (const Move &m : plan.slot_moves)
+        PF_CUDA_TRY(cudaMemcpyAsync(slot_at(c, m.to), c->host_slots + size_t(m.from) * c->snap_bytes, c->snap_bytes,
+                                    cudaMemcpyHostToDevice, st));
+    return PF_STATUS_OK;
+}
+
+// Evicts down to target bytes (the tree under the pool's lock) and queues the plan's copies.
+// *freed_any: the device bytes went down.
+pf_status evict_to(pf_prefix_cache *c, int64_t target, bool *freed_any = nullptr) {
+    EvictPlan plan;
+    int64_t before = 0, after = 0;
+    {
+        std::lock_guard<std::mutex> lock(c->pool->mu);
+        before = c->tree->stats().device_bytes;
+        PF_TRY(c->tree->evict(target, &plan));
+        after = c->tree->stats().device_bytes;
+    }
+    if (freed_any) *freed_any = after < before;
+    return apply_evict(c, plan);
+}
+
+int64_t device_bytes(pf_prefix_cache *c) {
+    std::lock_guard<std::mutex> lock(c->pool->mu);
+    return c->tree->stats().device_bytes;
+}
+
+}  // namespace
+
+pf_status prefix_cache_create(pf_model *m, const pf_prefix_cache_options &o, pf_prefix_cache **out) {
+    *out = nullptr;
+    KvPool *pool = m->kv_pool;
+    PF_CHECK_ARG(pool != nullptr, "pf_prefix_cache_create: the model has no KV pool (make one with pf_model_kv_pool "
+                 "first: the cache holds its pages)");
+    std::unique_ptr<pf_prefix_cache> c(new pf_prefix_cache());
+    c->model = m;
+    c->ctx = m->ctx;
+    c->ref.reset(m->ctx);
+    c->snap_bytes = snapshot_bytes(m);
+    const bool recurrent = c->snap_bytes > 0;
+    c->snapshot_every = recurrent ? o.snapshot_every : 0;
+    const int32_t n_slots = recurrent ? o.snapshot_slots : 0;
+    PF_CHECK_ARG(!recurrent || n_slots >= 1, "pf_prefix_cache_create: snapshot_slots=%d: a qwen35 model's cache needs "
+                 "at least one", (int)o.snapshot_slots);
+    PF_TRY(c->slots.init(n_slots, "snapshot slot"));
+    PrefixConfig cfg;
+    cfg.page_rows = pool->page_rows;
+    cfg.snapshot_every = c->snapshot_every;
+    cfg.recurrent = recurrent;
+    cfg.page_bytes = int64_t(pool->page_bytes);
+    cfg.snapshot_bytes = int64_t(c->snap_bytes);
+    cfg.device_budget = o.device_bytes ? o.device_bytes
+                                       : int64_t(pool->mem_bytes / 2 + size_t(n_slots) * c->snap_bytes / 2);
+    cfg.host_budget = o.host_bytes;
+    cfg.n_vocab = m->hp.n_vocab;
+    DeviceGuard dg(m->ctx->device);
+    PF_TRY(dg.status());
+    {
+        std::lock_guard<std::mutex> lock(pool->mu);
+        PF_TRY(PrefixTree::create(cfg, &pool->ids, recurrent ? &c->slots : nullptr, &c->tree));
+    }
+    c->pool = pool;
+    auto undo = [&](pf_status r) {
+        prefix_cache_destroy(c.release());
+        return r;
+    };
+    {
+        std::lock_guard<std::mutex> lock(pool->mu);
+        ++pool->users;  // the pool stays while the cache holds its pages
+    }
+    if (n_slots) {
+        c->slot_mem_bytes = size_t(n_slots) * c->snap_bytes;
+        void *p = nullptr;
+        const pf_status r = device_alloc(m->ctx, c->slot_mem_bytes, &p, "prefix cache: snapshot slots");
+        if (r != PF_STATUS_OK) {
+            c->slot_mem_bytes = 0;
+            return undo(r);
+        }
+        c->slot_mem = static_cast<char *>(p);
+    }
+    // The host tier: every id the tree may hand out, pinned now (a move must not fail halfway
+    // through a plan the tree has already made).
+    const size_t hp = size_t(c->tree->host_page_pool().capacity()) * pool->page_bytes,
+                 hs = size_t(c->tree->host_slot_pool().capacity()) * c->snap_bytes;
+    for (int k = 0; k < 2; ++k) {
+        const size_t bytes = k ? hs : hp;
+        if (!bytes) continue;
+        void *p = nullptr;
+        const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return undo(fail(PF_STATUS_OUT_OF_MEMORY, "pf_prefix_cache_create: host_bytes=%lld: %zu bytes of pinned "
+                             "host memory for the %s: %s", (long long)o.host_bytes, bytes,
+                             k ? "snapshots" : "pages", cudaGetErrorString(e)));
+        }
+        (k ? c->host_slots : c->host_pages) = static_cast<char *>(p);
+        c->pinned_bytes += bytes;
+    }
+    *out = c.release();
+    return PF_STATUS_OK;
+}
+
+void prefix_cache_destroy(pf_prefix_cache *c) {
+    if (!c) return;
+    DeviceGuard dg(c->ctx->device);
+    (void)cudaStreamSynchronize(c->ctx->stream);  // every copy from or into the memory below
+    if (c->pool) {
+        std::lock_guard<std::mutex> lock(c->pool->mu);
+        c->tree.reset();  // drops the tree's page references
+        --c->pool->users;
+    }
+    c->tree.reset();
+    if (c->slot_mem) device_free(c->ctx, c->slot_mem, c->slot_mem_bytes);
+    if (c->host_pages) (void)cudaFreeHost(c->host_pages);
+    if (c->host_slots) (void)cudaFreeHost(c->host_slots);
+    delete c;
+}
+
+namespace {
+
+// Takes a device slot for a snapshot: a free one, or one an eviction frees; -1 when none can be
+// had (the snapshot is skipped).
+int32_t take_slot(pf_prefix_cache *c, pf_status *err) {
+    int32_t id = -1;
+    *err = PF_STATUS_OK;
+    for (int tries = 0; tries < 4; ++tries) {
+        if (c->slots.alloc(&id) == PF_STATUS_OK) return id;
+        bool freed = false;
+        *err = evict_to(c, std::max<int64_t>(0, device_bytes(c) - int64_t(c->snap_bytes)), &freed);
+        if (*err != PF_STATUS_OK || !freed) break;
+    }
+    return -1;
+}
+
+// Runs tokens [q.pos, end) of the prompt in s (one call), the steps ending at multiples of N
+// where `plan` (the tree's snapshot positions) wants a snapshot, each kept in a slot of the
+// cache (*snaps). A pool too short for the run: cached pages are evicted and the run tried again.
+pf_status run_to(pf_prefix_cache *c, pf_session *s, const int32_t *tokens, int64_t end, bool last, int32_t mode,
+                 float *logits, int32_t *out_token, const std::vector<int64_t> &plan, std::vector<SnapshotRef> *snaps) {
+    Sequence &q = s->seq;
+    cudaStream_t st = c->ctx->stream;
+    auto keep = [&](Sequence &seq, cudaStream_t stream) -> pf_status {
+        if (!std::binary_search(plan.begin(), plan.end(), seq.pos)) return PF_STATUS_OK;
+        if (!snaps->empty() && snaps->back().pos == seq.pos) return PF_STATUS_OK;
+        pf_status err = PF_STATUS_OK;
+        const int32_t slot = take_slot(c, &err);
+        PF_TRY(err);
+        if (slot < 0) {
+            ++c->skipped;
+            return PF_STATUS_OK;
+        }
+        snaps->push_back(SnapshotRef{seq.pos, slot});  // before the copy: a failure still gives it back
+        return snapshot_copy_slot(seq, slot_at(c, slot), true, stream);
+    };
+    for (;;) {
+        RunItem it;
+        it.seq = &q;
+        it.tokens = tokens + q.pos;
+        it.n = end - q.pos;
+        it.mode = last ? mode : PF_LOGITS_NONE;
+        it.logits = last ? logits : nullptr;
+        it.out_token = last ? out_token : nullptr;
+        it.planned_pos = q.pos;
+        it.cut_every = c->snapshot_every;
+        if (c->snapshot_every) it.at_cut = keep;
+        RunPlan rp = run_plan(*s->exec, {it});
+        const pf_status r = run_execute(s->exec.get(), rp);
+        if (r == PF_STATUS_OUT_OF_MEMORY && !q.broken) {  // the pool was short: nothing ran
+            // room for the run's pages (and a copied partial one): cached pages leave the device
+            // (those a session shares too stay with it; each round takes the tree's bytes lower)
+            const int64_t need = (it.n / c->pool->page_rows + 2) * int64_t(c->pool->page_bytes);
+            bool freed = false;
+            PF_TRY(evict_to(c, std::max<int64_t>(0, device_bytes(c) - need), &freed));
+            if (freed) continue;
+        }
+        PF_TRY(r);
+        break;
+    }
+    // A snapshot due at the call's end that no step end took (a position off the multiples of N).
+    if (c->snapshot_every) PF_TRY(keep(q, st));
+    return PF_STATUS_OK;
+}
+
+}  // namespace
+
+pf_status prefix_cache_prefill(pf_prefix_cache *c, pf_session *s, const int32_t *tokens, int32_t n, int32_t mode,
+                               float *logits, int32_t *out_token) {
+    std::lock_guard<std::mutex> guard(c->mu);
+    DeviceGuard dg(c->ctx->device);
+    PF_TRY(dg.status());
+    KvPool &pool = *c->pool;
+    Sequence &q = s->seq;
+    cudaStream_t st = c->ctx->stream;
+    // The longest cached prefix, short of the last token (its logits are not kept).
+    PrefixHit hit;
+    {
+        std::lock_guard<std::mutex> lock(pool.mu);
+        PF_TRY(c->tree->lookup(tokens, n, n - 1, &hit));
+    }
+    std::vector<SnapshotRef> snaps;  // the slots this call took (one reference each)
+    auto release = [&]() {           // the lease and this call's slot references
+        std::lock_guard<std::mutex> lock(pool.mu);
+        (void)c->tree->lease_release(hit.lease, nullptr);
+        for (const SnapshotRef &h : snaps) (void)c->slots.unref(h.slot, nullptr);
+        snaps.clear();
+    };
+    auto failed = [&](pf_status r) {  // s back at position 0, the cache as it was
+        release();
+        sequence_pages_clear(q);
+        q.broken = sequence_zero(q, st) != PF_STATUS_OK || cudaStreamSynchronize(st) != cudaSuccess;
+        q.pos = 0;
+        q.last_token = -1;
+        return r;
+    };
+    if (hit.needs_restore()) {  // host-tier pages or snapshot back on the device first
+        RestorePlan rp;
+        pf_status r = PF_STATUS_OK;
+        for (int tries = 0; tries < 2; ++tries) {
+            {
+                std::lock_guard<std::mutex> lock(pool.mu);
+                r = c->tree->restore(&hit, &rp);
+            }
+            if (r != PF_STATUS_OUT_OF_MEMORY) break;
+            const int64_t need = int64_t(hit.pages.size()) * int64_t(pool.page_bytes) + int64_t(c->snap_bytes);
+            r = evict_to(c, std::max<int64_t>(0, device_bytes(c) - need));
+            if (r != PF_STATUS_OK) break;
+            r = PF_STATUS_OUT_OF_MEMORY;
+        }
+        if (r == PF_STATUS_OK) r = apply_restore(c, rp);
+        if (r != PF_STATUS_OK) return failed(r);
+    }
+    // Attach: s's page table shares the prefix's pages of [0, R) (a partial last page is copied
+    // when s first writes into it), its recurrent state is the snapshot's at R.
+    const int64_t R = hit.resume;
+    sequence_pages_clear(q);
+    q.snaps.clear();
+    q.broken = true;  // until the state below is in place
+    if (R > 0) {
+        std::lock_guard<std::mutex> lock(pool.mu);
+        const std::vector<int32_t> ids(hit.pages.begin(), hit.pages.begin() + pages_for(R, pool.page_rows));
+        const pf_status r = page_table_share(pool.ids, ids, R, pool.page_rows, &q.pages);
+        if (r != PF_STATUS_OK) {
+            q.broken = false;
+            return failed(r);
+        }
+    }
+    pf_status r = hit.snapshot >= 0 ? snapshot_copy_slot(q, slot_at(c, hit.snapshot), false, st) : sequence_zero(q, st);
+    q.broken = false;
+    if (r != PF_STATUS_OK) return failed(r);
+    q.pos = R;
+    q.last_token = -1;
+    // The rest, in calls that end at each snapshot position off the multiples of N (those are
+    // step ends within a call).
+    std::vector<int64_t> plan;
+    {
+        std::lock_guard<std::mutex> lock(pool.mu);
+        r = c->tree->snapshot_plan(tokens, n, R, &plan);
+    }
+    if (r != PF_STATUS_OK) return failed(r);
+    std::vector<int64_t> ends;
+    for (int64_t p : plan)
+        if (p < n && (c->snapshot_every == 0 || p % c->snapshot_every != 0)) ends.push_back(p);
+    ends.push_back(n);
+    for (int64_t e : ends) {
+        if (e <= q.pos) continue;
+        r = run_to(c, s, tokens, e, e == n, mode, logits, out_token, plan, &snaps);
+        if (r != PF_STATUS_OK) return failed(r);
+    }
+    // Into the tree: the prompt's pages and snapshots (the tree takes its own references).
+    InsertResult ins;
+    {
+        std::lock_guard<std::mutex> lock(pool.mu);
+        r = c->tree->insert(tokens, n, q.pages.data(), int64_t(q.pages.size()), snaps.data(), int64_t(snaps.size()),
+                            &ins);
+    }
+    if (r != PF_STATUS_OK) return failed(r);
+    ++c->requests;
+    c->prefilled += n - R;
+    release();
+    // Back within the budget. The copies of the moves to the host tier are queued behind the run
+    // (whose outputs are on the host already) and not waited for: the next use of a freed page
+    // comes after them on the stream.
+    return evict_to(c, c->tree->config().device_budget);
+}
+
+pf_status prefix_cache_evict(pf_prefix_cache *c, int64_t target) {
+    std::lock_guard<std::mutex> guard(c->mu);
+    DeviceGuard dg(c->ctx->device);
+    PF_TRY(dg.status());
+    PF_TRY(evict_to(c, target));
+    PF_CUDA_TRY(cudaStreamSynchronize(c->ctx->stream));
+    return PF_STATUS_OK;
+}
+
+pf_status prefix_cache_clear(pf_prefix_cache *c) {
+    std::lock_guard<std::mutex> guard(c->mu);
+    EvictPlan plan;
+    std::lock_guard<std::mutex> lock(c->pool->mu);
+    return c->tree->clear(&plan);
+}
+
+void prefix_cache_stats(pf_prefix_cache *c, pf_prefix_cache_stats *out) {
+    std::lock_guard<std::mutex> guard(c->mu);
+    PrefixStats t;
+    {
+        std::lock_guard<std::mutex> lock(c->pool->mu);
+        t = c->tree->stats();
+    }
+    out->requests = c->requests;
+    out->prompt_tokens = t.prompt_tokens;
+    out->matched_tokens = t.matched_tokens;
+    out->served_tokens = t.served_tokens;
+    out->rerun_tokens = t.rerun_tokens;
+    out->prefilled_tokens = c->prefilled;
+    out->nodes = t.nodes;
+    out->device_pages = t.device_pages;
+    out->device_snapshots = t.device_snapshots;
+    out->device_bytes = t.device_bytes;
+    out->host_pages = t.host_pages;
+    out->host_snapshots = t.host_snapshots;
+    out->host_bytes = t.host_bytes;
+    out->evicted_pages = t.evicted_pages;
+    out->evicted_snapshots = t.evicted_snapshots;
+    out->offloaded_pages = t.offloaded_pages;
+    out->offloaded_snapshots = t.offloaded_snapshots;
+    out->restored_pages = t.restored_pages;
+    out->restored_snapshots = t.restored_snapshots;
+    out->snapshots_skipped = c->skipped;
+    out->pinned_bytes = int64_t(c->pinned_bytes);
+}
+
+}  // namespace pf
