@@ -18,23 +18,10 @@ import pytest
 from _engine_models import random_tokens, synth_model
 from pyprefill import errors
 
+from test_paged_sessions import _model, _skw   # the models of the paged tests (a pool per model)
+
 PRESETS = ["qwen35-tiny", "qwen3-tiny"]
-_MODELS = {}
 N = 64   # snapshot_every of the tests' trees: every 64-row step end
-
-
-def _model(preset: str, legs: str):
-    """A model of its own (the pool is per model), kept for the module."""
-    from pyprefill.model import Model
-    key = (preset, legs)
-    if key not in _MODELS:
-        _MODELS[key] = Model.load(synth_model(preset, "q4_k_m"), gemm="f32" if legs == "f32" else "default",
-                                  prewarm=legs != "f32", progress=False)
-    return _MODELS[key]
-
-
-def _skw(legs: str) -> dict:
-    return dict(kv="f32", attention="cublas", gemm="f32") if legs == "f32" else {}
 
 
 def _recurrent(m) -> bool:
