@@ -1132,6 +1132,17 @@ PF_API void pf_prefix_cache_destroy(pf_prefix_cache *c);
 PF_API pf_status pf_prefix_cache_prefill(pf_prefix_cache *c, pf_session *s, const int32_t *tokens,
                                          int32_t n_tokens, int32_t logits_mode, float *logits,
                                          size_t logits_len, int32_t *out_token);
+/* pf_prefix_cache_prefill for many prompts at once, on b's executor (a batch of the cache's model
+ * made after its KV pool, of the sessions' KV dtype): items[i].session (paged, distinct, capacity
+ * at most b's max_context) takes items[i].tokens from position 0 (logits_mode NONE or LAST); the
+ * items' calls run together, each request's its own as in pf_prefix_cache_prefill. A prefix that
+ * two prompts share 64 or more tokens beyond what the cache holds is served first, once, as a
+ * request of its own (in one of their sessions; it counts in the statistics), and every prompt
+ * then resumes from it. Every item is checked before anything runs: INVALID_ARGUMENT naming it.
+ * The items' outputs are those of pf_prefix_cache_prefill on the same history within the leg's
+ * tolerance (a batch's steps hold other rows). */
+PF_API pf_status pf_prefix_cache_prefill_batch(pf_prefix_cache *c, pf_batch *b, const pf_batch_item *items,
+                                               int32_t n_items);
 /* Evicts (as after a call) until the cache's device bytes are at most target_bytes (>= 0):
  * into the host tier where it has room. */
 PF_API pf_status pf_prefix_cache_evict(pf_prefix_cache *c, int64_t target_bytes);

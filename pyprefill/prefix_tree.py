@@ -78,6 +78,43 @@ class PrefixTree(_Owner):
                                            _LOGITS[logits], lview, 0 if out is None else out.size, tok))
         return (out, int(tok[0])) if return_token else out
 
+    def prefill_batch(self, sessions, tokens, logits: str = "last") -> list[dict]:
+        """prefill() for many prompts at once (pf_prefix_cache_prefill_batch on the model's batch
+        executor, Model.reserve_batch): sessions[i] (paged, distinct) takes tokens[i] from
+        position 0; a prefix two prompts share beyond what the tree holds is computed once, first.
+        Returns per prompt {"logits", "token"}. Every argument is checked before anything runs."""
+        from .model import Session
+        sessions, tokens = list(sessions), list(tokens)
+        if len(sessions) != len(tokens) or not sessions:
+            raise InvalidArgumentError(f"sessions: {len(sessions)} sessions for {len(tokens)} token arrays "
+                                       "(at least one)")
+        if not isinstance(logits, str) or logits not in _LOGITS:
+            raise InvalidArgumentError(f"logits: {logits!r} is not one of {list(_LOGITS)}")
+        V = self.model.n_vocab
+        ids = []
+        for i, (s, t) in enumerate(zip(sessions, tokens)):
+            if not isinstance(s, Session):
+                raise InvalidArgumentError(f"sessions[{i}]: expected a pyprefill.Session, got {type(s).__name__}")
+            ids.append(token_ids(t, f"tokens[{i}]", n_vocab=V))
+        b = self.model.reserve_batch(max_items=len(sessions), max_context=max(s.max_tokens for s in sessions),
+                                     kv=sessions[0].kv)
+        items = ffi.new("pf_batch_item[]", len(sessions))
+        results = []
+        for i, (s, t) in enumerate(zip(sessions, ids)):
+            out = np.empty(V, np.float32) if logits == "last" else None
+            tok = ffi.new("int32_t *", -1)
+            items[i].session = s.ptr
+            items[i].tokens = ffi.from_buffer("int32_t[]", t)
+            items[i].n_tokens = t.size
+            items[i].logits_mode = _LOGITS[logits]
+            items[i].logits = ffi.cast("float *", ffi.from_buffer("float[]", out, require_writable=True)) \
+                if out is not None else ffi.NULL
+            items[i].logits_len = 0 if out is None else out.size
+            items[i].out_token = tok
+            results.append((out, tok))
+        _check(lib.pf_prefix_cache_prefill_batch(self.ptr, b.ptr, items, len(sessions)))
+        return [{"logits": out, "token": int(tok[0])} for out, tok in results]
+
     @property
     def stats(self) -> dict:
         """Requests and their tokens (matched in the tree, served without computing, re-run for

@@ -184,6 +184,11 @@ int64_t PrefixTree::walk(const int32_t *tokens, int64_t limit, std::vector<int32
     return pos;
 }
 
+int64_t PrefixTree::held_prefix(const int32_t *tokens, int64_t n) const {
+    std::vector<int32_t> path;
+    return walk(tokens, n, &path);
+}
+
 // The page of each index below `match` along `path` (the page rule: index k from the node
 // holding position min((k + 1) P, match) - 1).
 void PrefixTree::path_pages(const std::vector<int32_t> &path, int64_t match, std::vector<int32_t> *ids,

@@ -237,6 +237,11 @@ public:
     // at R as used now; counts the statistics.
     pf_status lookup(const int32_t *tokens, int64_t n, int64_t max_match, PrefixHit *hit);
 
+    // The length of the longest prefix of tokens[0, n) the tree holds, in either tier: no lease,
+    // no statistics, nothing marked used (what a caller planning a batch asks before its lookups).
+    // The tokens are not checked.
+    int64_t held_prefix(const int32_t *tokens, int64_t n) const;
+
     // Brings every host-tier entry *hit needs (the nodes of its path below L, its snapshot) back
     // to the device: device ids from the pools, *plan the host -> device copies, *hit rewritten
     // with the device ids (the lease's references move to them). OUT_OF_MEMORY when the pools

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/cuda_check.cuh"
+#include "runtime/batch.h"
 #include "runtime/kv_pool.h"
 #include "runtime/run.h"
 #include "runtime/session.h"
@@ -174,53 +175,202 @@ int32_t take_slot(pf_prefix_cache *c, pf_status *err) {
     return -1;
 }
 
-// Runs tokens [q.pos, end) of the prompt in s (one call), the steps ending at multiples of N
-// where `plan` (the tree's snapshot positions) wants a snapshot, each kept in a slot of the
-// cache (*snaps). A pool too short for the run: cached pages are evicted and the run tried again.
-pf_status run_to(pf_prefix_cache *c, pf_session *s, const int32_t *tokens, int64_t end, bool last, int32_t mode,
-                 float *logits, int32_t *out_token, const std::vector<int64_t> &plan, std::vector<SnapshotRef> *snaps) {
-    Sequence &q = s->seq;
-    cudaStream_t st = c->ctx->stream;
-    auto keep = [&](Sequence &seq, cudaStream_t stream) -> pf_status {
-        if (!std::binary_search(plan.begin(), plan.end(), seq.pos)) return PF_STATUS_OK;
-        if (!snaps->empty() && snaps->back().pos == seq.pos) return PF_STATUS_OK;
-        pf_status err = PF_STATUS_OK;
-        const int32_t slot = take_slot(c, &err);
-        PF_TRY(err);
-        if (slot < 0) {
-            ++c->skipped;
-            return PF_STATUS_OK;
-        }
-        snaps->push_back(SnapshotRef{seq.pos, slot});  // before the copy: a failure still gives it back
-        return snapshot_copy_slot(seq, slot_at(c, slot), true, stream);
-    };
-    for (;;) {
-        RunItem it;
-        it.seq = &q;
-        it.tokens = tokens + q.pos;
-        it.n = end - q.pos;
-        it.mode = last ? mode : PF_LOGITS_NONE;
-        it.logits = last ? logits : nullptr;
-        it.out_token = last ? out_token : nullptr;
-        it.planned_pos = q.pos;
-        it.cut_every = c->snapshot_every;
-        if (c->snapshot_every) it.at_cut = keep;
-        RunPlan rp = run_plan(*s->exec, {it});
-        const pf_status r = run_execute(s->exec.get(), rp);
-        if (r == PF_STATUS_OUT_OF_MEMORY && !q.broken) {  // the pool was short: nothing ran
-            // room for the run's pages (and a copied partial one): cached pages leave the device
-            // (those a session shares too stay with it; each round takes the tree's bytes lower)
-            const int64_t need = (it.n / c->pool->page_rows + 2) * int64_t(c->pool->page_bytes);
-            bool freed = false;
-            PF_TRY(evict_to(c, std::max<int64_t>(0, device_bytes(c) - need), &freed));
-            if (freed) continue;
-        }
-        PF_TRY(r);
-        break;
+// One prompt of a call: its session, what the tree gave it and what it runs.
+struct Req {
+    pf_session *s = nullptr;
+    const int32_t *tokens = nullptr;
+    int64_t n = 0;
+    int32_t mode = PF_LOGITS_NONE;
+    float *logits = nullptr;
+    int32_t *out_token = nullptr;
+    PrefixHit hit;
+    bool leased = false;
+    std::vector<int64_t> plan;        // the tree's snapshot positions, ascending, in (R, n]
+    std::vector<int64_t> ends;        // the calls' ends: plan positions off the multiples of N, n
+    size_t next = 0;                  // the next call's end in `ends`
+    std::vector<SnapshotRef> snaps;   // the slots this call took (one reference each)
+};
+
+// Keeps req's snapshot due at seq's position (in the plan, not yet kept) in a slot.
+pf_status keep_snapshot(pf_prefix_cache *c, Req &r, Sequence &seq, cudaStream_t st) {
+    if (!std::binary_search(r.plan.begin(), r.plan.end(), seq.pos)) return PF_STATUS_OK;
+    if (!r.snaps.empty() && r.snaps.back().pos == seq.pos) return PF_STATUS_OK;
+    pf_status err = PF_STATUS_OK;
+    const int32_t slot = take_slot(c, &err);
+    PF_TRY(err);
+    if (slot < 0) {
+        ++c->skipped;
+        return PF_STATUS_OK;
     }
-    // A snapshot due at the call's end that no step end took (a position off the multiples of N).
-    if (c->snapshot_every) PF_TRY(keep(q, st));
+    r.snaps.push_back(SnapshotRef{seq.pos, slot});  // before the copy: a failure still gives it back
+    return snapshot_copy_slot(seq, slot_at(c, slot), true, st);
+}
+
+// Looks req up, brings a host-tier hit back, attaches the hit to its session (pages of [0, R)
+// shared, the recurrent state the snapshot's at R) and plans its calls.
+pf_status attach(pf_prefix_cache *c, Req &r) {
+    KvPool &pool = *c->pool;
+    Sequence &q = r.s->seq;
+    cudaStream_t st = c->ctx->stream;
+    {
+        std::lock_guard<std::mutex> lock(pool.mu);  // short of the last token: its logits are not kept
+        PF_TRY(c->tree->lookup(r.tokens, r.n, r.n - 1, &r.hit));
+    }
+    r.leased = true;
+    if (r.hit.needs_restore()) {  // host-tier pages or snapshot back on the device first
+        RestorePlan rp;
+        pf_status e = PF_STATUS_OK;
+        for (int tries = 0; tries < 2; ++tries) {
+            {
+                std::lock_guard<std::mutex> lock(pool.mu);
+                e = c->tree->restore(&r.hit, &rp);
+            }
+            if (e != PF_STATUS_OUT_OF_MEMORY) break;
+            const int64_t need = int64_t(r.hit.pages.size()) * int64_t(pool.page_bytes) + int64_t(c->snap_bytes);
+            PF_TRY(evict_to(c, std::max<int64_t>(0, device_bytes(c) - need)));
+        }
+        PF_TRY(e);
+        PF_TRY(apply_restore(c, rp));
+    }
+    const int64_t R = r.hit.resume;
+    sequence_pages_clear(q);
+    q.snaps.clear();
+    q.pos = 0;
+    if (R > 0) {
+        std::lock_guard<std::mutex> lock(pool.mu);
+        const std::vector<int32_t> ids(r.hit.pages.begin(), r.hit.pages.begin() + pages_for(R, pool.page_rows));
+        PF_TRY(page_table_share(pool.ids, ids, R, pool.page_rows, &q.pages));
+    }
+    q.broken = true;  // until the state below is in place
+    PF_TRY(r.hit.snapshot >= 0 ? snapshot_copy_slot(q, slot_at(c, r.hit.snapshot), false, st) : sequence_zero(q, st));
+    q.broken = false;
+    q.pos = R;
+    q.last_token = -1;
+    {
+        std::lock_guard<std::mutex> lock(pool.mu);
+        PF_TRY(c->tree->snapshot_plan(r.tokens, r.n, R, &r.plan));
+    }
+    for (int64_t p : r.plan)
+        if (p < r.n && (c->snapshot_every == 0 || p % c->snapshot_every != 0)) r.ends.push_back(p);
+    r.ends.push_back(r.n);
+    while (r.next < r.ends.size() && r.ends[r.next] <= R) ++r.next;
     return PF_STATUS_OK;
+}
+
+// Serves reqs (distinct sessions, checked) on executor e in runs of at most max_items items and
+// max_tokens tokens: every request attached, then rounds of one call per request that has one
+// left (the calls of many requests run together), then the inserts (in order) and an eviction
+// back to the budget. On failure every request's session is left reset and the tree as it was,
+// less what it evicted.
+pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t max_items, int64_t max_tokens) {
+    KvPool &pool = *c->pool;
+    cudaStream_t st = c->ctx->stream;
+    auto release = [&]() {  // the leases and the slot references of this call
+        std::lock_guard<std::mutex> lock(pool.mu);
+        for (Req &r : reqs) {
+            if (r.leased) (void)c->tree->lease_release(r.hit.lease, nullptr);
+            r.leased = false;
+            for (const SnapshotRef &h : r.snaps) (void)c->slots.unref(h.slot, nullptr);
+            r.snaps.clear();
+        }
+    };
+    auto body = [&]() -> pf_status {
+        for (Req &r : reqs) PF_TRY(attach(c, r));
+        // at most this many tokens of one request per run, whole 64-row chunks when cut
+        const int64_t cap = std::max<int64_t>(64, max_tokens / 64 * 64);
+        for (;;) {
+            std::vector<Req *> round;
+            for (Req &r : reqs)
+                if (r.next < r.ends.size()) round.push_back(&r);
+            if (round.empty()) break;
+            for (size_t i0 = 0; i0 < round.size();) {  // runs within the executor's limits
+                std::vector<RunItem> items;
+                std::vector<Req *> who;
+                int64_t tokens = 0;
+                for (; i0 < round.size() && int64_t(items.size()) < max_items; ++i0) {
+                    Req &r = *round[i0];
+                    Sequence &q = r.s->seq;
+                    const int64_t end = std::min(r.ends[r.next], q.pos + cap);
+                    if (!items.empty() && tokens + (end - q.pos) > max_tokens) break;
+                    const bool last = end == r.n;
+                    RunItem it;
+                    it.seq = &q;
+                    it.tokens = r.tokens + q.pos;
+                    it.n = end - q.pos;
+                    it.mode = last ? r.mode : PF_LOGITS_NONE;
+                    it.logits = last ? r.logits : nullptr;
+                    it.out_token = last ? r.out_token : nullptr;
+                    it.planned_pos = q.pos;
+                    it.cut_every = c->snapshot_every;
+                    if (c->snapshot_every)
+                        it.at_cut = [c, &r](Sequence &seq, cudaStream_t s) { return keep_snapshot(c, r, seq, s); };
+                    tokens += it.n;
+                    items.push_back(std::move(it));
+                    who.push_back(&r);
+                }
+                for (;;) {
+                    RunPlan rp = run_plan(*e, items);
+                    const pf_status res = run_execute(e, rp);
+                    if (res == PF_STATUS_OUT_OF_MEMORY && !who[0]->s->seq.broken) {
+                        // the pool was short and nothing ran: cached pages leave the device for
+                        // the run's pages (each round takes the tree's bytes lower)
+                        const int64_t need = (tokens / pool.page_rows + 2 * int64_t(items.size())) *
+                                             int64_t(pool.page_bytes);
+                        bool freed = false;
+                        PF_TRY(evict_to(c, std::max<int64_t>(0, device_bytes(c) - need), &freed));
+                        if (freed) continue;
+                    }
+                    PF_TRY(res);
+                    break;
+                }
+                for (Req *r : who) {  // a call's end off the multiples of N: its snapshot now
+                    Sequence &q = r->s->seq;
+                    if (c->snapshot_every) PF_TRY(keep_snapshot(c, *r, q, st));
+                    while (r->next < r->ends.size() && r->ends[r->next] <= q.pos) ++r->next;
+                }
+            }
+        }
+        // Into the tree: each prompt's pages and snapshots (the tree takes its own references).
+        for (Req &r : reqs) {
+            InsertResult ins;
+            std::lock_guard<std::mutex> lock(pool.mu);
+            Sequence &q = r.s->seq;
+            PF_TRY(c->tree->insert(r.tokens, r.n, q.pages.data(), int64_t(q.pages.size()), r.snaps.data(),
+                                   int64_t(r.snaps.size()), &ins));
+        }
+        return PF_STATUS_OK;
+    };
+    const pf_status res = body();
+    release();
+    if (res != PF_STATUS_OK) {  // the sessions back at position 0
+        for (Req &r : reqs) {
+            Sequence &q = r.s->seq;
+            sequence_pages_clear(q);
+            q.broken = sequence_zero(q, st) != PF_STATUS_OK || cudaStreamSynchronize(st) != cudaSuccess;
+            q.pos = 0;
+            q.last_token = -1;
+        }
+        return res;
+    }
+    for (const Req &r : reqs) {
+        ++c->requests;
+        c->prefilled += r.n - r.hit.resume;
+    }
+    // Back within the budget. The copies of the moves to the host tier are queued behind the run
+    // (whose outputs are on the host already) and not waited for: the next use of a freed page
+    // comes after them on the stream.
+    return evict_to(c, c->tree->config().device_budget);
+}
+
+Req make_req(pf_session *s, const int32_t *tokens, int64_t n, int32_t mode, float *logits, int32_t *out_token) {
+    Req r;
+    r.s = s;
+    r.tokens = tokens;
+    r.n = n;
+    r.mode = mode;
+    r.logits = logits;
+    r.out_token = out_token;
+    return r;
 }
 
 }  // namespace
@@ -230,99 +380,45 @@ pf_status prefix_cache_prefill(pf_prefix_cache *c, pf_session *s, const int32_t 
     std::lock_guard<std::mutex> guard(c->mu);
     DeviceGuard dg(c->ctx->device);
     PF_TRY(dg.status());
-    KvPool &pool = *c->pool;
-    Sequence &q = s->seq;
-    cudaStream_t st = c->ctx->stream;
-    // The longest cached prefix, short of the last token (its logits are not kept).
-    PrefixHit hit;
-    {
-        std::lock_guard<std::mutex> lock(pool.mu);
-        PF_TRY(c->tree->lookup(tokens, n, n - 1, &hit));
-    }
-    std::vector<SnapshotRef> snaps;  // the slots this call took (one reference each)
-    auto release = [&]() {           // the lease and this call's slot references
-        std::lock_guard<std::mutex> lock(pool.mu);
-        (void)c->tree->lease_release(hit.lease, nullptr);
-        for (const SnapshotRef &h : snaps) (void)c->slots.unref(h.slot, nullptr);
-        snaps.clear();
-    };
-    auto failed = [&](pf_status r) {  // s back at position 0, the cache as it was
-        release();
-        sequence_pages_clear(q);
-        q.broken = sequence_zero(q, st) != PF_STATUS_OK || cudaStreamSynchronize(st) != cudaSuccess;
-        q.pos = 0;
-        q.last_token = -1;
-        return r;
-    };
-    if (hit.needs_restore()) {  // host-tier pages or snapshot back on the device first
-        RestorePlan rp;
-        pf_status r = PF_STATUS_OK;
-        for (int tries = 0; tries < 2; ++tries) {
-            {
-                std::lock_guard<std::mutex> lock(pool.mu);
-                r = c->tree->restore(&hit, &rp);
-            }
-            if (r != PF_STATUS_OUT_OF_MEMORY) break;
-            const int64_t need = int64_t(hit.pages.size()) * int64_t(pool.page_bytes) + int64_t(c->snap_bytes);
-            r = evict_to(c, std::max<int64_t>(0, device_bytes(c) - need));
-            if (r != PF_STATUS_OK) break;
-            r = PF_STATUS_OUT_OF_MEMORY;
+    std::vector<Req> reqs{make_req(s, tokens, n, mode, logits, out_token)};
+    return serve(c, s->exec.get(), reqs, 1, int64_t(1) << 40);  // one item: each call whole
+}
+
+pf_status prefix_cache_prefill_batch(pf_prefix_cache *c, pf_batch *b, const pf_batch_item *items, int32_t n) {
+    std::lock_guard<std::mutex> guard(c->mu);
+    DeviceGuard dg(c->ctx->device);
+    PF_TRY(dg.status());
+    // A prefix that two prompts share beyond what the tree holds (64 tokens or more past it) is
+    // served first, as a request of its own in one of their sessions, so that it is computed
+    // once; then every prompt together.
+    for (int32_t rounds = 0; rounds < n; ++rounds) {  // bounded: an insert the budget evicts at once
+        int64_t best = 0;
+        int32_t who = -1;
+        {
+            std::lock_guard<std::mutex> lock(c->pool->mu);
+            for (int32_t i = 0; i < n; ++i)
+                for (int32_t j = i + 1; j < n; ++j) {
+                    const int64_t lim = std::min(items[i].n_tokens, items[j].n_tokens);
+                    int64_t m = 0;
+                    while (m < lim && items[i].tokens[m] == items[j].tokens[m]) ++m;
+                    // the tree's match of that prefix (the last token is never matched)
+                    const int64_t held = c->tree->held_prefix(items[i].tokens, m);
+                    if (m > best && m >= held + 64 + 1) {
+                        best = m;
+                        who = i;
+                    }
+                }
         }
-        if (r == PF_STATUS_OK) r = apply_restore(c, rp);
-        if (r != PF_STATUS_OK) return failed(r);
+        if (who < 0) break;
+        std::vector<Req> first{make_req(items[who].session, items[who].tokens, best, PF_LOGITS_NONE, nullptr,
+                                        nullptr)};
+        PF_TRY(serve(c, b->exec.get(), first, 1, b->opts.max_tokens));
     }
-    // Attach: s's page table shares the prefix's pages of [0, R) (a partial last page is copied
-    // when s first writes into it), its recurrent state is the snapshot's at R.
-    const int64_t R = hit.resume;
-    sequence_pages_clear(q);
-    q.snaps.clear();
-    q.broken = true;  // until the state below is in place
-    if (R > 0) {
-        std::lock_guard<std::mutex> lock(pool.mu);
-        const std::vector<int32_t> ids(hit.pages.begin(), hit.pages.begin() + pages_for(R, pool.page_rows));
-        const pf_status r = page_table_share(pool.ids, ids, R, pool.page_rows, &q.pages);
-        if (r != PF_STATUS_OK) {
-            q.broken = false;
-            return failed(r);
-        }
-    }
-    pf_status r = hit.snapshot >= 0 ? snapshot_copy_slot(q, slot_at(c, hit.snapshot), false, st) : sequence_zero(q, st);
-    q.broken = false;
-    if (r != PF_STATUS_OK) return failed(r);
-    q.pos = R;
-    q.last_token = -1;
-    // The rest, in calls that end at each snapshot position off the multiples of N (those are
-    // step ends within a call).
-    std::vector<int64_t> plan;
-    {
-        std::lock_guard<std::mutex> lock(pool.mu);
-        r = c->tree->snapshot_plan(tokens, n, R, &plan);
-    }
-    if (r != PF_STATUS_OK) return failed(r);
-    std::vector<int64_t> ends;
-    for (int64_t p : plan)
-        if (p < n && (c->snapshot_every == 0 || p % c->snapshot_every != 0)) ends.push_back(p);
-    ends.push_back(n);
-    for (int64_t e : ends) {
-        if (e <= q.pos) continue;
-        r = run_to(c, s, tokens, e, e == n, mode, logits, out_token, plan, &snaps);
-        if (r != PF_STATUS_OK) return failed(r);
-    }
-    // Into the tree: the prompt's pages and snapshots (the tree takes its own references).
-    InsertResult ins;
-    {
-        std::lock_guard<std::mutex> lock(pool.mu);
-        r = c->tree->insert(tokens, n, q.pages.data(), int64_t(q.pages.size()), snaps.data(), int64_t(snaps.size()),
-                            &ins);
-    }
-    if (r != PF_STATUS_OK) return failed(r);
-    ++c->requests;
-    c->prefilled += n - R;
-    release();
-    // Back within the budget. The copies of the moves to the host tier are queued behind the run
-    // (whose outputs are on the host already) and not waited for: the next use of a freed page
-    // comes after them on the stream.
-    return evict_to(c, c->tree->config().device_budget);
+    std::vector<Req> reqs;
+    for (int32_t i = 0; i < n; ++i)
+        reqs.push_back(make_req(items[i].session, items[i].tokens, items[i].n_tokens, items[i].logits_mode,
+                                items[i].logits, items[i].out_token));
+    return serve(c, b->exec.get(), reqs, b->opts.max_items, b->opts.max_tokens);
 }
 
 pf_status prefix_cache_evict(pf_prefix_cache *c, int64_t target) {

@@ -56,6 +56,8 @@ void prefix_cache_destroy(pf_prefix_cache *c);
 // pf_prefix_cache_prefill (arguments checked by the API but the tokens: the tree checks them).
 pf_status prefix_cache_prefill(pf_prefix_cache *c, pf_session *s, const int32_t *tokens, int32_t n, int32_t mode,
                                float *logits, int32_t *out_token);
+// pf_prefix_cache_prefill_batch (items checked by the API): the batch's executor runs them.
+pf_status prefix_cache_prefill_batch(pf_prefix_cache *c, pf_batch *b, const pf_batch_item *items, int32_t n);
 pf_status prefix_cache_evict(pf_prefix_cache *c, int64_t target_bytes);
 pf_status prefix_cache_clear(pf_prefix_cache *c);
 void prefix_cache_stats(pf_prefix_cache *c, pf_prefix_cache_stats *out);

@@ -99,6 +99,11 @@ void test_divergence(int64_t d) {
     b[size_t(d)] = (a[size_t(d)] + 1) % 997;  // differs at d
     Sess sa = prefill(pool, a, nullptr);
     insert(*t, sa);
+    // held_prefix: the match a lookup of all of b would find, without a lease or a count
+    const int64_t lookups = t->stats().lookups;
+    EXPECT(t->held_prefix(b.data(), int64_t(b.size())) == d && t->held_prefix(a.data(), 150) == 150 &&
+               t->stats().lookups == lookups && t->stats().leases == 0,
+           "d=%lld: held_prefix", (long long)d);
     PrefixHit hb;
     EXPECT_OK(t->lookup(b.data(), int64_t(b.size()), int64_t(b.size()), &hb));
     EXPECT(hb.match == d, "d=%lld: match %lld", (long long)d, (long long)hb.match);

@@ -168,3 +168,49 @@ def test_wrong_uses_are_clear_errors(rng):
     with Model.load(synth_model("qwen3-tiny", "q4_k_m"), gemm="f32", prewarm=False, progress=False) as bare:
         with pytest.raises(errors.InvalidArgumentError, match="KV pool"):
             bare.prefix_tree()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_batch_through_the_tree(preset, rng):
+    """Four prompts in one batch after p1: one extending p1, two sharing a new 200-token prefix
+    (computed once, first, as a request of its own), one leaving p1 inside an edge: each within
+    the f32 leg's 1e-5 of one cold call (a batch's steps hold other rows), the tokens prefilled
+    exactly those, the sessions at their prompts' ends and decoding on."""
+    from test_batch import _close
+    m = _model(preset, "f32")
+    m.kv_pool(64, page_rows=64, kv="f32")
+    recurrent = _recurrent(m)
+    V = m.n_vocab
+    p1 = random_tokens(rng, 300, V)
+    shared = random_tokens(rng, 200, V)
+    shared[0] = (p1[0] + 1) % V
+    a = np.concatenate([p1, random_tokens(rng, 100, V)])
+    b = np.concatenate([shared, random_tokens(rng, 50, V)])
+    c = np.concatenate([shared, random_tokens(rng, 80, V)])
+    c[200] = (b[200] + 1) % V
+    d = np.concatenate([p1[:150], random_tokens(rng, 60, V)])
+    d[150] = (p1[150] + 1) % V
+    kw = dict(max_tokens=1024, chunk=128, paged=True, **_skw("f32"))
+    with _tree(m) as tree, m.session(**kw) as s0, m.session(**kw) as s1, m.session(**kw) as s2, \
+            m.session(**kw) as s3, m.session(**kw) as s4:
+        tree.prefill(s0, p1, "none")
+        before = tree.stats
+        outs = tree.prefill_batch([s1, s2, s3, s4], [a, b, c, d])
+        st = tree.stats
+        for name, s, p, o in zip("abcd", (s1, s2, s3, s4), (a, b, c, d), outs):
+            assert s.position == p.size
+            with m.session(max_tokens=1024, **_skw("f32")) as cold:
+                want = cold.prefill(p)
+            _close(o["logits"], want, "f32", f"{preset} {name} in a batch through the tree")
+            s.generate(2)
+        # a: 100 past p1's end; the shared prefix once (200), b 50 and c 80 past it; d from the
+        # snapshot at 128 (qwen35) or its match 150 (qwen3)
+        assert st["prefilled_tokens"] - before["prefilled_tokens"] == 100 + 200 + 50 + 80 + (82 if recurrent else 60)
+        assert st["requests"] - before["requests"] == 5
+        with pytest.raises(errors.InvalidArgumentError, match="same session"):
+            tree.prefill_batch([s1, s1], [a, b])
+        with pytest.raises(errors.InvalidArgumentError, match="contiguous"):
+            with m.session(max_tokens=1024, **_skw("f32")) as flat:
+                tree.prefill_batch([s1, flat], [a, b])
+    assert m.kv_pool_info()["free"] == 64
