@@ -11,12 +11,15 @@ against the trace's minimum (each distinct prefix once) and the device bytes.
 Sides: "cache off" serves every request with a cold prefill from position 0 (one session, reset
 before each): the baseline every cache is measured against. "cache on" serves them through
 `model.prefix_cache` (pyprefill.prefix_cache: entries that are whole sessions, a hit attached by a
-device copy of the KV rows), with snapshots every 1024 positions (256 with --quick) and half the
-free device memory as its budget. "cache on (pages)": the same cache on paged sessions
+device copy of the KV rows), with snapshots every 1024 positions (256 with --quick;
+--snapshot-every sets it for every cache side) and half the free device memory as its budget.
+"cache on (pages)": the same cache on paged sessions
 (`paged=True`: a pool of KV pages of half the free device memory, made for it; entries and the
 serving session share the pages of common prefixes, a hit copies only the recurrent state).
 "cache on (tree)": the library's tree (Model.prefix_tree: pf_prefix_cache) over a pool of half the
 free device memory: each distinct prefix held once in pages, snapshots in slots of its own.
+Per side the context's device bytes at its end and the cache's own (its entries' states and
+snapshots and, paged, the pool's pages in use; the tree's pages and snapshots).
 
 The traces are pure functions of a seed (chat_script, branch_trace) and the minimum a cache must
 prefill (distinct_prefix_tokens) is computed from the prompts as served, so both are checked on a
@@ -217,14 +220,17 @@ def cached_first(cache):
 
 
 def trace_row(label: str, trace: str, impl: str, ttft: list[float], prompts, prefilled: int,
-              device_bytes: int | None) -> dict:
+              device_bytes: int | None, cache_bytes: int | None = None) -> dict:
+    """device_bytes: the context's allocation at the side's end; cache_bytes: the cache's own
+    (entries' states and snapshots, the pool pages in use for the paged side; the tree's pages and
+    snapshots)."""
     total = sum(len(p) for p in prompts)
     least = distinct_prefix_tokens(prompts)
     return {"model": label, "trace": trace, "impl": impl, "requests": len(ttft),
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
             "ttft_ms": ttft, "prompt_tokens": total, "prefilled_tokens": prefilled,
             "min_tokens": least, "prefilled_vs_min": prefilled / least if least else None,
-            "device_bytes": device_bytes}
+            "device_bytes": device_bytes, "cache_bytes": cache_bytes}
 
 
 def _say(rec, r: dict) -> None:
@@ -255,7 +261,7 @@ def bench_attach(rec, model, label: str, T: int, reps: int = 5) -> list[dict]:
     return rows
 
 
-def _cache_for(model, max_tokens: int, quick: bool, paged: bool = False):
+def _cache_for(model, max_tokens: int, quick: bool, paged: bool = False, every: int | None = None):
     """The cache of a "cache on" side: half the free device memory its budget; paged, a pool of
     half the free memory made first (its pages hold the KV rows; the budget counts the states)."""
     free, _ = model.ctx.memory()
@@ -266,11 +272,22 @@ def _cache_for(model, max_tokens: int, quick: bool, paged: bool = False):
         page = rows * info["n_attn_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * 2
         model.kv_pool(max(1, free // 2 // page), page_rows=rows)
         free, _ = model.ctx.memory()
-    return model.prefix_cache(max_tokens=max_tokens, snapshot_every=256 if quick else 1024, max_entries=1024,
+    return model.prefix_cache(max_tokens=max_tokens, snapshot_every=_every(quick, every), max_entries=1024,
                               budget_bytes=free // 2, paged=paged)
 
 
-def _tree_for(model, quick: bool):
+def _every(quick: bool, every: int | None) -> int:
+    """The caches' snapshot_every: the option's, else 1024 (256 with --quick)."""
+    return every if every is not None else (256 if quick else 1024)
+
+
+def _pool_bytes(model) -> int:
+    """The device bytes of the model's KV pool pages in use (the paged sides' KV rows)."""
+    info = model.kv_pool_info()
+    return (info["pages"] - info["free"]) * (info["bytes"] // info["pages"]) if info["pages"] else 0
+
+
+def _tree_for(model, quick: bool, every: int | None = None):
     """The "cache on (tree)" side: the library's tree (Model.prefix_tree) over a pool of half the
     free device memory, a device budget of half that pool, no host tier."""
     free, _ = model.ctx.memory()
@@ -281,7 +298,7 @@ def _tree_for(model, quick: bool):
     pages = max(1, free // 2 // page)
     model.kv_pool(pages, page_rows=rows)
     recurrent = info["n_layer"] > info["n_attn_layers"]
-    return model.prefix_tree(snapshot_every=(256 if quick else 1024) if recurrent else 0,
+    return model.prefix_tree(snapshot_every=_every(quick, every) if recurrent else 0,
                              snapshot_slots=256 if recurrent else 0, device_bytes=pages * page // 2)
 
 
@@ -290,7 +307,8 @@ def tree_first(tree):
     return lambda s, p: tree.prefill(s, p, "none", return_token=True)[1]
 
 
-def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: bool = False) -> list[dict]:
+def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: bool = False,
+                every: int | None = None) -> list[dict]:
     """Both traces, cache off then on. The chat replies are the model's greedy tokens, computed
     once (chat_replies) and served by every side, so every side prefills the same prompts; when
     that fails, each side generates its own (then on the default leg a near tie may pick another
@@ -315,27 +333,29 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
                         ttft, prompts = serve_chat(model, script, cold_first, reset, replies=replies)
                     else:
                         ttft, prompts = serve(model, branches, cold_first, reset), branches
-                    prefilled, held = sum(len(p) for p in prompts), model.ctx.allocated()
+                    prefilled, held, own = sum(len(p) for p in prompts), model.ctx.allocated(), None
                 elif impl.endswith("(tree)"):
-                    with _tree_for(model, quick) as tree:
+                    with _tree_for(model, quick, every) as tree:
                         if trace == "chat":
                             ttft, prompts = serve_chat(model, script, tree_first(tree), paged=True, replies=replies)
                         else:
                             ttft, prompts = serve(model, branches, tree_first(tree), paged=True), branches
                         prefilled, held = tree.stats["prefilled_tokens"], model.ctx.allocated()
+                        own = tree.stats["device_bytes"]
                         rec.say(f"  {label} {trace} tree: {tree.stats}")
                 else:
                     longest = script.capacity() if trace == "chat" else max(len(p) for p in branches)
                     paged = impl.endswith("(pages)")
-                    with _cache_for(model, longest, quick, paged) as cache:
+                    with _cache_for(model, longest, quick, paged, every) as cache:
                         if trace == "chat":
                             ttft, prompts = serve_chat(model, script, cached_first(cache), paged=paged,
                                                        replies=replies)
                         else:
                             ttft, prompts = serve(model, branches, cached_first(cache), paged=paged), branches
                         prefilled, held = cache.stats["prefilled_tokens"], model.ctx.allocated()
+                        own = cache.stats["device_bytes"] + (_pool_bytes(model) if paged else 0)
                         rec.say(f"  {label} {trace} cache: {cache.stats}")
-                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held)
+                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held, own)
                 _say(rec, r)
                 rows.append(r)
             except Exception as exc:   # noqa: BLE001  one line says why
@@ -350,11 +370,15 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
     return rows + rows_attach
 
 
-def run(rec, torch, *, models, quick: bool, mix: str = "q4_k_m", gguf_dir: str | None = None) -> dict:
-    """The cache suite over each preset's synthetic GGUF (torch unused: no peer serves these)."""
+def run(rec, torch, *, models, quick: bool, mix: str = "q4_k_m", gguf_dir: str | None = None,
+        snapshot_every: int | None = None) -> dict:
+    """The cache suite over each preset's synthetic GGUF (torch unused: no peer serves these).
+    snapshot_every: the caches' N (None: 1024, 256 with quick)."""
     from .model import loaded_models
+    if snapshot_every is not None and (snapshot_every < 64 or snapshot_every % 64):
+        raise ValueError(f"snapshot_every={snapshot_every} must be a positive multiple of 64")
     for preset, _, model in loaded_models(rec, models, mix, gguf_dir):
-        rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick)
+        rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick, every=snapshot_every)
     return {}
 
 
@@ -363,8 +387,8 @@ def table(rows: list[dict]) -> str:
              "prefill call to the greedy token on the host), p50 / p99 over the trace; prefilled "
              "tokens against the minimum (each distinct prefix once).", "",
              "| model | trace | impl | requests | TTFT p50 ms | TTFT p99 ms | p50 off / on | prompt tokens | "
-             "prefilled | minimum | prefilled / min | device GiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "prefilled | minimum | prefilled / min | device GiB | cache GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(x, fmt):
         return "" if x is None else fmt.format(x)
@@ -376,7 +400,8 @@ def table(rows: list[dict]) -> str:
                      f"{f(r.get('p50_vs_off'), '{:.1f}')} | "
                      f"{r['prompt_tokens']} | {r['prefilled_tokens']} | {r['min_tokens']} | "
                      f"{f(r.get('prefilled_vs_min'), '{:.2f}')} | "
-                     f"{f(r['device_bytes'] / 2**30 if r.get('device_bytes') else None, '{:.2f}')} |")
+                     f"{f(r['device_bytes'] / 2**30 if r.get('device_bytes') else None, '{:.2f}')} | "
+                     f"{f(r['cache_bytes'] / 2**30 if r.get('cache_bytes') is not None else None, '{:.2f}')} |")
     attach = [r for r in rows if "trace" not in r]
     if attach:
         lines += ["", "| model | case | median ms |", "|---|---|---:|"]

@@ -91,7 +91,15 @@ def test_trace_row_and_table():
     assert r["ttft_p50_ms"] == pytest.approx(3.0)
     t = cache.table([r]).splitlines()
     assert t[0].startswith("Prefix reuse traces")
-    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 |  | 22 | 22 | 12 | 1.83 | 3.00 |"
+    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 |  | 22 | 22 | 12 | 1.83 | 3.00 |  |"
+    r = cache.trace_row("m", "chat", "cache on (tree)", [1.0], prompts[:1], 10, 2**30, 3 * 2**29)
+    assert cache.table([r]).splitlines()[-1].endswith("| 1.00 | 1.50 |")
+
+
+def test_snapshot_every_option():
+    assert cache._every(False, None) == 1024 and cache._every(True, None) == 256 and cache._every(True, 512) == 512
+    with pytest.raises(ValueError, match="multiple of 64"):
+        cache.run(None, None, models=[], quick=True, snapshot_every=100)
 
 
 def test_table_with_attach_rows():
