@@ -1066,13 +1066,16 @@ PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32
  * One per model, over its KV pool (pf_model_kv_pool first): a radix tree over token ids whose
  * nodes hold KV pages of the pool (shared by reference with the sessions that attach them) and,
  * for a qwen35 model, snapshots of the recurrent state (conv windows + GDN states) in slots of the
- * cache's own: every snapshot_every positions, at the end of every cached prompt and at every
- * point where a prompt left the tree inside an edge (a branch point), so that a prompt that
- * diverges anywhere re-runs at most snapshot_every tokens. pf_prefix_cache_prefill puts a prompt
- * into a session through the cache: the longest cached prefix shares its pages, the recurrent
- * state is restored from the deepest snapshot at or below it (R) and the tokens from R on run in
- * the session (in calls that end at the snapshot positions above), then the prompt's new
- * positions and snapshots go into the tree. After each call the cache's device bytes (pages it
+ * cache's own: every snapshot_every positions and at the end of every cached prompt, so that a
+ * prompt that diverges anywhere re-runs at most snapshot_every tokens. pf_prefix_cache_prefill
+ * puts a prompt into a session through the cache: the pages below the deepest snapshot at or
+ * below the longest cached prefix (R) are shared, the recurrent state is restored from it, and
+ * the tokens from R on run in the session (steps ending at the multiples of snapshot_every),
+ * then the prompt's new positions and snapshots go into the tree. Tokens re-run below the point
+ * where the prompt leaves the tree are the session's own rows: the tree keeps the session's
+ * versions of those pages in its new branch and none of its states at or below that point, so
+ * that every prefix's pages and snapshot are of one chain of calls (plan/prefix_tree.h's re-run
+ * rule). After each call the cache's device bytes (pages it
  * holds, a page a session shares included, and snapshots) are brought within device_bytes, least
  * recently used first, into the host tier (pinned memory; a later hit copies them back) when there
  * is one and it has room, else dropped. A run that finds the pool short drops cached pages and

@@ -8,11 +8,12 @@ nodes hold KV pages of the model's pool and, for a qwen35 model, snapshots of th
         s.generate(16)                                       # s continues on its own
     tree.stats                                               # tokens served, re-run, bytes per tier
 
-A prompt attaches the longest prefix the tree holds (its pages shared, no KV rows copied), its
-recurrent state restored from the deepest snapshot at or below it (R), and runs the rest in the
-session, in calls that end where the tree keeps snapshots (every snapshot_every positions, at each
-prompt's end and where a prompt leaves the tree inside an edge); then the prompt's new pages and
-snapshots go into the tree. What no longer fits device_bytes moves to the host tier (pinned, when
+A prompt attaches the pages of the longest prefix the tree holds below the deepest snapshot in
+it (R; no KV rows copied), its recurrent state restored from that snapshot, and runs the rest in
+the session, its steps ending where the tree keeps snapshots (every snapshot_every positions and
+at each prompt's end); then the prompt's new pages and snapshots go into the tree (with the
+session's own versions of the pages it re-ran, so that every prefix's pages and state are of one
+chain of calls). What no longer fits device_bytes moves to the host tier (pinned, when
 host_bytes > 0) or is dropped, least recently used first; a later hit copies it back. The logits
 are bitwise those of a cold session of the same options that ran the same calls.
 

@@ -189,19 +189,23 @@ int64_t PrefixTree::held_prefix(const int32_t *tokens, int64_t n) const {
     return walk(tokens, n, &path);
 }
 
-// The page of each index below `match` along `path` (the page rule: index k from the node
-// holding position min((k + 1) P, match) - 1).
-void PrefixTree::path_pages(const std::vector<int32_t> &path, int64_t match, std::vector<int32_t> *ids,
-                            std::vector<uint8_t> *host) const {
+// The page of each index below `match` along `path` (the page rule): index k from the deepest
+// node of the path that holds a version of it, among path[0 .. snap_at] for the pages below the
+// resume position (those of the snapshot's history: the re-run rule) and the whole path for the
+// rest. Without re-run leaves this is the node holding position min((k + 1) P, match) - 1.
+void PrefixTree::path_pages(const std::vector<int32_t> &path, int64_t match, int64_t resume, size_t snap_at,
+                            std::vector<int32_t> *ids, std::vector<uint8_t> *host) const {
     const int64_t P = cfg_.page_rows;
     ids->clear();
     host->clear();
-    size_t i = 0;
     for (int64_t k = 0; k < pages_for(match, P); ++k) {
-        const int64_t q = std::min((k + 1) * P, match) - 1;
-        while (nodes_[size_t(path[i])].end <= q) ++i;
+        size_t i = k < pages_for(resume, P) ? std::min(snap_at, path.size() - 1) : path.size() - 1;
+        for (;; --i) {
+            const Node &nd = nodes_[size_t(path[i])];
+            if (k >= nd.page_base && k < nd.page_base + int64_t(nd.pages.size())) break;
+        }
         const Node &nd = nodes_[size_t(path[i])];
-        ids->push_back(nd.pages[size_t(k - nd.start / P)]);
+        ids->push_back(page_of(nd, k));
         host->push_back(nd.host ? 1 : 0);
     }
 }
@@ -247,9 +251,11 @@ int32_t PrefixTree::split(int32_t id, int64_t at) {
     U.host = N.host;
     U.tick = N.tick;
     U.pins = N.pins;
-    const int64_t k0 = N.start / P, ku = pages_for(at, P), kn = at / P;
+    const int64_t k0 = N.page_base, ku = pages_for(at, P), kn = at / P;
     U.pages.assign(N.pages.begin(), N.pages.begin() + (ku - k0));
     N.pages.erase(N.pages.begin(), N.pages.begin() + (kn - k0));
+    U.page_base = k0;
+    N.page_base = kn;
     if (ku > kn) node_ref_page(U.pages.back(), U.host);
     const auto mid =
         std::upper_bound(N.snaps.begin(), N.snaps.end(), at, [](int64_t p, const Snap &s) { return p < s.pos; });
@@ -278,16 +284,18 @@ pf_status PrefixTree::lookup(const int32_t *tokens, int64_t n, int64_t max_match
                  (long long)n);
     Lease l;
     l.match = walk(tokens, max_match, &l.nodes);
-    path_pages(l.nodes, l.match, &l.pages, &l.page_host);
     int32_t snode = -1;
-    size_t sidx = 0;
+    size_t sidx = 0, snap_at = l.nodes.empty() ? 0 : l.nodes.size() - 1;
     l.resume = cfg_.recurrent ? 0 : l.match;
     if (cfg_.recurrent)
-        for (int32_t id : l.nodes)
+        for (size_t i = 0; i < l.nodes.size(); ++i) {
+            const int32_t id = l.nodes[i];
             for (size_t j = 0; j < nodes_[size_t(id)].snaps.size(); ++j) {
                 const Snap &s = nodes_[size_t(id)].snaps[j];
-                if (s.pos <= l.match && s.pos > l.resume) l.resume = s.pos, snode = id, sidx = j;
+                if (s.pos <= l.match && s.pos > l.resume) l.resume = s.pos, snode = id, sidx = j, snap_at = i;
             }
+        }
+    path_pages(l.nodes, l.match, l.resume, snap_at, &l.pages, &l.page_host);
     ++clock_;
     for (size_t i = 0; i < l.pages.size(); ++i)
         (void)(l.page_host[i] ? host_pages_.ref(l.pages[i]) : pages_->ref(l.pages[i]));
@@ -367,7 +375,9 @@ pf_status PrefixTree::restore(PrefixHit *hit, RestorePlan *plan) {
     // The lease moves its references to what the path holds now (device ids).
     std::vector<int32_t> ids;
     std::vector<uint8_t> host;
-    path_pages(l.nodes, l.match, &ids, &host);
+    size_t snap_at = l.nodes.empty() ? 0 : l.nodes.size() - 1;
+    if (have_snap) snap_at = size_t(std::find(l.nodes.begin(), l.nodes.end(), snode) - l.nodes.begin());
+    path_pages(l.nodes, l.match, l.resume, snap_at, &ids, &host);
     for (size_t i = 0; i < ids.size(); ++i) (void)(host[i] ? host_pages_.ref(ids[i]) : pages_->ref(ids[i]));
     for (size_t i = 0; i < l.pages.size(); ++i) {
         bool f = false;
@@ -418,28 +428,21 @@ pf_status PrefixTree::snapshot_plan(const int32_t *tokens, int64_t n, int64_t re
                  (long long)n);
     out->clear();
     if (!cfg_.recurrent || resume == n) return PF_STATUS_OK;
-    std::set<int64_t> at;
+    // The re-run rule: a state at or below m (where the prompt leaves the tree) would be one of
+    // the caller's re-run rows [resume, m), not of the tree's versions of them: none is planned
+    // there. Above m: every multiple of N and the prompt's end.
+    std::vector<int32_t> path;
+    const int64_t from = std::max(resume, walk(tokens, n, &path));
+    if (from >= n) return PF_STATUS_OK;
     const int64_t N = cfg_.snapshot_every;
     if (N > 0)
-        for (int64_t p = (resume / N + 1) * N; p <= n; p += N) at.insert(p);
-    at.insert(n);
-    std::vector<int32_t> path;
-    const int64_t m = walk(tokens, n, &path);
-    for (int32_t id : path) {
-        const Node &nd = nodes_[size_t(id)];
-        if (nd.end <= m && nd.end > resume) at.insert(nd.end);  // a branch point or a prompt's end
-    }
-    if (!path.empty() && m > resume && m < n && m < nodes_[size_t(path.back())].end)
-        at.insert(m);  // the prompt leaves the tree inside an edge: the branch point its insert makes
-    int32_t node;
-    size_t idx;
-    for (int64_t p : at)
-        if (p > m || !find_snap(path, p, &node, &idx)) out->push_back(p);
+        for (int64_t p = (from / N + 1) * N; p < n; p += N) out->push_back(p);
+    out->push_back(n);
     return PF_STATUS_OK;
 }
 
 pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pages, int64_t n_pages,
-                             const SnapshotRef *snaps, int64_t n_snaps, InsertResult *out) {
+                             const SnapshotRef *snaps, int64_t n_snaps, InsertResult *out, int64_t own_from) {
     const char *fn = "PrefixTree::insert";
     const int64_t P = cfg_.page_rows;
     PF_CHECK_ARG(out != nullptr, "%s: out is NULL", fn);
@@ -455,6 +458,7 @@ pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pa
             PF_CHECK_ARG(seen.insert(pages[k]).second, "%s: pages[%lld]=%d appears twice", fn, (long long)k, pages[k]);
         }
     }
+    PF_CHECK_ARG(own_from >= 0, "%s: own_from=%lld < 0", fn, (long long)own_from);
     PF_CHECK_ARG(n_snaps >= 0, "%s: n_snaps=%lld < 0", fn, (long long)n_snaps);
     PF_CHECK_ARG(n_snaps == 0 || snaps != nullptr, "%s: snaps is NULL (n_snaps=%lld)", fn, (long long)n_snaps);
     PF_CHECK_ARG(cfg_.recurrent || n_snaps == 0, "%s: n_snaps=%lld, but the model has no recurrent state", fn,
@@ -472,6 +476,17 @@ pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pa
         }
     }
     *out = InsertResult{};
+    {
+        // The re-run rule: a host-tier node holding positions the caller re-ran cannot take the
+        // caller's pages (its versions and snapshots are another history's), so a new leaf under
+        // it would hang a device node under a host one: nothing is added.
+        std::vector<int32_t> pre;
+        const int64_t m = walk(tokens, n, &pre);
+        if (own_from < m && m < n && !pre.empty() && nodes_[size_t(pre.back())].host) {
+            out->blocked = true;
+            return PF_STATUS_OK;
+        }
+    }
     ++clock_;
     // Walk; split the edge the prompt leaves inside (the branch point).
     std::vector<int32_t> path;
@@ -502,9 +517,11 @@ pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pa
     // Host nodes the prompt covers come back to the device on the session's pages.
     for (int32_t id : path) {
         Node &nd = nodes_[size_t(id)];
-        if (!nd.host || nd.end > n) continue;
+        if (!nd.host) continue;
+        if (nd.end > n || nd.end > own_from) break;  // the caller's rows there are its own (and the
+                                                     // nodes below are host too)
         for (size_t j = 0; j < nd.pages.size(); ++j) {
-            const int32_t mine = pages[size_t(nd.start / P) + j];
+            const int32_t mine = pages[size_t(nd.page_base) + j];
             node_ref_page(mine, false);
             node_unref_page(nd.pages[j], true, &out->freed);
             nd.pages[j] = mine;
@@ -520,7 +537,9 @@ pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pa
         lf.start = pos;
         lf.end = n;
         lf.tokens.assign(tokens + pos, tokens + n);
-        lf.pages.assign(pages + pos / P, pages + n_pages);
+        // the re-run rule: the caller's own versions from the page holding own_from on
+        lf.page_base = std::min(pos, own_from) / P;
+        lf.pages.assign(pages + lf.page_base, pages + n_pages);
         for (int32_t p : lf.pages) node_ref_page(p, false);
         nodes_[size_t(at)].children[tokens[pos]] = leaf;
         path.push_back(leaf);
@@ -528,13 +547,14 @@ pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pa
         st_.inserted_tokens += n - pos;
         // The parent's partial last page: take the new child's version when no other child
         // shares the parent's (its own copy is then a duplicate).
+        // (Only when the caller's rows below pos are the parent's: it did not re-run them.)
         Node &pa = nodes_[size_t(at)];
-        const int32_t mine = pa.pages.empty() ? -1 : pa.pages.back(), theirs = lf.pages.front();
-        if (at != 0 && pos % P != 0 && !pa.host && mine != theirs) {
+        const int32_t mine = pa.pages.empty() ? -1 : pa.pages.back(), theirs = page_of(lf, pos / P);
+        if (at != 0 && pos % P != 0 && !pa.host && mine != theirs && own_from >= pos) {
             bool shared = false;
             for (const auto &ch : pa.children)
                 shared |= ch.second != leaf && !nodes_[size_t(ch.second)].host &&
-                          nodes_[size_t(ch.second)].pages.front() == mine;
+                          page_of(nodes_[size_t(ch.second)], pos / P) == mine;
             if (!shared) {
                 node_ref_page(theirs, false);
                 node_unref_page(mine, false, &out->freed);
@@ -545,6 +565,7 @@ pf_status PrefixTree::insert(const int32_t *tokens, int64_t n, const int32_t *pa
     for (int32_t id : path) nodes_[size_t(id)].tick = clock_;
     for (int64_t j = 0; j < n_snaps; ++j) {
         const int64_t p = snaps[j].pos;
+        if (own_from < pos && p <= pos) continue;  // the re-run rule: not a state of the tree's rows
         Node *nd = nullptr;
         for (int32_t id : path)
             if (p > nodes_[size_t(id)].start && p <= nodes_[size_t(id)].end) nd = &nodes_[size_t(id)];
@@ -598,7 +619,8 @@ pf_status PrefixTree::fill_end(int64_t ticket) {
 void PrefixTree::drop_node(int32_t id, EvictPlan *plan) {
     Node &nd = nodes_[size_t(id)];
     plan->dropped_nodes.push_back(
-        DroppedNode{nd.start, nd.end, nd.pages.empty() ? -1 : nd.pages.front(), nd.host, plan->page_moves.size()});
+        DroppedNode{nd.start, nd.end, nd.pages.empty() ? -1 : page_of(nd, nd.start / cfg_.page_rows), nd.host,
+                    plan->page_moves.size()});
     for (const Snap &s : nd.snaps) {
         plan->dropped_snapshots.push_back(DroppedSnapshot{s.pos, s.slot, s.host, plan->slot_moves.size()});
         node_unref_slot(s.slot, s.host, &plan->freed);
@@ -861,7 +883,8 @@ bool PrefixTree::check(const char **why) const {
         const auto pit = nodes_[size_t(nd.parent)].children.find(nd.tokens[0]);
         if (pit == nodes_[size_t(nd.parent)].children.end() || pit->second != int32_t(id))
             return *why = "a node its parent does not list", false;
-        if (int64_t(nd.pages.size()) != pages_for(nd.end, P) - nd.start / P)
+        if (nd.page_base < 0 || nd.page_base > nd.start / P ||
+            int64_t(nd.pages.size()) != pages_for(nd.end, P) - nd.page_base)
             return *why = "a node whose pages do not cover its positions", false;
         std::set<int32_t> own;
         for (int32_t p : nd.pages) {

@@ -27,17 +27,31 @@
 // floor(L / P) when L % P != 0) to copy-on-write (any branch's version is right below L, so
 // matching exactly a branch point copies the version the parent holds).
 //
+// Re-run rule (the exactness of a GPU runtime): a runtime that resumes at R < L recomputes rows
+// [R, L) itself, and on a GPU their bits may differ from the tree's versions of them (other step
+// shapes); its state at any position past R depends on its own rows. So (1) the pages a lookup
+// returns below R are those of the snapshot's history: index k from the deepest node of the path
+// up to the one holding the snapshot at R that holds a version of k (the rest of the hit's pages,
+// which a runtime does not attach, from the deepest node of the whole path); (2) an insert told
+// own_from = R < m (m: where the prompt leaves the tree) gives its new leaf the caller's own
+// versions of the pages from index R / P on (its page_base; the ancestors keep theirs), keeps
+// none of the caller's snapshots at or below m, does not take the caller's pages for host nodes
+// that hold positions past R, and does not swap the parent's partial page; snapshot_plan plans
+// nothing at or below m. Each path's pages and snapshots are then one history: the rows a
+// request attaches and the state it resumes from were computed by one chain of calls, bitwise
+// what a cold run of those calls gives. The price: a request diverging inside an edge resumes
+// below the branch point (at most N tokens re-run) instead of at a branch-point snapshot, and
+// a re-run leaf holds up to ceil(N / P) + 1 pages that duplicate positions of its ancestors.
+//
 // Snapshot rule (recurrent models only: qwen35's conv windows + GDN states; a qwen3 tree keeps
 // none). A snapshot at position p is the recurrent state after tokens [0, p); the node with
 // start < p <= end keeps it (in slot `slot` of the runtime's snapshot pool, or in the host tier).
-// A prefill should take one (snapshot_plan) at every multiple of snapshot_every N, at every node
-// boundary on its path (a branch point or the end of a cached prompt) and at the point where it
-// diverges inside an edge (the branch point its insert will make), and at the prompt's end, so
-// that a later request that diverges anywhere re-runs at most N tokens (fewer at boundaries).
-// A lookup resumes from the deepest snapshot at or below its match (none: position 0, the zero
-// state) and re-runs the tokens [resume, match): their KV rows are in the shared pages already,
-// so the re-run reads them (the attention output of those rows feeds the GDN layers above) and
-// must not write them (the pages are shared); the rows it writes start at `match`.
+// A prefill should take one (snapshot_plan) at every multiple of snapshot_every N past where it
+// leaves the tree, and at the prompt's end, so that a later request that diverges anywhere
+// re-runs at most N tokens (fewer at a prompt's end). A lookup resumes from the deepest snapshot
+// at or below its match (none: position 0, the zero state); the runtime attaches the pages below
+// that resume position R and re-runs the tokens [R, match) into pages of its own (the re-run
+// rule above).
 //
 // ---- Ownership ----------------------------------------------------------------------------
 // References. Every node holds one reference per page it holds (in the runtime's page pool, or
@@ -129,7 +143,9 @@ struct PrefixHit {
     int64_t match = 0;               // L: the longest cached prefix of the prompt (<= max_match)
     int64_t resume = 0;              // R <= L: the recurrent state is restored at R and tokens
                                      // [R, L) re-run; == L for a model without recurrent state
-    std::vector<int32_t> pages;      // [pages_for(L)] the page of each index, in order
+    std::vector<int32_t> pages;      // [pages_for(L)] the page of each index, in order: those
+                                     // below pages_for(R) of R's history, valid below R (what a
+                                     // runtime attaches: the re-run rule), the rest valid below L
     std::vector<uint8_t> page_host;  // [pages.size()] 1: a host-tier id (restore before use)
     bool partial_last = false;       // L % page_rows != 0: pages.back() is to copy-on-write (rows
                                      // [floor(L / P) P, L) are valid); every other page is full and
@@ -162,6 +178,10 @@ struct InsertResult {
     int64_t adopted_pages = 0;                // host-tier pages replaced by the caller's device
                                               // pages of the same positions (no copy)
     Released freed;                           // duplicates the tree let go of
+    bool blocked = false;                     // nothing added: the prompt leaves the tree below a
+                                              // host-tier node holding positions the caller re-ran
+                                              // (a runtime's lookup pins and restores its path, so
+                                              // only an insert without a lookup meets this)
 };
 
 // One copy for the runtime: the page (or snapshot slot) `from` into `to`.
@@ -253,10 +273,9 @@ public:
     pf_status lease_release(int64_t lease, Released *freed);
 
     // The positions a prefill of tokens[0, n) from `resume` (0 <= resume <= n) should snapshot,
-    // ascending, in (resume, n]: every multiple of N, every node boundary on the prompt's path
-    // without a snapshot, the point where the prompt leaves the tree inside an edge, and n;
-    // those the path already has a snapshot at are left out. Empty for a model without
-    // recurrent state.
+    // ascending, in (max(resume, m), n] (m: where the prompt leaves the tree; at or below it a
+    // state would be of re-run rows: the re-run rule): every multiple of N, and n. Empty for a
+    // model without recurrent state.
     pf_status snapshot_plan(const int32_t *tokens, int64_t n, int64_t resume, std::vector<int64_t> *out) const;
 
     // After a prefill of tokens[0, n): `pages` is the session's page table of those positions
@@ -268,8 +287,14 @@ public:
     // position is replaced), and brings host nodes of the path back by taking the session's
     // pages in their place. Takes its own references: the caller keeps (and later drops) its
     // own. Never evicts: call evict after.
+    // own_from: the position from which the caller computed its rows itself (a runtime: the
+    // lookup's resume R); its pages below it are the tree's or copies of them. Where own_from is
+    // below the point where the prompt leaves the tree (it re-ran tokens the tree holds), the new
+    // leaf holds the caller's pages from page own_from / P on (its own versions: the re-run rule)
+    // and the caller's snapshots at or below that point are not kept.
     pf_status insert(const int32_t *tokens, int64_t n, const int32_t *pages, int64_t n_pages,
-                     const SnapshotRef *snaps, int64_t n_snaps, InsertResult *out);
+                     const SnapshotRef *snaps, int64_t n_snaps, InsertResult *out,
+                     int64_t own_from = INT64_MAX);
 
     // Claims positions [from, n) of tokens[0, n) for a prefill in flight (0 <= from <= n):
     // *ticket names it. INVALID_ARGUMENT naming the other ticket when a live claim covers any of
@@ -318,7 +343,10 @@ private:
         int64_t start = 0, end = 0;          // positions [start, end)
         std::vector<int32_t> tokens;         // [end - start]
         std::map<int32_t, int32_t> children; // first token -> node
-        std::vector<int32_t> pages;          // page index start / P + i; tier: host
+        std::vector<int32_t> pages;          // page index page_base + i; tier: host
+        int64_t page_base = 0;               // start / P, or lower: a leaf whose prompt re-ran
+                                             // positions below its start holds its own versions
+                                             // of those pages (the re-run rule above)
         bool host = false;
         std::vector<Snap> snaps;             // ascending, start < pos <= end; each its own tier
         uint64_t tick = 0;                   // last use
@@ -355,8 +383,9 @@ private:
     // internals (prefix_tree.cpp)
     pf_status check_tokens(const int32_t *tokens, int64_t n, const char *fn) const;
     int64_t walk(const int32_t *tokens, int64_t limit, std::vector<int32_t> *path) const;
-    void path_pages(const std::vector<int32_t> &path, int64_t match, std::vector<int32_t> *ids,
-                    std::vector<uint8_t> *host) const;
+    void path_pages(const std::vector<int32_t> &path, int64_t match, int64_t resume, size_t snap_at,
+                    std::vector<int32_t> *ids, std::vector<uint8_t> *host) const;
+    int32_t page_of(const Node &nd, int64_t k) const { return nd.pages[size_t(k - nd.page_base)]; }
     bool find_snap(const std::vector<int32_t> &path, int64_t pos, int32_t *node, size_t *idx) const;
     void fill_hit(const Lease &l, PrefixHit *hit) const;
     int32_t new_node();

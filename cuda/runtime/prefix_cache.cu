@@ -335,8 +335,11 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
             InsertResult ins;
             std::lock_guard<std::mutex> lock(pool.mu);
             Sequence &q = r.s->seq;
+            // own_from R: the session computed [R, n) itself (the tree's re-run rule keeps its
+            // versions of the pages from R's on and none of its states at or below the point
+            // where it left the tree)
             PF_TRY(c->tree->insert(r.tokens, r.n, q.pages.data(), int64_t(q.pages.size()), r.snaps.data(),
-                                   int64_t(r.snaps.size()), &ins));
+                                   int64_t(r.snaps.size()), &ins, r.hit.resume));
         }
         return PF_STATUS_OK;
     };

@@ -209,8 +209,9 @@ void test_same_prompt_twice() {
     EXPECT(pool.n_used() == 0, "%d pages held", pool.n_used());
 }
 
-// Snapshots: a prefill plans them every N, at the end and at the branch point; a request that
-// diverges resumes from the deepest one below its match and re-runs the rest.
+// Snapshots: a prefill plans them every N and at the end; a request that diverges resumes from
+// the deepest one below its match and re-runs the rest, and plans none at or below the point
+// where it leaves the tree (the re-run rule: its states there are of its own re-run rows).
 void test_snapshots() {
     PagePool pool, slots;
     EXPECT_OK(pool.init(64, "page"));
@@ -239,7 +240,7 @@ void test_snapshots() {
     EXPECT(h.match == 100 && h.resume == 64 && h.snapshot == snaps[0].slot, "match %lld resume %lld slot %d",
            (long long)h.match, (long long)h.resume, h.snapshot);
     EXPECT_OK(t->snapshot_plan(b.data(), 160, h.resume, &plan));
-    EXPECT((plan == std::vector<int64_t>{100, 128, 160}), "plan past the divergence: %zu positions", plan.size());
+    EXPECT((plan == std::vector<int64_t>{128, 160}), "plan past the divergence: %zu positions", plan.size());
     // The same prompt again with the last logits wanted: matched to n - 1, resumed at 192.
     PrefixHit h2;
     EXPECT_OK(t->lookup(a.data(), 200, 199, &h2));
@@ -252,6 +253,84 @@ void test_snapshots() {
     EXPECT_OK(t->lease_release(h2.lease, nullptr));
     check(*t);
     release(pool, sa);
+    pf::EvictPlan ep;
+    EXPECT_OK(t->clear(&ep));
+    EXPECT(pool.n_used() == 0 && slots.n_used() == 0, "%d pages, %d slots held", pool.n_used(), slots.n_used());
+}
+
+// The re-run rule: b leaves a at 100 and resumes from a's snapshot at 64, so it computes rows
+// [64, 160) itself (on a GPU their bits may differ from a's: other steps). Its leaf holds its own
+// versions of pages 1 and 2 and its snapshots above 100 (none at or below); a lookup resuming
+// in b's leaf gets b's pages from index 1 on, one resuming on a's path gets a's.
+void test_rerun_versions() {
+    PagePool pool, slots;
+    EXPECT_OK(pool.init(64, "page"));
+    EXPECT_OK(slots.init(32, "snapshot slot"));
+    std::unique_ptr<PrefixTree> t;
+    EXPECT_OK(PrefixTree::create(config(true, 64), &pool, &slots, &t));
+    auto snaps_at = [&](const std::vector<int64_t> &at) {
+        std::vector<pf::SnapshotRef> v;
+        for (int64_t q : at) {
+            int32_t slot = -1;
+            EXPECT_OK(slots.alloc(&slot));
+            v.push_back(pf::SnapshotRef{q, slot});
+        }
+        return v;
+    };
+    const std::vector<int32_t> a = seq(200, 5);
+    Sess sa = prefill(pool, a, nullptr);
+    const std::vector<pf::SnapshotRef> sna = snaps_at({64, 128, 192, 200});
+    insert(*t, sa, nullptr, sna);
+    std::vector<int32_t> b(a.begin(), a.begin() + 100);
+    for (int32_t x : seq(60, 6)) b.push_back(x == a[100] ? x + 1 : x);
+    PrefixHit hb;
+    EXPECT_OK(t->lookup(b.data(), 160, 159, &hb));
+    EXPECT(hb.match == 100 && hb.resume == 64, "b: match %lld resume %lld", (long long)hb.match, (long long)hb.resume);
+    // the runtime's session: shares [0, R), computes [R, n)
+    PrefixHit at_r = hb;
+    at_r.pages.resize(size_t(pf::pages_for(hb.resume, P)));
+    at_r.match = hb.resume;
+    Sess sb = prefill(pool, b, &at_r);
+    EXPECT(sb.table[0] == sa.table[0] && sb.table[1] != sa.table[1], "b shares page 0 only");
+    std::vector<int64_t> plan;
+    EXPECT_OK(t->snapshot_plan(b.data(), 160, hb.resume, &plan));
+    EXPECT((plan == std::vector<int64_t>{128, 160}), "b's plan: %zu positions", plan.size());
+    const std::vector<pf::SnapshotRef> snb = snaps_at({128, 160});
+    pf::InsertResult ir;
+    EXPECT_OK(t->insert(b.data(), 160, sb.table.data(), int64_t(sb.table.size()), snb.data(), 2, &ir, hb.resume));
+    EXPECT(ir.new_tokens == 60 && ir.snapshots_kept.size() == 2, "b: %lld new tokens, %zu snapshots kept",
+           (long long)ir.new_tokens, ir.snapshots_kept.size());
+    EXPECT_OK(t->lease_release(hb.lease, nullptr));
+    check(*t);
+    struct Case {
+        std::vector<int32_t> tok;
+        int64_t max_match, match, resume;
+        std::vector<int32_t> want;  // the pages
+    };
+    std::vector<int32_t> c(b.begin(), b.end()), d(a.begin(), a.begin() + 130);
+    c.push_back(7);
+    const std::vector<Case> cases = {
+        {c, 160, 160, 160, {sa.table[0], sb.table[1], sb.table[2]}},          // resumes in b's leaf
+        {std::vector<int32_t>(b.begin(), b.begin() + 131), 130, 130, 128,     // b's snapshot at 128
+         {sa.table[0], sb.table[1], sb.table[2]}},
+        {d, 130, 130, 128, {sa.table[0], sa.table[1], sa.table[2]}},          // a's path
+        {std::vector<int32_t>(a.begin(), a.begin() + 101), 100, 100, 64,      // the branch point
+         {sa.table[0], sa.table[1]}},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const Case &k = cases[i];
+        PrefixHit h;
+        EXPECT_OK(t->lookup(k.tok.data(), int64_t(k.tok.size()), k.max_match, &h));
+        EXPECT(h.match == k.match && h.resume == k.resume && h.pages == k.want,
+               "case %zu: match %lld resume %lld, %zu pages", i, (long long)h.match, (long long)h.resume,
+               h.pages.size());
+        EXPECT_OK(t->lease_release(h.lease, nullptr));
+    }
+    for (const pf::SnapshotRef &r : sna) EXPECT_OK(slots.unref(r.slot, nullptr));
+    for (const pf::SnapshotRef &r : snb) EXPECT_OK(slots.unref(r.slot, nullptr));
+    check(*t);
+    release(pool, sa);
+    release(pool, sb);
     pf::EvictPlan ep;
     EXPECT_OK(t->clear(&ep));
     EXPECT(pool.n_used() == 0 && slots.n_used() == 0, "%d pages, %d slots held", pool.n_used(), slots.n_used());
@@ -675,6 +754,7 @@ int main(int argc, char **argv) {
     test_prefix_of_another();
     test_same_prompt_twice();
     test_snapshots();
+    test_rerun_versions();
     test_in_flight();
     test_eviction();
     test_host_lru();

@@ -10,6 +10,15 @@
 // own rows (never into a shared page), snapshot where snapshot_plan says, insert, release. Each
 // plan's copies are carried out, freed ids are poisoned.
 //
+// Lineage (the exactness a GPU runtime needs beyond the prefix hashes): a row's bits depend on
+// the calls that computed it, so every row and snapshot also carries the id of the history that
+// computed it (a history: its parent and the position it computed from; rows below that position
+// are its parent's chain). Sessions run as the runtime does: share the hit's pages below the
+// resume position R, compute [R, n) under a new history whose parent is the snapshot's (or, for a
+// model without recurrent state, the one of the row before R), insert with own_from = R. Checked
+// on every lookup: the rows below R of the returned pages are of the snapshot's history chain
+// (the re-run rule of prefix_tree.h); after every operation: each session's rows are of its own.
+//
 // The reference: the prompts inserted, each with how much of it is still cached (dropped nodes
 // truncate the prompts through them), the snapshots the tree kept, the live claims. Checked
 // after every operation: the tree's and the pools' invariants; every pool count equals the
@@ -80,6 +89,12 @@ struct Sim {
     std::map<int32_t, std::vector<uint64_t>> host;          // host page -> rows
     std::vector<std::pair<int64_t, uint64_t>> dslot;        // [slot] (pos, prefix hash)
     std::map<int32_t, std::pair<int64_t, uint64_t>> hslot;  // host slot -> (pos, prefix hash)
+    // the lineage of the same memory: a history id per row and per snapshot (-1: poison)
+    std::vector<std::vector<int64_t>> devh;
+    std::map<int32_t, std::vector<int64_t>> hosth;
+    std::vector<int64_t> dslot_h;
+    std::map<int32_t, int64_t> hslot_h;
+    std::vector<std::pair<int64_t, int64_t>> hist_tab{{-1, 0}};  // [id] (parent, from); 0: nothing computed
     // the reference
     struct RefPrompt {
         Prompt p;
@@ -97,6 +112,7 @@ struct Sim {
         int64_t pos = 0;  // rows written (or shared) in its table
         std::vector<int32_t> table;
         int64_t lease = 0, ticket = 0;
+        int64_t hist = 0, own_from = 0;  // the history its rows [own_from, pos) were computed by
         pf::PrefixHit hit;
         std::vector<int64_t> plan;
         std::vector<pf::SnapshotRef> snaps;  // slots it holds
@@ -105,7 +121,7 @@ struct Sim {
     std::string err;  // the first violation
     int64_t ops = 0;
     // what the operations ran into (for the record: the test prints the sums)
-    int64_t n_waits = 0, n_restores = 0, n_ooms = 0, n_inserts = 0, n_bad = 0;
+    int64_t n_waits = 0, n_restores = 0, n_ooms = 0, n_inserts = 0, n_bad = 0, n_blocked = 0;
 
     int64_t P() const { return cfg.page_rows; }
 
@@ -146,6 +162,8 @@ struct Sim {
         }
         dev.assign(size_t(n_pages), std::vector<uint64_t>(size_t(P()), kPoison));
         dslot.assign(size_t(n_slots), {-1, kPoison});
+        devh.assign(size_t(n_pages), std::vector<int64_t>(size_t(P()), -1));
+        dslot_h.assign(size_t(n_slots), -1);
         sess.assign(size_t(n_sessions), Session{});
         return true;
     }
@@ -157,6 +175,26 @@ struct Sim {
         if (it == host.end()) it = host.emplace(id, std::vector<uint64_t>(size_t(P()), kPoison)).first;
         return it->second;
     }
+    std::vector<int64_t> &hists(int32_t id, bool on_host) {
+        if (!on_host) return devh[size_t(id)];
+        auto it = hosth.find(id);
+        if (it == hosth.end()) it = hosth.emplace(id, std::vector<int64_t>(size_t(P()), -1)).first;
+        return it->second;
+    }
+    int64_t &slot_hist(int32_t id, bool on_host) {
+        if (!on_host) return dslot_h[size_t(id)];
+        auto it = hslot_h.find(id);
+        if (it == hslot_h.end()) it = hslot_h.emplace(id, int64_t(-1)).first;
+        return it->second;
+    }
+    int64_t new_hist(int64_t parent, int64_t from) {
+        hist_tab.push_back({parent, from});
+        return int64_t(hist_tab.size()) - 1;
+    }
+    int64_t hist_at(int64_t h, int64_t r) const {  // the member of h's chain that computed row r
+        while (h > 0 && r < hist_tab[size_t(h)].second) h = hist_tab[size_t(h)].first;
+        return h;
+    }
     std::pair<int64_t, uint64_t> &slot_mem(int32_t id, bool on_host) {
         if (!on_host) return dslot[size_t(id)];
         auto it = hslot.find(id);
@@ -166,13 +204,16 @@ struct Sim {
     // Poisons every id of `f` that is free at this point.
     void poison(const pf::Released &f) {
         for (int32_t id : f.pages)
-            if (!pages.held(id)) std::fill(dev[size_t(id)].begin(), dev[size_t(id)].end(), kPoison);
+            if (!pages.held(id)) {
+                std::fill(dev[size_t(id)].begin(), dev[size_t(id)].end(), kPoison);
+                std::fill(devh[size_t(id)].begin(), devh[size_t(id)].end(), -1);
+            }
         for (int32_t id : f.slots)
-            if (!slots.held(id)) dslot[size_t(id)] = {-1, kPoison};
+            if (!slots.held(id)) dslot[size_t(id)] = {-1, kPoison}, dslot_h[size_t(id)] = -1;
         for (int32_t id : f.host_pages)
-            if (!tree->host_page_pool().held(id)) host.erase(id);
+            if (!tree->host_page_pool().held(id)) host.erase(id), hosth.erase(id);
         for (int32_t id : f.host_slots)
-            if (!tree->host_slot_pool().held(id)) hslot.erase(id);
+            if (!tree->host_slot_pool().held(id)) hslot.erase(id), hslot_h.erase(id);
     }
     void poison_pages(const std::vector<int32_t> &ids) {
         pf::Released r;
@@ -269,11 +310,15 @@ struct Sim {
             const Session &s = sess[i];
             if (s.st == FREE) continue;
             SIM_EXPECT(int64_t(s.table.size()) == pf::pages_for(s.pos, P()), "session %zu: table size", i);
-            for (int64_t r = 0; r < s.pos; ++r)
+            for (int64_t r = 0; r < s.pos; ++r) {
                 SIM_EXPECT(dev[size_t(s.table[size_t(r / P())])][size_t(r % P())] == s.p.h[size_t(r) + 1],
                            "session %zu: row %lld is not its prompt's", i, (long long)r);
+                SIM_EXPECT(devh[size_t(s.table[size_t(r / P())])][size_t(r % P())] == hist_at(s.hist, r),
+                           "session %zu: row %lld is of another history", i, (long long)r);
+            }
             for (const pf::SnapshotRef &r : s.snaps)
-                SIM_EXPECT(dslot[size_t(r.slot)] == std::make_pair(r.pos, s.p.h[size_t(r.pos)]),
+                SIM_EXPECT(dslot[size_t(r.slot)] == std::make_pair(r.pos, s.p.h[size_t(r.pos)]) &&
+                               dslot_h[size_t(r.slot)] == s.hist,
                            "session %zu: its snapshot at %lld changed", i, (long long)r.pos);
         }
         const pf::PrefixStats st = tree->stats();
@@ -297,8 +342,10 @@ struct Sim {
         SIM_EXPECT(int64_t(hit.pages.size()) == pf::pages_for(L, P()) && hit.page_host.size() == hit.pages.size(),
                    "lookup returned %zu pages for a match of %lld", hit.pages.size(), (long long)L);
         SIM_EXPECT(hit.partial_last == (L % P() != 0), "partial_last");
+        const int64_t R0 = hit.resume;
         for (int64_t r = 0; r < L; ++r) {
             const size_t k = size_t(r / P());
+            if (r >= R0 && int64_t(k) < pf::pages_for(R0, P())) continue;  // the resume point's page: valid below R
             SIM_EXPECT(rows(hit.pages[k], hit.page_host[k] != 0)[size_t(r % P())] == p.h[size_t(r) + 1],
                        "lookup: row %lld of page %d (%s) is not this prompt's", (long long)r, hit.pages[k],
                        hit.page_host[k] ? "host" : "device");
@@ -312,6 +359,14 @@ struct Sim {
                 "lookup: the snapshot at %lld is not this prompt's state", (long long)R);
         else
             SIM_EXPECT(hit.snapshot == -1, "a snapshot without a resume position");
+        // the re-run rule: rows below R of the snapshot's history (qwen3-like: of one history)
+        const int64_t ha = attach_hist(hit);
+        for (int64_t r = 0; r < R; ++r) {
+            const size_t k = size_t(r / P());
+            SIM_EXPECT(hists(hit.pages[k], hit.page_host[k] != 0)[size_t(r % P())] == hist_at(ha, r),
+                       "lookup: row %lld of page %d is of another history than the resume point's "
+                       "(resume %lld, match %lld)", (long long)r, hit.pages[k], (long long)R, (long long)hit.match);
+        }
         int64_t want_ticket = 0, want_until = 0;
         for (const auto &kv : ref_claims) {
             const int64_t k = lcp(p, kv.second.first, p.n());
@@ -321,6 +376,16 @@ struct Sim {
                    "lookup reports claim %lld until %lld, the reference %lld until %lld", (long long)hit.wait_ticket,
                    (long long)hit.wait_until, (long long)want_ticket, (long long)want_until);
         return true;
+    }
+
+    // The history a session attaching `hit` continues: its snapshot's, or (no recurrent state)
+    // the one of the row before the resume position; 0 at position 0.
+    int64_t attach_hist(const pf::PrefixHit &hit) {
+        const int64_t R = hit.resume;
+        if (R == 0) return 0;
+        if (cfg.recurrent) return hit.snapshot >= 0 ? slot_hist(hit.snapshot, hit.snapshot_host) : -2;
+        const size_t k = size_t((R - 1) / P());
+        return hists(hit.pages[k], hit.page_host[k] != 0)[size_t((R - 1) % P())];
     }
 
     bool do_lookup(const Prompt &p, int64_t max_match, pf::PrefixHit *hit) {
@@ -343,12 +408,16 @@ struct Sim {
     bool apply_evict(const pf::EvictPlan &plan, int64_t goal) {
         size_t pm = 0, sm = 0;
         auto page_moves_to = [&](size_t upto) {
-            for (; pm < upto && pm < plan.page_moves.size(); ++pm)
+            for (; pm < upto && pm < plan.page_moves.size(); ++pm) {
                 rows(plan.page_moves[pm].to, true) = dev[size_t(plan.page_moves[pm].from)];
+                hists(plan.page_moves[pm].to, true) = devh[size_t(plan.page_moves[pm].from)];
+            }
         };
         auto slot_moves_to = [&](size_t upto) {
-            for (; sm < upto && sm < plan.slot_moves.size(); ++sm)
+            for (; sm < upto && sm < plan.slot_moves.size(); ++sm) {
                 slot_mem(plan.slot_moves[sm].to, true) = dslot[size_t(plan.slot_moves[sm].from)];
+                slot_hist(plan.slot_moves[sm].to, true) = dslot_h[size_t(plan.slot_moves[sm].from)];
+            }
         };
         for (const pf::DroppedNode &d : plan.dropped_nodes) {
             page_moves_to(d.moves_before);
@@ -381,8 +450,10 @@ struct Sim {
     }
 
     bool apply_restore(const pf::RestorePlan &plan) {
-        for (const pf::Move &m : plan.page_moves) dev[size_t(m.to)] = rows(m.from, true);
-        for (const pf::Move &m : plan.slot_moves) dslot[size_t(m.to)] = slot_mem(m.from, true);
+        for (const pf::Move &m : plan.page_moves)
+            dev[size_t(m.to)] = rows(m.from, true), devh[size_t(m.to)] = hists(m.from, true);
+        for (const pf::Move &m : plan.slot_moves)
+            dslot[size_t(m.to)] = slot_mem(m.from, true), dslot_h[size_t(m.to)] = slot_hist(m.from, true);
         poison(plan.freed);
         return true;
     }
@@ -405,7 +476,8 @@ struct Sim {
 
     // ---- the operations ---------------------------------------------------------------------
     // A request for prompt p in session s (dropped first if busy): lookup (max_match n - 1 when
-    // the request wants the last logits), restore, claim, share the hit's pages.
+    // the request wants the last logits), restore, claim, share the hit's pages below the resume
+    // position R (the runtime re-runs [R, match) into pages of its own: the re-run rule).
     bool start(size_t s, const Prompt &p, bool want_logits) {
         if (sess[s].st != FREE && !drop(s)) return false;
         Session &S = sess[s];
@@ -434,10 +506,14 @@ struct Sim {
         int64_t ticket = 0;
         SIM_OK(tree->fill_begin(p.tok.data(), p.n(), hit.match, &ticket));
         ref_claims[ticket] = {p, hit.match};
-        SIM_OK(pf::page_table_share(pages, hit.pages, hit.match, P(), &S.table));
+        const int64_t R = hit.resume;
+        const std::vector<int32_t> below(hit.pages.begin(), hit.pages.begin() + pf::pages_for(R, P()));
+        SIM_OK(pf::page_table_share(pages, below, R, P(), &S.table));
         S.st = FILLING;
         S.p = p;
-        S.pos = hit.match;
+        S.pos = R;
+        S.hist = new_hist(attach_hist(hit), R);
+        S.own_from = R;
         S.lease = hit.lease;
         S.ticket = ticket;
         S.hit = hit;
@@ -448,7 +524,8 @@ struct Sim {
 
     bool verify_hit_restored(const Prompt &p, const pf::PrefixHit &hit) {
         for (int64_t r = 0; r < hit.match; ++r)
-            SIM_EXPECT(dev[size_t(hit.pages[size_t(r / P())])][size_t(r % P())] == p.h[size_t(r) + 1],
+            SIM_EXPECT((r >= hit.resume && r / P() < pf::pages_for(hit.resume, P())) ||
+                           dev[size_t(hit.pages[size_t(r / P())])][size_t(r % P())] == p.h[size_t(r) + 1],
                        "restore: row %lld is not this prompt's", (long long)r);
         if (hit.snapshot >= 0)
             SIM_EXPECT(dslot[size_t(hit.snapshot)] == std::make_pair(hit.resume, p.h[size_t(hit.resume)]),
@@ -461,21 +538,30 @@ struct Sim {
             SIM_EXPECT(plan.empty(), "snapshots planned for a model without recurrent state");
             return true;
         }
-        for (size_t i = 0; i < plan.size(); ++i)
-            SIM_EXPECT(plan[i] > resume && plan[i] <= p.n() && (i == 0 || plan[i] > plan[i - 1]),
-                       "snapshot plan not ascending in (resume, n]");
-        auto has = [&](int64_t q) { return std::binary_search(plan.begin(), plan.end(), q); };
-        const int64_t m = ref_match(p, p.n());
-        auto held = [&](int64_t q) { return q <= m && ref_snaps.count({q, p.h[size_t(q)]}) > 0; };
-        for (int64_t q : plan) SIM_EXPECT(!held(q), "a snapshot planned at %lld that the tree has", (long long)q);
-        if (resume < p.n()) SIM_EXPECT(has(p.n()) || held(p.n()), "no snapshot planned at the prompt's end");
-        if (cfg.snapshot_every > 0)
-            for (int64_t q = (resume / cfg.snapshot_every + 1) * cfg.snapshot_every; q <= p.n();
-                 q += cfg.snapshot_every)
-                SIM_EXPECT(has(q) || held(q), "no snapshot planned at the multiple %lld", (long long)q);
-        if (m > resume && m < p.n())
-            SIM_EXPECT(has(m) || held(m), "no snapshot planned at the branch point %lld", (long long)m);
+        // every multiple of N and the end, past where the prompt leaves the tree (at or below it
+        // a state would be of the session's re-run rows: the re-run rule)
+        const int64_t from = std::max(resume, ref_match(p, p.n()));
+        std::vector<int64_t> want;
+        if (from < p.n()) {
+            if (cfg.snapshot_every > 0)
+                for (int64_t q = (from / cfg.snapshot_every + 1) * cfg.snapshot_every; q < p.n();
+                     q += cfg.snapshot_every)
+                    want.push_back(q);
+            want.push_back(p.n());
+        }
+        SIM_EXPECT(plan == want, "snapshot plan: %zu positions, the reference %zu (resume %lld, n %lld)",
+                   plan.size(), want.size(), (long long)resume, (long long)p.n());
         return true;
+    }
+
+    // A copy-on-write: rows [0, rows) of page src into page dst (the rest poisoned).
+    void copy_rows(int32_t src, int32_t dst, int64_t rows) {
+        std::vector<uint64_t> &d = dev[size_t(dst)];
+        std::fill(d.begin(), d.end(), kPoison);
+        std::copy(dev[size_t(src)].begin(), dev[size_t(src)].begin() + rows, d.begin());
+        std::vector<int64_t> &dh = devh[size_t(dst)];
+        std::fill(dh.begin(), dh.end(), -1);
+        std::copy(devh[size_t(src)].begin(), devh[size_t(src)].begin() + rows, dh.begin());
     }
 
     // Writes rows [from, to) of session S's prompt into its table (its own pages only).
@@ -484,6 +570,7 @@ struct Sim {
             const int32_t id = S.table[size_t(r / P())];
             SIM_EXPECT(pages.refs(id) == 1, "a write into page %d, which has %d holders", id, pages.refs(id));
             dev[size_t(id)][size_t(r % P())] = S.p.h[size_t(r) + 1];
+            devh[size_t(id)][size_t(r % P())] = S.hist;
         }
         return true;
     }
@@ -503,12 +590,12 @@ struct Sim {
         if (cow.index >= 0) {
             SIM_EXPECT(cow.index == pos / P() && cow.rows == pos % P() && cow.src == before[size_t(cow.index)],
                        "page_table_append: a copy-on-write of the wrong page");
-            std::vector<uint64_t> &d = dev[size_t(cow.dst)];
-            std::fill(d.begin(), d.end(), kPoison);
-            std::copy(dev[size_t(cow.src)].begin(), dev[size_t(cow.src)].begin() + cow.rows, d.begin());
+            copy_rows(cow.src, cow.dst, cow.rows);
         }
-        for (int64_t k : fresh)
+        for (int64_t k : fresh) {
             std::fill(dev[size_t(S.table[size_t(k)])].begin(), dev[size_t(S.table[size_t(k)])].end(), kPoison);
+            std::fill(devh[size_t(S.table[size_t(k)])].begin(), devh[size_t(S.table[size_t(k)])].end(), -1);
+        }
         if (!write_rows(S, pos, to)) return false;
         S.pos = to;
         return true;
@@ -525,8 +612,8 @@ struct Sim {
         if (!append(S, S.p.n(), &ok)) return false;
         if (!ok) return drop(s);
         std::vector<int64_t> at = S.plan;
-        if (every_page && cfg.recurrent) {
-            for (int64_t q = P(); q <= S.p.n(); q += P()) at.push_back(q);
+        if (every_page && cfg.recurrent) {  // (the states it computed: past its resume position)
+            for (int64_t q = (S.own_from / P() + 1) * P(); q <= S.p.n(); q += P()) at.push_back(q);
             std::sort(at.begin(), at.end());
             at.erase(std::unique(at.begin(), at.end()), at.end());
         }
@@ -534,6 +621,7 @@ struct Sim {
             int32_t slot = -1;
             if (slots.alloc(&slot) != PF_STATUS_OK) continue;  // fewer snapshots: still correct
             dslot[size_t(slot)] = {q, S.p.h[size_t(q)]};
+            dslot_h[size_t(slot)] = S.hist;
             S.snaps.push_back(pf::SnapshotRef{q, slot});
         }
         S.st = COMPUTED;
@@ -546,7 +634,12 @@ struct Sim {
         pf::InsertResult ir;
         const std::vector<pf::SnapshotRef> snaps = with_snaps ? S.snaps : std::vector<pf::SnapshotRef>{};
         SIM_OK(tree->insert(S.p.tok.data(), n, S.table.data(), int64_t(pf::pages_for(n, P())), snaps.data(),
-                            int64_t(snaps.size()), &ir));
+                            int64_t(snaps.size()), &ir, S.own_from));
+        if (ir.blocked) {  // a host node on the path holds rows it re-ran: nothing added
+            SIM_EXPECT(S.own_from < d && ir.new_tokens == 0 && ir.snapshots_kept.empty(), "a blocked insert");
+            ++n_blocked;
+            return true;
+        }
         SIM_EXPECT(ir.new_tokens == n - d, "insert added %lld tokens, the reference lacked %lld",
                    (long long)ir.new_tokens, (long long)(n - d));
         for (const pf::SnapshotRef &k : ir.snapshots_kept) {
@@ -556,9 +649,16 @@ struct Sim {
             SIM_EXPECT(given, "insert kept a snapshot it was not given");
             ref_snaps.insert({k.pos, S.p.h[size_t(k.pos)]});
         }
-        for (const pf::SnapshotRef &r : snaps)
-            SIM_EXPECT(ref_snaps.count({r.pos, S.p.h[size_t(r.pos)]}) == 1,
+        for (const pf::SnapshotRef &r : snaps) {
+            // the re-run rule: a state at or below where the prompt left the tree is not kept
+            // when the session re-ran rows there
+            const bool rerun = S.own_from < d && r.pos <= d;
+            const bool kept = std::any_of(ir.snapshots_kept.begin(), ir.snapshots_kept.end(),
+                                          [&](const pf::SnapshotRef &k) { return k.slot == r.slot; });
+            SIM_EXPECT(!(rerun && kept), "insert kept a snapshot of re-run rows at %lld", (long long)r.pos);
+            SIM_EXPECT(rerun || ref_snaps.count({r.pos, S.p.h[size_t(r.pos)]}) == 1,
                        "insert left out a snapshot the tree lacked");
+        }
         Prompt q = S.p;
         q.resize(n);
         ref_insert(q);
@@ -624,14 +724,15 @@ struct Sim {
                        "fork: a full page not shared, or the partial one shared");
         if (cow.index >= 0) {
             SIM_EXPECT(cow.src == S.table[size_t(cow.index)] && cow.rows == S.pos % P(), "fork: the wrong copy");
-            std::vector<uint64_t> &d = dev[size_t(cow.dst)];
-            std::fill(d.begin(), d.end(), kPoison);
-            std::copy(dev[size_t(cow.src)].begin(), dev[size_t(cow.src)].begin() + cow.rows, d.begin());
+            copy_rows(cow.src, cow.dst, cow.rows);
         }
         T.st = DONE;
         T.p = S.p;
         T.pos = S.pos;
         T.table = std::move(table);
+        T.own_from = S.own_from;  // both continue from here on histories of their own
+        T.hist = new_hist(S.hist, S.pos);
+        S.hist = new_hist(S.hist, S.pos);
         return true;
     }
 
@@ -646,9 +747,13 @@ struct Sim {
         if (to % P() != 0 && pages.refs(S.table.back()) == 1) {  // rows past `to` are no one's now
             std::vector<uint64_t> &last = dev[size_t(S.table.back())];
             std::fill(last.begin() + to % P(), last.end(), kPoison);
+            std::vector<int64_t> &lh = devh[size_t(S.table.back())];
+            std::fill(lh.begin() + to % P(), lh.end(), -1);
         }
         S.pos = to;
         S.p.resize(to);
+        S.hist = new_hist(S.hist, to);  // what it computes next: a history of its own
+        S.own_from = std::min(S.own_from, to);
         return true;
     }
 

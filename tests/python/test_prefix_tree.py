@@ -53,7 +53,9 @@ def _prompts(rng, V):
     p5 = np.concatenate([p3[:333], random_tokens(rng, 50, V)])    # leaves p3 at 333 (inside an edge)
     p5[333] = (p3[333] + 1) % V
     p6 = np.concatenate([p5, random_tokens(rng, 40, V)])          # extends p5
-    return {"p1": p1, "p2": p2, "p3": p3, "p4": p4, "p5": p5, "p6": p6}
+    p7 = np.concatenate([p3[:333], random_tokens(rng, 30, V)])    # a third branch at 333
+    p7[333] = next(t for t in range(V) if t not in (p3[333], p5[333]))
+    return {"p1": p1, "p2": p2, "p3": p3, "p4": p4, "p5": p5, "p6": p6, "p7": p7}
 
 
 @pytest.mark.gpu
@@ -66,13 +68,17 @@ def test_tree_matches_a_cold_run_in_the_same_calls(preset, rng):
     # where the cold session's calls end: the history of each prompt's positions in the tree.
     # qwen35: p2 resumes at p1's end (300), p3 at p2's (450); p4 at the snapshot p2's run kept at
     # 320 (a step end); p5 at 320 (the deepest snapshot below its match 333), re-running 13 tokens
-    # to the point where it leaves p3 (a call end: a snapshot is kept there), then the rest; p6 at
-    # p5's end. qwen3 resumes at the match itself.
+    # in its one call (the tree keeps its own versions of the pages from 320 on and no state at
+    # the branch point 333: the re-run rule); p6 at p5's end, on p5's pages. qwen3 resumes at the
+    # match itself.
+    # p7 leaves p3 at p5's branch point: from 320 again, on p1/p2's pages (p5's are another
+    # history's: before the re-run rule it got p2's rows with p5's state at 333).
     cuts = {"p1": [300], "p2": [300, 450], "p3": [300, 450, 650], "p4": [300, 320, 420],
-            "p5": [300, 320, 333, 383], "p6": [300, 320, 333, 383, 423]}
+            "p5": [300, 320, 383], "p6": [300, 320, 383, 423], "p7": [300, 320, 363]}
     if not recurrent:
-        cuts.update(p4=[300, 320, 420], p5=[300, 333, 383], p6=[300, 333, 383, 423])
-    served = {"p1": 0, "p2": 300, "p3": 450, "p4": 320, "p5": 320 if recurrent else 333, "p6": 383}
+        cuts.update(p4=[300, 320, 420], p5=[300, 333, 383], p6=[300, 333, 383, 423], p7=[300, 333, 363])
+    served = {"p1": 0, "p2": 300, "p3": 450, "p4": 320, "p5": 320 if recurrent else 333, "p6": 383,
+              "p7": 320 if recurrent else 333}
     with _tree(m) as tree, m.session(max_tokens=1024, chunk=128, paged=True, **_skw("f32")) as user:
         total = 0
         for name, p in P.items():
@@ -91,7 +97,7 @@ def test_tree_matches_a_cold_run_in_the_same_calls(preset, rng):
             # the session continues on its own (decode), then the next prompt replaces its state
             user.generate(3)
         st = tree.stats
-        assert st["requests"] == 6 and st["prefilled_tokens"] == total
+        assert st["requests"] == 7 and st["prefilled_tokens"] == total
         assert st["device_pages"] > 0 and st["snapshots_skipped"] == 0
         assert (st["device_snapshots"] > 0) == recurrent
     assert m.kv_pool_info()["free"] == 64, "pages not given back"
