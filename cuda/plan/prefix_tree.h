@@ -14,7 +14,8 @@
 // Page rule. P = page_rows. The KV rows at position p depend on every token <= p, so two prompts
 // that share a prefix of length L have equal rows only below L, and the page holding L (when
 // L % P != 0) is a different page per branch. Hence: every node holds a page for each page index
-// that overlaps its positions, k in [start / P, ceil(end / P)), and its page k is "its version":
+// that overlaps its positions, k in [start / P, ceil(end / P)) (from a lower page_base for a
+// re-run leaf: the re-run rule below), and its page k is "its version":
 // rows [k P, min((k + 1) P, end)) are valid for its path (rows below `start` too: they belong to
 // its ancestors and are the same on every branch). So the page straddling a branch point at b
 // (b % P != 0) exists once per child (each child's own version, computed by the prompt that
@@ -23,7 +24,7 @@
 // a node swaps the node's own partial last page for the new child's when no other child shares
 // it, releasing the duplicate). Full pages below floor(b / P) P are shared by every branch.
 // A lookup matching L takes page k from the node on its path that holds position
-// min((k + 1) P, L) - 1: full pages (k < floor(L / P)) by reference, the partial last one (k =
+// min((k + 1) P, L) - 1 (without re-run leaves; with them, the deepest holder: below): full pages (k < floor(L / P)) by reference, the partial last one (k =
 // floor(L / P) when L % P != 0) to copy-on-write (any branch's version is right below L, so
 // matching exactly a branch point copies the version the parent holds).
 //
