@@ -215,6 +215,29 @@ int main(void) {
         EXPECT_STATUS(pf_kv_write(NULL, &ka), PF_STATUS_INVALID_ARGUMENT, "k is NULL");
     }
 
+    /* the prefix cache's entries: their checks before any device work */
+    {
+        pf_prefix_cache_options po;
+        pf_prefix_cache_stats ps;
+        pf_prefix_cache *pc = NULL;
+        int32_t tok = 0;
+        EXPECT_STATUS(pf_prefix_cache_options_init(&po, sizeof po - 8), PF_STATUS_ABI_MISMATCH, "struct_size");
+        EXPECT_STATUS(pf_prefix_cache_options_init(&po, sizeof po), PF_STATUS_OK, NULL);
+        if (po.snapshot_every != -1 || po.snapshot_slots != -1 || po.device_bytes != 0 || po.host_bytes != 0)
+            failures++, fprintf(stderr, "FAIL pf_prefix_cache_options_init: defaults\n");
+        EXPECT_STATUS(pf_prefix_cache_create(NULL, NULL, &po), PF_STATUS_INVALID_ARGUMENT, "out is NULL");
+        EXPECT_STATUS(pf_prefix_cache_create(&pc, NULL, &po), PF_STATUS_INVALID_ARGUMENT, "model is NULL");
+        if (pc != NULL) failures++;
+        EXPECT_STATUS(pf_prefix_cache_prefill(NULL, NULL, &tok, 1, PF_LOGITS_NONE, NULL, 0, NULL),
+                      PF_STATUS_INVALID_ARGUMENT, "cache is NULL");
+        EXPECT_STATUS(pf_prefix_cache_prefill_batch(NULL, NULL, NULL, 0), PF_STATUS_INVALID_ARGUMENT,
+                      "cache is NULL");
+        EXPECT_STATUS(pf_prefix_cache_evict(NULL, 0), PF_STATUS_INVALID_ARGUMENT, "cache is NULL");
+        EXPECT_STATUS(pf_prefix_cache_clear(NULL), PF_STATUS_INVALID_ARGUMENT, "cache is NULL");
+        EXPECT_STATUS(pf_prefix_cache_stats_get(NULL, &ps, sizeof ps), PF_STATUS_INVALID_ARGUMENT, "cache is NULL");
+        pf_prefix_cache_destroy(NULL); /* a no-op */
+    }
+
     /* devices */
     EXPECT_STATUS(pf_device_count(&n_dev), PF_STATUS_OK, NULL);
     if (n_dev == 0) {

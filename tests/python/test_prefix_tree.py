@@ -220,3 +220,31 @@ def test_a_batch_through_the_tree(preset, rng):
             with m.session(max_tokens=1024, **_skw("f32")) as flat:
                 tree.prefill_batch([s1, flat], [a, b])
     assert m.kv_pool_info()["free"] == 64
+
+
+def test_arguments_are_checked_before_the_library():
+    """Without a GPU: PrefixTree's own checks (what the library is not even asked)."""
+    pytest.importorskip("pyprefill._ffi", reason="libprefill not loadable (the package imports it)")
+    from pyprefill.model import Session
+    from pyprefill.prefix_tree import PrefixTree
+
+    class Model:
+        n_vocab = 10
+
+    class Sess(Session):
+        def __init__(self):   # noqa: D107  (no handle: never reaches the library)
+            pass
+
+    t = PrefixTree.__new__(PrefixTree)
+    t.model = Model()
+    cases = [(lambda: t.prefill(object(), [1]), "session: expected"),
+             (lambda: t.prefill(Sess(), [1], "all"), "logits"),
+             (lambda: t.prefill(Sess(), [10]), "tokens"),
+             (lambda: t.prefill_batch([Sess()], []), "sessions: 1 sessions for 0"),
+             (lambda: t.prefill_batch([], []), "at least one"),
+             (lambda: t.prefill_batch([Sess(), 3], [[1], [1]]), r"sessions\[1\]"),
+             (lambda: t.prefill_batch([Sess()], [[11]]), r"tokens\[0\]"),
+             (lambda: t.prefill_batch([Sess()], [[1]], "x"), "logits")]
+    for call, say in cases:
+        with pytest.raises(errors.InvalidArgumentError, match=say):
+            call()
