@@ -23,7 +23,8 @@
 #   4 memory   the files that measure the device's free memory, one after another in one process
 #              and nothing else on the GPU, children included (test_gemm_lt.py starts a child):
 #              test_gpu_core.py, test_kernel_gemm.py, test_gemm_path.py, test_memory_faults.py,
-#              test_prewarm.py, test_gemm_lt.py, test_soak.py (50 cycles; 100 batch cycles).
+#              test_prewarm.py, test_gemm_lt.py, test_soak.py (50 cycles; 100 batch cycles; 2000
+#              prefix-tree requests).
 #   5 memcheck-kernels    compute-sanitizer memcheck over test_kernel_{dequant,gemm,gemm_q16,qgemm,rows,
 #                         wrappers,gdn}.py (-m gpu -x).
 #   6 memcheck-attention  memcheck over test_kernel_attention.py.
@@ -385,7 +386,7 @@ run_part() {
       run_pytest_groups "long: pytest" pytest "$dir" "$(printf '%s\n' -s tests/python/test_long_context.py)"
       PT_ENV=() ;;
     soak)   # the numbers also go to $dir/soak.json
-      PT_ENV=(OUT="$dir" PF_SOAK_CYCLES="$SOAK")
+      PT_ENV=(OUT="$dir" PF_SOAK_CYCLES="$SOAK" PF_SOAK_TREE_REQUESTS="$((SOAK * 5))")
       run_pytest_groups "soak ($SOAK cycles): pytest" pytest "$dir" "$(printf '%s\n' -s tests/python/test_soak.py)"
       PT_ENV=() ;;
   esac

@@ -154,3 +154,79 @@ def test_soak_batches_forks_snapshots(preset, rng):
         assert stats["forks"] and stats["items"]
         _report_and_check(before, after, {"preset": preset, "batch_cycles": BATCH_CYCLES, **stats,
                                           "seconds": round(time.perf_counter() - t0, 2)}, BATCH_CYCLES)
+
+
+TREE_REQUESTS = int(os.environ.get("PF_SOAK_TREE_REQUESTS", "2000"))   # the issue's run: 10000
+
+
+def _tree_prompts(rng, vocab: int) -> list[np.ndarray]:
+    """Both traces of `pyprefill bench cache` in miniature (random replies: no decoding), their
+    requests interleaved: chat turns on a shared system prompt, branches of a shared context."""
+    from pyprefill.bench import cache as bc
+    size = bc.TraceSize(conversations=6, turns=4, system=128, user=(10, 60), reply=(5, 30), context=512,
+                        branches=16, branch=(20, 120))
+    script = bc.chat_script(rng, vocab, size)
+    replies = [[random_tokens(rng, n, vocab) for n in r] for r in script.replies]
+    chat = [bc.chat_prompt(script, c, t, replies[c]) for c, t in script.order()]
+    branch = bc.branch_trace(rng, vocab, size)
+    out = []
+    for i in range(max(len(chat), len(branch))):
+        out += ([chat[i]] if i < len(chat) else []) + ([branch[i]] if i < len(branch) else [])
+    return out
+
+
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_soak_prefix_tree(preset, rng):
+    """Issue 39: requests of both cache traces through the library's prefix tree, one at a time
+    and in batches of 2-4, under a device budget of 12 pages and 3 snapshots (so that nearly
+    every request evicts) with a host tier of 48 pages and 8 snapshots: the tree within its budgets after every call, pages and
+    snapshots moved to the host tier and back, device memory, the context's bytes and host RSS
+    flat, every page back in the pool at the end. PF_SOAK_TREE_REQUESTS sets the count."""
+    from pyprefill.model import Model
+    with Model.load(synth_model(preset, "q4_k_m"), progress=False) as m:
+        ctx = m.ctx
+        m.kv_pool(160, page_rows=64)
+        info = m.kv_pool_info()
+        page = info["bytes"] // info["pages"]
+        recurrent = m.info["n_layer"] > m.info["n_attn_layers"]
+        prompts = _tree_prompts(rng, m.n_vocab)
+        cap = max(p.size for p in prompts)
+        kw, snap = {}, 0
+        if recurrent:
+            kw = dict(snapshot_every=128, snapshot_slots=24)
+            with m.session(max_tokens=64, own_executor=False, snapshot_slots=1) as probe:
+                snap = probe.snapshots()[1]
+        budget = 12 * page + 3 * snap
+        with m.prefix_tree(device_bytes=budget, host_bytes=48 * page + 8 * snap, **kw) as tree:
+            sessions = [m.session(max_tokens=cap, paged=True) for _ in range(4)]
+
+            def serve(i: int) -> None:
+                k = int(rng.integers(2, 5)) if i % 4 == 3 else 1
+                batch = [prompts[int(j)] for j in rng.integers(0, len(prompts), k)]
+                if k == 1:
+                    logits, tok = tree.prefill(sessions[0], batch[0], return_token=True)
+                    assert np.isfinite(logits).all() and 0 <= tok < m.n_vocab
+                else:
+                    for o in tree.prefill_batch(sessions[:k], batch):
+                        assert np.isfinite(o["logits"]).all()
+                st = tree.stats
+                assert st["device_bytes"] <= budget and st["host_bytes"] <= 48 * page + 8 * snap, st
+
+            for i in range(40):                  # warm-up: graphs, scratch, the batch executor
+                serve(i)
+            before = _measure(ctx)
+            t0 = time.perf_counter()
+            for i in range(TREE_REQUESTS):
+                serve(i)
+            after = _measure(ctx)
+            st = tree.stats
+            assert st["offloaded_pages"] > 0 and st["restored_pages"] > 0 and st["evicted_pages"] > 0, st
+            for s in sessions:
+                s.close()
+            tree.clear()
+            assert m.kv_pool_info()["free"] == info["pages"], "pages not given back"
+        _report_and_check(before, after, {"preset": preset, "tree_requests": TREE_REQUESTS,
+                                          "seconds": round(time.perf_counter() - t0, 2),
+                                          **{k: st[k] for k in ("served_tokens", "rerun_tokens", "prefilled_tokens",
+                                                                "offloaded_pages", "restored_pages",
+                                                                "evicted_pages")}}, TREE_REQUESTS)
