@@ -24,9 +24,10 @@
 // a node swaps the node's own partial last page for the new child's when no other child shares
 // it, releasing the duplicate). Full pages below floor(b / P) P are shared by every branch.
 // A lookup matching L takes page k from the node on its path that holds position
-// min((k + 1) P, L) - 1 (without re-run leaves; with them, the deepest holder: below): full pages (k < floor(L / P)) by reference, the partial last one (k =
-// floor(L / P) when L % P != 0) to copy-on-write (any branch's version is right below L, so
-// matching exactly a branch point copies the version the parent holds).
+// min((k + 1) P, L) - 1 (without re-run leaves; with them, the deepest holder: below): full
+// pages (k < floor(L / P)) by reference, the partial last one (k = floor(L / P) when L % P != 0)
+// to copy-on-write (any branch's version is right below L, so matching exactly a branch point
+// copies the version the parent holds).
 //
 // Re-run rule (the exactness of a GPU runtime): a runtime that resumes at R < L recomputes rows
 // [R, L) itself, and on a GPU their bits may differ from the tree's versions of them (other step

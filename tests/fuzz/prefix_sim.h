@@ -345,7 +345,7 @@ struct Sim {
         const int64_t R0 = hit.resume;
         for (int64_t r = 0; r < L; ++r) {
             const size_t k = size_t(r / P());
-            if (r >= R0 && int64_t(k) < pf::pages_for(R0, P())) continue;  // the resume point's page: valid below R
+            if (r >= R0 && int64_t(k) < pf::pages_for(R0, P())) continue;  // R's page: valid below R
             SIM_EXPECT(rows(hit.pages[k], hit.page_host[k] != 0)[size_t(r % P())] == p.h[size_t(r) + 1],
                        "lookup: row %lld of page %d (%s) is not this prompt's", (long long)r, hit.pages[k],
                        hit.page_host[k] ? "host" : "device");

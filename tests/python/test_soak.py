@@ -179,9 +179,10 @@ def _tree_prompts(rng, vocab: int) -> list[np.ndarray]:
 def test_soak_prefix_tree(preset, rng):
     """Issue 39: requests of both cache traces through the library's prefix tree, one at a time
     and in batches of 2-4, under a device budget of 12 pages and 3 snapshots (so that nearly
-    every request evicts) with a host tier of 48 pages and 8 snapshots: the tree within its budgets after every call, pages and
-    snapshots moved to the host tier and back, device memory, the context's bytes and host RSS
-    flat, every page back in the pool at the end. PF_SOAK_TREE_REQUESTS sets the count."""
+    every request evicts) with a host tier of 48 pages and 8 snapshots: the tree within its
+    budgets after every call, pages and snapshots moved to the host tier and back, device memory,
+    the context's bytes and host RSS flat, every page back in the pool at the end.
+    PF_SOAK_TREE_REQUESTS sets the count."""
     from pyprefill.model import Model
     with Model.load(synth_model(preset, "q4_k_m"), progress=False) as m:
         ctx = m.ctx
