@@ -1126,8 +1126,8 @@ PF_API void pf_prefix_cache_destroy(pf_prefix_cache *c);
 /* Prefills tokens[0, n_tokens) into s from position 0 through the cache: s ends at position
  * n_tokens as after pf_session_reset and pf_session_prefill of the same tokens (its snapshots
  * dropped), with the last token's logits (PF_LOGITS_LAST or NONE) and the greedy token after it,
- * bitwise those of a cold session with the same options that ran the same calls: the resumed
- * prefix (R), then calls ending at each snapshot position the tree asked for. s: a paged session
+ * bitwise those of a cold session with the same options and snapshot_every that ran the same
+ * calls: those that computed the resumed prefix [0, R), then one call of the rest. s: a paged session
  * (kv_paged = 1) of this model with its own executor, holding n_tokens positions. Bad arguments
  * (another model's session, a contiguous one, tokens outside the vocabulary, ...): INVALID_ARGUMENT
  * naming them, nothing changed. Any other failure leaves s reset (position 0) and the cache as it

@@ -250,6 +250,8 @@ pf_status attach(pf_prefix_cache *c, Req &r) {
         std::lock_guard<std::mutex> lock(pool.mu);
         PF_TRY(c->tree->snapshot_plan(r.tokens, r.n, R, &r.plan));
     }
+    // the calls' ends: the plan's positions off the multiples of N (a step end keeps those),
+    // then n; under the tree's re-run rule the plan holds only multiples and n, so one call
     for (int64_t p : r.plan)
         if (p < r.n && (c->snapshot_every == 0 || p % c->snapshot_every != 0)) r.ends.push_back(p);
     r.ends.push_back(r.n);
