@@ -261,16 +261,25 @@ def bench_attach(rec, model, label: str, T: int, reps: int = 5) -> list[dict]:
     return rows
 
 
+def _pool_of_half_free(model) -> tuple[int, int]:
+    """The model's KV pool made of half the free device memory, in pages of the attention
+    kernel's tile multiple (fp16 K and V rows of every attention layer): (its pages, the bytes of
+    one)."""
+    from ..kernels.attention import tile_page_rows
+    info = model.info
+    rows = tile_page_rows(info["head_dim"])
+    page = rows * info["n_attn_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * 2
+    pages = max(1, model.ctx.memory()[0] // 2 // page)
+    model.kv_pool(pages, page_rows=rows)
+    return pages, page
+
+
 def _cache_for(model, max_tokens: int, quick: bool, paged: bool = False, every: int | None = None):
     """The cache of a "cache on" side: half the free device memory its budget; paged, a pool of
     half the free memory made first (its pages hold the KV rows; the budget counts the states)."""
     free, _ = model.ctx.memory()
     if paged:
-        info = model.info
-        from ..kernels.attention import tile_page_rows
-        rows = tile_page_rows(info["head_dim"])
-        page = rows * info["n_attn_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * 2
-        model.kv_pool(max(1, free // 2 // page), page_rows=rows)
+        _pool_of_half_free(model)
         free, _ = model.ctx.memory()
     return model.prefix_cache(max_tokens=max_tokens, snapshot_every=_every(quick, every), max_entries=1024,
                               budget_bytes=free // 2, paged=paged)
@@ -290,13 +299,8 @@ def _pool_bytes(model) -> int:
 def _tree_for(model, quick: bool, every: int | None = None):
     """The "cache on (tree)" side: the library's tree (Model.prefix_tree) over a pool of half the
     free device memory, a device budget of half that pool, no host tier."""
-    free, _ = model.ctx.memory()
+    pages, page = _pool_of_half_free(model)
     info = model.info
-    from ..kernels.attention import tile_page_rows
-    rows = tile_page_rows(info["head_dim"])
-    page = rows * info["n_attn_layers"] * 2 * info["n_head_kv"] * info["head_dim"] * 2
-    pages = max(1, free // 2 // page)
-    model.kv_pool(pages, page_rows=rows)
     recurrent = info["n_layer"] > info["n_attn_layers"]
     return model.prefix_tree(snapshot_every=_every(quick, every) if recurrent else 0,
                              snapshot_slots=256 if recurrent else 0, device_bytes=pages * page // 2)
