@@ -420,6 +420,29 @@ class Session(_Owner):
         _check(lib.pf_session_rollback(self.ptr, pos))
 
 
+def batch_items(checked, n_vocab: int):
+    """The pf_batch_item array of checked (token ids, Session, logits mode) triples, each item's
+    logits array and greedy-token cell fresh: (the array, what must stay alive while the library
+    may write through it, per item (logits, token cell))."""
+    c = ffi.new("pf_batch_item[]", len(checked))
+    keep, results = [], []
+    for i, (ids, sess, mode) in enumerate(checked):
+        out = {"last": lambda: np.empty(n_vocab, np.float32),
+               "all": lambda: np.empty((ids.size, n_vocab), np.float32), "none": lambda: None}[mode]()
+        tok = ffi.new("int32_t *", -1)
+        c[i].session = sess.ptr
+        c[i].tokens = ffi.from_buffer("int32_t[]", ids)
+        c[i].n_tokens = ids.size
+        c[i].logits_mode = LOGITS[mode]
+        c[i].logits = ffi.cast("float *", ffi.from_buffer("float[]", out, require_writable=True)) \
+            if out is not None else ffi.NULL
+        c[i].logits_len = 0 if out is None else out.size
+        c[i].out_token = tok
+        keep.append((ids, out, tok))
+        results.append((out, tok))
+    return c, keep, results
+
+
 class Batch(_Owner):
     """A chunk executor shared by the items of batches of one model (pf_batch): every
     projection, norm and FFN runs once over the rows of all items; each item's conv window,
@@ -476,22 +499,7 @@ class Batch(_Owner):
                 raise InvalidArgumentError(f"items[{i}].session: expected a pyprefill.Session, got "
                                            f"{type(it['session']).__name__}")
             checked.append((token_ids(it["tokens"], f"items[{i}].tokens", n_vocab=V), it["session"], mode))
-        c = ffi.new("pf_batch_item[]", len(items))
-        keep, results = [], []
-        for i, (ids, sess, mode) in enumerate(checked):
-            out = {"last": lambda: np.empty(V, np.float32), "all": lambda: np.empty((ids.size, V), np.float32),
-                   "none": lambda: None}[mode]()
-            tok = ffi.new("int32_t *", -1)
-            c[i].session = sess.ptr
-            c[i].tokens = ffi.from_buffer("int32_t[]", ids)
-            c[i].n_tokens = ids.size
-            c[i].logits_mode = LOGITS[mode]
-            c[i].logits = ffi.cast("float *", ffi.from_buffer("float[]", out, require_writable=True)) \
-                if out is not None else ffi.NULL
-            c[i].logits_len = 0 if out is None else out.size
-            c[i].out_token = tok
-            keep.append((ids, out, tok))
-            results.append((out, tok))
+        c, keep, results = batch_items(checked, V)
         _check(lib.pf_batch_plan(self.ptr, c, len(items)))
         self._pending = (c, keep, results)
 

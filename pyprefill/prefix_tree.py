@@ -29,12 +29,13 @@ from ._errors import _check
 from ._ffi import ffi, lib
 from .core import _Owner, as_carray
 from .errors import InvalidArgumentError
+from .model import LOGITS
 
 _STATS = ("requests", "prompt_tokens", "matched_tokens", "served_tokens", "rerun_tokens", "prefilled_tokens",
           "nodes", "device_pages", "device_snapshots", "device_bytes", "host_pages", "host_snapshots",
           "host_bytes", "evicted_pages", "evicted_snapshots", "offloaded_pages", "offloaded_snapshots",
           "restored_pages", "restored_snapshots", "snapshots_skipped", "pinned_bytes")
-_LOGITS = {"none": 0, "last": 1}
+_LOGITS = {k: LOGITS[k] for k in ("none", "last")}   # no "all": the cache keeps no rows' logits
 
 
 class PrefixTree(_Owner):
@@ -84,7 +85,7 @@ class PrefixTree(_Owner):
         executor, Model.reserve_batch): sessions[i] (paged, distinct) takes tokens[i] from
         position 0; a prefix two prompts share beyond what the tree holds is computed once, first.
         Returns per prompt {"logits", "token"}. Every argument is checked before anything runs."""
-        from .model import Session
+        from .model import Session, batch_items
         sessions, tokens = list(sessions), list(tokens)
         if len(sessions) != len(tokens) or not sessions:
             raise InvalidArgumentError(f"sessions: {len(sessions)} sessions for {len(tokens)} token arrays "
@@ -99,20 +100,7 @@ class PrefixTree(_Owner):
             ids.append(token_ids(t, f"tokens[{i}]", n_vocab=V))
         b = self.model.reserve_batch(max_items=len(sessions), max_context=max(s.max_tokens for s in sessions),
                                      kv=sessions[0].kv)
-        items = ffi.new("pf_batch_item[]", len(sessions))
-        results = []
-        for i, (s, t) in enumerate(zip(sessions, ids)):
-            out = np.empty(V, np.float32) if logits == "last" else None
-            tok = ffi.new("int32_t *", -1)
-            items[i].session = s.ptr
-            items[i].tokens = ffi.from_buffer("int32_t[]", t)
-            items[i].n_tokens = t.size
-            items[i].logits_mode = _LOGITS[logits]
-            items[i].logits = ffi.cast("float *", ffi.from_buffer("float[]", out, require_writable=True)) \
-                if out is not None else ffi.NULL
-            items[i].logits_len = 0 if out is None else out.size
-            items[i].out_token = tok
-            results.append((out, tok))
+        items, _keep, results = batch_items([(t, s, logits) for s, t in zip(sessions, ids)], V)
         _check(lib.pf_prefix_cache_prefill_batch(self.ptr, b.ptr, items, len(sessions)))
         return [{"logits": out, "token": int(tok[0])} for out, tok in results]
 
