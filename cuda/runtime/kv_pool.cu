@@ -56,4 +56,15 @@ pf_status kv_pool_copy_page(const KvPool &p, int32_t src, int32_t dst, int64_t r
     return PF_STATUS_OK;
 }
 
+pf_status kv_pool_page_host(const KvPool &p, int32_t page, char *host, bool to_host, cudaStream_t st) {
+    const size_t bytes = size_t(p.page_rows) * p.row_bytes(), off = size_t(page) * bytes;
+    for (size_t i = 0; i < p.k.size(); ++i)
+        for (int kv = 0; kv < 2; ++kv) {
+            char *d = static_cast<char *>(kv ? p.v[i] : p.k[i]) + off, *h = host + (2 * i + size_t(kv)) * bytes;
+            PF_CUDA_TRY(to_host ? cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, st)
+                                : cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, st));
+        }
+    return PF_STATUS_OK;
+}
+
 }  // namespace pf

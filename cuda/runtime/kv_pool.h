@@ -55,5 +55,9 @@ void kv_pool_destroy(KvPool *p);
 // Copies rows [0, rows) of pool page src into page dst, every layer's K and V (a copy-on-write,
 // plan/page_pool.h PageCopy), on `stream`.
 pf_status kv_pool_copy_page(const KvPool &p, int32_t src, int32_t dst, int64_t rows, cudaStream_t stream);
+// Copies pool page `page` to host memory `host` (to_host) or back from it, on `stream`: page_bytes
+// there, every attention layer's K rows then its V rows, layer after layer (the prefix cache's
+// host tier).
+pf_status kv_pool_page_host(const KvPool &p, int32_t page, char *host, bool to_host, cudaStream_t stream);
 
 }  // namespace pf

@@ -12,26 +12,13 @@
 namespace pf {
 namespace {
 
-// Pool page `dev` <-> host memory `host` (every attention layer's K rows, then its V rows, one
-// layer after another: page_bytes in all), on `st`.
-pf_status page_copy(const KvPool &p, int32_t dev, char *host, bool to_host, cudaStream_t st) {
-    const size_t bytes = size_t(p.page_rows) * p.row_bytes(), off = size_t(dev) * bytes;
-    for (size_t i = 0; i < p.k.size(); ++i)
-        for (int kv = 0; kv < 2; ++kv) {
-            char *d = static_cast<char *>(kv ? p.v[i] : p.k[i]) + off, *h = host + (2 * i + size_t(kv)) * bytes;
-            PF_CUDA_TRY(to_host ? cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, st)
-                                : cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, st));
-        }
-    return PF_STATUS_OK;
-}
-
 char *slot_at(pf_prefix_cache *c, int32_t slot) { return c->slot_mem + size_t(slot) * c->snap_bytes; }
 
 // Carries out the copies of an evict plan (device -> host, in the plan's order) on the stream.
 pf_status apply_evict(pf_prefix_cache *c, const EvictPlan &plan) {
     cudaStream_t st = c->ctx->stream;
     for (const Move &m : plan.page_moves)
-        PF_TRY(page_copy(*c->pool, m.from, c->host_pages + size_t(m.to) * c->pool->page_bytes, true, st));
+        PF_TRY(kv_pool_page_host(*c->pool, m.from, c->host_pages + size_t(m.to) * c->pool->page_bytes, true, st));
     for (const Move &m : plan.slot_moves)
         PF_CUDA_TRY(cudaMemcpyAsync(c->host_slots + size_t(m.to) * c->snap_bytes, slot_at(c, m.from), c->snap_bytes,
                                     cudaMemcpyDeviceToHost, st));
@@ -41,7 +28,7 @@ pf_status apply_evict(pf_prefix_cache *c, const EvictPlan &plan) {
 pf_status apply_restore(pf_prefix_cache *c, const RestorePlan &plan) {
     cudaStream_t st = c->ctx->stream;
     for (const Move &m : plan.page_moves)
-        PF_TRY(page_copy(*c->pool, m.to, c->host_pages + size_t(m.from) * c->pool->page_bytes, false, st));
+        PF_TRY(kv_pool_page_host(*c->pool, m.to, c->host_pages + size_t(m.from) * c->pool->page_bytes, false, st));
     for (const Move &m : plan.slot_moves)
         PF_CUDA_TRY(cudaMemcpyAsync(slot_at(c, m.to), c->host_slots + size_t(m.from) * c->snap_bytes, c->snap_bytes,
                                     cudaMemcpyHostToDevice, st));
@@ -185,9 +172,7 @@ struct Req {
     int32_t *out_token = nullptr;
     PrefixHit hit;
     bool leased = false;
-    std::vector<int64_t> plan;        // the tree's snapshot positions, ascending, in (R, n]
-    std::vector<int64_t> ends;        // the calls' ends: plan positions off the multiples of N, n
-    size_t next = 0;                  // the next call's end in `ends`
+    std::vector<int64_t> plan;        // the tree's snapshot positions, ascending: multiples of N, n
     std::vector<SnapshotRef> snaps;   // the slots this call took (one reference each)
 };
 
@@ -207,7 +192,7 @@ pf_status keep_snapshot(pf_prefix_cache *c, Req &r, Sequence &seq, cudaStream_t 
 }
 
 // Looks req up, brings a host-tier hit back, attaches the hit to its session (pages of [0, R)
-// shared, the recurrent state the snapshot's at R) and plans its calls.
+// shared, the recurrent state the snapshot's at R) and takes the tree's snapshot plan.
 pf_status attach(pf_prefix_cache *c, Req &r) {
     KvPool &pool = *c->pool;
     Sequence &q = r.s->seq;
@@ -250,19 +235,14 @@ pf_status attach(pf_prefix_cache *c, Req &r) {
         std::lock_guard<std::mutex> lock(pool.mu);
         PF_TRY(c->tree->snapshot_plan(r.tokens, r.n, R, &r.plan));
     }
-    // the calls' ends: the plan's positions off the multiples of N (a step end keeps those),
-    // then n; under the tree's re-run rule the plan holds only multiples and n, so one call
-    for (int64_t p : r.plan)
-        if (p < r.n && (c->snapshot_every == 0 || p % c->snapshot_every != 0)) r.ends.push_back(p);
-    r.ends.push_back(r.n);
-    while (r.next < r.ends.size() && r.ends[r.next] <= R) ++r.next;
     return PF_STATUS_OK;
 }
 
 // Serves reqs (distinct sessions, checked) on executor e in runs of at most max_items items and
-// max_tokens tokens: every request attached, then rounds of one call per request that has one
-// left (the calls of many requests run together), then the inserts (in order) and an eviction
-// back to the budget. On failure every request's session is left reset and the tree as it was,
+// max_tokens tokens: every request attached, then each request's tokens from its resume point
+// in one call (the tree's snapshot plan holds only multiples of N, which end steps, and n: the
+// re-run rule), the calls of many requests run together and cut only where the executor's
+// limits make them, then the inserts (in order) and an eviction back to the budget. On failure every request's session is left reset and the tree as it was,
 // less what it evicted.
 pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t max_items, int64_t max_tokens) {
     KvPool &pool = *c->pool;
@@ -283,7 +263,7 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
         for (;;) {
             std::vector<Req *> round;
             for (Req &r : reqs)
-                if (r.next < r.ends.size()) round.push_back(&r);
+                if (r.s->seq.pos < r.n) round.push_back(&r);
             if (round.empty()) break;
             for (size_t i0 = 0; i0 < round.size();) {  // runs within the executor's limits
                 std::vector<RunItem> items;
@@ -292,7 +272,7 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
                 for (; i0 < round.size() && int64_t(items.size()) < max_items; ++i0) {
                     Req &r = *round[i0];
                     Sequence &q = r.s->seq;
-                    const int64_t end = std::min(r.ends[r.next], q.pos + cap);
+                    const int64_t end = std::min(r.n, q.pos + cap);
                     if (!items.empty() && tokens + (end - q.pos) > max_tokens) break;
                     const bool last = end == r.n;
                     RunItem it;
@@ -325,11 +305,8 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
                     PF_TRY(res);
                     break;
                 }
-                for (Req *r : who) {  // a call's end off the multiples of N: its snapshot now
-                    Sequence &q = r->s->seq;
-                    if (c->snapshot_every) PF_TRY(keep_snapshot(c, *r, q, st));
-                    while (r->next < r->ends.size() && r->ends[r->next] <= q.pos) ++r->next;
-                }
+                if (c->snapshot_every)  // the prompt's end, when no step end took it (off N)
+                    for (Req *r : who) PF_TRY(keep_snapshot(c, *r, r->s->seq, st));
             }
         }
         // Into the tree: each prompt's pages and snapshots (the tree takes its own references).

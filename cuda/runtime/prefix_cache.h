@@ -5,7 +5,7 @@
 // plans: the snapshot slots on the device, the host tier's pinned memory, the copies of an
 // eviction (device -> host) and of a restore (host -> device), a session's attach (its page
 // table shares the prefix's pages; its recurrent state copied from the snapshot) and the run of
-// the rest in calls that end where the tree wants snapshots.
+// the rest in one call whose steps end where the tree wants snapshots (the multiples of N).
 //
 // Streams: every copy goes on the context's stream, which orders every use of the pool's pages
 // (runs, copies-on-write) and of the slots, so an id the tree frees after a device -> host move
