@@ -220,17 +220,20 @@ def cached_first(cache):
 
 
 def trace_row(label: str, trace: str, impl: str, ttft: list[float], prompts, prefilled: int,
-              device_bytes: int | None, cache_bytes: int | None = None) -> dict:
+              device_bytes: int | None, cache_bytes: int | None = None, every: int | None = None,
+              rerun: int | None = None) -> dict:
     """device_bytes: the context's allocation at the side's end; cache_bytes: the cache's own
     (entries' states and snapshots, the pool pages in use for the paged side; the tree's pages and
-    snapshots)."""
+    snapshots); every: the side's N (None: the default or none); rerun: the tokens the side ran
+    again below a hit (the tree counts them)."""
     total = sum(len(p) for p in prompts)
     least = distinct_prefix_tokens(prompts)
     return {"model": label, "trace": trace, "impl": impl, "requests": len(ttft),
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
             "ttft_ms": ttft, "prompt_tokens": total, "prefilled_tokens": prefilled,
             "min_tokens": least, "prefilled_vs_min": prefilled / least if least else None,
-            "device_bytes": device_bytes, "cache_bytes": cache_bytes}
+            "device_bytes": device_bytes, "cache_bytes": cache_bytes, "snapshot_every": every,
+            "rerun_tokens": rerun}
 
 
 def _say(rec, r: dict) -> None:
@@ -311,13 +314,40 @@ def tree_first(tree):
     return lambda s, p: tree.prefill(s, p, "none", return_token=True)[1]
 
 
+SIDES = {"cold": "cache off (cold)", "sessions": "cache on (sessions)", "pages": "cache on (pages)",
+         "tree": "cache on (tree)"}
+
+
+def side_runs(sides, every) -> list[tuple[str, int | None]]:
+    """(impl label, N) of each side to run, in SIDES' order: the cold side once, each cache side once
+    per N of `every` (None or one N: the plain labels; several: ", N=..." in each label, the sweep)."""
+    sides = list(SIDES) if sides is None else list(sides)
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        raise ValueError(f"sides: {unknown} not among {list(SIDES)}")
+    evs = every if isinstance(every, (list, tuple)) else [every]
+    out = []
+    for key in SIDES:
+        if key not in sides:
+            continue
+        if key == "cold":
+            out.append((SIDES[key], None))
+            continue
+        for ev in evs:
+            label = SIDES[key] if len(evs) == 1 else SIDES[key][:-1] + f", N={ev})"
+            out.append((label, ev))
+    return out
+
+
 def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: bool = False,
-                every: int | None = None) -> list[dict]:
+                every=None, sides=None) -> list[dict]:
     """Both traces, cache off then on. The chat replies are the model's greedy tokens, computed
     once (chat_replies) and served by every side, so every side prefills the same prompts; when
     that fails, each side generates its own (then on the default leg a near tie may pick another
     token and the conversation differ from there); each row's minimum is of the prompts that
-    side served."""
+    side served. every: the caches' N, or a list of them (each cache side once per N); sides: the
+    keys of SIDES to run (None: all)."""
+    runs = side_runs(sides, every)
     rows = []
     rng = np.random.default_rng(seed)
     V = model.n_vocab
@@ -329,8 +359,9 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
         rec.say(f"  {label} chat: the replies of {sum(map(len, replies))} turns computed in "
                 f"{time.perf_counter() - t0:.1f} s (not timed)")
     for trace in ("chat", "branch"):
-        for impl in ("cache off (cold)", "cache on (sessions)", "cache on (pages)", "cache on (tree)"):
+        for impl, every in runs:
             try:
+                rerun = None
                 if impl.startswith("cache off"):
                     reset = lambda s: s.reset()   # noqa: E731
                     if trace == "chat":
@@ -338,18 +369,18 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
                     else:
                         ttft, prompts = serve(model, branches, cold_first, reset), branches
                     prefilled, held, own = sum(len(p) for p in prompts), model.ctx.allocated(), None
-                elif impl.endswith("(tree)"):
+                elif impl.startswith("cache on (tree"):
                     with _tree_for(model, quick, every) as tree:
                         if trace == "chat":
                             ttft, prompts = serve_chat(model, script, tree_first(tree), paged=True, replies=replies)
                         else:
                             ttft, prompts = serve(model, branches, tree_first(tree), paged=True), branches
                         prefilled, held = tree.stats["prefilled_tokens"], model.ctx.allocated()
-                        own = tree.stats["device_bytes"]
+                        own, rerun = tree.stats["device_bytes"], tree.stats["rerun_tokens"]
                         rec.say(f"  {label} {trace} tree: {tree.stats}")
                 else:
                     longest = script.capacity() if trace == "chat" else max(len(p) for p in branches)
-                    paged = impl.endswith("(pages)")
+                    paged = impl.startswith("cache on (pages")
                     with _cache_for(model, longest, quick, paged, every) as cache:
                         if trace == "chat":
                             ttft, prompts = serve_chat(model, script, cached_first(cache), paged=paged,
@@ -359,7 +390,7 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
                         prefilled, held = cache.stats["prefilled_tokens"], model.ctx.allocated()
                         own = cache.stats["device_bytes"] + (_pool_bytes(model) if paged else 0)
                         rec.say(f"  {label} {trace} cache: {cache.stats}")
-                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held, own)
+                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held, own, every, rerun)
                 _say(rec, r)
                 rows.append(r)
             except Exception as exc:   # noqa: BLE001  one line says why
@@ -375,14 +406,19 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
 
 
 def run(rec, torch, *, models, quick: bool, mix: str = "q4_k_m", gguf_dir: str | None = None,
-        snapshot_every: int | None = None) -> dict:
+        snapshot_every=None, sides=None) -> dict:
     """The cache suite over each preset's synthetic GGUF (torch unused: no peer serves these).
-    snapshot_every: the caches' N (None: 1024, 256 with quick)."""
+    snapshot_every: the caches' N (None: 1024, 256 with quick), or a list of them (the sweep: each
+    cache side once per N); sides: the keys of SIDES to run (None: all)."""
     from .model import loaded_models
-    if snapshot_every is not None and (snapshot_every < 64 or snapshot_every % 64):
-        raise ValueError(f"snapshot_every={snapshot_every} must be a positive multiple of 64")
+    evs = snapshot_every if isinstance(snapshot_every, (list, tuple)) else [snapshot_every]
+    for ev in evs:
+        if ev is not None and (ev < 64 or ev % 64):
+            raise ValueError(f"snapshot_every={ev} must be a positive multiple of 64")
+    side_runs(sides, snapshot_every)   # unknown sides raise before a model loads
     for preset, _, model in loaded_models(rec, models, mix, gguf_dir):
-        rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick, every=snapshot_every)
+        rec.rows += bench_model(rec, model, preset, QUICK if quick else FULL, quick=quick, every=snapshot_every,
+                                sides=sides)
     return {}
 
 
@@ -391,8 +427,8 @@ def table(rows: list[dict]) -> str:
              "prefill call to the greedy token on the host), p50 / p99 over the trace; prefilled "
              "tokens against the minimum (each distinct prefix once).", "",
              "| model | trace | impl | requests | TTFT p50 ms | TTFT p99 ms | p50 off / on | prompt tokens | "
-             "prefilled | minimum | prefilled / min | device GiB | cache GiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "prefilled | minimum | prefilled / min | re-run | device GiB | cache GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(x, fmt):
         return "" if x is None else fmt.format(x)
@@ -403,7 +439,7 @@ def table(rows: list[dict]) -> str:
                      f"{f(r.get('ttft_p50_ms'), '{:.2f}')} | {f(r.get('ttft_p99_ms'), '{:.2f}')} | "
                      f"{f(r.get('p50_vs_off'), '{:.1f}')} | "
                      f"{r['prompt_tokens']} | {r['prefilled_tokens']} | {r['min_tokens']} | "
-                     f"{f(r.get('prefilled_vs_min'), '{:.2f}')} | "
+                     f"{f(r.get('prefilled_vs_min'), '{:.2f}')} | {f(r.get('rerun_tokens'), '{}')} | "
                      f"{f(r['device_bytes'] / 2**30 if r.get('device_bytes') else None, '{:.2f}')} | "
                      f"{f(r['cache_bytes'] / 2**30 if r.get('cache_bytes') is not None else None, '{:.2f}')} |")
     attach = [r for r in rows if "trace" not in r]

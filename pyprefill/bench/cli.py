@@ -142,9 +142,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", nargs="+", metavar="N",
                    type=int_list(1, noun="step sizes", what="a step size"),
                    help=f"batch suite: the batch's step sizes in tokens (default {DEFAULT_STEP_TOKENS})")
-    p.add_argument("--snapshot-every", type=int_in(64), default=None, metavar="N",
-                   help="cache suite: the caches' snapshot_every (a multiple of 64; default 1024, 256 "
-                        "with --quick): the sweep of N against re-run tokens, bytes and TTFT")
+    p.add_argument("--snapshot-every", type=int_in(64), nargs="+", default=None, metavar="N",
+                   help="cache suite: the caches' snapshot_every (multiples of 64; default 1024, 256 "
+                        "with --quick); several: each cache side once per N, the sweep of N against "
+                        "re-run tokens, bytes and TTFT")
+    p.add_argument("--cache-sides", nargs="+", default=None, metavar="SIDE",
+                   choices=["cold", "sessions", "pages", "tree"],
+                   help="cache suite: the sides to run (default all: cold sessions pages tree)")
     p.add_argument("--no-variants", action="store_true",
                    help="batch suite: skip the tuning variants (varlen off)")
     p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=positive_float("GiB"), default=[],
@@ -293,7 +297,8 @@ def run_suites(a) -> int:
         elif part == "cache":
             from . import cache
             extra = rec.guard("cache", cache.run, rec, torch, models=a.models, quick=a.quick, mix=a.mix,
-                              gguf_dir=a.gguf_dir, snapshot_every=a.snapshot_every) or {}
+                              gguf_dir=a.gguf_dir, snapshot_every=a.snapshot_every,
+                              sides=a.cache_sides) or {}
         else:
             extra = rec.guard("model", model.run, rec, torch, models=a.models, lengths=a.lengths,
                               legs=a.gemm, chunk=a.chunk, reps=a.model_reps, peer=a.peer,

@@ -91,9 +91,27 @@ def test_trace_row_and_table():
     assert r["ttft_p50_ms"] == pytest.approx(3.0)
     t = cache.table([r]).splitlines()
     assert t[0].startswith("Prefix reuse traces")
-    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 |  | 22 | 22 | 12 | 1.83 | 3.00 |  |"
+    assert t[-1] == "| qwen35-4b | branch | cache off (cold) | 2 | 3.00 | 3.98 |  | 22 | 22 | 12 | 1.83 |  | 3.00 |  |"
     r = cache.trace_row("m", "chat", "cache on (tree)", [1.0], prompts[:1], 10, 2**30, 3 * 2**29)
     assert cache.table([r]).splitlines()[-1].endswith("| 1.00 | 1.50 |")
+    r = cache.trace_row("m", "chat", "cache on (tree, N=512)", [1.0], prompts[:1], 10, 2**30, 0, 512, 77)
+    assert r["snapshot_every"] == 512 and cache.table([r]).splitlines()[-1].endswith("| 77 | 1.00 | 0.00 |")
+
+
+def test_side_runs():
+    """The sides in their fixed order, the cold side once, each cache side once per N of a sweep."""
+    assert cache.side_runs(None, None) == [("cache off (cold)", None), ("cache on (sessions)", None),
+                                            ("cache on (pages)", None), ("cache on (tree)", None)]
+    assert cache.side_runs(["tree", "cold"], [512]) == [("cache off (cold)", None), ("cache on (tree)", 512)]
+    assert cache.side_runs(["tree", "pages"], [256, 1024]) == [
+        ("cache on (pages, N=256)", 256), ("cache on (pages, N=1024)", 1024),
+        ("cache on (tree, N=256)", 256), ("cache on (tree, N=1024)", 1024)]
+    with pytest.raises(ValueError, match="'forest'"):
+        cache.side_runs(["forest"], None)
+    with pytest.raises(ValueError, match="'forest'"):
+        cache.run(None, None, models=[], quick=True, sides=["forest"])
+    with pytest.raises(ValueError, match="snapshot_every=100"):
+        cache.run(None, None, models=[], quick=True, snapshot_every=[512, 100])
 
 
 def test_snapshot_every_option():
@@ -237,3 +255,14 @@ def test_chat_replies_match_generating_in_each_session():
     assert len(ttft) == len(prompts) == 9 and calls == [p.size for p in prompts]
     assert [p.tolist() for p in prompts] == [cache.chat_prompt(script, c, t, replies[c]).tolist()
                                              for c, t in script.order()]
+
+
+def test_cli_sweep_options():
+    """`pyprefill bench cache --snapshot-every 256 512 --cache-sides cold tree` reaches run()'s
+    arguments; a side the suite does not have is refused by the parser."""
+    from pyprefill.bench.cli import build_parser
+    a = build_parser().parse_args(["cache", "--snapshot-every", "256", "512", "--cache-sides", "cold", "tree"])
+    assert a.snapshot_every == [256, 512] and a.cache_sides == ["cold", "tree"]
+    assert build_parser().parse_args(["cache"]).snapshot_every is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["cache", "--cache-sides", "forest"])
