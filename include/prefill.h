@@ -1066,11 +1066,13 @@ PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32
  * One per model, over its KV pool (pf_model_kv_pool first): a radix tree over token ids whose
  * nodes hold KV pages of the pool (shared by reference with the sessions that attach them) and,
  * for a qwen35 model, snapshots of the recurrent state (conv windows + GDN states) in slots of the
- * cache's own: every snapshot_every positions and at the end of every cached prompt, so that a
- * prompt that diverges anywhere re-runs at most snapshot_every tokens. pf_prefix_cache_prefill
+ * cache's own: at the end of every cached prompt and at the multiples of snapshot_every that keep
+ * a prompt's snapshots at most snapshot_every apart (a multiple is skipped where the snapshots on
+ * either side of it are that close), so that a prompt that diverges anywhere re-runs at most about
+ * snapshot_every tokens. pf_prefix_cache_prefill
  * puts a prompt into a session through the cache: the pages below the deepest snapshot at or
  * below the longest cached prefix (R) are shared, the recurrent state is restored from it, and
- * the tokens from R on run in the session (steps ending at the multiples of snapshot_every),
+ * the tokens from R on run in the session (steps ending at the snapshot positions),
  * then the prompt's new positions and snapshots go into the tree. Tokens re-run below the point
  * where the prompt leaves the tree are the session's own rows: the tree keeps the session's
  * versions of those pages in its new branch and none of its states at or below that point, so
@@ -1085,8 +1087,8 @@ typedef struct pf_prefix_cache pf_prefix_cache;
 
 typedef struct pf_prefix_cache_options {
     size_t struct_size;       /* set by pf_prefix_cache_options_init; do not change */
-    int32_t snapshot_every;   /* qwen35: a snapshot every this many positions, a positive multiple
-                                 of 64; must be 0 for a model without recurrent layers. -1 (the
+    int32_t snapshot_every;   /* qwen35: snapshots at most this many positions apart (at its
+                                 multiples and prompts' ends), a positive multiple of 64; must be 0 for a model without recurrent layers. -1 (the
                                  _init value) = the model's default: 1024 for qwen35, else 0 */
     int32_t snapshot_slots;   /* device slots for the snapshots, allocated now (pf_session_snapshots'
                                  bytes each); when all are held a prefill evicts for one or skips
@@ -1126,8 +1128,10 @@ PF_API void pf_prefix_cache_destroy(pf_prefix_cache *c);
 /* Prefills tokens[0, n_tokens) into s from position 0 through the cache: s ends at position
  * n_tokens as after pf_session_reset and pf_session_prefill of the same tokens (its snapshots
  * dropped), with the last token's logits (PF_LOGITS_LAST or NONE) and the greedy token after it,
- * bitwise those of a cold session with the same options and snapshot_every that ran the same
- * calls: those that computed the resumed prefix [0, R), then one call of the rest. s: a paged session
+ * bitwise those of a cold session with the same options that ran the same calls: those that
+ * computed the resumed prefix [0, R), then the rest in calls ending at the positions where the
+ * cache took snapshots (its steps end there; an uncut call of the rest where it took none but the
+ * end). s: a paged session
  * (kv_paged = 1) of this model with its own executor, holding n_tokens positions. Bad arguments
  * (another model's session, a contiguous one, tokens outside the vocabulary, ...): INVALID_ARGUMENT
  * naming them, nothing changed. Any other failure leaves s reset (position 0) and the cache as it

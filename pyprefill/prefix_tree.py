@@ -10,10 +10,10 @@ nodes hold KV pages of the model's pool and, for a qwen35 model, snapshots of th
 
 A prompt attaches the pages of the longest prefix the tree holds below the deepest snapshot in
 it (R; no KV rows copied), its recurrent state restored from that snapshot, and runs the rest in
-the session, its steps ending where the tree keeps snapshots (every snapshot_every positions and
-at each prompt's end); then the prompt's new pages and snapshots go into the tree (with the
-session's own versions of the pages it re-ran, so that every prefix's pages and state are of one
-chain of calls). What no longer fits device_bytes moves to the host tier (pinned, when
+the session, its steps ending where the tree keeps snapshots (at each prompt's end and at the
+multiples of snapshot_every that keep them at most that far apart); then the prompt's new pages
+and snapshots go into the tree (with the session's own versions of the pages it re-ran, so that
+every prefix's pages and state are of one chain of calls). What no longer fits device_bytes moves to the host tier (pinned, when
 host_bytes > 0) or is dropped, least recently used first; a later hit copies it back. The logits
 are bitwise those of a cold session of the same options that ran the same calls.
 

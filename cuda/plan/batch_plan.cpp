@@ -72,10 +72,11 @@ std::vector<StepPlan> plan_steps(const std::vector<ItemShape> &items, int64_t st
             const int64_t left = it.n - done[i];
             if (left <= 0) continue;
             int64_t take = std::min(left, step_rows - st.rows);
-            if (it.snap_every > 0) {  // end at the sequence's next snapshot position
-                const int64_t at = it.pos + done[i];
+            const int64_t at = it.pos + done[i];
+            if (it.snap_every > 0)  // end at the sequence's next snapshot position
                 take = std::min(take, it.snap_every - at % it.snap_every);
-            }
+            const auto cut = std::upper_bound(it.cuts.begin(), it.cuts.end(), at);  // and at its next cut
+            if (cut != it.cuts.end()) take = std::min(take, *cut - at);
             st.frags.push_back(Frag{int32_t(i), st.rows, take, done[i]});
             st.rows += take;
             done[i] += take;
@@ -107,11 +108,11 @@ bool steps_valid(const std::vector<ItemShape> &items, const std::vector<StepPlan
             if (f.row0 != row || f.rows < 1) return *why = "fragment rows not back to back", false;
             if (f.done != done[size_t(f.item)]) return *why = "an item's rows out of order", false;
             const ItemShape &it = items[size_t(f.item)];
-            if (it.snap_every > 0) {
-                const int64_t at = it.pos + f.done;
-                if (at / it.snap_every != (at + f.rows - 1) / it.snap_every)
-                    return *why = "a fragment crosses a snapshot position", false;
-            }
+            const int64_t at = it.pos + f.done;
+            if (it.snap_every > 0 && at / it.snap_every != (at + f.rows - 1) / it.snap_every)
+                return *why = "a fragment crosses a snapshot position", false;
+            const auto cut = std::upper_bound(it.cuts.begin(), it.cuts.end(), at);
+            if (cut != it.cuts.end() && *cut < at + f.rows) return *why = "a fragment crosses a cut", false;
             done[size_t(f.item)] += f.rows;
             row += f.rows;
         }

@@ -54,15 +54,18 @@ struct StepPlan {
 };
 
 // What the cutter needs of an item: its tokens, its sequence's position and the positions its
-// steps must end at (every `snap_every` positions: a multiple of 64, 0 = none).
+// steps must end at: every `snap_every` positions (a multiple of 64, 0 = none) and each of `cuts`
+// (absolute positions, ascending; those outside (pos, pos + n) change nothing: the prefix cache's
+// snapshot plan, runtime/prefix_cache.h).
 struct ItemShape {
     int64_t n = 0, pos = 0, snap_every = 0;
+    std::vector<int64_t> cuts;
 };
 
 // Cuts items into steps of at most step_rows rows and max_items fragments: items in order, each
 // taking what the step has left (an item longer than that continues in the next steps, its rows
-// in order), a fragment ending where its sequence must snapshot. Every item's tokens are covered
-// exactly once, in order. step_rows >= 1, max_items >= 1.
+// in order), a fragment ending where its sequence must snapshot and at each of its cuts. Every
+// item's tokens are covered exactly once, in order. step_rows >= 1, max_items >= 1.
 std::vector<StepPlan> plan_steps(const std::vector<ItemShape> &items, int64_t step_rows, int64_t max_items);
 
 // The invariants of plan_steps' result (for the fuzz target and the tests): false and a reason.

@@ -430,13 +430,25 @@ pf_status PrefixTree::snapshot_plan(const int32_t *tokens, int64_t n, int64_t re
     if (!cfg_.recurrent || resume == n) return PF_STATUS_OK;
     // The re-run rule: a state at or below m (where the prompt leaves the tree) would be one of
     // the caller's re-run rows [resume, m), not of the tree's versions of them: none is planned
-    // there. Above m: every multiple of N and the prompt's end.
+    // there. Above m: the multiples of N that keep the path's snapshots at most N apart, and the
+    // prompt's end.
     std::vector<int32_t> path;
     const int64_t from = std::max(resume, walk(tokens, n, &path));
     if (from >= n) return PF_STATUS_OK;
     const int64_t N = cfg_.snapshot_every;
-    if (N > 0)
-        for (int64_t p = (from / N + 1) * N; p < n; p += N) out->push_back(p);
+    if (N > 0) {
+        // A multiple c is skipped when the snapshot before it (the resume point to begin with)
+        // and the next one (the next multiple, or n) are at most N apart without it: a later
+        // divergence between them re-runs at most N tokens all the same, and the run saves a
+        // step end (a step is a pass over every weight: a 530-token chat turn at 4 000 cut at
+        // 4 096 took 14.5 ms against 11.6 uncut, session 44).
+        int64_t last = resume;
+        for (int64_t p = (from / N + 1) * N; p < n; p += N)
+            if (std::min(p + N, n) - last > N) {
+                out->push_back(p);
+                last = p;
+            }
+    }
     out->push_back(n);
     return PF_STATUS_OK;
 }

@@ -48,9 +48,11 @@
 // Snapshot rule (recurrent models only: qwen35's conv windows + GDN states; a qwen3 tree keeps
 // none). A snapshot at position p is the recurrent state after tokens [0, p); the node with
 // start < p <= end keeps it (in slot `slot` of the runtime's snapshot pool, or in the host tier).
-// A prefill should take one (snapshot_plan) at every multiple of snapshot_every N past where it
-// leaves the tree, and at the prompt's end, so that a later request that diverges anywhere
-// re-runs at most N tokens (fewer at a prompt's end). A lookup resumes from the deepest snapshot
+// A prefill should take one (snapshot_plan) at the prompt's end and at the multiples of
+// snapshot_every N past where it leaves the tree that keep its snapshots at most N apart
+// (from where it resumed: a multiple is skipped when the snapshots on either side of it are
+// within N), so that a later request that diverges anywhere re-runs at most about N tokens
+// (fewer at a prompt's end). Every snapshot ends a step of the run. A lookup resumes from the deepest snapshot
 // at or below its match (none: position 0, the zero state); the runtime attaches the pages below
 // that resume position R and re-runs the tokens [R, match) into pages of its own (the re-run
 // rule above).
@@ -276,8 +278,9 @@ public:
 
     // The positions a prefill of tokens[0, n) from `resume` (0 <= resume <= n) should snapshot,
     // ascending, in (max(resume, m), n] (m: where the prompt leaves the tree; at or below it a
-    // state would be of re-run rows: the re-run rule): every multiple of N, and n. Empty for a
-    // model without recurrent state.
+    // state would be of re-run rows: the re-run rule): n, and each multiple c of N there unless
+    // the position kept before it (resume, or the last multiple kept) is within N of the next
+    // one (min(c + N, n)). Empty for a model without recurrent state.
     pf_status snapshot_plan(const int32_t *tokens, int64_t n, int64_t resume, std::vector<int64_t> *out) const;
 
     // After a prefill of tokens[0, n): `pages` is the session's page table of those positions

@@ -283,9 +283,10 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
                     it.logits = last ? r.logits : nullptr;
                     it.out_token = last ? r.out_token : nullptr;
                     it.planned_pos = q.pos;
-                    it.cut_every = c->snapshot_every;
-                    if (c->snapshot_every)
+                    if (!r.plan.empty()) {  // the steps end at the snapshot plan's positions
+                        it.cuts = r.plan;
                         it.at_cut = [c, &r](Sequence &seq, cudaStream_t s) { return keep_snapshot(c, r, seq, s); };
+                    }
                     tokens += it.n;
                     items.push_back(std::move(it));
                     who.push_back(&r);

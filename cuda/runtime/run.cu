@@ -14,7 +14,7 @@ RunPlan run_plan(const Executor &e, std::vector<RunItem> items) {
     std::vector<ItemShape> shapes;
     shapes.reserve(items.size());
     for (const RunItem &it : items)
-        shapes.push_back(ItemShape{it.n, it.seq->pos, it.cut_every > 0 ? it.cut_every : it.seq->snap_every});
+        shapes.push_back(ItemShape{it.n, it.seq->pos, it.seq->snap_every, it.cuts});
     p.steps = plan_steps(shapes, e.L.step_rows, e.L.max_items);
     int64_t total = 0;
     for (const StepPlan &s : p.steps) total += s.rows;
@@ -112,7 +112,7 @@ pf_status run_execute(Executor *e, RunPlan &p) {
                 q->pos += f.rows;
                 if (q->snap_every > 0 && q->pos % q->snap_every == 0) PF_TRY(snapshot_take(*q, -1, st));
                 const RunItem &it = p.items[size_t(f.item)];
-                if (it.cut_every > 0 && it.at_cut && q->pos % it.cut_every == 0) PF_TRY(it.at_cut(*q, st));
+                if (it.at_cut && std::binary_search(it.cuts.begin(), it.cuts.end(), q->pos)) PF_TRY(it.at_cut(*q, st));
             }
         }
         std::vector<int32_t> tok(finished.size(), -1);

@@ -23,11 +23,10 @@ struct RunItem {
     float *logits = nullptr;          // host: [V] (LAST) or [n][V] (ALL)
     int32_t *out_token = nullptr;     // host, may be NULL
     int64_t planned_pos = 0;          // the sequence's position when the run was planned
-    // > 0: the item's steps end at multiples of cut_every (instead of its sequence's snap_every)
-    // and at_cut(seq, stream) runs, in stream order, after each step that ends at one (the prefix
-    // cache keeps its snapshots there: runtime/prefix_cache.h). The sequence's own snapshots are
-    // then kept where its snap_every divides such a step's end.
-    int64_t cut_every = 0;
+    // Absolute positions, ascending: the item's steps end at each of them (besides its
+    // sequence's snap_every multiples) and at_cut(seq, stream) runs, in stream order, after each
+    // step that ends at one (the prefix cache's snapshot plan: runtime/prefix_cache.h).
+    std::vector<int64_t> cuts;
     std::function<pf_status(Sequence &, cudaStream_t)> at_cut;
 };
 

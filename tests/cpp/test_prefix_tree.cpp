@@ -241,6 +241,16 @@ void test_snapshots() {
            (long long)h.match, (long long)h.resume, h.snapshot);
     EXPECT_OK(t->snapshot_plan(b.data(), 160, h.resume, &plan));
     EXPECT((plan == std::vector<int64_t>{128, 160}), "plan past the divergence: %zu positions", plan.size());
+    // Extensions of a from its end snapshot at 200: 60 more tokens run uncut (200 and 260 are
+    // within N = 64 of each other: the step end at 256 would save nothing), 100 more keep 256.
+    std::vector<int32_t> c(a);
+    for (int32_t x : seq(140, 7)) c.push_back(x);
+    EXPECT_OK(t->snapshot_plan(c.data(), 260, 200, &plan));
+    EXPECT((plan == std::vector<int64_t>{260}), "plan of a short extension: %zu positions", plan.size());
+    EXPECT_OK(t->snapshot_plan(c.data(), 300, 200, &plan));
+    EXPECT((plan == std::vector<int64_t>{256, 300}), "plan of a longer extension: %zu positions", plan.size());
+    EXPECT_OK(t->snapshot_plan(c.data(), 330, 200, &plan));
+    EXPECT((plan == std::vector<int64_t>{256, 320, 330}), "plan of 130 more: %zu positions", plan.size());
     // The same prompt again with the last logits wanted: matched to n - 1, resumed at 192.
     PrefixHit h2;
     EXPECT_OK(t->lookup(a.data(), 200, 199, &h2));

@@ -6,7 +6,7 @@
 // the batch's model and KV dtype, every item within its session's capacity and the vocabulary,
 // every wanted logits buffer long enough (written in full here, under ASan); and its steps
 // (steps_valid) cover every item's tokens exactly once, in order, within the step limits, never
-// across a snapshot position.
+// across a snapshot position or one of its cuts.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -96,7 +96,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (total > lim.max_tokens) broken("more tokens than max_tokens");
     std::vector<pf::ItemShape> shapes;
-    for (size_t i = 0; i < items.size(); ++i) shapes.push_back(pf::ItemShape{items[i].n_tokens, items[i].pos, snap[i]});
+    for (size_t i = 0; i < items.size(); ++i) {
+        pf::ItemShape sh{items[i].n_tokens, items[i].pos, snap[i], {}};
+        // cuts (a prefix cache's snapshot plan): ascending, some outside the item's positions
+        int64_t c = items[i].pos - 8;
+        while (r.more() && (r.u8() & 3) != 0 && sh.cuts.size() < 6) sh.cuts.push_back(c += 1 + r.u8() % 40);
+        shapes.push_back(std::move(sh));
+    }
     const int64_t max_items = 1 + (r.more() ? r.u8() % 8 : 3);
     const std::vector<pf::StepPlan> steps = pf::plan_steps(shapes, step_rows, max_items);
     const char *why = "";

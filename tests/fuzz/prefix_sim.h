@@ -538,19 +538,37 @@ struct Sim {
             SIM_EXPECT(plan.empty(), "snapshots planned for a model without recurrent state");
             return true;
         }
-        // every multiple of N and the end, past where the prompt leaves the tree (at or below it
-        // a state would be of the session's re-run rows: the re-run rule)
-        const int64_t from = std::max(resume, ref_match(p, p.n()));
-        std::vector<int64_t> want;
-        if (from < p.n()) {
-            if (cfg.snapshot_every > 0)
-                for (int64_t q = (from / cfg.snapshot_every + 1) * cfg.snapshot_every; q < p.n();
-                     q += cfg.snapshot_every)
-                    want.push_back(q);
-            want.push_back(p.n());
+        // Past where the prompt leaves the tree (at or below it a state would be of the
+        // session's re-run rows: the re-run rule): the end, and multiples of N that keep the
+        // snapshots from the resume point on at most N apart, none of them needless. As
+        // properties: q0 = resume < q1 < ... < qk = n, q1 > from, each qi (i < k) a multiple of
+        // N; every gap qi+1 - qi <= N except the first, which may be longer only when q1 is
+        // the first multiple of N past `from` (or n, none being below n); and no qi (0 < i < k)
+        // could go: qi+1 - qi-1 > N.
+        const int64_t from = std::max(resume, ref_match(p, p.n())), n = p.n(), N = cfg.snapshot_every;
+        if (from >= n) {
+            SIM_EXPECT(plan.empty(), "snapshot plan: %zu positions for a prompt the tree holds to its end",
+                       plan.size());
+            return true;
         }
-        SIM_EXPECT(plan == want, "snapshot plan: %zu positions, the reference %zu (resume %lld, n %lld)",
-                   plan.size(), want.size(), (long long)resume, (long long)p.n());
+        SIM_EXPECT(!plan.empty() && plan.back() == n, "snapshot plan: it does not end at n=%lld", (long long)n);
+        std::vector<int64_t> q{resume};
+        q.insert(q.end(), plan.begin(), plan.end());
+        for (size_t i = 1; i < q.size(); ++i) {
+            SIM_EXPECT(q[i] > q[i - 1] && q[i] > from, "snapshot plan: position %lld out of order or at or below %lld",
+                       (long long)q[i], (long long)from);
+            if (i + 1 < q.size())
+                SIM_EXPECT(N > 0 && q[i] % N == 0, "snapshot plan: %lld is neither a multiple of N nor n",
+                           (long long)q[i]);
+            const int64_t first_multiple = N > 0 ? std::min((from / N + 1) * N, n) : n;
+            SIM_EXPECT(q[i] - q[i - 1] <= N || (i == 1 && q[1] == first_multiple),
+                       "snapshot plan: a gap of %lld > N=%lld before %lld (resume %lld, from %lld)",
+                       (long long)(q[i] - q[i - 1]), (long long)N, (long long)q[i], (long long)resume,
+                       (long long)from);
+            if (i + 1 < q.size())
+                SIM_EXPECT(q[i + 1] - q[i - 1] > N, "snapshot plan: %lld is needless (%lld and %lld within N)",
+                           (long long)q[i], (long long)q[i - 1], (long long)q[i + 1]);
+        }
         return true;
     }
 

@@ -34,9 +34,9 @@ def _tree(m, **kw):
 
 def _cold(m, legs, p, cuts):
     """(last logits, greedy token) of a contiguous session that ran p in calls ending at `cuts`
-    (its steps end at multiples of N, as the tree's runs)."""
-    kw = dict(snapshot_every=N, snapshot_slots=16) if _recurrent(m) else {}
-    with m.session(max_tokens=1024, chunk=128, **kw, **_skw(legs)) as s:
+    (every step end of the tree's runs: the calls of a prompt's history and the snapshot
+    positions each run kept)."""
+    with m.session(max_tokens=1024, chunk=128, **_skw(legs)) as s:
         start = 0
         for cut in cuts:
             out = s.prefill(p[start:cut], "last", return_token=True)
@@ -65,17 +65,22 @@ def test_tree_matches_a_cold_run_in_the_same_calls(preset, rng):
     m.kv_pool(64, page_rows=64, kv="f32")
     recurrent = _recurrent(m)
     P = _prompts(rng, m.n_vocab)
-    # where the cold session's calls end: the history of each prompt's positions in the tree.
-    # qwen35: p2 resumes at p1's end (300), p3 at p2's (450); p4 at the snapshot p2's run kept at
-    # 320 (a step end); p5 at 320 (the deepest snapshot below its match 333), re-running 13 tokens
-    # in its one call (the tree keeps its own versions of the pages from 320 on and no state at
-    # the branch point 333: the re-run rule); p6 at p5's end, on p5's pages. qwen3 resumes at the
-    # match itself.
+    # where the cold session's calls end: the history of each prompt's positions in the tree,
+    # with every snapshot its runs kept (N = 64: the multiples of 64 that keep a run's snapshots
+    # at most 64 apart from where it resumed, and its end).
+    # qwen35: p1 snapshots at 64..256 and 300; p2 resumes at p1's end (300) and keeps 320, 384,
+    # 448 (450 - 384 > 64), 450; p3 at p2's (450): 512, 576, 640, 650; p4 at the snapshot p2's
+    # run kept at 320: 384, 420; p5 at 320 (the deepest snapshot below its match 333), re-running
+    # 13 tokens in its one call (the tree keeps its own versions of the pages from 320 on and no
+    # state at the branch point 333: the re-run rule): 383; p6 at p5's end, on p5's pages: 423
+    # only (383 to 423 is within 64: no step end at 384). qwen3 resumes at the match itself.
     # p7 leaves p3 at p5's branch point: from 320 again, on p1/p2's pages (p5's are another
     # history's: before the re-run rule it got p2's rows with p5's state at 333).
-    cuts = {"p1": [300], "p2": [300, 450], "p3": [300, 450, 650], "p4": [300, 320, 420],
-            "p5": [300, 320, 383], "p6": [300, 320, 383, 423], "p7": [300, 320, 363]}
+    B = [64, 128, 192, 256, 300]
+    cuts = {"p1": B, "p2": B + [320, 384, 448, 450], "p3": B + [320, 384, 448, 450, 512, 576, 640, 650],
+            "p4": B + [320, 384, 420], "p5": B + [320, 383], "p6": B + [320, 383, 423], "p7": B + [320, 363]}
     if not recurrent:
+        cuts.update(p1=[300], p2=[300, 450], p3=[300, 450, 650])
         cuts.update(p4=[300, 320, 420], p5=[300, 333, 383], p6=[300, 333, 383, 423], p7=[300, 333, 363])
     served = {"p1": 0, "p2": 300, "p3": 450, "p4": 320, "p5": 320 if recurrent else 333, "p6": 383,
               "p7": 320 if recurrent else 333}
