@@ -1080,7 +1080,9 @@ PF_API pf_status pf_batch_prefill(pf_batch *b, const pf_batch_item *items, int32
  * rule). After each call the cache's device bytes (pages it
  * holds, a page a session shares included, and snapshots) are brought within device_bytes, least
  * recently used first, into the host tier (pinned memory; a later hit copies them back) when there
- * is one and it has room, else dropped. A run that finds the pool short drops cached pages and
+ * is one and it has room, else dropped. The host tier's copies run on a stream of the cache's own:
+ * an eviction's copies overlap the next work on the context's stream, and the pages they read
+ * return to the model's pool at the cache's next call (or its clear) after they are done. A run that finds the pool short drops cached pages and
  * runs again. Calls on one cache are serialized (a mutex); sessions and other caches of the model
  * may run on other threads. Destroy the cache before its model. */
 typedef struct pf_prefix_cache pf_prefix_cache;

@@ -1,6 +1,7 @@
 // page_pool.cpp — ids with reference counts and the page-table helpers (page_pool.h).
 #include "plan/page_pool.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "base/error.h"
@@ -29,6 +30,13 @@ pf_status PagePool::alloc(int32_t *id) {
 pf_status PagePool::ref(int32_t id) {
     PF_CHECK_ARG(valid(id), "PagePool::ref: %s id=%d outside [0, %d)", what_, id, capacity());
     PF_CHECK_ARG(refs_[size_t(id)] > 0, "PagePool::ref: %s id=%d is free", what_, id);
+    ++refs_[size_t(id)];
+    return PF_STATUS_OK;
+}
+
+pf_status PagePool::hold(int32_t id) {
+    PF_CHECK_ARG(valid(id), "PagePool::hold: %s id=%d outside [0, %d)", what_, id, capacity());
+    if (refs_[size_t(id)] == 0) free_.erase(std::find(free_.begin(), free_.end(), id));
     ++refs_[size_t(id)];
     return PF_STATUS_OK;
 }

@@ -38,6 +38,10 @@ public:
     pf_status alloc(int32_t *id);
     // Takes one more reference on a held id. INVALID_ARGUMENT for an id out of range or free.
     pf_status ref(int32_t id);
+    // Takes one more reference on id, held or free (a free id leaves the free list: a holder that
+    // must keep an id it has just dropped from reuse while a copy still reads it, the prefix
+    // cache's device -> host moves). INVALID_ARGUMENT for an id out of range.
+    pf_status hold(int32_t id);
     // Drops one reference; the id is free again at zero (*freed = true; freed may be NULL).
     // INVALID_ARGUMENT for an id out of range or free (nothing changes).
     pf_status unref(int32_t id, bool *freed);

@@ -12,42 +12,118 @@
 namespace pf {
 namespace {
 
+using Held = pf_prefix_cache::Held;
+
 char *slot_at(pf_prefix_cache *c, int32_t slot) { return c->slot_mem + size_t(slot) * c->snap_bytes; }
 
-// Carries out the copies of an evict plan (device -> host, in the plan's order) on the stream.
-pf_status apply_evict(pf_prefix_cache *c, const EvictPlan &plan) {
-    cudaStream_t st = c->ctx->stream;
-    for (const Move &m : plan.page_moves)
-        PF_TRY(kv_pool_page_host(*c->pool, m.from, c->host_pages + size_t(m.to) * c->pool->page_bytes, true, st));
-    for (const Move &m : plan.slot_moves)
-        PF_CUDA_TRY(cudaMemcpyAsync(c->host_slots + size_t(m.to) * c->snap_bytes, slot_at(c, m.from), c->snap_bytes,
-                                    cudaMemcpyDeviceToHost, st));
+// Gives back the ids of the evictions whose copies are done (all of them, waiting, when `wait`):
+// in stream order, so the first not done stops it.
+pf_status reclaim(pf_prefix_cache *c, bool wait) {
+    size_t done = 0;
+    for (; done < c->held.size(); ++done) {
+        const cudaEvent_t ev = c->held[done].done;
+        if (wait) PF_CUDA_TRY(cudaEventSynchronize(ev));
+        const cudaError_t q = cudaEventQuery(ev);
+        if (q == cudaErrorNotReady) break;
+        PF_CUDA_TRY(q);
+    }
+    if (!done) return PF_STATUS_OK;
+    {
+        std::lock_guard<std::mutex> lock(c->pool->mu);
+        for (size_t i = 0; i < done; ++i) {
+            for (int32_t id : c->held[i].pages) PF_TRY(c->pool->ids.unref(id, nullptr));
+            for (int32_t id : c->held[i].slots) PF_TRY(c->slots.unref(id, nullptr));
+        }
+    }
+    for (size_t i = 0; i < done; ++i) (void)cudaEventDestroy(c->held[i].done);
+    c->held.erase(c->held.begin(), c->held.begin() + std::ptrdiff_t(done));
     return PF_STATUS_OK;
 }
 
+// The copy stream waits for what the context's stream has queued so far.
+pf_status copy_stream_after_ctx(pf_prefix_cache *c) {
+    cudaEvent_t ev = nullptr;
+    PF_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, c->ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->copy_stream, ev, 0);
+    (void)cudaEventDestroy(ev);  // released once the wait has it
+    PF_CUDA_TRY(e);
+    return PF_STATUS_OK;
+}
+
+// Queues the copies of an evict plan (device -> host, in the plan's order) on the copy stream,
+// after the context's work; `held`, the moved ids evict_to held, go back (reclaim) once the
+// copies' event has completed. A failure waits for what was queued, so that reclaim may give
+// them back.
+pf_status apply_evict(pf_prefix_cache *c, const EvictPlan &plan, Held held) {
+    if (held.pages.empty() && held.slots.empty()) return PF_STATUS_OK;
+    const cudaError_t ce = cudaEventCreateWithFlags(&held.done, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {  // nothing queued: the ids go back now
+        std::lock_guard<std::mutex> lock(c->pool->mu);
+        for (int32_t id : held.pages) (void)c->pool->ids.unref(id, nullptr);
+        for (int32_t id : held.slots) (void)c->slots.unref(id, nullptr);
+        PF_CUDA_TRY(ce);
+    }
+    c->held.push_back(std::move(held));  // an unrecorded event counts as done
+    cudaStream_t st = c->copy_stream;
+    auto queue = [&]() -> pf_status {
+        PF_TRY(copy_stream_after_ctx(c));
+        for (const Move &m : plan.page_moves)
+            PF_TRY(kv_pool_page_host(*c->pool, m.from, c->host_pages + size_t(m.to) * c->pool->page_bytes, true, st));
+        for (const Move &m : plan.slot_moves)
+            PF_CUDA_TRY(cudaMemcpyAsync(c->host_slots + size_t(m.to) * c->snap_bytes, slot_at(c, m.from),
+                                        c->snap_bytes, cudaMemcpyDeviceToHost, st));
+        PF_CUDA_TRY(cudaEventRecord(c->held.back().done, st));
+        return PF_STATUS_OK;
+    };
+    const pf_status r = queue();
+    if (r != PF_STATUS_OK) (void)cudaStreamSynchronize(st);
+    return r;
+}
+
+// Queues a restore's copies (host -> device) on the copy stream, after the context's work and
+// the earlier moves, and makes the context's stream wait for them.
 pf_status apply_restore(pf_prefix_cache *c, const RestorePlan &plan) {
-    cudaStream_t st = c->ctx->stream;
+    if (plan.page_moves.empty() && plan.slot_moves.empty()) return PF_STATUS_OK;
+    cudaStream_t st = c->copy_stream;
+    PF_TRY(copy_stream_after_ctx(c));
     for (const Move &m : plan.page_moves)
         PF_TRY(kv_pool_page_host(*c->pool, m.to, c->host_pages + size_t(m.from) * c->pool->page_bytes, false, st));
     for (const Move &m : plan.slot_moves)
         PF_CUDA_TRY(cudaMemcpyAsync(slot_at(c, m.to), c->host_slots + size_t(m.from) * c->snap_bytes, c->snap_bytes,
                                     cudaMemcpyHostToDevice, st));
+    cudaEvent_t ev = nullptr;
+    PF_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, st);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->ctx->stream, ev, 0);
+    (void)cudaEventDestroy(ev);
+    PF_CUDA_TRY(e);
     return PF_STATUS_OK;
 }
 
-// Evicts down to target bytes (the tree under the pool's lock) and queues the plan's copies.
-// *freed_any: the device bytes went down.
+// Evicts down to target bytes (the tree under the pool's lock, the moved ids held in the same
+// lock: no other user of the pool can take one before its copy has read it) and queues the
+// plan's copies. *freed_any: the device bytes went down.
 pf_status evict_to(pf_prefix_cache *c, int64_t target, bool *freed_any = nullptr) {
     EvictPlan plan;
+    Held held;
     int64_t before = 0, after = 0;
     {
         std::lock_guard<std::mutex> lock(c->pool->mu);
         before = c->tree->stats().device_bytes;
         PF_TRY(c->tree->evict(target, &plan));
         after = c->tree->stats().device_bytes;
+        for (const Move &m : plan.page_moves) {
+            PF_TRY(c->pool->ids.hold(m.from));
+            held.pages.push_back(m.from);
+        }
+        for (const Move &m : plan.slot_moves) {
+            PF_TRY(c->slots.hold(m.from));
+            held.slots.push_back(m.from);
+        }
     }
     if (freed_any) *freed_any = after < before;
-    return apply_evict(c, plan);
+    return apply_evict(c, plan, std::move(held));
 }
 
 int64_t device_bytes(pf_prefix_cache *c) {
@@ -126,6 +202,15 @@ pf_status prefix_cache_create(pf_model *m, const pf_prefix_cache_options &o, pf_
         (k ? c->host_slots : c->host_pages) = static_cast<char *>(p);
         c->pinned_bytes += bytes;
     }
+    if (c->pinned_bytes) {
+        const cudaError_t e = cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            c->copy_stream = nullptr;
+            return undo(fail(PF_STATUS_CUDA_ERROR, "pf_prefix_cache_create: the host tier's copy stream: %s",
+                             cudaGetErrorString(e)));
+        }
+    }
     *out = c.release();
     return PF_STATUS_OK;
 }
@@ -134,6 +219,9 @@ void prefix_cache_destroy(pf_prefix_cache *c) {
     if (!c) return;
     DeviceGuard dg(c->ctx->device);
     (void)cudaStreamSynchronize(c->ctx->stream);  // every copy from or into the memory below
+    if (c->copy_stream) (void)cudaStreamSynchronize(c->copy_stream);
+    if (c->pool) (void)reclaim(c, true);          // the ids held for the last moves
+    if (c->copy_stream) (void)cudaStreamDestroy(c->copy_stream);
     if (c->pool) {
         std::lock_guard<std::mutex> lock(c->pool->mu);
         c->tree.reset();  // drops the tree's page references
@@ -155,6 +243,11 @@ int32_t take_slot(pf_prefix_cache *c, pf_status *err) {
     *err = PF_STATUS_OK;
     for (int tries = 0; tries < 4; ++tries) {
         if (c->slots.alloc(&id) == PF_STATUS_OK) return id;
+        if (!c->held.empty()) {  // slots an eviction's copies still read: wait for them first
+            *err = reclaim(c, true);
+            if (*err != PF_STATUS_OK) break;
+            continue;
+        }
         bool freed = false;
         *err = evict_to(c, std::max<int64_t>(0, device_bytes(c) - int64_t(c->snap_bytes)), &freed);
         if (*err != PF_STATUS_OK || !freed) break;
@@ -211,6 +304,10 @@ pf_status attach(pf_prefix_cache *c, Req &r) {
                 e = c->tree->restore(&r.hit, &rp);
             }
             if (e != PF_STATUS_OUT_OF_MEMORY) break;
+            if (!c->held.empty()) {  // pages an eviction's copies still read: wait for them first
+                PF_TRY(reclaim(c, true));
+                continue;
+            }
             const int64_t need = int64_t(r.hit.pages.size()) * int64_t(pool.page_bytes) + int64_t(c->snap_bytes);
             PF_TRY(evict_to(c, std::max<int64_t>(0, device_bytes(c) - need)));
         }
@@ -239,11 +336,13 @@ pf_status attach(pf_prefix_cache *c, Req &r) {
 }
 
 // Serves reqs (distinct sessions, checked) on executor e in runs of at most max_items items and
-// max_tokens tokens: every request attached, then each request's tokens from its resume point
-// in one call (the tree's snapshot plan holds only multiples of N, which end steps, and n: the
-// re-run rule), the calls of many requests run together and cut only where the executor's
-// limits make them, then the inserts (in order) and an eviction back to the budget. On failure every request's session is left reset and the tree as it was,
-// less what it evicted.
+// max_tokens tokens: the ids of finished moves given back, every request attached, then each
+// request's tokens from its resume point in one call (its steps end at the tree's snapshot
+// plan: past the re-run rule's point, the end and the multiples of N that keep the snapshots
+// within N), the calls of many requests run together and cut only where the executor's limits
+// or the plans make them, then the inserts (in order) and an eviction back to the budget (its
+// copies on the copy stream). On failure every request's session is left reset and the tree as
+// it was, less what it evicted.
 pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t max_items, int64_t max_tokens) {
     KvPool &pool = *c->pool;
     cudaStream_t st = c->ctx->stream;
@@ -257,6 +356,7 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
         }
     };
     auto body = [&]() -> pf_status {
+        PF_TRY(reclaim(c, false));
         for (Req &r : reqs) PF_TRY(attach(c, r));
         // at most this many tokens of one request per run, whole 64-row chunks when cut
         const int64_t cap = std::max<int64_t>(64, max_tokens / 64 * 64);
@@ -295,8 +395,13 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
                     RunPlan rp = run_plan(*e, items);
                     const pf_status res = run_execute(e, rp);
                     if (res == PF_STATUS_OUT_OF_MEMORY && !who[0]->s->seq.broken) {
-                        // the pool was short and nothing ran: cached pages leave the device for
-                        // the run's pages (each round takes the tree's bytes lower)
+                        // the pool was short and nothing ran: the pages held for the last
+                        // moves come back, else cached pages leave the device for the run's
+                        // pages (each round takes the tree's bytes lower)
+                        if (!c->held.empty()) {
+                            PF_TRY(reclaim(c, true));
+                            continue;
+                        }
                         const int64_t need = (tokens / pool.page_rows + 2 * int64_t(items.size())) *
                                              int64_t(pool.page_bytes);
                         bool freed = false;
@@ -306,7 +411,7 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
                     PF_TRY(res);
                     break;
                 }
-                if (c->snapshot_every)  // the prompt's end, when no step end took it (off N)
+                if (c->snapshot_every)  // the prompt's end (a no-op: the run's last step end kept it)
                     for (Req *r : who) PF_TRY(keep_snapshot(c, *r, r->s->seq, st));
             }
         }
@@ -410,11 +515,15 @@ pf_status prefix_cache_evict(pf_prefix_cache *c, int64_t target) {
     PF_TRY(dg.status());
     PF_TRY(evict_to(c, target));
     PF_CUDA_TRY(cudaStreamSynchronize(c->ctx->stream));
+    PF_TRY(reclaim(c, true));  // the moves done: the pool's pages back when they are free
     return PF_STATUS_OK;
 }
 
 pf_status prefix_cache_clear(pf_prefix_cache *c) {
     std::lock_guard<std::mutex> guard(c->mu);
+    DeviceGuard dg(c->ctx->device);
+    PF_TRY(dg.status());
+    PF_TRY(reclaim(c, true));  // the ids held for the last moves
     EvictPlan plan;
     std::lock_guard<std::mutex> lock(c->pool->mu);
     return c->tree->clear(&plan);

@@ -5,11 +5,18 @@
 // plans: the snapshot slots on the device, the host tier's pinned memory, the copies of an
 // eviction (device -> host) and of a restore (host -> device), a session's attach (its page
 // table shares the prefix's pages; its recurrent state copied from the snapshot) and the run of
-// the rest in one call whose steps end where the tree wants snapshots (the multiples of N).
+// the rest in one call whose steps end where the tree wants snapshots (its snapshot plan).
 //
-// Streams: every copy goes on the context's stream, which orders every use of the pool's pages
-// (runs, copies-on-write) and of the slots, so an id the tree frees after a device -> host move
-// is only written again after the move has read it.
+// Streams: the host tier's copies go on a stream of the cache's own, so that the moves of an
+// eviction overlap the next call's work. A move waits for everything the context's stream had
+// queued (the runs that wrote the pages); the ids an eviction moves are held (one reference
+// each, PagePool::hold) until its copies have read them, so no run writes them meanwhile (a
+// session sharing such a page copies it before writing: refs > 1); the held ids go back when
+// the copies' event has completed (reclaim: at each call's start, when a pool or the slots are
+// short, at clear and destroy). A restore's copies follow the moves on that stream, after what
+// the context's stream had queued (the pages it fills were free: earlier users may still be
+// running), and the context's stream waits for them before the hit is used. Snapshot copies
+// into and out of sessions stay on the context's stream.
 //
 // Locks: the cache's mutex over a whole call (the tree, the slots, the host memory); the pool's
 // mutex around each tree call (the tree takes and drops page references, which the pool's other
@@ -44,6 +51,12 @@ struct pf_prefix_cache {
     char *host_pages = nullptr;            // pinned: [tree's host page ids] x page_bytes
     char *host_slots = nullptr;            // pinned: [tree's host slot ids] x snap_bytes
     size_t pinned_bytes = 0;
+    cudaStream_t copy_stream = nullptr;    // the host tier's copies
+    struct Held {                          // an eviction's moved ids, held until its copies are done
+        cudaEvent_t done = nullptr;
+        std::vector<int32_t> pages, slots;
+    };
+    std::vector<Held> held;                // in stream order
     int64_t requests = 0, prefilled = 0, skipped = 0;
     std::mutex mu;
 };

@@ -547,6 +547,34 @@ void test_host_round_trip() {
     EXPECT(pool.n_used() == 0 && slots.n_used() == 0, "%d pages, %d slots held", pool.n_used(), slots.n_used());
 }
 
+// PagePool::hold: a reference on a held id, or on a free one (which leaves the free list: the
+// runtime keeps a page an eviction just dropped until its device -> host copy has read it).
+void test_hold() {
+    PagePool pool;
+    EXPECT_OK(pool.init(4, "page"));
+    int32_t a = -1, b = -1;
+    EXPECT_OK(pool.alloc(&a));
+    EXPECT_OK(pool.alloc(&b));
+    bool freed = false;
+    EXPECT_OK(pool.unref(b, &freed));
+    EXPECT(freed && pool.n_free() == 3, "b free again");
+    EXPECT_OK(pool.hold(b));  // held once more, off the free list
+    EXPECT_OK(pool.hold(a));  // a second reference
+    const char *why = "";
+    EXPECT(pool.check(&why), "pool after hold: %s", why);
+    EXPECT(pool.refs(a) == 2 && pool.refs(b) == 1 && pool.n_free() == 2, "refs %d %d, %d free", pool.refs(a),
+           pool.refs(b), pool.n_free());
+    for (int k = 0; k < 2; ++k) {  // the free ids are the other two, whatever order alloc takes them
+        int32_t id = -1;
+        EXPECT_OK(pool.alloc(&id));
+        EXPECT(id != a && id != b, "alloc handed out held id %d", id);
+    }
+    EXPECT(pool.hold(4) == PF_STATUS_INVALID_ARGUMENT, "hold of an id out of range");
+    EXPECT_OK(pool.unref(b, &freed));
+    EXPECT(freed, "b free after its one reference");
+    EXPECT(pool.check(&why), "pool at the end: %s", why);
+}
+
 void test_page_tables() {
     PagePool pool;
     EXPECT_OK(pool.init(8, "page"));
@@ -771,6 +799,7 @@ int main(int argc, char **argv) {
     test_host_round_trip();
     test_snapshot_offload_and_replace();
     test_destroy_with_lease();
+    test_hold();
     test_page_tables();
     test_bad_input();
     const int seeds = argc > 1 ? std::atoi(argv[1]) : 1000;
