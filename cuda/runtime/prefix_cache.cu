@@ -265,7 +265,7 @@ struct Req {
     int32_t *out_token = nullptr;
     PrefixHit hit;
     bool leased = false;
-    std::vector<int64_t> plan;        // the tree's snapshot positions, ascending: multiples of N, n
+    std::vector<int64_t> plan;        // the tree's snapshot plan, ascending (its steps end there)
     std::vector<SnapshotRef> snaps;   // the slots this call took (one reference each)
 };
 
