@@ -40,14 +40,11 @@ pf_status reclaim(pf_prefix_cache *c, bool wait) {
     return PF_STATUS_OK;
 }
 
-// The copy stream waits for what the context's stream has queued so far.
+// The copy stream waits for what the context's stream has queued so far (the wait takes the
+// event's state when it is queued: the event may be recorded again at once).
 pf_status copy_stream_after_ctx(pf_prefix_cache *c) {
-    cudaEvent_t ev = nullptr;
-    PF_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    cudaError_t e = cudaEventRecord(ev, c->ctx->stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->copy_stream, ev, 0);
-    (void)cudaEventDestroy(ev);  // released once the wait has it
-    PF_CUDA_TRY(e);
+    PF_CUDA_TRY(cudaEventRecord(c->ctx_mark, c->ctx->stream));
+    PF_CUDA_TRY(cudaStreamWaitEvent(c->copy_stream, c->ctx_mark, 0));
     return PF_STATUS_OK;
 }
 
@@ -92,12 +89,8 @@ pf_status apply_restore(pf_prefix_cache *c, const RestorePlan &plan) {
     for (const Move &m : plan.slot_moves)
         PF_CUDA_TRY(cudaMemcpyAsync(slot_at(c, m.to), c->host_slots + size_t(m.from) * c->snap_bytes, c->snap_bytes,
                                     cudaMemcpyHostToDevice, st));
-    cudaEvent_t ev = nullptr;
-    PF_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    cudaError_t e = cudaEventRecord(ev, st);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->ctx->stream, ev, 0);
-    (void)cudaEventDestroy(ev);
-    PF_CUDA_TRY(e);
+    PF_CUDA_TRY(cudaEventRecord(c->copy_mark, st));
+    PF_CUDA_TRY(cudaStreamWaitEvent(c->ctx->stream, c->copy_mark, 0));
     return PF_STATUS_OK;
 }
 
@@ -202,11 +195,12 @@ pf_status prefix_cache_create(pf_model *m, const pf_prefix_cache_options &o, pf_
         (k ? c->host_slots : c->host_pages) = static_cast<char *>(p);
         c->pinned_bytes += bytes;
     }
-    if (c->pinned_bytes) {
-        const cudaError_t e = cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking);
+    if (c->pinned_bytes) {  // the host tier's stream and the two events that order it with the context's
+        cudaError_t e = cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ctx_mark, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copy_mark, cudaEventDisableTiming);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
-            c->copy_stream = nullptr;
             return undo(fail(PF_STATUS_CUDA_ERROR, "pf_prefix_cache_create: the host tier's copy stream: %s",
                              cudaGetErrorString(e)));
         }
@@ -221,6 +215,8 @@ void prefix_cache_destroy(pf_prefix_cache *c) {
     (void)cudaStreamSynchronize(c->ctx->stream);  // every copy from or into the memory below
     if (c->copy_stream) (void)cudaStreamSynchronize(c->copy_stream);
     if (c->pool) (void)reclaim(c, true);          // the ids held for the last moves
+    if (c->ctx_mark) (void)cudaEventDestroy(c->ctx_mark);
+    if (c->copy_mark) (void)cudaEventDestroy(c->copy_mark);
     if (c->copy_stream) (void)cudaStreamDestroy(c->copy_stream);
     if (c->pool) {
         std::lock_guard<std::mutex> lock(c->pool->mu);
@@ -411,8 +407,6 @@ pf_status serve(pf_prefix_cache *c, Executor *e, std::vector<Req> &reqs, int64_t
                     PF_TRY(res);
                     break;
                 }
-                if (c->snapshot_every)  // the prompt's end (a no-op: the run's last step end kept it)
-                    for (Req *r : who) PF_TRY(keep_snapshot(c, *r, r->s->seq, st));
             }
         }
         // Into the tree: each prompt's pages and snapshots (the tree takes its own references).

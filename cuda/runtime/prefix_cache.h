@@ -51,7 +51,9 @@ struct pf_prefix_cache {
     char *host_pages = nullptr;            // pinned: [tree's host page ids] x page_bytes
     char *host_slots = nullptr;            // pinned: [tree's host slot ids] x snap_bytes
     size_t pinned_bytes = 0;
-    cudaStream_t copy_stream = nullptr;    // the host tier's copies
+    cudaStream_t copy_stream = nullptr;    // the host tier's copies (with a host tier only)
+    cudaEvent_t ctx_mark = nullptr;        // the copy stream's wait for the context's queued work
+    cudaEvent_t copy_mark = nullptr;       // the context's wait for a restore's copies
     struct Held {                          // an eviction's moved ids, held until its copies are done
         cudaEvent_t done = nullptr;
         std::vector<int32_t> pages, slots;
