@@ -318,9 +318,10 @@ SIDES = {"cold": "cache off (cold)", "sessions": "cache on (sessions)", "pages":
          "tree": "cache on (tree)"}
 
 
-def side_runs(sides, every) -> list[tuple[str, int | None]]:
-    """(impl label, N) of each side to run, in SIDES' order: the cold side once, each cache side once
-    per N of `every` (None or one N: the plain labels; several: ", N=..." in each label, the sweep)."""
+def side_runs(sides, every) -> list[tuple[str, str, int | None]]:
+    """(side key, impl label, N) of each side to run, in SIDES' order: the cold side once, each cache
+    side once per N of `every` (None or one N: the plain labels; several: ", N=..." in each label,
+    the sweep)."""
     sides = list(SIDES) if sides is None else list(sides)
     unknown = [s for s in sides if s not in SIDES]
     if unknown:
@@ -331,11 +332,11 @@ def side_runs(sides, every) -> list[tuple[str, int | None]]:
         if key not in sides:
             continue
         if key == "cold":
-            out.append((SIDES[key], None))
+            out.append((key, SIDES[key], None))
             continue
         for ev in evs:
             label = SIDES[key] if len(evs) == 1 else SIDES[key][:-1] + f", N={ev})"
-            out.append((label, ev))
+            out.append((key, label, ev))
     return out
 
 
@@ -359,18 +360,18 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
         rec.say(f"  {label} chat: the replies of {sum(map(len, replies))} turns computed in "
                 f"{time.perf_counter() - t0:.1f} s (not timed)")
     for trace in ("chat", "branch"):
-        for impl, every in runs:
+        for side, impl, n_every in runs:
             try:
                 rerun = None
-                if impl.startswith("cache off"):
+                if side == "cold":
                     reset = lambda s: s.reset()   # noqa: E731
                     if trace == "chat":
                         ttft, prompts = serve_chat(model, script, cold_first, reset, replies=replies)
                     else:
                         ttft, prompts = serve(model, branches, cold_first, reset), branches
                     prefilled, held, own = sum(len(p) for p in prompts), model.ctx.allocated(), None
-                elif impl.startswith("cache on (tree"):
-                    with _tree_for(model, quick, every) as tree:
+                elif side == "tree":
+                    with _tree_for(model, quick, n_every) as tree:
                         if trace == "chat":
                             ttft, prompts = serve_chat(model, script, tree_first(tree), paged=True, replies=replies)
                         else:
@@ -380,8 +381,8 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
                         rec.say(f"  {label} {trace} tree: {tree.stats}")
                 else:
                     longest = script.capacity() if trace == "chat" else max(len(p) for p in branches)
-                    paged = impl.startswith("cache on (pages")
-                    with _cache_for(model, longest, quick, paged, every) as cache:
+                    paged = side == "pages"
+                    with _cache_for(model, longest, quick, paged, n_every) as cache:
                         if trace == "chat":
                             ttft, prompts = serve_chat(model, script, cached_first(cache), paged=paged,
                                                        replies=replies)
@@ -390,7 +391,7 @@ def bench_model(rec, model, label: str, size: TraceSize, seed: int = 39, quick: 
                         prefilled, held = cache.stats["prefilled_tokens"], model.ctx.allocated()
                         own = cache.stats["device_bytes"] + (_pool_bytes(model) if paged else 0)
                         rec.say(f"  {label} {trace} cache: {cache.stats}")
-                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held, own, every, rerun)
+                r = trace_row(label, trace, impl, ttft, prompts, prefilled, held, own, n_every, rerun)
                 _say(rec, r)
                 rows.append(r)
             except Exception as exc:   # noqa: BLE001  one line says why

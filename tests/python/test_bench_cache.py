@@ -100,12 +100,13 @@ def test_trace_row_and_table():
 
 def test_side_runs():
     """The sides in their fixed order, the cold side once, each cache side once per N of a sweep."""
-    assert cache.side_runs(None, None) == [("cache off (cold)", None), ("cache on (sessions)", None),
-                                            ("cache on (pages)", None), ("cache on (tree)", None)]
-    assert cache.side_runs(["tree", "cold"], [512]) == [("cache off (cold)", None), ("cache on (tree)", 512)]
+    assert cache.side_runs(None, None) == [("cold", "cache off (cold)", None), ("sessions", "cache on (sessions)", None),
+                                            ("pages", "cache on (pages)", None), ("tree", "cache on (tree)", None)]
+    assert cache.side_runs(["tree", "cold"], [512]) == [("cold", "cache off (cold)", None),
+                                                       ("tree", "cache on (tree)", 512)]
     assert cache.side_runs(["tree", "pages"], [256, 1024]) == [
-        ("cache on (pages, N=256)", 256), ("cache on (pages, N=1024)", 1024),
-        ("cache on (tree, N=256)", 256), ("cache on (tree, N=1024)", 1024)]
+        ("pages", "cache on (pages, N=256)", 256), ("pages", "cache on (pages, N=1024)", 1024),
+        ("tree", "cache on (tree, N=256)", 256), ("tree", "cache on (tree, N=1024)", 1024)]
     with pytest.raises(ValueError, match="'forest'"):
         cache.side_runs(["forest"], None)
     with pytest.raises(ValueError, match="'forest'"):
