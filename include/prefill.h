@@ -72,7 +72,9 @@
  * a non-regular file is refused before it is opened, so a FIFO no longer blocks the call), and
  * the tuning fields gemm_blocks, gemm_blocks_slab_rows and gemm_blocks_gemv_rows at the end of pf_tuning (inside
  * pf_model_options and pf_session_options: callers built against an earlier 0.6 header get
- * ABI_MISMATCH from their _init until rebuilt).
+ * ABI_MISMATCH from their _init until rebuilt); later in 0.6, the tuning fields
+ * prewarm_cache_rows and prewarm_cache_margin at the end of pf_tuning and rule_rows,
+ * weights_blocks, rule_ratio_min / _max and why at the end of pf_prewarm_report (the same rule).
  */
 #ifndef PREFILL_H
 #define PREFILL_H
@@ -258,6 +260,17 @@ typedef struct pf_tuning {
                                   the exact weight, within the f16 leg's tolerance of the cache);
                                   the other types and more rows run the few-rows form. 0 = default
                                   (8, measured on the H200), -1 = never, else 1..16 */
+    int32_t prewarm_cache_rows; /* the prewarm's cache rule: a matrix the f16 leg can read from its
+                                  GGUF blocks (gemm_blocks on where the device runs it, a block type)
+                                  gets its fp16 cache only where the cached GEMM measured faster than
+                                  the blocks' by more than prewarm_cache_margin percent at this many
+                                  rows (each shape once per device and process, as gemm_lt's choice);
+                                  else it stays at its file's size. 0 = default (2048, a session's
+                                  default step), -1 = no rule (cache whatever fits), else 1..65536.
+                                  The LM head and units under 4 MiB of fp16 are outside the rule
+                                  (cached: the LM head last, as before) */
+    int32_t prewarm_cache_margin; /* the rule's margin in percent: 0 = default (3), else 1..100000
+                                  (a large margin keeps every such matrix at its file's size) */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it
@@ -541,7 +554,8 @@ PF_API pf_status pf_weight_copy_f16(pf_context *ctx, const pf_weight *w, const p
 
 typedef struct pf_prewarm_report {
     size_t struct_size;      /* set by pf_prewarm_report_init */
-    int32_t armed;           /* 1: every weight of the set has its fp16 cache; 0: none added */
+    int32_t armed;           /* 1: every weight of the set has its fp16 cache (or, in a model's
+                                prewarm, stays on its blocks by the cache rule); 0: none added */
     int32_t weights_total;   /* distinct weights in the set */
     int32_t weights_cached;  /* of them, cached after the call */
     int32_t weights_added;   /* cached by this call */
@@ -564,6 +578,13 @@ typedef struct pf_prewarm_report {
                                 weights_total, bytes_added bytes); the model's other matrices
                                 run the f16 leg by streaming (dequantized per call into the
                                 session's scratch), also under PF_GEMM_AUTO. 0 otherwise */
+    int32_t rule_rows;       /* rows at which the cache rule measured (tuning prewarm_cache_rows;
+                                0: no rule ran). pf_prewarm_f16 runs no rule */
+    int32_t weights_blocks;  /* weights the rule left at their file's size (the f16 leg reads their
+                                blocks); armed counts them as done */
+    double rule_ratio_min;   /* over the shapes measured: the blocks' time / the cache's time at */
+    double rule_ratio_max;   /* rule_rows (0 when none was measured) */
+    char why[256];           /* what is cached and why, one line */
 } pf_prewarm_report;
 
 PF_API pf_status pf_prewarm_report_init(pf_prewarm_report *report, size_t struct_size);
@@ -860,11 +881,14 @@ PF_API void pf_model_destroy(pf_model *model);
  * weight_bytes = tensor bytes). The same errors as pf_model_load. */
 PF_API pf_status pf_model_inspect(const char *path, pf_model_info *out);
 PF_API pf_status pf_model_info_get(const pf_model *model, pf_model_info *out);
-/* Caches every matrix as fp16 now; *armed = 1 when all are cached, 0 when the set did not fit
- * (then what fits is cached and the rest streams: pf_model_prewarm_report). */
+/* Caches every matrix as fp16 now; *armed = 1 when all are cached or left at their file's size
+ * by the cache rule (tuning prewarm_cache_rows), 0 when the set did not fit (then what fits is
+ * cached and the rest streams: pf_model_prewarm_report). */
 PF_API pf_status pf_model_prewarm(pf_model *model, size_t headroom_bytes, int32_t *armed);
 /* The report of the model's last prewarm (at load or pf_model_prewarm); armed = 0 and
- * reason "not run" when there was none. report must come from pf_prewarm_report_init. */
+ * reason "not run" when there was none. A model's prewarm runs the cache rule (tuning
+ * prewarm_cache_rows): rule_rows, weights_blocks, the ratios and why say what it measured and
+ * kept. report must come from pf_prewarm_report_init. */
 PF_API pf_status pf_model_prewarm_report(const pf_model *model, pf_prewarm_report *report);
 /* The weight of the model's matrix `name` (a GGUF tensor name, e.g. "blk.0.ffn_up.weight"):
  * borrowed, valid while the model lives; do not destroy it. INVALID_ARGUMENT when the model has

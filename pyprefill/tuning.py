@@ -24,6 +24,9 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     gemm_blocks        bool                         the f16 leg reads an uncached matrix's GGUF blocks
     gemm_blocks_slab_rows int (>= 2) or "never"     ... as per-call fp16 slabs from this many rows on
     gemm_blocks_gemv_rows int (1..16) or "never"    ... up to this many rows on Q4_K / Q5_K / Q6_K: the GEMV form
+    prewarm_cache_rows int (1..65536) or "no-rule"  a model's prewarm caches a matrix the f16 leg reads from
+                                                    its blocks only where the cache measured faster at these rows
+    prewarm_cache_margin int (percent, 1..100000)   ... by more than this (default 3)
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ _SWITCHES = ("fuse_groups", "f16_producers", "fuse_qk_rope", "fuse_conv_norm", "
              "gemm_blocks")
 _INTS = {"gdn_subpass_rows": {"one-pass": -1}, "prewarm_piece_bytes": {"one-allocation": -1},
          "prewarm_fail_piece": {}, "gemm_blocks_slab_rows": {"never": -1},
-         "gemm_blocks_gemv_rows": {"never": -1}}
+         "gemm_blocks_gemv_rows": {"never": -1}, "prewarm_cache_rows": {"no-rule": -1},
+         "prewarm_cache_margin": {}}
 FIELDS = (*_ENUMS, *_SWITCHES, *_INTS)
 
 

@@ -16,6 +16,15 @@ constexpr int32_t kDefaultCapacity = 4096;
 // Rows per step: a batch's step_tokens = 0, and the auto step of a session (chunk_tokens = 0;
 // measured ~20% faster than 512 for qwen35-4b on the H200), which auto_step_rows may halve.
 constexpr int32_t kDefaultStepRows = 2048;
+// The prewarm's cache rule (tuning prewarm_cache_rows / _margin): a matrix the f16 leg can read
+// from its blocks is cached where the cached GEMM measured more than 3% faster at a session's
+// default step (the issue "Weights at their GGUF size": the rule the prewarm follows).
+constexpr int32_t kPrewarmCacheMargin = 3;        // percent
+constexpr int32_t kPrewarmCacheMaxRows = 65536;
+constexpr int32_t kPrewarmCacheMaxMargin = 100000;
+// Units under this many fp16 bytes are cached without a measurement: launch latency, not the
+// work, sets their times (a tiny model's every matrix), and their bytes are small.
+constexpr size_t kPrewarmRuleMinBytes = size_t(4) << 20;
 // A batch's max_tokens = 0: the token ids of this many full steps per call.
 constexpr int32_t kDefaultBatchSteps = 8;
 // The blocks leg (tuning gemm_blocks): from this many rows of a call on, a matrix's blocks are

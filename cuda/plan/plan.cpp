@@ -144,6 +144,8 @@ pf_tuning tuning_over(const pf_tuning &top, const pf_tuning &base) {
     over(t.gemm_blocks, top.gemm_blocks);
     over(t.gemm_blocks_slab_rows, top.gemm_blocks_slab_rows);
     over(t.gemm_blocks_gemv_rows, top.gemm_blocks_gemv_rows);
+    over(t.prewarm_cache_rows, top.prewarm_cache_rows);
+    over(t.prewarm_cache_margin, top.prewarm_cache_margin);
     return t;
 }
 
@@ -176,6 +178,12 @@ pf_status tuning_check(const pf_tuning &t, const char *fn) {
     PF_CHECK_ARG(t.gemm_blocks_gemv_rows >= -1 && t.gemm_blocks_gemv_rows <= kBlocksGemvMaxRows,
                  "%s: tuning.gemm_blocks_gemv_rows=%d (0 default, -1 never, else rows 1..%d)", fn,
                  t.gemm_blocks_gemv_rows, kBlocksGemvMaxRows);
+    PF_CHECK_ARG(t.prewarm_cache_rows >= -1 && t.prewarm_cache_rows <= kPrewarmCacheMaxRows,
+                 "%s: tuning.prewarm_cache_rows=%d (0 default, -1 no rule, else rows 1..%d)", fn,
+                 t.prewarm_cache_rows, int(kPrewarmCacheMaxRows));
+    PF_CHECK_ARG(t.prewarm_cache_margin >= 0 && t.prewarm_cache_margin <= kPrewarmCacheMaxMargin,
+                 "%s: tuning.prewarm_cache_margin=%d (0 default, else percent 1..%d)", fn,
+                 t.prewarm_cache_margin, int(kPrewarmCacheMaxMargin));
     PF_CHECK_ARG(t.prewarm_fail_piece >= 0, "%s: tuning.prewarm_fail_piece=%d must be >= 0", fn,
                  t.prewarm_fail_piece);
     PF_CHECK_ARG(t.prewarm_piece_bytes >= -1, "%s: tuning.prewarm_piece_bytes=%lld (0 default, -1 one "
@@ -213,6 +221,10 @@ PrewarmPlan prewarm_plan(const pf_tuning &t) {
     if (t.prewarm_piece_bytes < 0) p.first_piece_bytes = 0;
     else if (t.prewarm_piece_bytes > 0) p.first_piece_bytes = size_t(t.prewarm_piece_bytes);
     p.fail_piece = t.prewarm_fail_piece > 0 ? t.prewarm_fail_piece - 1 : -1;
+    p.rule_rows = t.prewarm_cache_rows == 0 ? kDefaultStepRows : t.prewarm_cache_rows < 0 ? 0 : t.prewarm_cache_rows;
+    p.rule_margin = (t.prewarm_cache_margin == 0 ? kPrewarmCacheMargin : t.prewarm_cache_margin) / 100.0;
+    p.rule_slab_rows = blocks_slab_rows(t);
+    p.rule_gemv_rows = blocks_gemv_rows(t);
     return p;
 }
 

@@ -92,6 +92,13 @@ struct PrewarmPlan {
     // Partial: the weight cached only when everything else fits (the LM head: a prefill asking
     // for the last token's logits runs it as a GEMV on the GGUF blocks, never from the cache).
     const pf_weight *last = nullptr;
+    // The cache rule (a model's prewarm; prewarm_plan sets the rows and margin from the tuning,
+    // model_prewarm arms it): a unit whose every part the f16 leg can read from its blocks is
+    // cached only where the cached GEMM measured more than rule_margin faster at rule_rows rows.
+    int64_t rule_rows = 0;     // 0: no rule
+    double rule_margin = 0.03;
+    int64_t rule_slab_rows = INT64_MAX, rule_gemv_rows = 0;  // the blocks' forms' limits (the tuning's)
+    bool rule = false;         // armed: the sessions' route reads uncached block matrices (gemm_blocks)
 };
 PrewarmPlan prewarm_plan(const pf_tuning &t);
 

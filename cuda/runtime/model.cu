@@ -145,6 +145,9 @@ pf_status model_prewarm(pf_model *m, size_t headroom, int32_t *armed) {
     PrewarmPlan plan = prewarm_plan(t);
     plan.partial = true;  // what does not fit streams (pf_model_options.prewarm)
     plan.last = m->output;  // the LM head: last (the last-token logits take the GEMV)
+    // The cache rule where the sessions' f16 leg reads an uncached block matrix in place (gemm_blocks
+    // on, as model_exec_plan resolves it for this device): else an uncached matrix would stream.
+    plan.rule = m->gemm_leg != PF_GEMM_F32 && switch_on(t.gemm_blocks, true) && gemm_q16_available(m->ctx->device);
     for (pf_weight *w : m->weights) w->f16_stream = false;
     const bool fuse = switch_on(t.fuse_groups, true);
     // A model whose sessions run the 8-bit leg by default: the recipe's matrices get their int8

@@ -143,6 +143,9 @@ def prewarm_report_dict(rep) -> dict:
         "elapsed_ms": rep.elapsed_ms, "device_ms": rep.device_ms,
         "reason": ffi.string(rep.reason).decode("utf-8", "replace"),
         "partial": bool(rep.partial),
+        "rule_rows": rep.rule_rows, "weights_blocks": rep.weights_blocks,
+        "rule_ratio_min": rep.rule_ratio_min, "rule_ratio_max": rep.rule_ratio_max,
+        "why": ffi.string(rep.why).decode("utf-8", "replace"),
     }
 
 

@@ -11,8 +11,12 @@ Prewarm v2 (session 17): the kernel's persistent CTAs take several tiles each, o
 matrices and types (sets of thousands of tiles), and the cache comes in pieces allocated one
 after the other (tuning prewarm_piece_bytes sets the first piece's bytes, "one-allocation" = one
 allocation; prewarm_fail_piece=N makes piece N's allocation fail): every piece setting gives the
-same bits and the same logits, and a failing piece leaves nothing behind."""
+same bits and the same logits, and a failing piece leaves nothing behind. The cache rule (session
+45, issue 38): a model's prewarm leaves a unit at its file's size where the blocks' form measured
+within the margin of the cache (tuning prewarm_cache_rows / _margin), and says so in the report."""
 from __future__ import annotations
+
+import os
 
 import gguf
 import numpy as np
@@ -20,7 +24,7 @@ import pytest
 from helpers import assert_uncached_auto_leg, null_view, status_and_error
 from test_kernel_dequant import QTYPES, oracle, random_blocks
 
-from _engine_models import random_tokens, synth_model
+from _engine_models import random_tokens, synth_model, test_dir
 from pyprefill import core, errors
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gemm
@@ -481,3 +485,61 @@ def test_model_prewarm_report_before_any_prewarm():
         assert m.prewarm()
         rep = m.prewarm_report()
         assert rep["armed"] and rep["weights_added"] == rep["weights_total"] > 0
+
+
+def _rule_model() -> str:
+    """qwen35-0.8b's shapes cut to 4 layers (one attention layer) and a 1024-token vocabulary:
+    units of 4-17 MiB of fp16, inside the cache rule (tiny models' are under its floor)."""
+    from pyprefill.formats.synth import write_synthetic
+    path = os.path.join(test_dir(), "qwen35-0.8b-l4-q4_k_m.gguf")
+    if not os.path.exists(path):
+        write_synthetic("qwen35-0.8b", "q4_k_m", path + ".tmp", seed=7, progress=False, n_layer=4,
+                        n_vocab=1024)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+@pytest.mark.gpu
+def test_cache_rule_keeps_the_file_size_where_asked(rng):
+    """Issue 38's default: a model's prewarm caches a unit the f16 leg reads from its blocks only
+    where the cache measured faster by more than the margin at the rule's rows. With a margin no
+    measurement can pass (100000%) every such unit stays at its file's size (the LM head and
+    the norms' vectors are outside the rule), the report says so, and a session's logits at 100
+    rows (the blocks' per-call slabs: the cache's GEMM on the cache's bits) equal the fully cached
+    model's bit for bit; with the default margin the report's counts, ratios and decisions agree
+    (a unit left on its blocks measured within 3%, a cached one beyond)."""
+    from pyprefill.model import Model
+    path = _rule_model()
+    kw = dict(max_tokens=128, chunk=128, kv="f32", attention="cublas")
+    with Model.load(path, gemm="auto", prewarm=True, progress=False,
+                    tuning={"prewarm_cache_rows": "no-rule"}) as full:
+        rep = full.prewarm_report()
+        assert rep["armed"] and rep["rule_rows"] == 0 and rep["weights_blocks"] == 0, rep
+        assert "no cache rule" in rep["why"], rep
+        toks = random_tokens(rng, 100, full.n_vocab)
+        with full.session(**kw) as s:
+            want = s.prefill(toks, "all")
+        cached_bytes = full.info["f16_bytes"]
+    with Model.load(path, gemm="auto", prewarm=True, progress=False,
+                    tuning={"prewarm_cache_margin": 100000, "prewarm_cache_rows": 256}) as m:
+        rep = m.prewarm_report()
+        assert rep["armed"] and rep["rule_rows"] == 256, rep
+        assert 0 < rep["weights_blocks"] < rep["weights_total"], rep     # the LM head stays cached
+        assert rep["weights_cached"] + rep["weights_blocks"] == rep["weights_total"], rep
+        assert 0 < rep["rule_ratio_min"] <= rep["rule_ratio_max"], rep
+        assert "the rule at 256 rows" in rep["why"] and f"({rep['weights_blocks']} weights)" in rep["why"], rep
+        assert m.info["f16_armed"] == 0 and 0 < m.info["f16_bytes"] < cached_bytes
+        assert m.info["f16_bytes"] == rep["bytes_added"]
+        with pytest.raises(errors.InvalidArgumentError):
+            gemm.weight_f16_np(m.ctx, m.weight("blk.0.ffn_gate.weight"))        # no cache: its blocks
+        with m.session(**kw) as s:
+            got = s.prefill(toks, "all")
+        assert np.array_equal(got, want), "a unit left on its blocks changed the logits at 100 rows"
+    with Model.load(path, gemm="auto", prewarm=True, progress=False) as d:
+        rep = d.prewarm_report()
+        assert rep["armed"] and rep["rule_rows"] == 2048, rep
+        assert rep["weights_cached"] + rep["weights_blocks"] == rep["weights_total"], rep
+        if rep["weights_blocks"]:
+            assert rep["rule_ratio_min"] <= 1.03, rep
+        assert rep["rule_ratio_max"] > 1.03 or rep["weights_blocks"] > 0, rep
+        print(f"cache rule at 2048 rows: {rep['why']}")

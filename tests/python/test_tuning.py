@@ -29,7 +29,9 @@ def test_fields_round_trip():
                     "row_form": "recompute", "gdn_scan": "chunked", "gdn_state": "warp",
                     "gdn_subpass_rows": "one-pass", "gdn_pdl": False, "attn_kernel": "mma",
                     "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
-                    "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16})
+                    "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16,
+                    "prewarm_cache_rows": "no-rule", "prewarm_cache_margin": 25})
+    assert t.prewarm_cache_rows == -1 and t.prewarm_cache_margin == 25
     assert t.gemm_lt == lib.PF_GEMM_LT_FORCE and t.fuse_groups == lib.PF_SWITCH_OFF
     assert t.f16_producers == lib.PF_SWITCH_ON and t.gdn_subpass_rows == -1
     assert t.prewarm_piece_bytes == -1 and t.prewarm_fail_piece == 3 and t.gemm_blocks_slab_rows == -1
@@ -39,7 +41,8 @@ def test_fields_round_trip():
                                  "gdn_state": "warp", "gdn_subpass_rows": "one-pass",
                                  "gdn_pdl": False, "attn_kernel": "mma",
                                  "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
-                                 "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16}
+                                 "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16,
+                                 "prewarm_cache_rows": "no-rule", "prewarm_cache_margin": 25}
     assert tuning.as_dict(tuning.new()) == {}
     assert tuning.as_dict(tuning.new({"gdn_state": None, "fuse_groups": "default"})) == {}
 
@@ -72,7 +75,11 @@ def test_python_side_names_the_field(fields, match):
     ("gemm_blocks_slab_rows", 1, "tuning.gemm_blocks_slab_rows=1 (0 default, -1 never, else rows >= 2)"),
     ("gemm_blocks_slab_rows", -3, "tuning.gemm_blocks_slab_rows=-3"),
     ("gemm_blocks_gemv_rows", 17, "tuning.gemm_blocks_gemv_rows=17 (0 default, -1 never, else rows 1..16)"),
-    ("gemm_blocks_gemv_rows", -2, "tuning.gemm_blocks_gemv_rows=-2")])
+    ("gemm_blocks_gemv_rows", -2, "tuning.gemm_blocks_gemv_rows=-2"),
+    ("prewarm_cache_rows", -2, "tuning.prewarm_cache_rows=-2 (0 default, -1 no rule, else rows 1..65536)"),
+    ("prewarm_cache_rows", 65537, "tuning.prewarm_cache_rows=65537"),
+    ("prewarm_cache_margin", -1, "tuning.prewarm_cache_margin=-1 (0 default, else percent 1..100000)"),
+    ("prewarm_cache_margin", 100001, "tuning.prewarm_cache_margin=100001")])
 def test_library_checks_every_field(field, value, say):
     mo = ffi.new("pf_model_options *")
     assert lib.pf_model_options_init(mo, ffi.sizeof("pf_model_options")) == 0

@@ -15,7 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "kernels/gemm/gemm_q16.cuh"  // gemm_q16: the f16 leg's GEMM on the GGUF blocks
 #include "kernels/gemm/qgemm.cuh"
 #include "kernels/rows/f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
+#include "plan/defaults.h"
 #include "plan/qtype.h"
 #include "ptx/common.cuh"
 
@@ -647,6 +651,161 @@ struct EventPair {
     }
 };
 
+// ------------------------------------------------------------------ the cache rule
+//
+// A model's prewarm caches a unit (a fused group, or a lone matrix) whose every part the f16 leg
+// can read from its blocks only where the cached GEMM is measured faster than the blocks' by more
+// than the rule's margin at the rule's rows (PrewarmPlan::rule_rows, a session's default step):
+// the issue "Weights at their GGUF size" asks that the file's size be kept wherever the cache
+// buys less than that. What is timed is what a session runs at those rows: the blocks' form
+// (project_blocks_rows: the per-call slabs and the cache's GEMM from gemm_blocks_slab_rows rows
+// on, the GEMM on the blocks or the GEMV below) against the GEMM on the parts' fp16 side by side
+// (the fused block the prewarm would lay out), both on the same fp16 rows, GemmEx (an executor's
+// cuBLASLt choice is the same algorithm for both at the slab rows), a warm-up each and the
+// medians of 5 interleaved rounds. Each shape is timed once per device and process (as gemm_lt's
+// choice is), so two models of one shape in a process decide alike.
+
+struct RuleTime {
+    double cache_ms = 0, blocks_ms = 0;
+    bool measured = false;
+};
+
+struct RuleKey {
+    int device;
+    int64_t rows, slab_rows, gemv_rows, k;
+    std::vector<std::pair<int32_t, int64_t>> parts;  // (qtype, n) in order
+    bool operator<(const RuleKey &o) const {
+        return std::tie(device, rows, slab_rows, gemv_rows, k, parts) <
+               std::tie(o.device, o.rows, o.slab_rows, o.gemv_rows, o.k, o.parts);
+    }
+};
+
+std::mutex g_rule_mu;
+std::map<RuleKey, RuleTime> g_rule_times;
+
+// Whether the rule applies to a unit: every part a block type that the f16 leg reads in place.
+bool rule_unit(const std::vector<pf_weight *> &parts) {
+    for (const pf_weight *w : parts)
+        if (!qtype_is_block(w->qtype) || w->nparts != 0 || !w->data) return false;
+    return !parts.empty();
+}
+
+// Times one unit (RuleTime.measured false, status OK, when its scratch does not fit: the caller
+// then caches it).
+pf_status rule_time(pf_context *ctx, const std::vector<pf_weight *> &parts, const PrewarmPlan &plan, RuleTime *out) {
+    *out = RuleTime{};
+    const int64_t k = parts.front()->k, rows = plan.rule_rows;
+    RuleKey key{ctx->device, rows, plan.rule_slab_rows, plan.rule_gemv_rows, k, {}};
+    int64_t n = 0;
+    for (const pf_weight *w : parts) {
+        key.parts.emplace_back(w->qtype, w->n);
+        n += w->n;
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_rule_mu);
+        const auto it = g_rule_times.find(key);
+        if (it != g_rule_times.end()) {
+            *out = it->second;
+            return PF_STATUS_OK;
+        }
+    }
+    if (rows > INT_MAX || n > INT_MAX || k > INT_MAX) return PF_STATUS_OK;  // not a cuBLAS shape: cache
+    pf_weight view;
+    pf_weight *w = parts.front();
+    if (parts.size() > 1) {
+        ProjRoute r;
+        r.leg = PF_GEMM_F16;
+        r.weight = WeightForm::F16Blocks;
+        if (!fused_view(r, parts.data(), int32_t(parts.size()), &view)) return PF_STATUS_OK;
+        w = &view;
+    }
+    // Scratch of the call's own (freed before return): the fp16 rows, the output, and the unit's
+    // fp16: from the slab rows on, the blocks' form's own slab (each of its runs writes the cache's
+    // bits there, which the cache's GEMM then reads), else a copy dequantized here.
+    Scratch xs, ys, w16, x16, w32, spare;
+    struct Release {
+        pf_context *ctx;
+        Scratch *s[6];
+        ~Release() {
+            (void)cudaStreamSynchronize(ctx->stream);
+            for (Scratch *p : s) scratch_release(ctx, *p);
+        }
+    } release{ctx, {&xs, &ys, &w16, &x16, &w32, &spare}};
+    const bool slabs = rows >= plan.rule_slab_rows;
+    const size_t xb = size_t(rows) * size_t(k) * sizeof(__half), yb = size_t(rows) * size_t(n) * sizeof(float);
+    const size_t wb = size_t(n) * size_t(k) * sizeof(__half);
+    if (slabs && slab_bytes16(w) != wb) return PF_STATUS_OK;  // slabs of parts of it, not its whole fp16: cache
+    for (auto [sc, b] : {std::pair<Scratch *, size_t>{&xs, xb}, {&ys, yb}, {&w16, wb}}) {
+        const pf_status st = scratch_reserve(ctx, *sc, b, "prewarm cache rule: scratch");
+        if (st == PF_STATUS_OUT_OF_MEMORY) return PF_STATUS_OK;  // not measured: the caller caches
+        PF_TRY(st);
+    }
+    // Rows of a moderate size (every element 0x3c3c, about 1.06): the times do not depend on them.
+    PF_CUDA_TRY(cudaMemsetAsync(xs.ptr, 0x3c, xb, ctx->stream));
+    if (!slabs) {
+        std::vector<prewarm_job> jobs;
+        int64_t col = 0;
+        for (const pf_weight *p : parts) {
+            jobs.push_back(prewarm_job{p->data, static_cast<__half *>(w16.ptr) + col * k, p->n * k, p->qtype});
+            col += p->n;
+        }
+        PF_TRY(prewarm_dequantize(jobs, ctx->stream));
+    }
+    ProjEnv env;
+    env.ctx = ctx;
+    env.w16 = slabs ? &w16 : &spare;  // below the slab rows the blocks' forms use no slab
+    env.x16 = &x16;
+    env.w32 = &w32;
+    env.blocks_slab_rows = key.slab_rows;
+    env.blocks_gemv_rows = key.gemv_rows;
+    const __half *xh = static_cast<const __half *>(xs.ptr);
+    const MatF y{static_cast<float *>(ys.ptr), n};
+    auto blocks = [&] { return project_blocks_rows(env, w, xh, nullptr, rows, y, false); };
+    auto cached = [&] {
+        PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
+        return gemm_f16(ctx, nullptr, F16Gemm{static_cast<const __half *>(w16.ptr), n, k, xh, rows, y, 0.0f});
+    };
+    // A form that cannot run the unit (an error, cleared) is not measured: the caller caches it.
+    if (blocks() != PF_STATUS_OK || cached() != PF_STATUS_OK) return PF_STATUS_OK;
+    EventPair ev;
+    cudaEvent_t mid = nullptr;
+    if (!ev.ev[0] || cudaEventCreate(&mid) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return PF_STATUS_OK;  // no events: not measured
+    }
+    std::vector<double> tb, tc;
+    pf_status st = PF_STATUS_OK;
+    for (int round = 0; round < 5 && st == PF_STATUS_OK; ++round) {
+        (void)cudaEventRecord(ev.ev[0], ctx->stream);
+        st = blocks();
+        (void)cudaEventRecord(mid, ctx->stream);
+        if (st == PF_STATUS_OK) st = cached();
+        (void)cudaEventRecord(ev.ev[1], ctx->stream);
+        if (st == PF_STATUS_OK && cudaEventSynchronize(ev.ev[1]) == cudaSuccess) {
+            float m0 = 0, m1 = 0;
+            if (cudaEventElapsedTime(&m0, ev.ev[0], mid) == cudaSuccess &&
+                cudaEventElapsedTime(&m1, mid, ev.ev[1]) == cudaSuccess) {
+                tb.push_back(m0);
+                tc.push_back(m1);
+            }
+        }
+    }
+    (void)cudaEventDestroy(mid);
+    (void)cudaGetLastError();
+    if (st != PF_STATUS_OK || tb.size() < 3) return PF_STATUS_OK;
+    std::sort(tb.begin(), tb.end());
+    std::sort(tc.begin(), tc.end());
+    out->blocks_ms = tb[tb.size() / 2];
+    out->cache_ms = tc[tc.size() / 2];
+    out->measured = out->cache_ms > 0;
+    if (out->measured) {
+        std::lock_guard<std::mutex> lock(g_rule_mu);
+        g_rule_times.emplace(key, *out);  // a concurrent first measurement of the same key: the first stays
+        *out = g_rule_times.find(key)->second;
+    }
+    return PF_STATUS_OK;
+}
+
 // fused_view's F16Cache case: the parts' fp16 caches are consecutive slices of one block.
 bool fused_f16_view(pf_weight *const *parts, int32_t count, pf_weight *view) {
     if (count < 1 || !parts[0] || !parts[0]->f16 || !parts[0]->f16_block) return false;
@@ -761,9 +920,11 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
     std::memset(&rep, 0, sizeof rep);
     rep.struct_size = sizeof rep;
     rep.headroom_bytes = headroom_bytes;
+    std::function<void()> explain;  // fills rep.why (set once the rule has run)
     auto finish = [&](pf_status s) {
         rep.elapsed_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - t0).count();
+        if (explain) explain();
         if (report) *report = rep;
         return s;
     };
@@ -801,7 +962,56 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
         }
     }
     rep.weights_total = int32_t(set.size());
+    // The cache rule (a model's prewarm): units the f16 leg reads from their blocks no slower than
+    // the rule's margin stay at their file's size; the LM head (plan.last) is outside it.
+    int32_t rule_units = 0, rule_blocks_units = 0, unmeasured = 0;
+    if (plan.rule && plan.rule_rows > 0) {
+        rep.rule_rows = int32_t(plan.rule_rows);
+        std::vector<F16Unit> kept;
+        for (F16Unit &u : units) {
+            const bool last = std::find(u.parts.begin(), u.parts.end(), plan.last) != u.parts.end();
+            if (last || u.bytes < kPrewarmRuleMinBytes || !rule_unit(u.parts)) {
+                kept.push_back(std::move(u));
+                continue;
+            }
+            RuleTime rt;
+            PF_TRY(rule_time(ctx, u.parts, plan, &rt));
+            ++rule_units;
+            if (!rt.measured) {
+                ++unmeasured;
+                kept.push_back(std::move(u));
+                continue;
+            }
+            const double ratio = rt.blocks_ms / rt.cache_ms;
+            rep.rule_ratio_min = rep.rule_ratio_min == 0 ? ratio : std::min(rep.rule_ratio_min, ratio);
+            rep.rule_ratio_max = std::max(rep.rule_ratio_max, ratio);
+            if (ratio > 1.0 + plan.rule_margin) {
+                kept.push_back(std::move(u));
+                continue;
+            }
+            ++rule_blocks_units;
+            rep.weights_blocks += int32_t(u.parts.size());
+            need -= u.bytes;
+        }
+        units.swap(kept);
+    }
     rep.bytes_needed = need;
+    explain = [&] {
+        const int32_t cached = rep.weights_cached;
+        int n = std::snprintf(rep.why, sizeof rep.why, "%d of %d weights cached", int(cached), int(rep.weights_total));
+        if (rep.rule_rows > 0 && n > 0 && size_t(n) < sizeof rep.why)
+            n += std::snprintf(rep.why + n, sizeof rep.why - size_t(n),
+                               "; the rule at %d rows timed %d units the f16 leg can read from their blocks "
+                               "(blocks / cache %.3f-%.3fx, margin %.0f%%): %d left at their file's size "
+                               "(%d weights)%s",
+                               int(rep.rule_rows), int(rule_units), rep.rule_ratio_min, rep.rule_ratio_max,
+                               100.0 * plan.rule_margin, int(rule_blocks_units), int(rep.weights_blocks),
+                               unmeasured ? ", some not timed (scratch did not fit): cached" : "");
+        else if (n > 0 && size_t(n) < sizeof rep.why)
+            n += std::snprintf(rep.why + n, sizeof rep.why - size_t(n), "; no cache rule (every matrix that fits)");
+        if (rep.partial && n > 0 && size_t(n) < sizeof rep.why)
+            std::snprintf(rep.why + n, sizeof rep.why - size_t(n), "; the rest did not fit");
+    };
 
     size_t free_b = 0, total_b = 0;
     PF_TRY(device_free_bytes(ctx, &free_b, &total_b));
@@ -871,7 +1081,7 @@ pf_status prewarm_f16_groups(pf_context *ctx, const std::vector<std::vector<pf_w
     rep.bytes_added = need;
     rep.weights_added = weights_added;
     rep.weights_cached += weights_added;
-    rep.armed = rep.weights_cached == rep.weights_total;
+    rep.armed = rep.weights_cached + rep.weights_blocks == rep.weights_total;
     if (rep.armed) {
         rep.reason[0] = '\0';
     } else {
