@@ -914,8 +914,10 @@ typedef struct pf_session_options {
     size_t struct_size;    /* set by pf_session_options_init; do not change */
     int32_t max_tokens;    /* capacity in positions. default 4096 */
     int32_t chunk_tokens;  /* rows per internal chunk (scratch is sized for it). default 0 = auto:
-                              2048 rows (measured ~20% faster than 512 on qwen35-4b, H200),
-                              capped at max_tokens and halved (down to 256) while the chunk's
+                              2048 rows (measured ~20% faster than 512 on qwen35-4b, H200), or
+                              8192 where the session reads a layer matrix from its GGUF blocks
+                              (no fp16 cache: each is dequantized once per chunk, so longer chunks
+                              amortize it), capped at max_tokens and halved (down to 256) while the chunk's
                               scratch would take more than 1/4 of the device memory left free
                               after the KV caches and states (a model whose prewarm was partial:
                               more than all of it, less 768 MiB for the streaming scratch) */

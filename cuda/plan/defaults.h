@@ -16,6 +16,11 @@ constexpr int32_t kDefaultCapacity = 4096;
 // Rows per step: a batch's step_tokens = 0, and the auto step of a session (chunk_tokens = 0;
 // measured ~20% faster than 512 for qwen35-4b on the H200), which auto_step_rows may halve.
 constexpr int32_t kDefaultStepRows = 2048;
+// The auto step of a session whose plan reads a layer matrix from its GGUF blocks (no fp16 cache,
+// tuning gemm_blocks): each such matrix's per-call slab is dequantized once per step, so longer
+// steps amortize it (qwen35-4b Q4_K_M on the blocks, pp8192, H200, session 45: 57.6k / 60.2k /
+// 63.6k tok/s at steps of 2048 / 4096 / 8192; the cache 62.4k / 63.7k / 64.6k).
+constexpr int32_t kBlocksStepRows = 8192;
 // The prewarm's cache rule (tuning prewarm_cache_rows / _margin): a matrix the f16 leg can read
 // from its blocks is cached where the cached GEMM measured more than 3% faster at a session's
 // default step (the issue "Weights at their GGUF size": the rule the prewarm follows).

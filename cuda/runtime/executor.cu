@@ -173,7 +173,7 @@ StepLayout step_layout(const Hparams &hp, int64_t step_rows, int64_t max_items, 
 }
 
 pf_status auto_step_rows(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
-                     int32_t *out) {
+                         int32_t base, int32_t *out) {
     size_t free_b = 0, total_b = 0;
     PF_TRY(device_free_bytes(ctx, &free_b, &total_b));
     size_t avail = free_b > state_bytes ? free_b - state_bytes : 0;
@@ -183,7 +183,7 @@ pf_status auto_step_rows(const pf_context *ctx, const Hparams &hp, int32_t cap, 
     // streaming scratch (at most one 512 MiB slab and the activations).
     const size_t share = streaming ? 1 : kAutoStepShare;
     if (streaming) avail = avail > kStreamReserve ? avail - kStreamReserve : 0;
-    int32_t c = std::min(kDefaultStepRows, cap);
+    int32_t c = std::min(base, cap);
     while (c > kMinAutoStepRows && step_layout(hp, c, 1, 0).row_bytes > avail / share) c /= 2;
     *out = c;
     return PF_STATUS_OK;

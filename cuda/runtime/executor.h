@@ -46,13 +46,14 @@ struct StepLayout {
 // n_gdn: the model's GDN layers (the varlen tables hold a pointer per layer and item).
 StepLayout step_layout(const Hparams &hp, int64_t step_rows, int64_t max_items, int64_t ids, int64_t n_gdn = 0);
 
-// A session's step rows when its options leave them 0 (chunk_tokens): kDefaultStepRows
-// (plan/defaults.h), capped at `cap`, halved down to 256 while the layout's row bytes would take
-// more than a quarter of the device memory free after `state_bytes` (KV caches and states).
-// streaming (a model with matrices its prewarm left to stream): the step may take all the free
-// memory after the state and the streaming scratch instead.
+// A session's step rows when its options leave them 0 (chunk_tokens): `base` (plan/defaults.h:
+// kDefaultStepRows, or kBlocksStepRows for a plan that reads layer matrices from their blocks),
+// capped at `cap`, halved down to 256 while the layout's row bytes would take more than a quarter
+// of the device memory free after `state_bytes` (KV caches and states). streaming (a model with
+// matrices its prewarm left to stream): the step may take all the free memory after the state and
+// the streaming scratch instead.
 pf_status auto_step_rows(const pf_context *ctx, const Hparams &hp, int32_t cap, size_t state_bytes, bool streaming,
-                         int32_t *out);
+                         int32_t base, int32_t *out);
 
 // One sequence's rows in a step: rows [row0, row0 + rows) of the step, at position pos.
 struct StepItem {

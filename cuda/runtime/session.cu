@@ -9,8 +9,10 @@
 #include <memory>
 
 #include "base/cuda_check.cuh"
+#include "plan/defaults.h"
 #include "plan/session_state.h"
 #include "runtime/kv_pool.h"
+#include "runtime/project.h"
 #include "runtime/run.h"
 
 namespace pf {
@@ -44,10 +46,17 @@ pf_status session_create(pf_model *m, const pf_session_options &o, pf_session **
     int32_t step_rows = 0;
     if (o.chunk_tokens) step_rows = std::min(o.chunk_tokens, capacity);
     else if (o.own_executor && !(like && like->exec)) {
-        bool streaming = false;
-        for (const pf_weight *w : m->weights) streaming = streaming || w->f16_stream;
+        bool streaming = false, blocks = false;
+        for (const pf_weight *w : m->weights) {
+            streaming = streaming || w->f16_stream;
+            // A layer matrix the plan reads from its blocks (the LM head's last-token rows take the GEMV).
+            ProjRoute r;
+            if (w != m->output && w != m->tok_embd && step_route(s->plan, w, &r) == PF_STATUS_OK)
+                blocks = blocks || r.weight == WeightForm::F16Blocks;
+        }
         const size_t state = sequence_bytes(m, capacity, o.kv_dtype, o.snapshot_slots, pool);
-        PF_TRY(auto_step_rows(m->ctx, hp, capacity, state, streaming, &step_rows));
+        PF_TRY(auto_step_rows(m->ctx, hp, capacity, state, streaming, blocks ? kBlocksStepRows : kDefaultStepRows,
+                              &step_rows));
     }
     PF_TRY(sequence_alloc(m, capacity, o.kv_dtype, o.snapshot_slots, &s->seq, pool));
     s->seq.snap_every = o.snapshot_every;

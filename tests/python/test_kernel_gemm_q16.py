@@ -468,3 +468,30 @@ def test_model_on_slabs_is_the_cached_model_bit_for_bit(bctx, rng, preset, fuse)
                 got = s.prefill(toks, "all")
             assert np.isfinite(got).all()
             assert np.array_equal(got, want), f"{preset} fuse={fuse} {n} tokens: not the cached model's logits"
+
+
+@pytest.mark.gpu
+def test_model_on_blocks_takes_a_longer_auto_step(bctx):
+    """A session whose plan reads layer matrices from their blocks gets an auto step (chunk 0) of
+    8192 rows (capped at max_tokens), so that each per-call slab is dequantized once per 8192 rows;
+    a cached model keeps 2048. Seen in the scratch a session holds: the auto step's equals an
+    explicit chunk of 8192 on the blocks (and more than 2048's), and 2048's on the cache."""
+    from _engine_models import synth_model
+
+    from pyprefill.model import Model
+    path = synth_model("qwen35-tiny", "q4_k_m")
+
+    def held(m, chunk):
+        base = m.ctx.allocated()
+        with m.session(8192, chunk=chunk) as s:
+            s.prefill(np.arange(40, dtype=np.int32) % m.n_vocab, "last")
+            return m.ctx.allocated() - base
+
+    with Model.load(path, prewarm=False, progress=False) as cold:
+        assert cold.refresh_info()["f16_bytes"] == 0
+        got = {c: held(cold, c) for c in (0, 8192, 2048)}
+        assert got[0] == got[8192] > got[2048], got
+    with Model.load(path, progress=False) as warm:
+        assert warm.info["f16_armed"] == 1
+        got = {c: held(warm, c) for c in (0, 2048)}
+        assert got[0] == got[2048], got
