@@ -73,7 +73,7 @@
  * the tuning fields gemm_blocks, gemm_blocks_slab_rows and gemm_blocks_gemv_rows at the end of pf_tuning (inside
  * pf_model_options and pf_session_options: callers built against an earlier 0.6 header get
  * ABI_MISMATCH from their _init until rebuilt); later in 0.6, the tuning fields
- * prewarm_cache_rows and prewarm_cache_margin at the end of pf_tuning and rule_rows,
+ * prewarm_cache_rows, prewarm_cache_margin and gemm_blocks_ring at the end of pf_tuning and rule_rows,
  * weights_blocks, rule_ratio_min / _max and why at the end of pf_prewarm_report (the same rule).
  */
 #ifndef PREFILL_H
@@ -271,6 +271,12 @@ typedef struct pf_tuning {
                                   (cached: the LM head last, as before) */
     int32_t prewarm_cache_margin; /* the rule's margin in percent: 0 = default (3), else 1..100000
                                   (a large margin keeps every such matrix at its file's size) */
+    int32_t gemm_blocks_ring;  /* under gemm_blocks, a session's or batch's steps from
+                                  gemm_blocks_slab_rows rows on: this many fp16 slab buffers, filled
+                                  ahead of their GEMMs on a stream of the lowest priority (the
+                                  context's has the highest), so that the dequantization runs where
+                                  the step leaves SMs idle. 0 = default (off), -1 = off, else 2..8.
+                                  The logits are bitwise the in-line slabs' */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it

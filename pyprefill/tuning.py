@@ -27,6 +27,7 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     prewarm_cache_rows int (1..65536) or "no-rule"  a model's prewarm caches a matrix the f16 leg reads from
                                                     its blocks only where the cache measured faster at these rows
     prewarm_cache_margin int (percent, 1..100000)   ... by more than this (default 3)
+    gemm_blocks_ring   int (2..8) or "off"          the blocks' slabs dequantized ahead in this many buffers
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ _SWITCHES = ("fuse_groups", "f16_producers", "fuse_qk_rope", "fuse_conv_norm", "
 _INTS = {"gdn_subpass_rows": {"one-pass": -1}, "prewarm_piece_bytes": {"one-allocation": -1},
          "prewarm_fail_piece": {}, "gemm_blocks_slab_rows": {"never": -1},
          "gemm_blocks_gemv_rows": {"never": -1}, "prewarm_cache_rows": {"no-rule": -1},
-         "prewarm_cache_margin": {}}
+         "prewarm_cache_margin": {}, "gemm_blocks_ring": {"off": -1}}
 FIELDS = (*_ENUMS, *_SWITCHES, *_INTS)
 
 

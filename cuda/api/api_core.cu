@@ -39,7 +39,11 @@ pf_status context_init(pf_context *ctx, const pf_context_options &o) {
     ctx->flags = o.flags;
     ctx->budget = o.memory_budget_bytes;
     ctx->workspace_bytes = o.workspace_bytes ? o.workspace_bytes : kDefaultWorkspaceBytes;
-    PF_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    // The highest priority: work a session puts on streams of its own beside it (the blocks leg's
+    // slabs dequantized ahead, tuning gemm_blocks_ring) takes the SMs it leaves idle, not its turn.
+    int least = 0, greatest = 0;
+    PF_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    PF_CUDA_TRY(cudaStreamCreateWithPriority(&ctx->stream, cudaStreamNonBlocking, greatest));
     PF_TRY(pf::device_alloc(ctx, ctx->workspace_bytes, &ctx->workspace, "cuBLAS workspace"));
     PF_CUBLAS_TRY(cublasCreate(&ctx->blas_f32));
     PF_CUBLAS_TRY(cublasCreate(&ctx->blas_tc));

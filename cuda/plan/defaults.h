@@ -21,6 +21,9 @@ constexpr int32_t kDefaultStepRows = 2048;
 // steps amortize it (qwen35-4b Q4_K_M on the blocks, pp8192, H200, session 45: 57.6k / 60.2k /
 // 63.6k tok/s at steps of 2048 / 4096 / 8192; the cache 62.4k / 63.7k / 64.6k).
 constexpr int32_t kBlocksStepRows = 8192;
+// The blocks leg's slab ring (tuning gemm_blocks_ring): buffers by default (0: off) and at most.
+constexpr int32_t kBlocksRingDefault = 0;
+constexpr int32_t kBlocksRingMax = 8;
 // The prewarm's cache rule (tuning prewarm_cache_rows / _margin): a matrix the f16 leg can read
 // from its blocks is cached where the cached GEMM measured more than 3% faster at a session's
 // default step (the issue "Weights at their GGUF size": the rule the prewarm follows).

@@ -146,6 +146,7 @@ pf_tuning tuning_over(const pf_tuning &top, const pf_tuning &base) {
     over(t.gemm_blocks_gemv_rows, top.gemm_blocks_gemv_rows);
     over(t.prewarm_cache_rows, top.prewarm_cache_rows);
     over(t.prewarm_cache_margin, top.prewarm_cache_margin);
+    over(t.gemm_blocks_ring, top.gemm_blocks_ring);
     return t;
 }
 
@@ -184,6 +185,10 @@ pf_status tuning_check(const pf_tuning &t, const char *fn) {
     PF_CHECK_ARG(t.prewarm_cache_margin >= 0 && t.prewarm_cache_margin <= kPrewarmCacheMaxMargin,
                  "%s: tuning.prewarm_cache_margin=%d (0 default, else percent 1..%d)", fn,
                  t.prewarm_cache_margin, int(kPrewarmCacheMaxMargin));
+    PF_CHECK_ARG(t.gemm_blocks_ring == -1 || t.gemm_blocks_ring == 0 ||
+                     (t.gemm_blocks_ring >= 2 && t.gemm_blocks_ring <= kBlocksRingMax),
+                 "%s: tuning.gemm_blocks_ring=%d (0 default, -1 off, else buffers 2..%d)", fn, t.gemm_blocks_ring,
+                 int(kBlocksRingMax));
     PF_CHECK_ARG(t.prewarm_fail_piece >= 0, "%s: tuning.prewarm_fail_piece=%d must be >= 0", fn,
                  t.prewarm_fail_piece);
     PF_CHECK_ARG(t.prewarm_piece_bytes >= -1, "%s: tuning.prewarm_piece_bytes=%lld (0 default, -1 one "
@@ -258,6 +263,7 @@ ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t k
     p.fuse_conv_norm = switch_on(t.fuse_conv_norm, true);
     p.varlen = switch_on(t.varlen, true);
     p.gemm_blocks = switch_on(t.gemm_blocks, true);  // sessions: on (kernel-level calls: off, api_gemm.cu)
+    p.blocks_ring = t.gemm_blocks_ring > 0 ? t.gemm_blocks_ring : t.gemm_blocks_ring < 0 ? 0 : kBlocksRingDefault;
     p.blocks_slab_rows = blocks_slab_rows(t);
     p.blocks_gemv_rows = blocks_gemv_rows(t);
     p.graphs = graphs && env_knobs().graphs;

@@ -134,6 +134,9 @@ struct ExecPlan {
     // Under gemm_blocks, calls of at most this many rows on Q4_K / Q5_K / Q6_K blocks run the GEMV form
     // (tuning.gemm_blocks_gemv_rows resolved: blocks_gemv_rows(); 0: never).
     int64_t blocks_gemv_rows = 0;
+    // F16Blocks at the slab rows: slab buffers filled ahead on a stream of their own (tuning
+    // gemm_blocks_ring resolved; 0: the slabs in line).
+    int32_t blocks_ring = 0;
 };
 
 // The rows from which the blocks leg runs per-call fp16 slabs (tuning.gemm_blocks_slab_rows: 0 =

@@ -76,6 +76,29 @@ pf_status plan_gemms(Executor *e) {
     return PF_STATUS_OK;
 }
 
+// The slab ring's jobs (plan.blocks_ring): the layer loop's GEMMs on blocks whose slab holds them
+// whole (for_each_gemm over the layer description's groups, in the order the layers run them),
+// then its buffers. A ring the device memory does not hold stays off (the slabs in line).
+pf_status ring_jobs(Executor *e) {
+    SlabRing &r = e->ring;
+    for (const LayerWeights &Lw : e->model->layers) {
+        const ProjGroup *groups = layer_groups(Lw.attn);
+        for (int32_t gi = 0; gi < kLayerGroups; ++gi)
+            PF_TRY(for_each_gemm(e->plan, Lw, groups[gi], [&](const ProjRoute &rt, pf_weight *w, int64_t) {
+                if (rt.weight != WeightForm::F16Blocks || !slab_whole(w)) return PF_STATUS_OK;
+                SlabRing::Job j;
+                if (w->nparts > 0) j.parts.assign(w->parts, w->parts + w->nparts);
+                else j.parts.push_back(w);
+                j.n = w->n;
+                j.k = w->k;
+                r.jobs.push_back(std::move(j));
+                return PF_STATUS_OK;
+            }));
+    }
+    r.weight_forms = e->ctx->weight_forms.load();
+    return slab_ring_alloc(e->ctx, &r, e->plan.blocks_ring);
+}
+
 // The cuBLAS attention path's workspace: the path is chosen per call (attention_resolved_path):
 // always cuBLAS for an fp32 cache or a forced path, and with AUTO also for short chunks deep into
 // the cache (few flash blocks, many keys). Sized for the most query rows a cuBLAS call of this
@@ -197,6 +220,7 @@ Executor::~Executor() {
         for (cudaGraphExec_t x : g.segs) (void)cudaGraphExecDestroy(x);
     for (cudaStream_t s : side) (void)cudaStreamDestroy(s);
     for (cudaEvent_t ev : side_ev) (void)cudaEventDestroy(ev);
+    slab_ring_free(ctx, &ring);
     gemm_plan.reset();
     scratch_release(ctx, w32);
     scratch_release(ctx, w16);
@@ -290,6 +314,7 @@ pf_status executor_create(const pf_model *m, const ExecPlan &plan, int64_t step_
     // The f16 leg's GEMM algorithms for the step's projection shapes (times the shapes the process
     // has not chosen for yet, on the workspace; synchronizes).
     if (plan.gemm_lt != kGemmLtOff) PF_TRY(plan_gemms(e.get()));
+    if (plan.blocks_ring > 0 && plan.gemm_blocks && step_rows >= plan.blocks_slab_rows) PF_TRY(ring_jobs(e.get()));
     *out = e.release();
     return PF_STATUS_OK;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/context.h"
+#include "kernels/gemm/slab_ring.cuh"
 #include "plan/plan.h"
 #include "runtime/model.h"
 
@@ -139,6 +140,9 @@ struct Executor {
     // captures the branches), so that the items' small launches run side by side.
     std::vector<cudaStream_t> side;
     std::vector<cudaEvent_t> side_ev;  // [0]: the fork; [1 + j]: side stream j's join
+    // The blocks leg's slabs dequantized ahead (plan.blocks_ring buffers; kernels/gemm/slab_ring.cuh):
+    // the step's slab GEMMs listed at creation; run by steps of the slab rows that are one capture.
+    SlabRing ring;
 
     ~Executor();
 };

@@ -58,6 +58,8 @@ class Runner {
         return fn();
     }
 
+    Mode mode() const { return mode_; }
+
     template <class F>
     pf_status eager(F &&fn) {
         PF_TRY(close());
@@ -480,6 +482,11 @@ pf_status run_step(Executor *e, const std::vector<StepItem> &items, int64_t T, R
     const int64_t d = hp.n_embd;
     // The step's ids at e->ids + *vals[0]: the same launch for any step of this shape
     PF_TRY(R.graphed([&] {
+        // The slab ring (its fork and first slabs): for steps of the slab rows that are one capture
+        // (attention inside the graph) or eager, under the weight forms its jobs were listed for.
+        const bool ring = T >= e->plan.blocks_slab_rows && (R.mode() == Runner::Eager || e->attn_in_graph) &&
+                          e->ring.weight_forms == e->ctx->weight_forms.load();
+        PF_TRY(slab_ring_begin(e->ctx, &e->ring, ring));
         return embed_rows_at(QMatrix{m->tok_embd->data, m->tok_embd->qtype, hp.n_vocab, d}, e->ids, e->vals, T,
                              MatF{e->x, d}, e->ctx->stream);
     }));
@@ -490,6 +497,7 @@ pf_status run_step(Executor *e, const std::vector<StepItem> &items, int64_t T, R
         else PF_TRY(R.graphed([&] { return gdn_layer(e, Lw, il, items, T); }));
         PF_TRY(R.graphed([&] { return ffn(e, Lw, T); }));
     }
+    PF_TRY(R.graphed([&] { return slab_ring_end(e->ctx, &e->ring); }));
     return R.close();
 }
 

@@ -25,6 +25,7 @@ ProjEnv step_env(Executor *e) {
     p.x16 = &e->x16;
     p.blocks_slab_rows = e->plan.blocks_slab_rows;
     p.blocks_gemv_rows = e->plan.blocks_gemv_rows;
+    p.ring = e->ring.on ? &e->ring : nullptr;
     return p;
 }
 

@@ -189,14 +189,15 @@ def _say(rec, row: dict) -> None:
 # without fp16 caches on the GGUF blocks, "LEG/noblocks" streams the uncached matrices' fp16 slabs
 # on fp32 rows instead of reading their blocks (gemm_blocks off: before session 40's default),
 # "LEG/nogemv" runs 1-8 rows of Q4_K / Q5_K / Q6_K blocks in the few-rows form instead of the GEMV form
-# (gemm_blocks_gemv_rows never: before session 41's default).
+# (gemm_blocks_gemv_rows never: before session 41's default), "LEG/ring" dequantizes the blocks'
+# slabs ahead of their GEMMs in 3 buffers on a low-priority stream (gemm_blocks_ring 3).
 VARIANT_TUNING = {"nofuse": {"fuse_groups": False}, "noact16": {"f16_producers": False},
                   "nograph": {}, "noqkrope": {"fuse_qk_rope": False}, "norowregs": {"row_form": "staged"},
                   "nolt": {"gemm_lt": "off"}, "noconvnorm": {"fuse_conv_norm": False},
                   "seqscan": {"gdn_scan": "sequential"}, "onepass": {"gdn_subpass_rows": "one-pass"},
                   "warpstate": {"gdn_state": "warp"},
                   "blocks": {"gemm_blocks": True}, "noblocks": {"gemm_blocks": False},
-                  "nogemv": {"gemm_blocks_gemv_rows": "never"}}
+                  "nogemv": {"gemm_blocks_gemv_rows": "never"}, "ring": {"gemm_blocks_ring": 3}}
 
 
 def split_leg(leg: str) -> tuple[str, dict, bool]:

@@ -495,3 +495,40 @@ def test_model_on_blocks_takes_a_longer_auto_step(bctx):
         assert warm.info["f16_armed"] == 1
         got = {c: held(warm, c) for c in (0, 2048)}
         assert got[0] == got[2048], got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("preset", ["qwen35-tiny", "qwen3-tiny"])
+def test_model_slab_ring_is_the_slabs_in_line_bit_for_bit(bctx, rng, preset, fuse):
+    """Tuning gemm_blocks_ring: the blocks' slabs dequantized ahead of their GEMMs on a stream of
+    their own, in 2 or 3 buffers, give the logits of the slabs in line bit for bit (the same
+    dequantization into a buffer of the same alignment, the same GEMM), eagerly and through the
+    step graphs (prompts of 70 and 200 tokens in steps of 64: the 64-row step comes back and is
+    captured; the 8- and 6-row tails run eagerly); the ring's buffers are held while the session
+    lives (its allocation) and none without it."""
+    from _engine_models import random_tokens, synth_model
+
+    from pyprefill.model import Model
+    path = synth_model(preset, "q4_k_m")
+    tuning = {"fuse_groups": fuse, "gemm_blocks_slab_rows": 2}
+    with Model.load(path, prewarm=False, progress=False, tuning=tuning) as m:
+        assert m.refresh_info()["f16_bytes"] == 0
+        toks = {n: random_tokens(rng, n, m.n_vocab) for n in (70, 200)}
+        got, held = {}, {}
+        for ring in ("off", 2, 3):
+            base = m.ctx.allocated()
+            with m.session(256, chunk=64, tuning={"gemm_blocks_ring": ring}) as s:
+                held[ring] = m.ctx.allocated() - base
+                got[ring] = {}
+                for n, t in toks.items():
+                    s.reset()
+                    got[ring][n] = s.prefill(t, "all")
+                    s.reset()
+                    again = s.prefill(t, "all")           # the 64-row steps now replay their graphs
+                    assert np.array_equal(again, got[ring][n]), f"ring {ring}: a replay differs"
+        assert held[2] > held["off"] and held[3] > held[2], held
+        for ring in (2, 3):
+            for n in toks:
+                assert np.isfinite(got[ring][n]).all()
+                assert np.array_equal(got[ring][n], got["off"][n]), f"{preset} fuse={fuse} ring {ring}, {n} tokens"

@@ -30,8 +30,8 @@ def test_fields_round_trip():
                     "gdn_subpass_rows": "one-pass", "gdn_pdl": False, "attn_kernel": "mma",
                     "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
                     "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16,
-                    "prewarm_cache_rows": "no-rule", "prewarm_cache_margin": 25})
-    assert t.prewarm_cache_rows == -1 and t.prewarm_cache_margin == 25
+                    "prewarm_cache_rows": "no-rule", "prewarm_cache_margin": 25, "gemm_blocks_ring": "off"})
+    assert t.prewarm_cache_rows == -1 and t.prewarm_cache_margin == 25 and t.gemm_blocks_ring == -1
     assert t.gemm_lt == lib.PF_GEMM_LT_FORCE and t.fuse_groups == lib.PF_SWITCH_OFF
     assert t.f16_producers == lib.PF_SWITCH_ON and t.gdn_subpass_rows == -1
     assert t.prewarm_piece_bytes == -1 and t.prewarm_fail_piece == 3 and t.gemm_blocks_slab_rows == -1
@@ -42,7 +42,8 @@ def test_fields_round_trip():
                                  "gdn_pdl": False, "attn_kernel": "mma",
                                  "prewarm_piece_bytes": "one-allocation", "prewarm_fail_piece": 3,
                                  "gemm_blocks_slab_rows": "never", "gemm_blocks_gemv_rows": 16,
-                                 "prewarm_cache_rows": "no-rule", "prewarm_cache_margin": 25}
+                                 "prewarm_cache_rows": "no-rule", "prewarm_cache_margin": 25,
+                                 "gemm_blocks_ring": "off"}
     assert tuning.as_dict(tuning.new()) == {}
     assert tuning.as_dict(tuning.new({"gdn_state": None, "fuse_groups": "default"})) == {}
 
@@ -79,7 +80,9 @@ def test_python_side_names_the_field(fields, match):
     ("prewarm_cache_rows", -2, "tuning.prewarm_cache_rows=-2 (0 default, -1 no rule, else rows 1..65536)"),
     ("prewarm_cache_rows", 65537, "tuning.prewarm_cache_rows=65537"),
     ("prewarm_cache_margin", -1, "tuning.prewarm_cache_margin=-1 (0 default, else percent 1..100000)"),
-    ("prewarm_cache_margin", 100001, "tuning.prewarm_cache_margin=100001")])
+    ("prewarm_cache_margin", 100001, "tuning.prewarm_cache_margin=100001"),
+    ("gemm_blocks_ring", 1, "tuning.gemm_blocks_ring=1 (0 default, -1 off, else buffers 2..8)"),
+    ("gemm_blocks_ring", 9, "tuning.gemm_blocks_ring=9")])
 def test_library_checks_every_field(field, value, say):
     mo = ffi.new("pf_model_options *")
     assert lib.pf_model_options_init(mo, ffi.sizeof("pf_model_options")) == 0

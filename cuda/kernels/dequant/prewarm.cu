@@ -304,7 +304,7 @@ void prewarm_kernel_load() {
     if (cudaFuncGetAttributes(&attr, prewarm_kernel) != cudaSuccess) (void)cudaGetLastError();
 }
 
-pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream) {
+pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream, bool one_tile) {
     for (const prewarm_job &j : jobs) {
         int64_t be = 0, bb = 0;
         if (!qtype_block(j.qtype, &be, &bb))
@@ -313,8 +313,8 @@ pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t 
                      "prewarm: %lld elements is not a whole number of %s blocks", (long long)j.elems,
                      pf_qtype_name(j.qtype));
     }
-    int64_t max_grid = 0;
-    PF_TRY(resident_ctas(&max_grid));
+    int64_t max_grid = kMaxGridX;
+    if (!one_tile) PF_TRY(resident_ctas(&max_grid));
     BatchArgs a{};
     for (const prewarm_job &j : jobs) {
         if (j.elems == 0) continue;

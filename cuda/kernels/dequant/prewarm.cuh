@@ -29,7 +29,9 @@ struct prewarm_job {
 // of their own) or whose block-type output is not 16-byte aligned runs through dequantize()
 // instead: same bytes, slower.
 // UNSUPPORTED for an unknown qtype (nothing launched). Asynchronous on `stream`.
-pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream);
+// one_tile: a CTA per tile instead of persistent CTAs (work on a low-priority stream beside
+// another's kernels: short CTAs leave the SMs to the higher priority as they end).
+pf_status prewarm_dequantize(const std::vector<prewarm_job> &jobs, cudaStream_t stream, bool one_tile = false);
 
 // Loads the prewarm kernel on the current device now. CUDA loads kernels lazily, at their first
 // launch (CUDA_MODULE_LOADING=LAZY, the default since 12.2): context creation calls this so

@@ -29,6 +29,7 @@
 #include "kernels/gemm/gemm_lt.cuh"   // gemm_f16: the f16 leg's GEMM and its per-shape algorithm
 #include "kernels/gemm/gemm_q16.cuh"  // gemm_q16: the f16 leg's GEMM on the GGUF blocks
 #include "kernels/gemm/qgemm.cuh"
+#include "kernels/gemm/slab_ring.cuh"  // the slabs dequantized ahead (an executor's ring)
 #include "kernels/rows/f16_rows.cuh"  // the row-scale rule (kF16RowMax, f16_row_scale)
 #include "plan/defaults.h"
 #include "plan/qtype.h"
@@ -258,7 +259,12 @@ pf_status project_slabs(const ProjEnv &env, const pf_weight *w, const __half *x1
     PF_CUBLAS_TRY(cublasSetPointerMode(ctx->blas_tc, CUBLAS_POINTER_MODE_HOST));
     __half *ws = static_cast<__half *>(env.w16->ptr);
     const float beta = accumulate ? 1.0f : 0.0f;
-    if (w->nparts > 0) {  // a fused view that fits one slab: the parts side by side, one GEMM
+    const __half *ahead = nullptr;  // the slab dequantized ahead by the executor's ring
+    if (env.ring && slab_whole(w)) PF_TRY(slab_ring_take(ctx, env.ring, w, &ahead));
+    if (ahead) {
+        PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ahead, n, k, x16, rows, y, beta}));
+        PF_TRY(slab_ring_done(ctx, env.ring));
+    } else if (w->nparts > 0) {  // a fused view that fits one slab: the parts side by side, one GEMM
         std::vector<prewarm_job> jobs;
         PF_TRY(each_part(w, [&](const pf_weight *p, int64_t col) {
             jobs.push_back(prewarm_job{p->data, ws + col * k, p->n * k, p->qtype});
@@ -433,6 +439,8 @@ void bare_view(const pf_weight *first, int64_t n, pf_weight *view) {
 }
 
 int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
+
+bool slab_whole(const pf_weight *w) { return w->nparts > 0 ? group_slab(w) : slab_rows(w->n, w->k, sizeof(__half)) >= w->n; }
 
 void slab_gemm_widths(const pf_weight *w, std::vector<int64_t> *out) {
     if (group_slab(w)) {

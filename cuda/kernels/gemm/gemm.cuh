@@ -15,7 +15,8 @@
 
 namespace pf {
 
-class GemmPlan;  // gemm_lt.cuh
+class GemmPlan;    // gemm_lt.cuh
+struct SlabRing;   // slab_ring.cuh
 
 // What a route reads of w now: its type, shape and copies.
 inline WeightFacts weight_facts(const pf_weight *w) {
@@ -46,6 +47,9 @@ struct ProjEnv {
     // F16Blocks: calls of at most this many rows on Q4_K / Q5_K / Q6_K run the GEMV form (plan.h
     // blocks_gemv_rows).
     int64_t blocks_gemv_rows = 0;
+    // F16Blocks at the slab rows: slabs dequantized ahead on a stream of their own (an executor's
+    // step with tuning gemm_blocks_ring; slab_ring.cuh), or nullptr (in line).
+    SlabRing *ring = nullptr;
 };
 // The kernel-level environment of ctx.
 inline ProjEnv proj_env(pf_context *ctx) {
@@ -114,6 +118,9 @@ struct ProjScratchBytes {
 // blocks_slab_rows: ProjEnv's (F16Blocks from that many rows on needs the slabs' w16).
 ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows,
                                        int64_t blocks_slab_rows);
+// Whether the per-call fp16 slabs hold w (a matrix, or a fused view of the blocks) whole: one
+// slab, one GEMM (what a slab ring's job is).
+bool slab_whole(const pf_weight *w);
 // Appends the n of each GEMM that the per-call fp16 slabs run for w (or a fused view of the
 // blocks), in order: for the executor's GEMM plan, the shapes it times.
 void slab_gemm_widths(const pf_weight *w, std::vector<int64_t> *out);
