@@ -273,10 +273,10 @@ typedef struct pf_tuning {
                                   (a large margin keeps every such matrix at its file's size) */
     int32_t gemm_blocks_ring;  /* under gemm_blocks, a session's or batch's steps from
                                   gemm_blocks_slab_rows rows on: this many fp16 slab buffers, filled
-                                  ahead of their GEMMs on a stream of the lowest priority (the
-                                  context's has the highest), so that the dequantization runs where
-                                  the step leaves SMs idle. 0 = default (off), -1 = off, else 2..8.
-                                  The logits are bitwise the in-line slabs' */
+                                  ahead of their GEMMs on a stream of their own, so that the
+                                  dequantization may run where the step leaves SMs idle (an
+                                  experiment, measured slower on the H200). 0 = default (off), -1 =
+                                  off, else 2..8. The logits are bitwise the in-line slabs' */
 } pf_tuning;
 
 /* Sets the tuning of ctx (copied; NULL = all defaults): the kernel-level calls on ctx use it

@@ -24,7 +24,8 @@ import pytest
 from helpers import assert_uncached_auto_leg, null_view, status_and_error
 from test_kernel_dequant import QTYPES, oracle, random_blocks
 
-from _engine_models import random_tokens, synth_model, test_dir
+from _engine_models import random_tokens, synth_model
+from _engine_models import test_dir as _test_dir
 from pyprefill import core, errors
 from pyprefill._ffi import ffi, lib
 from pyprefill.kernels import gemm
@@ -491,7 +492,7 @@ def _rule_model() -> str:
     """qwen35-0.8b's shapes cut to 4 layers (one attention layer) and a 1024-token vocabulary:
     units of 4-17 MiB of fp16, inside the cache rule (tiny models' are under its floor)."""
     from pyprefill.formats.synth import write_synthetic
-    path = os.path.join(test_dir(), "qwen35-0.8b-l4-q4_k_m.gguf")
+    path = os.path.join(_test_dir(), "qwen35-0.8b-l4-q4_k_m.gguf")
     if not os.path.exists(path):
         write_synthetic("qwen35-0.8b", "q4_k_m", path + ".tmp", seed=7, progress=False, n_layer=4,
                         n_vocab=1024)

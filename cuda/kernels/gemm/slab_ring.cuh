@@ -8,15 +8,16 @@
 // chain: one block per head; attention's few tiles at short lengths; every kernel's tail). Here a
 // step's slab GEMMs are known in order (the layer loop's, listed at executor creation) and each
 // slab is dequantized into one of `depth` buffers as soon as the GEMM `depth` places before it has
-// read that buffer, on a stream of the lowest priority (the context's stream has the highest), so
-// that the dequantization runs in those gaps and the GEMM finds its slab ready. The values and the
+// read that buffer, on a stream of the lowest priority (the device's default, as the context's
+// stream), so that the dequantization runs in those gaps and the GEMM finds its slab ready. The values and the
 // GEMMs are the same (the prewarm's kernel, the cache's GEMM on the same bits): the logits are
 // bitwise those of the slabs in line.
 //
 // Measured (session 45, H200, qwen35-4b Q4_K_M without caches, `pyprefill bench FILE -p 512 2048
 // --chunk 0 --gemm auto/blocks auto/blocks/ring`): slower, 40.5k / 59.0k tok/s against 42.9k /
-// 60.6k in line (one-tile CTAs; with persistent ones 40.7k / 53.4k): the dequantization takes SMs
-// and DRAM bandwidth from the step's own kernels rather than idle ones. Hence off by default; kept
+// 60.6k in line (one-tile CTAs; with persistent ones 40.7k / 53.4k), measured with the context's
+// stream at the highest priority (since put back to the default: see api_core.cu): the
+// dequantization takes SMs and DRAM bandwidth from the step's own kernels rather than idle ones. Hence off by default; kept
 // behind the flag (with its bitwise test) for the forms that would partition the SMs instead
 // (cuBLASLt's SM count target for the GEMMs, a few SMs dequantizing with deep TMA pipelines).
 //
