@@ -1,6 +1,8 @@
 // slab_ring.cu — see slab_ring.cuh.
 #include "kernels/gemm/slab_ring.cuh"
 
+#include <algorithm>
+
 #include "base/cuda_check.cuh"
 #include "base/error.h"
 #include "kernels/dequant/prewarm.cuh"
