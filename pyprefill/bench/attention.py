@@ -8,7 +8,10 @@ variants run the same kernels over paged caches (pages of P rows in a random ord
 cache's form, issue 39), at 256 rows (the wgmma kernel's key tiles then often cross a page and
 load in 16-row pieces) and at its tiles' multiple ("tile": kernels.attention.tile_page_rows, no
 tile crosses a page); pf_attention_paged reads and checks the page table first (a synchronous
-copy), which these times include. Each row's ratio is SDPA time / ours (> 1: ours faster). TF/s
+copy), which these times include. Beside torch SDPA's own choice, the same call with the backend
+pinned to cuDNN and to flash (`torch.nn.attention.sdpa_kernel`; a backend that cannot run the case
+is a skipped line: issue 40 asks for both in the same run). Each row's ratio is the unpinned SDPA
+time / ours (> 1: ours faster). TF/s
 count the causal FLOPs once: 4 x H x D x (query, key) pairs under the mask. The issue-10 table:
     pyprefill bench kernels --families attention --lengths 2048,8192,32768 --out DIR"""
 from __future__ import annotations
@@ -26,6 +29,8 @@ VARIANTS = (("flash wgmma", "flash", "wgmma", 0), ("flash mma", "flash", "mma", 
             ("flash wgmma paged tile", "flash", "wgmma", "tile"),
             ("flash mma paged 256", "flash", "mma", 256))
 CUBLAS_MAX_KEYS = 8192
+# torch SDPA's backends pinned beside its own choice: (label, torch.nn.attention.SDPBackend member).
+PINNED = (("cuDNN", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"))
 DEEP = (2048, 30720)          # (rows, pos0) of the chunk deep into a long prompt
 
 
@@ -52,10 +57,10 @@ def causal_pairs(rows: int, pos0: int) -> int:
     return rows * pos0 + rows * (rows + 1) // 2
 
 
-def sdpa(torch, H: int, Hkv: int, D: int, rows: int, pos0: int):
+def sdpa(torch, H: int, Hkv: int, D: int, rows: int, pos0: int, backend: str | None = None):
     """(call, how) for torch SDPA on random fp16 q [1,H,rows,D], k, v [1,Hkv,pos0+rows,D]: the
     first variant this torch runs (native GQA, else KV expanded; a lower-right causal mask when
-    pos0 > 0)."""
+    pos0 > 0); `backend` (an SDPBackend member's name) pins every call to that backend."""
     F = torch.nn.functional
     S = pos0 + rows
     q = torch.randn(1, H, rows, D, device="cuda", dtype=torch.float16)
@@ -72,6 +77,16 @@ def sdpa(torch, H: int, Hkv: int, D: int, rows: int, pos0: int):
         variants = [("lower-right mask, enable_gqa",
                      lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)),
                     ("lower-right mask, KV expanded", lambda: sdpa(q, ke, ve, attn_mask=mask))]
+    if backend is not None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        be = getattr(SDPBackend, backend)
+
+        def pin(fn):
+            def run():
+                with sdpa_kernel(be):
+                    return fn()
+            return run
+        variants = [(how, pin(fn)) for how, fn in variants]
     errors = []
     for how, fn in variants:
         try:
@@ -127,6 +142,11 @@ def case(b, d, rows: int, pos0: int) -> None:
     if b.torch is not None:
         call, how = sdpa(b.torch, H, Hkv, D, rows, pos0)
         peer = b.add(op, rows, "torch SDPA fp16", b.time_torch(call), flops=flops, note=how)
+        for label, backend in PINNED:
+            def pinned(label=label, backend=backend):
+                c, h = sdpa(b.torch, H, Hkv, D, rows, pos0, backend)
+                b.add(op, rows, f"torch SDPA {label} (pinned)", b.time_torch(c), flops=flops, note=h)
+            b.rec.guard(f"{op} T={rows} torch SDPA {label} (pinned)", pinned)
     if b.ctx is None:
         return
 

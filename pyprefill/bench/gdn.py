@@ -1,7 +1,7 @@
 """Gated DeltaNet kernels: causal conv1d + SiLU, per-head L2 norm and the gates (GB/s), and the
 delta-rule scan on both paths ("sequential", "chunked") against flash-linear-attention's
-`chunk_gated_delta_rule` (bf16), at qwen35-4b (16 key / 32 value heads) and qwen35-27b (16 / 48)
-shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one state against one
+`chunk_gated_delta_rule` (bf16; eager, and its calls replayed as CUDA graphs: the ratio's peer
+where that runs), at qwen35-4b (16 key / 32 value heads) and qwen35-27b (16 / 48) shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one state against one
 call of T (what chunked prefill does), and many sequences in one call (varlen: issue 28's
 targets, FLA with cu_seqlens replayed as a CUDA graph)."""
 from __future__ import annotations
@@ -107,10 +107,11 @@ def scan_inputs(b, rows: int, d):
     return q, k, v, beta.astype(np.float32), g.astype(np.float32)
 
 
-def fla_scan(b, fla, T: int, d, inputs, n: int, parts: int = 1):
+def fla_scan(b, fla, T: int, d, inputs, n: int, parts: int = 1, graph: bool = False):
     """Time FLA's chunk_gated_delta_rule on the same inputs (bf16; q/k expanded to the value
     heads, as the GGUF pairs value head j with key head j % Hk); `parts` calls of T/parts with
-    the state carried. Returns the timing."""
+    the state carried. graph: each set's calls captured once as a CUDA graph and replayed (as
+    fla_varlen: FLA without graphs is launch-bound at short lengths). Returns the timing."""
     torch = b.torch
     idx = torch.arange(d.ssm_hv) % d.ssm_hk
     q, k, v, beta, g = (torch.from_numpy(a).cuda() for a in inputs)
@@ -130,7 +131,21 @@ def fla_scan(b, fla, T: int, d, inputs, n: int, parts: int = 1):
             r = slice(p * step, (p + 1) * step)
             _, state = fla(qs[:, r], ks[:, r], vs[:, r], g=gs[:, r], beta=bs[:, r], scale=1.0,
                            initial_state=state, output_final_state=True)
-    return b.time_torch(call, warmup=3)
+    if not graph:
+        return b.time_torch(call, warmup=3)
+    side = torch.cuda.Stream()        # Triton's autotuning and first launches before the captures
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(2 * n):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for i in range(n):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call(i)
+        graphs.append(g)
+    return b.time_torch(lambda i: graphs[i % n].replay(), warmup=3)
 
 
 def scan(b, T: int, d, parts: int = 1) -> None:
@@ -152,6 +167,11 @@ def scan(b, T: int, d, parts: int = 1) -> None:
         t = b.rec.guard(f"{op} T={T} FLA", fla_scan, b, fla, T, d, inputs, n, parts)
         if t is not None:
             peer = b.add(op, T, "FLA chunk bf16", t, note=note + ", q/k expanded")
+        # The same calls replayed as CUDA graphs (issue 40 asks for FLA under graphs): the ratio's
+        # peer where it runs (the faster form of FLA).
+        t = b.rec.guard(f"{op} T={T} FLA graph", fla_scan, b, fla, T, d, inputs, n, parts, graph=True)
+        if t is not None:
+            peer = b.add(op, T, "FLA chunk bf16 graph", t, note=note + ", q/k expanded")
     if b.ctx is None:
         return
     q, k, v, beta, g = (b.slab_of(a.reshape(n * T, -1), n) for a in inputs)
