@@ -70,11 +70,12 @@ EnvKnobs read_env() {
             const std::string item = s.substr(at, end - at);
             if (item == "gemm") k.log |= kLogGemm;
             else if (item == "plan") k.log |= kLogPlan;
-            else if (item == "all" || parse_bool(item.c_str()) == 1) k.log |= kLogGemm | kLogPlan;
+            else if (item == "ring") k.log |= kLogRing;
+            else if (item == "all" || parse_bool(item.c_str()) == 1) k.log |= kLogGemm | kLogPlan | kLogRing;
             else if (!item.empty() && parse_bool(item.c_str()) != 0) bad = true;
             at = end + 1;
         }
-        if (bad) warn("PREFILL_LOG", v, "a list of gemm, plan, all", "ignoring the unknown items");
+        if (bad) warn("PREFILL_LOG", v, "a list of gemm, plan, ring, all", "ignoring the unknown items");
     }
     return k;
 }

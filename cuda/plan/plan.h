@@ -21,13 +21,14 @@ namespace pf {
 enum LogTopic : uint32_t {
     kLogGemm = 1u,  // each per-shape f16-leg GEMM choice the process makes (gemm_lt.cu)
     kLogPlan = 2u,  // each session's resolved execution plan (session.cu)
+    kLogRing = 4u,  // each slab-ring step's slabs taken ahead (kernels/gemm/slab_ring.cu)
 };
 
 struct EnvKnobs {
     int32_t gemm_leg = PF_GEMM_AUTO;  // PREFILL_GEMM = f16 | f32 | auto: the process default leg
     bool graphs = true;               // PREFILL_GRAPH = 0 turns every session's CUDA graphs off
     bool gemm_lt = true;              // PREFILL_GEMM_LT = 0: cublasGemmEx everywhere (no timing)
-    uint32_t log = 0;                 // PREFILL_LOG = gemm,plan | all: LogTopic bits
+    uint32_t log = 0;                 // PREFILL_LOG = gemm,plan,ring | all: LogTopic bits
 };
 
 // The knobs, parsed at the first call (thread-safe, once per process). Booleans take 1/0, on/off,

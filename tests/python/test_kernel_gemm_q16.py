@@ -532,3 +532,33 @@ def test_model_slab_ring_is_the_slabs_in_line_bit_for_bit(bctx, rng, preset, fus
             for n in toks:
                 assert np.isfinite(got[ring][n]).all()
                 assert np.array_equal(got[ring][n], got["off"][n]), f"{preset} fuse={fuse} ring {ring}, {n} tokens"
+
+
+RING_CHILD = """
+import sys, numpy as np
+from pyprefill.model import Model
+tokens = np.load(sys.argv[2])
+with Model.load(sys.argv[1], prewarm=False, progress=False, tuning={"gemm_blocks_slab_rows": 2}) as m:
+    with m.session(256, chunk=64, tuning={"gemm_blocks_ring": 3}) as s:
+        s.prefill(tokens, "last")
+"""
+
+
+@pytest.mark.gpu
+def test_model_slab_ring_takes_every_slab(bctx, rng, tmp_path):
+    """The ring engages (the bitwise test above cannot tell a ring that never ran from one that
+    did): a child process with PREFILL_LOG=ring (read once per process) prefilling 150 tokens in
+    steps of 64 on qwen35-tiny without caches prints, for each step run eagerly or captured, that
+    every one of the step's slab GEMMs took its slab from the ring (N of N, N the layer loop's
+    slab GEMMs: at least one per layer)."""
+    import re
+
+    from _engine_models import random_tokens, synth_model
+    from test_gemm_lt import _run_child
+    path = synth_model("qwen35-tiny", "q4_k_m")
+    np.save(tmp_path / "tokens.npy", random_tokens(rng, 150, 1024))
+    r = _run_child(["-c", RING_CHILD, path, str(tmp_path / "tokens.npy")], {"PREFILL_LOG": "ring"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = re.findall(r"libprefill: slab ring: (\d+) of (\d+) slabs taken ahead \(3 buffers\)", r.stderr)
+    assert lines, f"no ring step logged:\n{r.stderr[-2000:]}"
+    assert all(a == b and int(b) >= 4 for a, b in lines), lines    # qwen35-tiny: 4 layers

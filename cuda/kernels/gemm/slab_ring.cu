@@ -2,10 +2,12 @@
 #include "kernels/gemm/slab_ring.cuh"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "base/cuda_check.cuh"
 #include "base/error.h"
 #include "kernels/dequant/prewarm.cuh"
+#include "plan/plan.h"  // log_enabled
 
 namespace pf {
 namespace {
@@ -115,6 +117,9 @@ pf_status slab_ring_done(pf_context *ctx, SlabRing *r) {
 pf_status slab_ring_end(pf_context *ctx, SlabRing *r) {
     if (!r->on) return PF_STATUS_OK;
     r->on = false;
+    if (log_enabled(kLogRing))  // steps run eagerly or captured (a replay runs no host code)
+        std::fprintf(stderr, "libprefill: slab ring: %zu of %zu slabs taken ahead (%d buffers)\n", r->next,
+                     r->jobs.size(), int(r->depth));
     PF_CUDA_TRY(cudaEventRecord(r->join, r->side));
     PF_CUDA_TRY(cudaStreamWaitEvent(ctx->stream, r->join, 0));
     return PF_STATUS_OK;
