@@ -266,10 +266,7 @@ pf_status project_slabs(const ProjEnv &env, const pf_weight *w, const __half *x1
         PF_TRY(slab_ring_done(ctx, env.ring));
     } else if (w->nparts > 0) {  // a fused view that fits one slab: the parts side by side, one GEMM
         std::vector<prewarm_job> jobs;
-        PF_TRY(each_part(w, [&](const pf_weight *p, int64_t col) {
-            jobs.push_back(prewarm_job{p->data, ws + col * k, p->n * k, p->qtype});
-            return PF_STATUS_OK;
-        }));
+        append_side_by_side(jobs, w->parts, size_t(w->nparts), ws);
         PF_TRY(prewarm_dequantize(jobs, ctx->stream));
         PF_TRY(gemm_f16(ctx, env.plan, F16Gemm{ws, n, k, x16, rows, y, beta}));
     } else {
@@ -440,6 +437,16 @@ void bare_view(const pf_weight *first, int64_t n, pf_weight *view) {
 
 int64_t weight_slab_rows(int64_t n, int64_t k, size_t elem_bytes) { return slab_rows(n, k, elem_bytes); }
 
+__half *append_side_by_side(std::vector<prewarm_job> &jobs, const pf_weight *const *parts, size_t count,
+                            __half *dst) {
+    for (size_t i = 0; i < count; ++i) {
+        const pf_weight *p = parts[i];
+        jobs.push_back(prewarm_job{p->data, dst, p->n * p->k, p->qtype});
+        dst += p->n * p->k;
+    }
+    return dst;
+}
+
 bool slab_whole(const pf_weight *w) { return w->nparts > 0 ? group_slab(w) : slab_rows(w->n, w->k, sizeof(__half)) >= w->n; }
 
 void slab_gemm_widths(const pf_weight *w, std::vector<int64_t> *out) {
@@ -605,10 +612,7 @@ pf_status cache_units(pf_context *ctx, const std::vector<F16Unit> &units, size_t
         jobs.clear();
         __half *at = static_cast<__half *>(arena->ptr);
         for (size_t u = pieces[p].first; u < pieces[p].end; ++u)
-            for (pf_weight *w : units[u].parts) {
-                jobs.push_back(prewarm_job{w->data, at, w->n * w->k, w->qtype});
-                at += w->n * w->k;
-            }
+            at = append_side_by_side(jobs, units[u].parts.data(), units[u].parts.size(), at);
         cudaError_t e = p == 0 && start ? cudaEventRecord(start, ctx->stream) : cudaSuccess;
         if (e != cudaSuccess)
             return rollback(cuda_fail(e, __FILE__, __LINE__, "prewarm: cudaEventRecord"));
@@ -752,11 +756,7 @@ pf_status rule_time(pf_context *ctx, const std::vector<pf_weight *> &parts, cons
     PF_CUDA_TRY(cudaMemsetAsync(xs.ptr, 0x3c, xb, ctx->stream));
     if (!slabs) {
         std::vector<prewarm_job> jobs;
-        int64_t col = 0;
-        for (const pf_weight *p : parts) {
-            jobs.push_back(prewarm_job{p->data, static_cast<__half *>(w16.ptr) + col * k, p->n * k, p->qtype});
-            col += p->n;
-        }
+        append_side_by_side(jobs, parts.data(), parts.size(), static_cast<__half *>(w16.ptr));
         PF_TRY(prewarm_dequantize(jobs, ctx->stream));
     }
     ProjEnv env;

@@ -9,6 +9,7 @@
 
 #include "base/context.h"
 #include "base/mat.h"
+#include "kernels/dequant/prewarm.cuh"  // prewarm_job
 #include "plan/plan.h"  // PrewarmPlan
 #include "plan/route.h"  // ProjRoute, WeightFacts
 #include "prefill.h"
@@ -118,6 +119,10 @@ struct ProjScratchBytes {
 // blocks_slab_rows: ProjEnv's (F16Blocks from that many rows on needs the slabs' w16).
 ProjScratchBytes project_scratch_bytes(const ProjRoute &r, const pf_weight *w, int64_t rows,
                                        int64_t blocks_slab_rows);
+// Appends to `jobs` the prewarm jobs that dequantize `count` matrices of one k side by side from
+// dst on ([sum n][k] fp16: a fused group's cache, or its slab); returns the end, dst + sum n k.
+__half *append_side_by_side(std::vector<prewarm_job> &jobs, const pf_weight *const *parts, size_t count,
+                            __half *dst);
 // Whether the per-call fp16 slabs hold w (a matrix, or a fused view of the blocks) whole: one
 // slab, one GEMM (what a slab ring's job is).
 bool slab_whole(const pf_weight *w);

@@ -7,6 +7,7 @@
 #include "base/cuda_check.cuh"
 #include "base/error.h"
 #include "kernels/dequant/prewarm.cuh"
+#include "kernels/gemm/gemm.cuh"  // append_side_by_side
 #include "plan/plan.h"  // log_enabled
 
 namespace pf {
@@ -19,11 +20,7 @@ pf_status issue(SlabRing *r, size_t j) {
     const SlabRing::Job &job = r->jobs[j];
     __half *dst = reinterpret_cast<__half *>(static_cast<unsigned char *>(r->bufs) + slot * r->slot_bytes);
     std::vector<prewarm_job> parts;
-    int64_t col = 0;
-    for (const pf_weight *p : job.parts) {
-        parts.push_back(prewarm_job{p->data, dst + col * job.k, p->n * job.k, p->qtype});
-        col += p->n;
-    }
+    append_side_by_side(parts, job.parts.data(), job.parts.size(), dst);
     PF_TRY(prewarm_dequantize(parts, r->side, true));  // short CTAs: the context's kernels come first
     PF_CUDA_TRY(cudaEventRecord(r->ready[slot], r->side));
     return PF_STATUS_OK;
