@@ -35,7 +35,8 @@ pf_status reclaim(pf_prefix_cache *c, bool wait) {
             for (int32_t id : c->held[i].slots) PF_TRY(c->slots.unref(id, nullptr));
         }
     }
-    for (size_t i = 0; i < done; ++i) (void)cudaEventDestroy(c->held[i].done);
+    for (size_t i = 0; i < done; ++i)  // completed: kept for the next eviction (none made per call)
+        if (c->held[i].done) c->spare_events.push_back(c->held[i].done);
     c->held.erase(c->held.begin(), c->held.begin() + std::ptrdiff_t(done));
     return PF_STATUS_OK;
 }
@@ -54,7 +55,13 @@ pf_status copy_stream_after_ctx(pf_prefix_cache *c) {
 // them back.
 pf_status apply_evict(pf_prefix_cache *c, const EvictPlan &plan, Held held) {
     if (held.pages.empty() && held.slots.empty()) return PF_STATUS_OK;
-    const cudaError_t ce = cudaEventCreateWithFlags(&held.done, cudaEventDisableTiming);
+    cudaError_t ce = cudaSuccess;
+    if (!c->spare_events.empty()) {  // one a completed eviction left (re-recording it is allowed)
+        held.done = c->spare_events.back();
+        c->spare_events.pop_back();
+    } else {
+        ce = cudaEventCreateWithFlags(&held.done, cudaEventDisableTiming);
+    }
     if (ce != cudaSuccess) {  // nothing queued: the ids go back now
         std::lock_guard<std::mutex> lock(c->pool->mu);
         for (int32_t id : held.pages) (void)c->pool->ids.unref(id, nullptr);
@@ -215,6 +222,9 @@ void prefix_cache_destroy(pf_prefix_cache *c) {
     (void)cudaStreamSynchronize(c->ctx->stream);  // every copy from or into the memory below
     if (c->copy_stream) (void)cudaStreamSynchronize(c->copy_stream);
     if (c->pool) (void)reclaim(c, true);          // the ids held for the last moves
+    for (const Held &h : c->held)                 // left by a failed reclaim
+        if (h.done) (void)cudaEventDestroy(h.done);
+    for (cudaEvent_t ev : c->spare_events) (void)cudaEventDestroy(ev);
     if (c->ctx_mark) (void)cudaEventDestroy(c->ctx_mark);
     if (c->copy_mark) (void)cudaEventDestroy(c->copy_mark);
     if (c->copy_stream) (void)cudaStreamDestroy(c->copy_stream);

@@ -59,6 +59,7 @@ struct pf_prefix_cache {
         std::vector<int32_t> pages, slots;
     };
     std::vector<Held> held;                // in stream order
+    std::vector<cudaEvent_t> spare_events; // `done` events of reclaimed evictions, for the next ones
     int64_t requests = 0, prefilled = 0, skipped = 0;
     std::mutex mu;
 };
