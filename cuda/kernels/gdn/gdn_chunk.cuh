@@ -44,6 +44,17 @@ __device__ __forceinline__ float pow2_scale(unsigned bits) {
     return __uint_as_float((unsigned)se << 23);
 }
 
+// e^x for x <= 0 as __expf computes it (x times log2(e) in fp32, then the ex2 unit), with
+// results below 2^-126 flushed to zero: __expf keeps them as fp32 subnormals by a range check,
+// a halving and a squaring around the ex2 (4 more instructions each). The same bits wherever
+// __expf's result is a normal number; the gates' decays that flush are below 1e-38 and only
+// scale terms that the fp16 operands (smallest subnormal 6e-8) cannot hold either.
+__device__ __forceinline__ float exp_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269502f));
+    return y;
+}
+
 // pow2_scale for a (non-negative) bound given as a float.
 __device__ __forceinline__ float pow2_scale_f(float bound) { return pow2_scale(__float_as_uint(bound)); }
 

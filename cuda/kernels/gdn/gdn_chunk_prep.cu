@@ -8,34 +8,44 @@ namespace pf {
 namespace gdnc {
 namespace {
 
-// Gates of value head j for chunk c (one warp; rows cr.t0 .. cr.t0 + cr.lim - 1, zeros after):
-// gamma = inclusive scan of g (fp32) and beta, into gam[64], bet[64] and the workspace.
-__device__ __forceinline__ void prep_gates(const PrepArgs &a, int c, ChunkRows cr, int j, float *gam, float *bet) {
+// Gates of value head j for chunk c (one warp; rows cr.t0 .. cr.t0 + cr.lim - 1, zeros after),
+// in two halves so that the K/Q loads go out between them: prep_gates_load reads the lane's two
+// rows of g and beta, prep_gates_store takes the inclusive scan of g (fp32): gamma, beta into
+// gam[64], bet[64] and the workspace.
+struct GateRows {
+    float g0, g1, b0, b1;
+};
+__device__ __forceinline__ GateRows prep_gates_load(const PrepArgs &a, ChunkRows cr, int j) {
     const int lane = threadIdx.x & 31;
     const int64_t t0 = cr.t0;
-    const size_t hc = (size_t)j * a.nc + c;
-    float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+    GateRows r{0.0f, 0.0f, 0.0f, 0.0f};
     if (2 * lane < cr.lim) {
-        g0 = a.g.ptr[(t0 + 2 * lane) * a.g.ld + j];
-        b0 = a.beta.ptr[(t0 + 2 * lane) * a.beta.ld + j];
+        r.g0 = a.g.ptr[(t0 + 2 * lane) * a.g.ld + j];
+        r.b0 = a.beta.ptr[(t0 + 2 * lane) * a.beta.ld + j];
     }
     if (2 * lane + 1 < cr.lim) {
-        g1 = a.g.ptr[(t0 + 2 * lane + 1) * a.g.ld + j];
-        b1 = a.beta.ptr[(t0 + 2 * lane + 1) * a.beta.ld + j];
+        r.g1 = a.g.ptr[(t0 + 2 * lane + 1) * a.g.ld + j];
+        r.b1 = a.beta.ptr[(t0 + 2 * lane + 1) * a.beta.ld + j];
     }
-    float x = g0 + g1;
+    return r;
+}
+__device__ __forceinline__ void prep_gates_store(const PrepArgs &a, int c, int j, GateRows r, float *gam,
+                                                 float *bet) {
+    const int lane = threadIdx.x & 31;
+    const size_t hc = (size_t)j * a.nc + c;
+    float x = r.g0 + r.g1;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const float y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= o) x += y;
     }
-    const float lo = x - g1;
+    const float lo = x - r.g1;
     gam[2 * lane] = lo;
     gam[2 * lane + 1] = x;
-    bet[2 * lane] = b0;
-    bet[2 * lane + 1] = b1;
+    bet[2 * lane] = r.b0;
+    bet[2 * lane + 1] = r.b1;
     *reinterpret_cast<float2 *>(a.w.gam + hc * kC + 2 * lane) = make_float2(lo, x);
-    *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(b0, b1);
+    *reinterpret_cast<float2 *>(a.w.bet + hc * kC + 2 * lane) = make_float2(r.b0, r.b1);
 }
 
 // K and Q rows of key head jk, chunk c (rows cr.t0 .. cr.t0 + cr.lim - 1), to fp16: into the
@@ -49,20 +59,25 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows
                                              __half (*kh)[kLdH], __half (*qh)[kLdH], bool store) {
     constexpr int kLoads = 8;
     constexpr int kIters = kC * kDK / 4 / NT;  // float4 per thread and matrix
-    static_assert(kIters % kLoads == 0, "batches");
-    const int64_t t0 = cr.t0;
-    const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK;
+    constexpr int kRowsPerIt = NT / (kDK / 4);  // rows one iteration covers: the thread's column d is fixed
+    static_assert(kIters % kLoads == 0 && NT % (kDK / 4) == 0, "batches");
+    // The thread's first row i0 and column d; each iteration moves kRowsPerIt rows down, so the
+    // addresses are pointers advanced by a stride (the first form derived each one from the
+    // element index with 64-bit multiplies; the load phase was a sixth of the instructions).
+    const int i0 = t / (kDK / 4), d = (t % (kDK / 4)) * 4;
+    const float *kp = a.k.row(cr.t0 + i0) + (int64_t)jk * kDK + d;
+    const float *qp = a.q.row(cr.t0 + i0) + (int64_t)jk * kDK + d;
+    const int64_t kstep = kRowsPerIt * a.k.ld, qstep = kRowsPerIt * a.q.ld;
+    const size_t kq_off = ((size_t)jk * a.nc + c) * kC * kDK + (size_t)i0 * kDK + d;
+    __half *wk = a.w.kh + kq_off, *wq = a.w.qh + kq_off;
 #pragma unroll 1
     for (int it0 = 0; it0 < kIters; it0 += kLoads) {
         float4 kx[kLoads], qx[kLoads];
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
-            const int e = t + (it0 + u) * NT;
-            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+            const int i = i0 + (it0 + u) * kRowsPerIt;
             kx[u] = qx[u] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (i < cr.lim) {
-                const float *kp = a.k.row(t0 + i) + (int64_t)jk * kDK + d;
-                const float *qp = a.q.row(t0 + i) + (int64_t)jk * kDK + d;
                 if (VEC) {
                     kx[u] = __ldg(reinterpret_cast<const float4 *>(kp));
                     qx[u] = __ldg(reinterpret_cast<const float4 *>(qp));
@@ -71,11 +86,12 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows
                     qx[u] = make_float4(__ldg(qp), __ldg(qp + 1), __ldg(qp + 2), __ldg(qp + 3));
                 }
             }
+            kp += kstep;
+            qp += qstep;
         }
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
-            const int e = t + (it0 + u) * NT;
-            const int i = e / (kDK / 4), d = (e % (kDK / 4)) * 4;
+            const int i = i0 + (it0 + u) * kRowsPerIt;
             uint2 kp2, qp2;
             kp2.x = pack_half2(kx[u].x, kx[u].y);
             kp2.y = pack_half2(kx[u].z, kx[u].w);
@@ -84,10 +100,12 @@ __device__ __forceinline__ void prep_load_kq(const PrepArgs &a, int c, ChunkRows
             *reinterpret_cast<uint2 *>(&kh[i][d]) = kp2;
             *reinterpret_cast<uint2 *>(&qh[i][d]) = qp2;
             if (store) {
-                *reinterpret_cast<uint2 *>(a.w.kh + kq_off + (size_t)i * kDK + d) = kp2;
-                *reinterpret_cast<uint2 *>(a.w.qh + kq_off + (size_t)i * kDK + d) = qp2;
+                *reinterpret_cast<uint2 *>(wk + (size_t)u * kRowsPerIt * kDK) = kp2;
+                *reinterpret_cast<uint2 *>(wq + (size_t)u * kRowsPerIt * kDK) = qp2;
             }
         }
+        wk += (size_t)kLoads * kRowsPerIt * kDK;
+        wq += (size_t)kLoads * kRowsPerIt * kDK;
     }
 }
 
@@ -216,7 +234,7 @@ __device__ __forceinline__ void prep_a_and_p(const PrepArgs &a, const float (&ga
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int col = 8 * nt + 2 * tig + e;
-                        const float d = col <= i ? __expf(gi[h] - gam[h][col]) : 0.0f;  // exponent <= 0
+                        const float d = col <= i ? exp_ftz(gi[h] - gam[h][col]) : 0.0f;  // exponent <= 0
                         if (col < i) t[h][col][i] = bi[h] * ak[nt][2 * hr + e] * d;  // A_i,col at [col][i]
                         pv[e] = col <= i ? aq[nt][2 * hr + e] * d : 0.0f;
                     }
@@ -333,26 +351,48 @@ __device__ __forceinline__ void prep_merge(PrepSmem<NH> &s, int warp, int g8, in
     }
 }
 
-// Tm (scaled fp16) to the workspace, warp w rows 16w..16w+15, zeros above the diagonal; max
-// row sum of |Tm| (v1's pairs and butterfly, so the same fp32 sums). Tm and max |Tm| complete.
+// Tm (scaled fp16) to the workspace, warp w rows 16w..16w+15, zeros above the diagonal, and the
+// max row sum of |Tm|. Tm and max |Tm| complete. Lane l owns the 8 columns 8 (l % 8) .. of rows
+// 16w + l / 8 + 4 r (r < 4): two 16-byte shared reads (two-way bank conflicted; swapping a
+// lane's halves would take run-time indices into a register array, which ptxas turns into a
+// select network: 4% more instructions for the whole kernel, measured slower) and one 16-byte
+// store per row; the row's sum of |Tm| adds the lane's 8 in order, then the 8 lanes' partial sums
+// by a 3-level butterfly. The first form stored 4 bytes per lane and row and summed each row by
+// a 5-level butterfly: 19% of the kernel's instructions and 18% of its stall samples (ncu,
+// session 46, T 8192 at 16/32). The sums only bound |V'| (the state kernel's fp16 scale for
+// V'), so their order is free; this one is fixed, so the bits are reproducible run to run.
 template <int NH>
 __device__ __forceinline__ void prep_store_tm(const PrepArgs &a, PrepSmem<NH> &s, PrepCta p, int warp, int lane) {
+    const int c8 = lane & 7;
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
         const float(&t)[kC][kLdF] = s.u.inv.t[h];
         const float st = pow2_scale(s.max_t[h]);
         __half *tm = a.w.tm + prep_hc<NH>(a, p, h) * kC * kC;
         float worst = 0.0f;
-#pragma unroll 4
-        for (int i = 16 * warp; i < 16 * warp + 16; ++i) {
-            const float x0 = tm_at(t, i, 2 * lane), x1 = tm_at(t, i, 2 * lane + 1);
-            *reinterpret_cast<uint32_t *>(tm + (size_t)i * kC + 2 * lane) = pack_half2(x0 * st, x1 * st);
-            float rs = fabsf(x0) + fabsf(x1);
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o);
+        for (int r = 0; r < 4; ++r) {
+            const int i = 16 * warp + (lane >> 3) + 4 * r, j0 = 8 * c8;
+            const float4 lo = *reinterpret_cast<const float4 *>(&t[i][j0]);
+            const float4 hi = *reinterpret_cast<const float4 *>(&t[i][j0 + 4]);
+            float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            float rs = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                x[e] = j0 + e <= i ? x[e] : 0.0f;  // Tm's lower triangle (A^T lives above)
+                rs += fabsf(x[e]);
+            }
+            uint4 o;
+            o.x = pack_half2(x[0] * st, x[1] * st);
+            o.y = pack_half2(x[2] * st, x[3] * st);
+            o.z = pack_half2(x[4] * st, x[5] * st);
+            o.w = pack_half2(x[6] * st, x[7] * st);
+            *reinterpret_cast<uint4 *>(tm + (size_t)i * kC + j0) = o;
+#pragma unroll
+            for (int o8 = 4; o8 > 0; o8 >>= 1) rs += __shfl_xor_sync(0xffffffffu, rs, o8);
             worst = fmaxf(worst, rs);
         }
-        if (lane == 0) atomicMax(&s.max_rs[h], __float_as_uint(worst));
+        publish_max(&s.max_rs[h], worst);
     }
 }
 
@@ -372,12 +412,16 @@ __global__ void __launch_bounds__(kPrepThreads, 5)
     // The chunk's rows (each warp finds them: varlen, a search in the sequence table).
     const ChunkRows cr = prep_chunk_rows(a, p.c);
 
-    // Gates first (one warp per head), then the K/Q traffic.
-    if (warp < NH) prep_gates(a, p.c, cr, p.jk + (NH * p.round + warp) * a.n_k_heads, s.gam[warp], s.beta[warp]);
+    // The gates' loads (one warp per head), the K/Q traffic, then the gates' scan: the scan's
+    // wait for g does not hold back that warp's K/Q loads.
+    const int jg = p.jk + (NH * p.round + (warp < NH ? warp : 0)) * a.n_k_heads;
+    GateRows gr{};
+    if (warp < NH) gr = prep_gates_load(a, cr, jg);
     if (tid < NH) s.max_t[tid] = s.max_rs[tid] = 0u;
 
     // K and Q rows to fp16; only round 0 writes them to the workspace.
     prep_load_kq<VEC, kPrepThreads>(a, p.c, cr, p.jk, tid, s.u.in.kh, s.u.in.qh, p.round == 0);
+    if (warp < NH) prep_gates_store(a, p.c, jg, gr, s.gam[warp], s.beta[warp]);
     __syncthreads();  // K, Q tiles and the gates complete
 
     float ak[8][4], aq[8][4];
