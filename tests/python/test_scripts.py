@@ -351,3 +351,59 @@ def test_docs_point_inside_the_repository():
             path = (doc.parent / target).resolve()
             rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
             assert path.exists() or rel in PENDING_DOCS, f"{doc.name}: broken link {target}"
+
+
+# ------------------------------------------------------------------------ sass_stats.py
+
+SASS = """
+Fatbin elf code:
+================
+arch = sm_90a
+\tcode for sm_90a
+\t\tFunction : _ZN2pf4gdnc12_GLOBAL__N_121gdn_chunk_prep_kernelILb1ELi2EEEvNS0_8PrepArgsE
+\t.headerflags\t@"EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                        /* 0x00000a00ff017b82 */
+        /*0010*/              @!P0 IMAD.MOV.U32 R2, RZ, RZ, R3 ;                 /* 0x000000ffff027224 */
+        /*0020*/                   STL.64 [R1], R4 ;                             /* 0x0000000401007387 */
+        /*0030*/                   IMAD R5, R6, 0x4, R7 ;                        /* 0x0000000406057824 */
+        /*0040*/                   EXIT ;                                        /* 0x000000000000794d */
+\t\t..........
+\t\tFunction : _ZN2pf11demo_kernelEv
+        /*0000*/                   EXIT ;                                        /* 0x000000000000794d */
+"""
+
+
+def _sass_stats():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sass_stats", ROOT / "scripts" / "sass_stats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sass_stats_counts_kernels_and_local_memory():
+    """scripts/sass_stats.py: kernels split at each Function line, predicate guards dropped,
+    spills (STL) counted, names shortened to the kernel and its literal template arguments,
+    and a base build's count set beside each kernel's."""
+    m = _sass_stats()
+    k = m.parse_sass(SASS)
+    prep = "_ZN2pf4gdnc12_GLOBAL__N_121gdn_chunk_prep_kernelILb1ELi2EEEvNS0_8PrepArgsE"
+    assert k[prep] == ["LDC", "IMAD.MOV.U32", "STL.64", "IMAD", "EXIT"]
+    assert k["_ZN2pf11demo_kernelEv"] == ["EXIT"]
+    s = m.stats(k[prep])
+    assert s["count"] == 5 and s["local"] == 1 and s["top"][0] == ("IMAD", 2)
+    assert m.short(prep) == "gdn_chunk_prep_kernel<1, 2>"
+    assert m.short("_ZN2pf11demo_kernelEv") == "demo_kernel"
+    base = {prep: ["EXIT"] * 7}
+    lines = m.report(k, base, "prep", 3)
+    assert len(lines) == 1
+    assert lines[0].startswith("gdn_chunk_prep_kernel<1, 2>: 5 instructions (base 7, -2), local memory ops 1")
+
+
+def test_sass_stats_without_cuobjdump_says_how_to_get_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CUOBJDUMP"}
+    env["PATH"] = str(tmp_path)             # no cuobjdump on it
+    # -S: no site-packages either (where the wheel would put it)
+    r = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "sass_stats.py"), "x.o"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "pip install nvidia-cuda-cuobjdump" in r.stderr, (r.returncode, r.stderr)
