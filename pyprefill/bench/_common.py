@@ -145,8 +145,10 @@ class Bench:
     it is freed after each op (`op`)."""
 
     def __init__(self, rec: Recorder, ctx, torch, *, reps: int = 7, quick: bool = False,
-                 legs=("f16", "f32"), seed: int = 1234, shapes: str = "qwen35-4b"):
+                 legs=("f16", "f32"), seed: int = 1234, shapes: str = "qwen35-4b",
+                 variants: bool = True):
         self.rec, self.ctx, self.torch, self.reps, self.quick = rec, ctx, torch, reps, quick
+        self.variants = variants                   # False (--no-variants): a family's default rows only
         self.legs = tuple(legs)
         self.shapes = shapes                       # the synth preset whose matrices gemm runs
         self.peak_tflops: float | None = None     # set by gemm.run when torch is there

@@ -150,7 +150,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["cold", "sessions", "pages", "tree"],
                    help="cache suite: the sides to run (default all: cold sessions pages tree)")
     p.add_argument("--no-variants", action="store_true",
-                   help="batch suite: skip the tuning variants (varlen off)")
+                   help="batch suite: skip the tuning variants (varlen off); kernel suite: the gdn "
+                        "family's delta rule on its default path only, one call of T (no sequential, "
+                        "tuning or carried rows; FLA under CUDA graphs its peer): an A/B of two "
+                        "builds in one device call")
     p.add_argument("--memory-budget", nargs="+", metavar="GIB", type=positive_float("GiB"), default=[],
                    help="model suite and FILE: also run ours on a context with each memory budget "
                         "(GiB > 0: a smaller card; the prewarm caches what fits, the rest runs uncached: "
@@ -263,7 +266,7 @@ def run_kernels(a, rec: Recorder, torch) -> dict:
     ctx = rec.guard("libprefill kernels", open_context)
     b = Bench(rec, ctx, torch, reps=a.reps, quick=a.quick,
               legs=[g for g in a.gemm if "/" not in g],  # LEG/variant: whole-model only
-              shapes=a.shapes)
+              shapes=a.shapes, variants=not a.no_variants)
     try:
         for fam in a.families:
             mod = rec.guard(f"{fam} benchmarks", importlib.import_module, f".{fam}", __package__)

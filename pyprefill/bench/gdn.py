@@ -3,7 +3,9 @@ delta-rule scan on both paths ("sequential", "chunked") against flash-linear-att
 `chunk_gated_delta_rule` (bf16; eager, and its calls replayed as CUDA graphs: the ratio's peer
 where that runs), at qwen35-4b (16 key / 32 value heads) and qwen35-27b (16 / 48) shapes, d = 128. Also the carried-state case: four calls of T/4 tokens on one state against one
 call of T (what chunked prefill does), and many sequences in one call (varlen: issue 28's
-targets, FLA with cu_seqlens replayed as a CUDA graph)."""
+targets, FLA with cu_seqlens replayed as a CUDA graph). `--no-variants`: the delta rule on its
+default path only (no sequential, tuning or carried rows; FLA under graphs alone as the peer),
+for an A/B of two builds within one device call."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +26,7 @@ SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked nopdl", {"gdn_pdl": False}),
                  ("chunked", "chunked onepass", {"gdn_subpass_rows": "one-pass"}),
                  ("chunked", "chunked subpass1024", {"gdn_subpass_rows": 1024}))
+DEFAULT_VARIANTS = SCAN_VARIANTS[1:2]    # --no-variants: the default path alone
 DEFAULT_SUBPASS = 2048    # kGdnSubpassRows (cuda/plan.h)
 
 
@@ -163,10 +166,11 @@ def scan(b, T: int, d, parts: int = 1) -> None:
     if b.torch is not None:
         mod = b.rec.optional("fla.ops.gated_delta_rule", "FLA chunk_gated_delta_rule")
         fla = getattr(mod, "chunk_gated_delta_rule", None) if mod is not None else None
-    if fla is not None:
+    if fla is not None and b.variants:
         t = b.rec.guard(f"{op} T={T} FLA", fla_scan, b, fla, T, d, inputs, n, parts)
         if t is not None:
             peer = b.add(op, T, "FLA chunk bf16", t, note=note + ", q/k expanded")
+    if fla is not None:
         # The same calls replayed as CUDA graphs (issue 40 asks for FLA under graphs): the ratio's
         # peer where it runs (the faster form of FLA).
         t = b.rec.guard(f"{op} T={T} FLA graph", fla_scan, b, fla, T, d, inputs, n, parts, graph=True)
@@ -186,7 +190,7 @@ def scan(b, T: int, d, parts: int = 1) -> None:
             _scan(b.ctx, qv, kv, vv, bv, gv, View(state.buf, state.off(i)), ov, step, hk, hv, dk,
                   dv, path)
 
-    for path, label, tuning in SCAN_VARIANTS:
+    for path, label, tuning in SCAN_VARIANTS if b.variants else DEFAULT_VARIANTS:
         sub = tuning.get("gdn_subpass_rows")
         if sub is not None:
             sub = 0 if sub == "one-pass" else int(sub)
@@ -276,7 +280,7 @@ def run(b, lengths) -> None:
                 for fn in (conv1d, l2norm, gates):
                     b.op(f"{fn.__name__} {tag(d)} T={T}", fn, b, T, d)
             b.op(f"delta-rule {tag(d)} T={T}", scan, b, T, d)
-            if T % 4 == 0:
+            if T % 4 == 0 and b.variants:
                 b.op(f"delta-rule {tag(d)} T={T} carried", scan, b, T, d, 4)
         # the issue's cases whatever the lengths; --quick: the smallest
         for n_seqs, L, target in VARLEN_CASES[model][-1:] if b.quick else VARLEN_CASES[model]:

@@ -147,6 +147,23 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}
 
 
+def test_gdn_without_variants_runs_the_default_path_once(monkeypatch):
+    """--no-variants: the delta rule's rows are the default (chunked, no tuning) call of T and
+    the varlen cases; no sequential path, no carried parts, no tuning variants."""
+    monkeypatch.setattr(sys.modules["pyprefill.formats.quant"], "random_blocks",
+                        lambda n, k, q, rng: np.ones((n, 1), np.uint8))
+    b = _common.Bench(_common.Recorder(), FakeCtx(), None, reps=1, quick=True, variants=False)
+    calls = []
+    monkeypatch.setattr(gdn, "K", fake_module("gdn", calls))
+    gdn.run(b, [64])
+    scans = [a for n, a in calls if n == "gdn_scan"]
+    assert scans and {(a["rows"], a["path"]) for a in scans} == {(64, "chunked")}
+    ours = {(r["op"], r["impl"]) for r in b.rec.rows if r["op"].startswith("delta-rule")}
+    assert ours == {("delta-rule Hk16/Hv32", "ours chunked fp32"),
+                    ("delta-rule varlen 8x1024 Hk16/Hv32", "ours fp32")}
+    assert b.rec.skipped == []
+
+
 class FakeSession:
     def __init__(self, n_vocab, max_tokens=None):
         self.n_vocab, self.resets, self.max_tokens, self.pos = n_vocab, 0, max_tokens, 0
