@@ -245,17 +245,17 @@ struct WgScales {
 // beta V and e^(gamma_last - gamma) of the thread's rows; the bounds and scales of its columns.
 __device__ __forceinline__ void wg_chunk_scales(const StateWgSmem::Stage &d, int tig, int vr0, const WgCarry &st,
                                                 WgScales &sc) {
-    const float gl = d.gam[kC - 1], el = __expf(gl);
+    const float gl = d.gam[kC - 1], el = exp_ftz(gl);
     float be[8][2];
     float vm[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const float2 gg = *reinterpret_cast<const float2 *>(&d.gam[8 * nt + 2 * tig]);
         const float2 bb = *reinterpret_cast<const float2 *>(&d.beta[8 * nt + 2 * tig]);
-        sc.eg[nt][0] = __expf(gg.x);
-        sc.eg[nt][1] = __expf(gg.y);
-        sc.dd[nt][0] = __expf(gl - gg.x);  // exponent <= 0
-        sc.dd[nt][1] = __expf(gl - gg.y);
+        sc.eg[nt][0] = exp_ftz(gg.x);
+        sc.eg[nt][1] = exp_ftz(gg.y);
+        sc.dd[nt][0] = exp_ftz(gl - gg.x);  // exponent <= 0
+        sc.dd[nt][1] = exp_ftz(gl - gg.y);
         be[nt][0] = bb.x * sc.eg[nt][0];
         be[nt][1] = bb.y * sc.eg[nt][1];
 #pragma unroll
