@@ -7,9 +7,9 @@ of another build beside it.
     python3 scripts/sass_stats.py NEW.o --base OLD.o --kernel prep
 
 The counts are static (a loop body counts once): a guide between device calls, not a profile.
-Session 46 found with it that a run-time index into a register array had become a network of
-predicated moves (a prep kernel measured slower than the one it replaced), before the next
-device call. cuobjdump: $CUOBJDUMP, then PATH, then NVIDIA's wheel in this Python's environment
+Session 46 checked with it, without a GPU, that the GDN prep kernel's rework no longer held the
+network of predicated moves (a run-time index into a register array) that ncu's SASS page had
+shown in its slower first form. cuobjdump: $CUOBJDUMP, then PATH, then NVIDIA's wheel in this Python's environment
 (`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`, 0.3 + 5 MB: cuobjdump runs nvdisasm;
 the CUDA toolkit of the dev machine has neither).
 """
