@@ -147,6 +147,15 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}
 
 
+def test_attention_shapes_include_issue_40s_64_head_case():
+    """The attention family's shapes: qwen35-4b alone with --quick; else both presets and the
+    64-query-head / 8-KV-head hd128 case issue 40 names (no preset has it)."""
+    quick = attention.shapes(True)
+    assert [label for label, _ in quick] == ["qwen35-4b"]
+    full = {label: (d.n_head, d.n_head_kv, d.head_dim) for label, d in attention.shapes(False)}
+    assert full == {"qwen35-4b": (16, 4, 256), "qwen3-4b": (32, 8, 128), "64q/8kv": (64, 8, 128)}
+
+
 def test_gdn_without_variants_runs_the_default_path_once(monkeypatch):
     """--no-variants: the delta rule's rows are the default (chunked, no tuning) call of T and
     the varlen cases; no sequential path, no carried parts, no tuning variants."""
