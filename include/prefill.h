@@ -224,7 +224,8 @@ typedef struct pf_tuning {
     int32_t gdn_state;         /* pf_gdn_state_kernel (the two agree within the path's tolerance,
                                   not bitwise) */
     int32_t gdn_subpass_rows;  /* rows of the chained sub-passes of the chunked delta rule: 0 =
-                                  default (2048), -1 = one pass, else a multiple of 64 up to 8192 */
+                                  default (2048; a call of 2048 rows chains two of 1024), -1 = one
+                                  pass, else a multiple of 64 up to 8192. The bits are one pass's */
     int32_t gdn_pdl;           /* pf_switch (default on where compute capability >= 9.0): the GDN
                                   state kernel as its prep kernel's programmatic dependent */
     int32_t attn_kernel;       /* pf_attn_kernel of the flash path (default: wgmma where it runs) */

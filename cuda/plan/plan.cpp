@@ -210,6 +210,7 @@ GdnChunkPlan gdn_chunk_plan(const pf_tuning &t) {
               : t.gdn_state == PF_GDN_STATE_WARPGROUP ? GdnStateKernel::Warpgroup
                                                       : GdnStateKernel::Auto;
     p.subpass_rows = t.gdn_subpass_rows == 0 ? kGdnSubpassRows : t.gdn_subpass_rows < 0 ? 0 : t.gdn_subpass_rows;
+    p.short_subpass_rows = t.gdn_subpass_rows == 0 ? kGdnShortSubpassRows : 0;  // a named size is that size
     p.pdl = switch_on(t.gdn_pdl, true);
     return p;
 }

@@ -63,6 +63,11 @@ RowForm row_form(const pf_tuning &t);
 // The chunked delta rule's launch choices (gdn_chunk.cu). Rows per pass and the default sub-pass:
 constexpr int64_t kGdnPassRows = 8192;
 constexpr int64_t kGdnSubpassRows = 2048;
+// Under the default sub-pass, a call of kGdnSubpassRows rows (a session's step) chains two
+// sub-passes of this many rows instead of running one pass (H200, 16/32 heads: 0.0922 against
+// 0.0956 ms for one call of 2048 rows, 0.3678 against 0.3816 for four on a carried state; session
+// 46, call A; 1024-row sub-passes are slower from 8192-row calls on).
+constexpr int64_t kGdnShortSubpassRows = 1024;
 // Chunks of one round of pf_gdn_scan_varlen's chunked path (a varlen call of the internal entry):
 // the memory of one pass of kGdnPassRows rows.
 constexpr int64_t kGdnVarlenRoundChunks = kGdnPassRows / 64;
@@ -70,6 +75,8 @@ enum class GdnStateKernel { Auto, Warp, Warpgroup };
 struct GdnChunkPlan {
     GdnStateKernel state = GdnStateKernel::Auto;  // Auto: warpgroup where it runs and v is aligned
     int64_t subpass_rows = kGdnSubpassRows;        // chained sub-passes of this many rows; 0: one pass
+    int64_t short_subpass_rows = kGdnShortSubpassRows;  // a call of 2 x this .. subpass_rows rows
+                                                   // chains sub-passes of this many; 0: off (tuning)
     bool pdl = true;                               // programmatic dependence (compute capability >= 9)
 };
 GdnChunkPlan gdn_chunk_plan(const pf_tuning &t);

@@ -573,6 +573,34 @@ def test_chunked_subpasses_bitwise_one_pass(ctx, rng, hk, hv, sizes, sub):
 
 
 @gpu
+@pytest.mark.parametrize("hk, hv", [(16, 32), (2, 4)])
+def test_chunked_2048_row_calls_bitwise_one_pass(ctx, rng, hk, hv):
+    """Under the default tuning a call of 2048 rows (a session's step) chains two sub-passes of
+    1024 rows (kGdnShortSubpassRows, cuda/plan.h) where the chained form runs: bitwise one pass,
+    the state carried over three calls, and within the float64 bound. (That the split happens is
+    the bench's to show: the default row at 2048 against "chunked subpass1024".)"""
+    ctx.set_tuning(gdn_state="warpgroup")
+    _skip_without_wg(ctx, "the chained sub-passes need the warpgroup state kernel")
+    whole = G.gdn_scan_plan(2048, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
+    half = G.gdn_scan_plan(1024, hk, hv, 128, 128, path="chunked")["workspace_bytes"]
+    assert whole >= 2 * half, f"a 2048-row workspace of {whole} bytes < 2 x {half}"
+    sizes = [2048, 2048, 2048]
+    inputs = scan_inputs(rng, sum(sizes), hk, hv, 128, 128)
+    out = {}
+    try:
+        for m in (None, "one-pass"):
+            ctx.set_tuning(gdn_state="warpgroup", gdn_subpass_rows=m)
+            out[m] = _scan_in_calls(ctx, *inputs, sizes, path="chunked")
+    finally:
+        ctx.set_tuning()
+    ref = (ref_scan_long if hk >= 16 else ref_scan)(*inputs)
+    assert_scan("chunked (2048-row calls)", ref, out[None], CHUNK_TOL)
+    for a, b, what in zip(out[None], out["one-pass"], ("o", "state")):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+            f"{what} differs between a 2048-row call's default and one pass"
+
+
+@gpu
 @pytest.mark.parametrize("case", ["no decay, beta~1", "strong decay", "large values", "zero state"])
 def test_chunked_hard_cases(ctx, rng, case, state_kernel):
     """No decay with beta ~ 1 (the triangular solve at its worst conditioning), decays of -40

@@ -148,7 +148,13 @@ pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t work
     // completed, and state(p) reads the state only after state(p - 1) has written it. Needs the
     // warpgroup state kernel, PDL and a workspace of two sub-passes (else one pass); the sub-pass
     // boundaries are chunk boundaries, so the bits are those of one pass.
-    const int64_t sub = plan.subpass_rows;
+    // A call no longer than one default sub-pass but at least two short ones (a session's
+    // 2048-row step) chains the short ones (kGdnShortSubpassRows): the first prep, the one part
+    // that nothing overlaps, is half as long.
+    const int64_t sub = plan.short_subpass_rows > 0 && rows <= plan.subpass_rows &&
+                                rows >= 2 * plan.short_subpass_rows
+                            ? plan.short_subpass_rows
+                            : plan.subpass_rows;
     const size_t half = sub > 0 ? gdn_chunk_workspace_bytes(sub, n_k_heads, n_v_heads) : 0;
     // Where the state grid (2 CTAs per value head) leaves fewer than half the SMs to the prep, one
     // overlapped prep does not pay for the split: two sub-passes run as one pass there (s24-2,
