@@ -18,8 +18,9 @@ SHAPES = ("qwen35-4b", "qwen35-27b")
 # `auto` picks), with each state kernel by name (warp: warp-owned; warpgroup: wgmma, sm_90a),
 # with nopdl (the state kernel in plain stream order after the prep, not as its programmatic
 # dependent), with onepass (no chained sub-passes: the default runs the prep of the next 2048-row
-# sub-pass beside the warpgroup state kernel of this one; timed only where a call has more rows
-# than that) and subpass1024, side by side (pyprefill.tuning, set on the bench's context).
+# sub-pass beside the warpgroup state kernel of this one, or of the second 1024-row half of a
+# 2048-row call; timed only where the default chains) and subpass1024, side by side
+# (pyprefill.tuning, set on the bench's context).
 SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked warp-state", {"gdn_state": "warp"}),
                  ("chunked", "chunked wg-state", {"gdn_state": "warpgroup"}),
@@ -28,6 +29,13 @@ SCAN_VARIANTS = (("sequential", "sequential", {}), ("chunked", "chunked", {}),
                  ("chunked", "chunked subpass1024", {"gdn_subpass_rows": 1024}))
 DEFAULT_VARIANTS = SCAN_VARIANTS[1:2]    # --no-variants: the default path alone
 DEFAULT_SUBPASS = 2048    # kGdnSubpassRows (cuda/plan.h)
+SHORT_SUBPASS = 1024      # kGdnShortSubpassRows: the default chains a call of 2048 rows as two of these
+
+
+def default_chains(rows: int) -> bool:
+    """Whether the default tuning chains sub-passes in a call of `rows` rows (where the chained
+    form runs): sub-passes of DEFAULT_SUBPASS past it, two of SHORT_SUBPASS from 2 x that on."""
+    return rows > DEFAULT_SUBPASS or rows >= 2 * SHORT_SUBPASS
 
 
 # -- the wrapper calls: the only lines that touch pyprefill.kernels.gdn -------------------------
@@ -194,7 +202,7 @@ def scan(b, T: int, d, parts: int = 1) -> None:
         sub = tuning.get("gdn_subpass_rows")
         if sub is not None:
             sub = 0 if sub == "one-pass" else int(sub)
-            if not 0 < sub < step and DEFAULT_SUBPASS >= step:
+            if not 0 < sub < step and not default_chains(step):
                 continue    # neither this nor the default chains calls of `step` rows: "chunked" again
         def run(path=path, label=label, tuning=tuning):
             b.ctx.set_tuning(tuning)                      # the kernel-level calls on this context

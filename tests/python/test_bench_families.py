@@ -147,6 +147,13 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         assert {a["leg"] for n, a in calls if n == "project"} == {"f16", "f32"}
 
 
+def test_gdn_bench_knows_where_the_default_chains():
+    """The onepass row is timed only where the default chains sub-passes: calls of 2048 rows (two
+    of 1024, kGdnShortSubpassRows) and longer ones (2048 each), not shorter ones."""
+    assert [gdn.default_chains(r) for r in (64, 1024, 2047, 2048, 4096, 8192)] == \
+        [False, False, False, True, True, True]
+
+
 def test_attention_shapes_include_issue_40s_64_head_case():
     """The attention family's shapes: qwen35-4b alone with --quick; else both presets and the
     64-query-head / 8-KV-head hd128 case issue 40 names (no preset has it)."""
