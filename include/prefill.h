@@ -201,7 +201,12 @@ typedef enum pf_gdn_state_kernel {  /* the chunked delta rule's state kernel */
     PF_GDN_STATE_AUTO = 0,          /* warpgroup where it runs (sm_90a build, compute capability
                                        9.0, v rows 16-byte aligned), else warp */
     PF_GDN_STATE_WARP = 1,          /* warp-owned state slices, mma.sync (sm_80 and later) */
-    PF_GDN_STATE_WARPGROUP = 2      /* wgmma + TMA (UNSUPPORTED where it cannot run) */
+    PF_GDN_STATE_WARPGROUP = 2,     /* wgmma + TMA, a CTA per 64 value columns of a head (UNSUPPORTED
+                                       where it cannot run) */
+    PF_GDN_STATE_WARPGROUP_PAIR = 3 /* the same kernel with a CTA per value head: its two consumer
+                                       warpgroups (two state chains on one SM) share each chunk's
+                                       copies. Bitwise WARPGROUP's. AUTO takes it where WARPGROUP's
+                                       grid (2 CTAs a value head and sequence) exceeds one wave */
 } pf_gdn_state_kernel;
 
 typedef struct pf_tuning {

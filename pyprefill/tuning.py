@@ -14,7 +14,7 @@ Fields (docs/tuning.md has what each measures and which results stay bitwise):
     fuse_qk_rope       bool                         q/k norms + RoPE + KV write in one kernel
     fuse_conv_norm     bool                         GDN conv1d + L2 norms in one kernel
     gdn_scan           "auto" | "sequential" | "chunked"
-    gdn_state          "auto" | "warp" | "warpgroup"
+    gdn_state          "auto" | "warp" | "warpgroup" | "warpgroup_pair"
     gdn_subpass_rows   int (a multiple of 64 up to 8192) or "one-pass"
     gdn_pdl            bool                         programmatic dependent launch
     attn_kernel        "auto" | "mma" | "wgmma"

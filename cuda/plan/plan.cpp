@@ -166,7 +166,7 @@ pf_status tuning_check(const pf_tuning &t, const char *fn) {
                  t.row_form);
     PF_CHECK_ARG(in(t.gdn_scan, PF_GDN_SCAN_CHUNKED), "%s: tuning.gdn_scan=%d is not a pf_gdn_scan_path", fn,
                  t.gdn_scan);
-    PF_CHECK_ARG(in(t.gdn_state, PF_GDN_STATE_WARPGROUP), "%s: tuning.gdn_state=%d is not a "
+    PF_CHECK_ARG(in(t.gdn_state, PF_GDN_STATE_WARPGROUP_PAIR), "%s: tuning.gdn_state=%d is not a "
                  "pf_gdn_state_kernel", fn, t.gdn_state);
     PF_CHECK_ARG(t.gdn_subpass_rows == -1 || (t.gdn_subpass_rows >= 0 && t.gdn_subpass_rows % 64 == 0 &&
                                               t.gdn_subpass_rows <= kGdnPassRows),
@@ -208,6 +208,7 @@ GdnChunkPlan gdn_chunk_plan(const pf_tuning &t) {
     GdnChunkPlan p;
     p.state = t.gdn_state == PF_GDN_STATE_WARP        ? GdnStateKernel::Warp
               : t.gdn_state == PF_GDN_STATE_WARPGROUP ? GdnStateKernel::Warpgroup
+              : t.gdn_state == PF_GDN_STATE_WARPGROUP_PAIR ? GdnStateKernel::WarpgroupPair
                                                       : GdnStateKernel::Auto;
     p.subpass_rows = t.gdn_subpass_rows == 0 ? kGdnSubpassRows : t.gdn_subpass_rows < 0 ? 0 : t.gdn_subpass_rows;
     p.short_subpass_rows = t.gdn_subpass_rows == 0 ? kGdnShortSubpassRows : 0;  // a named size is that size
@@ -281,7 +282,7 @@ ExecPlan exec_plan(int32_t leg, const pf_tuning &t, int32_t attn_path, int32_t k
 void exec_plan_describe(const ExecPlan &p, char *buf, size_t size) {
     static const char *legs[] = {"default", "auto", "f32", "f16", "int8"};
     static const char *scans[] = {"auto", "sequential", "chunked"};
-    static const char *states[] = {"auto", "warp", "warpgroup"};
+    static const char *states[] = {"auto", "warp", "warpgroup", "warpgroup_pair"};
     static const char *attn[] = {"auto", "cublas", "flash"};
     static const char *kern[] = {"auto", "mma", "wgmma"};
     std::snprintf(buf, size,

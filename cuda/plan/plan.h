@@ -71,9 +71,10 @@ constexpr int64_t kGdnShortSubpassRows = 1024;
 // Chunks of one round of pf_gdn_scan_varlen's chunked path (a varlen call of the internal entry):
 // the memory of one pass of kGdnPassRows rows.
 constexpr int64_t kGdnVarlenRoundChunks = kGdnPassRows / 64;
-enum class GdnStateKernel { Auto, Warp, Warpgroup };
+enum class GdnStateKernel { Auto, Warp, Warpgroup, WarpgroupPair };
 struct GdnChunkPlan {
-    GdnStateKernel state = GdnStateKernel::Auto;  // Auto: warpgroup where it runs and v is aligned
+    GdnStateKernel state = GdnStateKernel::Auto;  // Auto: warpgroup where it runs and v is aligned,
+                                                   // its pair form where one wave does not hold it
     int64_t subpass_rows = kGdnSubpassRows;        // chained sub-passes of this many rows; 0: one pass
     int64_t short_subpass_rows = kGdnShortSubpassRows;  // a call of 2 x this .. subpass_rows rows
                                                    // chains sub-passes of this many; 0: off (tuning)

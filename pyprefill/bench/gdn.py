@@ -275,9 +275,21 @@ def scan_varlen(b, d, n_seqs: int, L: int, target_ms: float) -> None:
     states = b.slab_of(states0.reshape(n_seqs * hv * dk, dv), 1)
     o = b.out_slab(T, hv * dv)
     views = [View(s.buf, 0, s.cols) for s in (q, k, v, beta, g)]
-    t = b.time_ours(lambda i: _scan_varlen(b.ctx, *views, View(states.buf), View(o.buf, 0, o.cols),
-                                           cu, n_seqs, hk, hv, dk, dv), target_s=0.01)
+    def call(i):
+        _scan_varlen(b.ctx, *views, View(states.buf), View(o.buf, 0, o.cols), cu, n_seqs, hk, hv, dk, dv)
+    t = b.time_ours(call, target_s=0.01)
     b.add(op, T, "ours fp32", t, peer=peer, note=note, target_ms=target_ms)
+    # The warpgroup state kernel's two forms by name (the default takes the pair where the single
+    # form's grid exceeds one wave): the same bits, side by side.
+    for label, form in (("wg-single", "warpgroup"), ("wg-pair", "warpgroup_pair")) if b.variants else ():
+        def run(label=label, form=form):
+            b.ctx.set_tuning(gdn_state=form)
+            try:
+                tv = b.time_ours(call, target_s=0.01)
+            finally:
+                b.ctx.set_tuning()
+            b.add(op, T, f"ours {label} fp32", tv, peer=peer, note=note)
+        b.rec.guard(f"{op} {label}", run)
 
 
 def run(b, lengths) -> None:

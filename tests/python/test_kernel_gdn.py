@@ -443,16 +443,16 @@ CHUNK_HEADS = {"hv=hk": (2, 2), "hv=2hk": (2, 4), "hv=3hk": (1, 3)}
 
 
 
-@pytest.fixture(params=["warp", "warpgroup"])
+@pytest.fixture(params=["warp", "warpgroup", "warpgroup_pair"])
 def state_kernel(request, ctx):
     """The state kernels of the chunked path by name (the context's tuning.gdn_state, restored
-    after the test): the warp-owned one and the warpgroup one (wgmma; an sm_90a build on a
-    compute capability 9.0 device, skipped elsewhere: the library refuses it there with
-    UnsupportedError)."""
+    after the test): the warp-owned one, the warpgroup one (wgmma; an sm_90a build on a compute
+    capability 9.0 device, skipped elsewhere: the library refuses it there with
+    UnsupportedError) and its pair form (a CTA per value head)."""
     old = ctx.tuning()
     ctx.set_tuning(old, gdn_state=request.param)
     try:
-        if request.param == "warpgroup":
+        if request.param != "warp":
             _skip_without_wg(ctx, "the warpgroup state kernel is not available here")
         yield request.param
     finally:
@@ -790,6 +790,37 @@ def test_varlen_chunked_bitwise_and_float64(ctx, rng, mix, heads, state_kernel):
     assert_bitwise("chunked varlen", out, varlen_per_sequence(ctx, *inp, path="chunked"))
     assert_bitwise("chunked varlen (strided)", _varlen_strided(ctx, *inp, path="chunked"), out)
     assert_scan("chunked varlen", varlen_reference(*inp), out, CHUNK_TOL)
+
+
+@gpu
+@pytest.mark.parametrize("hk, hv, lens", [(16, 32, [1, 65, 777, 2100, 64, 300]), (2, 4, [129] * 8),
+                                          (16, 48, [1000, 3])])
+def test_state_kernel_pair_form_is_bitwise(ctx, rng, hk, hv, lens):
+    """The warpgroup state kernel's pair form (a CTA per value head: two consumer warpgroups on
+    one SM sharing each chunk's K, Q, Tm and P) against its single form (a CTA per 64 value
+    columns): the same arithmetic per warpgroup, so the same bits, for a varlen call (contiguous:
+    V by TMA, a sequence's partial last chunk by 16-byte cp.async; strided: 4-byte copies) and
+    for one sequence carried across calls; the default (auto: the pair where the single form's
+    grid exceeds one wave; the warp-owned kernel for unaligned V rows) gives them too on the
+    contiguous call; within CHUNK_TOL of float64."""
+    base = ctx.tuning()
+    inp = varlen_inputs(rng, lens, hk, hv, 128, 128)
+    one = scan_inputs(rng, 700, hk, hv, 128, 128)
+    got = {}
+    try:
+        for form in ("warpgroup", "warpgroup_pair", "auto"):
+            ctx.set_tuning(base, gdn_state=form)
+            if form != "auto":
+                _skip_without_wg(ctx, "the warpgroup state kernel is not available here")
+            got[form] = (G.gdn_scan_varlen_np(ctx, *inp, path="chunked"),
+                         _varlen_strided(ctx, *inp, path="chunked"),
+                         _scan_in_calls(ctx, *one, [65, 635], path="chunked"))
+    finally:
+        ctx.set_tuning(base)
+    for i, what in enumerate(("varlen", "varlen (strided)", "one sequence")):
+        assert_bitwise(f"pair {what}", got["warpgroup_pair"][i], got["warpgroup"][i])
+    assert_bitwise("auto varlen", got["auto"][0], got["warpgroup"][0])
+    assert_scan("pair varlen", varlen_reference(*inp), got["warpgroup_pair"][0], CHUNK_TOL)
 
 
 @gpu

@@ -51,7 +51,7 @@ def test_fields_round_trip():
 @pytest.mark.parametrize("fields, match", [
     ({"fuse": True}, "unknown field 'fuse'"),
     ({"fuse_groups": 3}, "fuse_groups: 3 is not a bool"),
-    ({"gdn_state": "v2"}, "gdn_state: 'v2' is not one of auto, warp, warpgroup"),
+    ({"gdn_state": "v2"}, "gdn_state: 'v2' is not one of auto, warp, warpgroup, warpgroup_pair"),
     ({"gemm_lt": True}, "gemm_lt: True is not one of"),
     ({"gdn_subpass_rows": "all"}, "gdn_subpass_rows: 'all' is not an int or one of one-pass"),
     ({"prewarm_fail_piece": 1.5}, "prewarm_fail_piece: 1.5 is not an int")])

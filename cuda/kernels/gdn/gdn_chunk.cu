@@ -91,11 +91,13 @@ pf_status chunk_args_check(const char *fn, const GdnScanArgs &a) {
 
 // What both entries launch with: the operands' alignment, the state kernel, PDL.
 struct ChunkLaunch {
-    bool vec_qk = false, vec_v = false, wg = false, pdl = false;
+    bool vec_qk = false, vec_v = false, wg = false, pair = false, pdl = false;
     int sm_count = 0;
 };
 
-pf_status chunk_launch(const char *fn, const GdnScanArgs &a, const GdnChunkPlan &plan, ChunkLaunch *out) {
+// n_seqs: the state grid's sequences (its y extent).
+pf_status chunk_launch(const char *fn, const GdnScanArgs &a, const GdnChunkPlan &plan, int32_t n_seqs,
+                       ChunkLaunch *out) {
     const auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     out->vec_qk = aligned(a.q.ptr) && aligned(a.k.ptr) && a.q.ld % 4 == 0 && a.k.ld % 4 == 0;
     out->vec_v = aligned(a.v.ptr) && a.v.ld % 4 == 0;
@@ -104,12 +106,18 @@ pf_status chunk_launch(const char *fn, const GdnScanArgs &a, const GdnChunkPlan 
     // 16-byte aligned, for its TMA map; else the warp-owned one). Asked for by name, the warpgroup
     // kernel also takes unaligned V rows (by cp.async).
     const bool wg_avail = state_wg_available();
-    if (plan.state == GdnStateKernel::Warpgroup && !wg_avail)
+    const bool named_wg = plan.state == GdnStateKernel::Warpgroup || plan.state == GdnStateKernel::WarpgroupPair;
+    if (named_wg && !wg_avail)
         return fail(PF_STATUS_UNSUPPORTED,
                     "%s: the warpgroup state kernel (tuning.gdn_state) needs an sm_90a build on a compute "
                     "capability 9.0 device", fn);
-    out->wg = plan.state == GdnStateKernel::Warpgroup ||
-              (plan.state == GdnStateKernel::Auto && out->vec_v && wg_avail);
+    out->wg = named_wg || (plan.state == GdnStateKernel::Auto && out->vec_v && wg_avail);
+    // Its pair form (one CTA per value head, the same bits) where asked, and under auto where the
+    // single form's grid (2 CTAs per value head and sequence, one an SM) needs more than one wave:
+    // the pair runs two chains an SM in one wave instead of one in two.
+    out->pair = out->wg && (plan.state == GdnStateKernel::WarpgroupPair ||
+                            (plan.state == GdnStateKernel::Auto &&
+                             2 * (int64_t)a.n_v_heads * n_seqs > (int64_t)out->sm_count));
     int cc_major = 0;
     PF_TRY(device_cc_major(&cc_major));
     // The state kernel as the prep kernel's programmatic dependent (compute capability 9.0 and up;
@@ -133,7 +141,7 @@ pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t work
     PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need,
                  "gdn_chunk_scan_rows: workspace of %zu bytes, %zu needed", workspace_bytes, need);
     ChunkLaunch L;
-    PF_TRY(chunk_launch(fn, a, plan, &L));
+    PF_TRY(chunk_launch(fn, a, plan, 1, &L));
     const bool wg = L.wg, pdl = L.pdl;
     const int sm_count = L.sm_count;
     // Chained sub-passes of plan.subpass_rows (default kGdnSubpassRows). Device run s24-1 (H200,
@@ -174,7 +182,7 @@ pf_status gdn_chunk_scan_rows(const GdnScanArgs &a, void *workspace, size_t work
         PF_TRY(launch_prep(pa, L.vec_qk, chain && pass > 0, stream));
         const StateArgs sa{a.v.rows_from(r0), a.state, a.o.rows_from(r0), n, n_k_heads, n_v_heads, nc, w,
                            chain ? 1 : 0, SeqTable{}};
-        if (wg) PF_TRY(launch_state_wg(sa, L.vec_v, pdl, stream));
+        if (wg) PF_TRY(launch_state_wg(sa, L.vec_v, L.pair, pdl, stream));
         else PF_TRY(launch_state_warp(sa, L.vec_v, sm_count, pdl, stream));
     }
     return PF_STATUS_OK;
@@ -215,7 +223,7 @@ pf_status gdn_chunk_scan_rows_varlen(const GdnScanArgs &a, const GdnSeqs &seqs, 
     PF_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "%s: workspace of %zu bytes, %zu needed",
                  fn, workspace_bytes, need);
     ChunkLaunch L;
-    PF_TRY(chunk_launch(fn, a, plan, &L));
+    PF_TRY(chunk_launch(fn, a, plan, seqs.n, &L));
     const int32_t nc = int32_t(chunks);
     Workspace w{};
     workspace_layout(nc, n_k_heads, n_v_heads, workspace, &w);
@@ -223,7 +231,7 @@ pf_status gdn_chunk_scan_rows_varlen(const GdnScanArgs &a, const GdnSeqs &seqs, 
     const PrepArgs pa{a.q, a.k, a.beta, a.g, a.rows, n_k_heads, n_v_heads, nc, w, t};
     PF_TRY(launch_prep(pa, L.vec_qk, false, stream));
     const StateArgs sa{a.v, nullptr, a.o, a.rows, n_k_heads, n_v_heads, nc, w, 0, t};
-    if (L.wg) return launch_state_wg(sa, L.vec_v, L.pdl, stream);
+    if (L.wg) return launch_state_wg(sa, L.vec_v, L.pair, L.pdl, stream);
     return launch_state_warp(sa, L.vec_v, L.sm_count, L.pdl, stream);
 }
 

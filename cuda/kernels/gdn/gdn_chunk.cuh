@@ -182,8 +182,9 @@ pf_status launch_prep(const PrepArgs &a, bool vec, bool pdl, cudaStream_t stream
 // The warp-owned state kernel (gdn_chunk_state.cu); `vec`: v rows 16-byte aligned; sm_count
 // sizes the CTAs (one wave); `pdl`: as the prep kernel's programmatic dependent.
 pf_status launch_state_warp(const StateArgs &a, bool vec, int32_t sm_count, bool pdl, cudaStream_t stream);
-// The warpgroup state kernel (gdn_chunk_state_wg.cu; sm_90a builds on compute capability 9.0).
-pf_status launch_state_wg(const StateArgs &a, bool vec, bool pdl, cudaStream_t stream);
+// The warpgroup state kernel (gdn_chunk_state_wg.cu; sm_90a builds on compute capability 9.0);
+// `pair`: its pair form (one CTA per value head, two consumer warpgroups; the same bits).
+pf_status launch_state_wg(const StateArgs &a, bool vec, bool pair, bool pdl, cudaStream_t stream);
 // Whether the warpgroup kernel can run on the current device (sm90a_kernels_available).
 bool state_wg_available();
 

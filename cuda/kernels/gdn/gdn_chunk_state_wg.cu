@@ -13,7 +13,7 @@ namespace {
 // The chunk step of the warp-owned kernel (same algebra, S^T with the value columns as rows) on
 // Hopper's warpgroup MMA, the form FlashInfer's and FlashQLA's GDN kernels take on this card. A
 // consumer warpgroup owns 64 value columns of a head (2 CTAs per head: Hv = 32 gives 64 CTAs,
-// 48 gives 96) and keeps S^T (64 x 128) as one m64n128 fp32 accumulator; every product of the
+// 48 gives 96; the pair form, WgForm below, puts both of a head's warpgroups in one CTA) and keeps S^T (64 x 128) as one m64n128 fp32 accumulator; every product of the
 // step is a wgmma with its A operand in registers (the fp32 accumulator of the product before
 // it, packed to fp16 as FlashAttention-3 reuses P) and its B operand in shared memory:
 //   X^T = S^T K^T, S^T Q^T     m64n64k16 x 8  (B: K, Q stored [i][x], K-major)
@@ -33,26 +33,46 @@ namespace {
 // update, whose A operand is V'' * sigma_V, accumulates into it in the same units; u becomes
 // 1 / sigma_V. sigma_V comes from a bound known at the chunk's start (the bound on |V'|
 // below), so that multiply runs while V' is computed.
-constexpr int kWgStateThreads = 160;  // one consumer warpgroup + one producer warp
-constexpr int kWgStateStages = 3;
+// The kernel's two forms, NWG consumer warpgroups a CTA (the same arithmetic per warpgroup, so
+// the same bits): NWG = 1, a CTA per 64 value columns (two per value head), 160 threads (+ one
+// producer warp), three stages; NWG = 2, the pair form, a CTA per value head whose two consumer
+// warpgroups own its two column halves and share each stage's K, Q, Tm and P (one copy where the
+// single form makes two), 384 threads (the producer a whole warpgroup, so that it can give its
+// registers to the consumers: setmaxnreg), two stages (three of 82 KB do not fit). The pair runs
+// two independent state chains on one SM, which the single form's chain leaves two thirds idle;
+// it pays where the single form's grid needs more than one wave (many sequences: gdn_chunk.cu).
+template <int NWG>
+struct WgForm {
+    static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
+    static constexpr int kThreads = NWG == 1 ? 160 : 384;
+    static constexpr int kStages = NWG == 1 ? 3 : 2;
+};
+// The pair form's register split: 384 threads start at 168 registers each; the producer
+// warpgroup gives back to 24 and the consumers take 240 (128 * 24 + 256 * 240 = 64512 <= 65536),
+// as in attention_wgmma.cu.
+constexpr int kPairProducerRegs = 24;
+constexpr int kPairConsumerRegs = 240;
 
+template <int NWG>
 struct StateWgSmem {
     struct alignas(1024) Stage {
         __half kh[kC * kDK];  // swizzled: column blocks x 0..63, 64..127 of 8 KB (hopper.cuh)
         __half qh[kC * kDK];
         __half tm[kC * kC];   // one swizzled block
         __half ph[kC * kC];
-        float vst[kC * 64];   // two [64][32] fp32 blocks, 128-byte swizzle (wg_v_offset)
+        float vst[NWG * kC * 64];  // per warpgroup two [64][32] fp32 blocks, 128-byte swizzle (wg_v_offset)
         float gam[kC];
         float beta[kC];
         float meta[4];
     };
-    Stage st[kWgStateStages];
-    uint64_t full[kWgStateStages];   // the stage's copies landed (TMA / bulk transactions, cp.async)
-    uint64_t empty[kWgStateStages];  // the 4 consumer warps are done with the stage
-    SeqSpan seq;                     // the CTA's sequence (state_seq): read from here, not held in registers
+    Stage st[WgForm<NWG>::kStages];
+    uint64_t full[WgForm<NWG>::kStages];   // the stage's copies landed (TMA / bulk transactions, cp.async)
+    uint64_t empty[WgForm<NWG>::kStages];  // the 4 NWG consumer warps are done with the stage
+    SeqSpan seq;                           // the CTA's sequence (state_seq): read from here, not held in registers
 };
-constexpr size_t kWgStateSmem = sizeof(StateWgSmem) + 1024;  // + the 1024-byte alignment slack
+template <int NWG>
+constexpr size_t wg_state_smem() { return sizeof(StateWgSmem<NWG>) + 1024; }  // + the alignment slack
+static_assert(wg_state_smem<1>() <= 227 * 1024 && wg_state_smem<2>() <= 227 * 1024, "one CTA an SM");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PF_GDN_WGMMA_DEVICE 1
@@ -129,17 +149,18 @@ struct WgMaps {
 
 // --------------------------------------------------------------- the producer warp
 // Lane 0's part of staging chunk c (of the CTA's sequence sq) in stage d: it arms `full` with
-// the chunk's byte count, then issues K, Q, Tm, P (and V when tma_v) by TMA and the gates and
-// meta by bulk copies; every copy completes on `full`.
-__device__ __forceinline__ void wg_issue_stage(StateWgSmem::Stage &d, uint32_t full, const StateArgs &a,
-                                               const WgMaps &m, WgCta w, const SeqSpan &sq, int c,
-                                               int64_t t0, bool tma_v) {
+// the chunk's byte count, then issues K, Q, Tm, P (and V when tma_v: 64 columns a consumer
+// warpgroup) by TMA and the gates and meta by bulk copies; every copy completes on `full`.
+template <int NWG>
+__device__ __forceinline__ void wg_issue_stage(typename StateWgSmem<NWG>::Stage &d, uint32_t full,
+                                               const StateArgs &a, const WgMaps &m, WgCta w, const SeqSpan &sq,
+                                               int c, int64_t t0, bool tma_v) {
     // Workspace chunk sq.c0 + c; row coordinates < 2^31 (the launcher checks).
     const int64_t gc = sq.c0 + c;
     const int kr = int((w.jk * a.nc + gc) * kC), tr = int((w.j * a.nc + gc) * kC);
     const size_t hc = (size_t)w.j * a.nc + gc;
     const uint32_t kh = smem_addr(d.kh), qh = smem_addr(d.qh), vs = smem_addr(d.vst);
-    mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (tma_v ? kWgVBytes : 0));
+    mbar_arrive_expect_tx(full, kWgTmaBytes + kWgGateBytes + (tma_v ? NWG * kWgVBytes : 0));
     tma_load_2d(kh, m.k, 0, kr, full);
     tma_load_2d(kh + kC * kSwizzleRow, m.k, kSwizzleCols, kr, full);
     tma_load_2d(qh, m.q, 0, kr, full);
@@ -148,44 +169,48 @@ __device__ __forceinline__ void wg_issue_stage(StateWgSmem::Stage &d, uint32_t f
     tma_load_2d(smem_addr(d.ph), m.p, 0, tr, full);
     if (tma_v) {
         const int vrow = int(sq.r0 + t0);
-        tma_load_2d(vs, m.v, w.j * kDK + w.col0, vrow, full);
-        tma_load_2d(vs + kC * 32 * 4, m.v, w.j * kDK + w.col0 + 32, vrow, full);
+#pragma unroll
+        for (int h = 0; h < NWG; ++h) {
+            const uint32_t vh = vs + h * kWgVBytes;
+            const int col = w.j * kDK + w.col0 + 64 * h;
+            tma_load_2d(vh, m.v, col, vrow, full);
+            tma_load_2d(vh + kC * 32 * 4, m.v, col + 32, vrow, full);
+        }
     }
     bulk_load(smem_addr(d.gam), a.w.gam + hc * kC, kC * 4, full);
     bulk_load(smem_addr(d.beta), a.w.bet + hc * kC, kC * 4, full);
     bulk_load(smem_addr(d.meta), a.w.meta + hc * 4, 16, full);
 }
 
-// V of a chunk by the warp's lanes (the chunk has fewer than 64 rows of its sequence, or V's rows
-// are not 16-byte aligned): cp.async of 16 (VEC) or 4 bytes into the swizzled places the TMA
-// would fill, zeros from row lim on; each lane's copies complete as one arrival on `full`.
+// 64 columns of V of a chunk into vst (one warpgroup's two swizzled blocks) by the warp's lanes
+// (the chunk has fewer than 64 rows of its sequence, or V's rows are not 16-byte aligned):
+// cp.async of 16 (VEC) or 4 bytes into the swizzled places the TMA would fill, zeros from row lim
+// on. The caller makes the lane's copies one arrival on `full` (cp_async_arrive_noinc).
 template <bool VEC>
-__device__ __forceinline__ void wg_copy_v(StateWgSmem::Stage &d, uint32_t full, const float *vg, int64_t ldv,
-                                          int lim, int lane) {
+__device__ __forceinline__ void wg_copy_v(float *vst, const float *vg, int64_t ldv, int lim, int lane) {
     if (VEC) {  // 4 columns of a row are 16 contiguous bytes of the swizzled block
 #pragma unroll 4
         for (int e = lane; e < kC * 16; e += 32) {
             const int i = e >> 4, d4 = (e & 15) * 4;
             const bool ok = i < lim;
-            cp_async16_zfill(&d.vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * ldv + d4, ok);
+            cp_async16_zfill(&vst[wg_v_offset(i, d4)], vg + (ok ? i : 0) * ldv + d4, ok);
         }
     } else {
 #pragma unroll 4
         for (int e = lane; e < kC * 64; e += 32) {
             const int i = e >> 6, d1 = e & 63;
             const bool ok = i < lim;
-            cp_async4_zfill(&d.vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * ldv + d1, ok);
+            cp_async4_zfill(&vst[wg_v_offset(i, d1)], vg + (ok ? i : 0) * ldv + d1, ok);
         }
     }
-    cp_async_arrive_noinc(full);
 }
 
-// The producer warp: the CTA's chunks into the three stages, each refilled once the 4 consumer
+// The producer warp: the CTA's chunks into the stages, each refilled once the 4 NWG consumer
 // warps released it (`empty`). It waits for the prep grid (PDL) before its first copy.
-template <bool VEC>
-__device__ __forceinline__ void wg_state_producer(StateWgSmem &s, const StateArgs &a, const WgMaps &m, WgCta w,
-                                                  int lane) {
-    constexpr int NS = kWgStateStages;
+template <bool VEC, int NWG>
+__device__ __forceinline__ void wg_state_producer(StateWgSmem<NWG> &s, const StateArgs &a, const WgMaps &m,
+                                                  WgCta w, int lane) {
+    constexpr int NS = WgForm<NWG>::kStages;
     const SeqSpan sq = s.seq;
     pdl_wait();   // the workspace is the prep grid's output (see produce_state_operands)
     // The next sub-pass's prep may start beside this grid (chained sub-passes): its
@@ -194,17 +219,20 @@ __device__ __forceinline__ void wg_state_producer(StateWgSmem &s, const StateArg
     const float *vseq = a.v.ptr + sq.r0 * a.v.ld + (int64_t)w.j * kDK + w.col0;
     for (int c = 0; c < sq.nc; ++c) {
         const int b = c % NS;
-        StateWgSmem::Stage &d = s.st[b];
+        typename StateWgSmem<NWG>::Stage &d = s.st[b];
         const uint32_t full = smem_addr(&s.full[b]);
         const int64_t t0 = (int64_t)c * kC;
         const int lim = sq.rows - t0 < kC ? int(sq.rows - t0) : kC;  // rows of the sequence
         const bool tma_v = VEC && lim == kC;  // else V by cp.async, zeros from row lim
         if (c >= NS) mbar_wait(smem_addr(&s.empty[b]), uint32_t(c / NS - 1) & 1u);
-        if (lane == 0) wg_issue_stage(d, full, a, m, w, sq, c, t0, tma_v);
+        if (lane == 0) wg_issue_stage<NWG>(d, full, a, m, w, sq, c, t0, tma_v);
         if (tma_v) {
             mbar_arrive(full);
         } else {
-            wg_copy_v<VEC>(d, full, vseq + t0 * a.v.ld, a.v.ld, lim, lane);
+#pragma unroll
+            for (int h = 0; h < NWG; ++h)
+                wg_copy_v<VEC>(d.vst + h * kC * 64, vseq + t0 * a.v.ld + 64 * h, a.v.ld, lim, lane);
+            cp_async_arrive_noinc(full);
         }
     }
     cp_async_wait_all();
@@ -224,7 +252,8 @@ struct WgCarry {
 struct WgDescs {
     uint64_t dK, dKt, dQ, dT, dP;
 };
-__device__ __forceinline__ WgDescs wg_descs(const StateWgSmem::Stage &d) {
+template <class Stage>
+__device__ __forceinline__ WgDescs wg_descs(const Stage &d) {
     const uint32_t kaddr = smem_addr(d.kh);
     return WgDescs{smem_desc(kaddr, 16, kSwizzleAtom),                // K-major
                    smem_desc(kaddr, kC * kSwizzleRow, kSwizzleAtom),  // MN-major
@@ -243,8 +272,10 @@ struct WgScales {
 // The scales of a chunk, while X and S^T Q^T run (everything read from shared memory is loaded
 // here: the waits after are memory clobbers that no load moves across): e^gamma, beta e^gamma,
 // beta V and e^(gamma_last - gamma) of the thread's rows; the bounds and scales of its columns.
-__device__ __forceinline__ void wg_chunk_scales(const StateWgSmem::Stage &d, int tig, int vr0, const WgCarry &st,
-                                                WgScales &sc) {
+// vst: the warpgroup's 64 columns of V in the stage.
+template <class Stage>
+__device__ __forceinline__ void wg_chunk_scales(const Stage &d, const float *vst, int tig, int vr0,
+                                                const WgCarry &st, WgScales &sc) {
     const float gl = d.gam[kC - 1], el = exp_ftz(gl);
     float be[8][2];
     float vm[2] = {0.0f, 0.0f};
@@ -260,7 +291,7 @@ __device__ __forceinline__ void wg_chunk_scales(const StateWgSmem::Stage &d, int
         be[nt][1] = bb.y * sc.eg[nt][1];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // element e = 4 nt + q: w = q & 1, h = q >> 1
-            const float vx = d.vst[wg_v_offset(8 * nt + 2 * tig + (q & 1), vr0 + 8 * (q >> 1))];
+            const float vx = vst[wg_v_offset(8 * nt + 2 * tig + (q & 1), vr0 + 8 * (q >> 1))];
             vm[q >> 1] = fmaxf(vm[q >> 1], fabsf(vx));
             sc.bv[4 * nt + q] = (q & 1 ? bb.y : bb.x) * vx;
         }
@@ -332,8 +363,10 @@ __device__ __forceinline__ void wg_update_a(const WgScales &sc, const float (&va
 
 // The chunk step of one consumer thread (stage d landed): X and half of S^T Q^T (which runs while
 // R is computed), V' and the other half of S^T Q^T, the update, P V' (the next chunk's
-// conversion of S runs while P V' does). oa: the chunk's outputs O^T, in the units of u.
-__device__ __forceinline__ void wg_chunk_step(const StateWgSmem::Stage &d, int tig, int vr0, WgCarry &st,
+// conversion of S runs while P V' does). oa: the chunk's outputs O^T, in the units of u; vst: the
+// warpgroup's 64 columns of V in the stage.
+template <class Stage>
+__device__ __forceinline__ void wg_chunk_step(const Stage &d, const float *vst, int tig, int vr0, WgCarry &st,
                                               float (&oa)[32]) {
     const WgDescs ds = wg_descs(d);
     // X^T = S^T K^T, then the first half (k-steps over x < 64) of S^T Q^T, the outputs' part:
@@ -351,7 +384,7 @@ __device__ __forceinline__ void wg_chunk_step(const StateWgSmem::Stage &d, int t
     for (int kb = 0; kb < 4; ++kb) wgmma::wgmma_rsk<64>(oa, st.sa[kb], desc_add(ds.dQ, 32u * kb), kb > 0);
     wgmma_commit();
     WgScales sc;
-    wg_chunk_scales(d, tig, vr0, st, sc);
+    wg_chunk_scales(d, vst, tig, vr0, st, sc);
     wgmma_wait<1>();
     fence_regs(xa);
     uint32_t ra[4][4];
@@ -426,17 +459,19 @@ __device__ __forceinline__ void wg_store_outputs(float *og, int64_t ldo, int64_t
             }
 }
 
-// The consumer warpgroup (warps 0-3): S^T of its 64 value columns from the state, the chunks in
-// turn (each stage released to the producer as soon as its operands are read), S^T back.
-// This thread's two accumulator rows (value columns): vr0 + 8 h of the CTA's 64, vr0 =
-// 16 warp + g8; accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column
-// 8 (e >> 2) + 2 tig + (e & 1) (wgmma.cuh).
-__device__ __forceinline__ void wg_state_consumer(StateWgSmem &s, const StateArgs &a, WgCta w, int warp,
+// A consumer warpgroup (warps 0-3, and 4-7 in the pair form): S^T of its 64 value columns from
+// the state, the chunks in turn (each stage released to the producer as soon as its operands are
+// read), S^T back. Warpgroup wg owns the CTA's columns 64 wg .. 64 wg + 63. This thread's two
+// accumulator rows (value columns): vr0 + 8 h of the warpgroup's 64, vr0 = 16 (warp % 4) + g8;
+// accumulator element e of an m64nN tile: row half h = (e >> 1) & 1, column 8 (e >> 2) + 2 tig +
+// (e & 1) (wgmma.cuh).
+template <int NWG>
+__device__ __forceinline__ void wg_state_consumer(StateWgSmem<NWG> &s, const StateArgs &a, WgCta w, int warp,
                                                   int lane, int g8, int tig) {
-    constexpr int NS = kWgStateStages;
-    const int vr0 = 16 * warp + g8;
-    float *og = a.o.ptr + s.seq.r0 * a.o.ld + (int64_t)w.j * kDK + w.col0 + vr0;
-    float *state = s.seq.state + (int64_t)w.j * kDK * kDK + w.col0 + vr0;
+    constexpr int NS = WgForm<NWG>::kStages;
+    const int wg = warp >> 2, vr0 = 16 * (warp & 3) + g8, col0 = w.col0 + 64 * wg;
+    float *og = a.o.ptr + s.seq.r0 * a.o.ld + (int64_t)w.j * kDK + col0 + vr0;
+    float *state = s.seq.state + (int64_t)w.j * kDK * kDK + col0 + vr0;
 
     // Chained sub-passes: the state grid of the sub-pass before may still be writing the state;
     // the prep grid's completion implies its completion (the prep's last wait).
@@ -452,7 +487,7 @@ __device__ __forceinline__ void wg_state_consumer(StateWgSmem &s, const StateArg
         const int b = c % NS;
         mbar_wait(smem_addr(&s.full[b]), uint32_t(c / NS) & 1u);
         float oa[32];
-        wg_chunk_step(s.st[b], tig, vr0, st, oa);
+        wg_chunk_step(s.st[b], s.st[b].vst + wg * kC * 64, tig, vr0, st, oa);
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&s.empty[b]));  // this warp is done with stage b
         wg_store_outputs(og, a.o.ld, s.seq.rows, c, tig, oa, st.u);
@@ -467,19 +502,21 @@ __device__ __forceinline__ void wg_state_consumer(StateWgSmem &s, const StateArg
 
 // Pipeline (FlashAttention-3's producer/consumer form): per stage a `full` mbarrier that the
 // producer arms with the chunk's byte count and the copies complete, and an `empty` one that the
-// 4 consumer warps arrive on when done with it, so that the producer runs up to 3 chunks ahead
-// with no CTA barrier. The producer's lane 0 issues K, Q, Tm, P and V by TMA (V's 64 columns as
-// two 32-float boxes, 128-byte swizzle), the gates and meta by bulk copies. V's map spans the
-// rows of the whole pass, so the box of a chunk with fewer than 64 rows of its sequence would
-// bring the next sequence's rows (a varlen pass; after the last sequence TMA fills zeros): such a
-// chunk's V, and every chunk's when V's rows are not 16-byte aligned (VEC false), goes by the
-// warp's lanes instead, cp.async of 16 (4) bytes into the same swizzled places with zero fill
-// from the sequence's end, each lane's copies completing as an arrival on `full`. `full` counts
-// 1 + 32 arrivals: lane 0's arming, then one per lane (its cp.async, or a plain arrival when TMA
-// brought V). The kernel sets up the barriers and orchestrates the rooms above: the producer
-// warp (wg_state_producer), the consumer warpgroup (wg_state_consumer, wg_chunk_step).
-template <bool VEC>
-__global__ void __launch_bounds__(kWgStateThreads, 1)
+// 4 NWG consumer warps arrive on when done with it, so that the producer runs up to kStages chunks
+// ahead with no CTA barrier. The producer's lane 0 issues K, Q, Tm, P and V by TMA (V's 64
+// columns a warpgroup as two 32-float boxes, 128-byte swizzle), the gates and meta by bulk
+// copies. V's map spans the rows of the whole pass, so the box of a chunk with fewer than 64 rows
+// of its sequence would bring the next sequence's rows (a varlen pass; after the last sequence TMA
+// fills zeros): such a chunk's V, and every chunk's when V's rows are not 16-byte aligned (VEC
+// false), goes by the warp's lanes instead, cp.async of 16 (4) bytes into the same swizzled places
+// with zero fill from the sequence's end, each lane's copies completing as an arrival on `full`.
+// `full` counts 1 + 32 arrivals: lane 0's arming, then one per lane (its cp.async, or a plain
+// arrival when TMA brought V). The kernel sets up the barriers and orchestrates the rooms above:
+// the producer warp (wg_state_producer), the consumer warpgroups (wg_state_consumer,
+// wg_chunk_step). The pair form's producer warp is the first of warpgroup 2, whose other warps
+// leave at once (the setmaxnreg split stays at this branch, as attention_wgmma.cu's).
+template <bool VEC, int NWG>
+__global__ void __launch_bounds__(WgForm<NWG>::kThreads, 1)
     gdn_chunk_state_wg_kernel(const __grid_constant__ StateArgs a,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_q,
@@ -489,40 +526,51 @@ __global__ void __launch_bounds__(kWgStateThreads, 1)
 #ifdef PF_GDN_WGMMA_DEVICE
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-    StateWgSmem &s = *reinterpret_cast<StateWgSmem *>(base);
+    StateWgSmem<NWG> &s = *reinterpret_cast<StateWgSmem<NWG> *>(base);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, tig = lane & 3;  // mma fragment coordinates
-    const int j = blockIdx.x >> 1, col0 = (blockIdx.x & 1) * 64;
+    // Single form: value head blockIdx.x / 2, columns 64 (blockIdx.x % 2) on; pair: head blockIdx.x.
+    const int j = NWG == 1 ? blockIdx.x >> 1 : blockIdx.x, col0 = NWG == 1 ? (blockIdx.x & 1) * 64 : 0;
     const WgCta w{j, j % a.n_k_heads, col0};
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < kWgStateStages; ++b) {
+        for (int b = 0; b < WgForm<NWG>::kStages; ++b) {
             mbar_init(smem_addr(&s.full[b]), 1 + 32);
-            mbar_init(smem_addr(&s.empty[b]), 4);
+            mbar_init(smem_addr(&s.empty[b]), 4 * NWG);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         s.seq = state_seq(a);  // the CTA's sequence (varlen: blockIdx.y's)
     }
     __syncthreads();  // the only CTA barrier
 
-    if (warp == 4) {  // the producer
-        wg_state_producer<VEC>(s, a, WgMaps{&tm_k, &tm_q, &tm_t, &tm_p, &tm_v}, w, lane);
-        return;
+    const WgMaps maps{&tm_k, &tm_q, &tm_t, &tm_p, &tm_v};
+    if constexpr (NWG == 1) {
+        if (warp == 4) {  // the producer
+            wg_state_producer<VEC, NWG>(s, a, maps, w, lane);
+            return;
+        }
+    } else {
+        if (warp >= 4 * NWG) {  // the producer warpgroup: its registers go to the consumers
+            setmaxnreg_dec<kPairProducerRegs>();
+            if (warp == 4 * NWG) wg_state_producer<VEC, NWG>(s, a, maps, w, lane);
+            return;
+        }
+        setmaxnreg_inc<kPairConsumerRegs>();
     }
-    wg_state_consumer(s, a, w, warp, lane, g8, tig);
+    wg_state_consumer<NWG>(s, a, w, warp, lane, g8, tig);
 #else
     __trap();  // sm_90a only: the host never launches it elsewhere (gdn_state_wg_available)
 #endif
 }
 
-// The warpgroup state kernel: two CTAs (64 value columns each) per value head; the TMA maps of
-// this pass's K, Q ([Hk nc 64][128] fp16) and Tm, P ([Hv nc 64][64]) in the workspace, boxes of
-// one chunk's 64 rows x 64 columns.
-template <bool VEC>
+// The warpgroup state kernel: NWG = 1, two CTAs (64 value columns each) per value head; NWG = 2,
+// one; the TMA maps of this pass's K, Q ([Hk nc 64][128] fp16) and Tm, P ([Hv nc 64][64]) in the
+// workspace, boxes of one chunk's 64 rows x 64 columns.
+template <bool VEC, int NWG>
 pf_status launch_state_wg_vec(const StateArgs &a, bool pdl, cudaStream_t stream) {
-    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_wg_kernel<VEC>, int(kWgStateSmem),
-                                "gdn_chunk_state_wg_kernel"));
+    constexpr size_t smem = wg_state_smem<NWG>();
+    PF_TRY(set_max_dynamic_smem(gdn_chunk_state_wg_kernel<VEC, NWG>, int(smem), "gdn_chunk_state_wg_kernel"));
     CUtensorMap maps[5];
     const int64_t krows = (int64_t)a.n_k_heads * a.nc * kC, trows = (int64_t)a.n_v_heads * a.nc * kC;
     const struct { CUtensorMap *m; const void *base; int64_t cols, rows; } spec[4] = {
@@ -545,20 +593,21 @@ pf_status launch_state_wg_vec(const StateArgs &a, bool pdl, cudaStream_t stream)
     } else {
         maps[4] = maps[0];  // unused: V by cp.async
     }
-    // x: two CTAs per value head; y: the sequences of a varlen pass (else 1).
-    const dim3 grid(unsigned(a.n_v_heads * 2), unsigned(a.seqs.n > 0 ? a.seqs.n : 1));
-    const cudaError_t e = launch_pdl(gdn_chunk_state_wg_kernel<VEC>, grid, kWgStateThreads, kWgStateSmem,
+    // x: 2 / NWG CTAs per value head; y: the sequences of a varlen pass (else 1).
+    const dim3 grid(unsigned(a.n_v_heads * 2 / NWG), unsigned(a.seqs.n > 0 ? a.seqs.n : 1));
+    const cudaError_t e = launch_pdl(gdn_chunk_state_wg_kernel<VEC, NWG>, grid, WgForm<NWG>::kThreads, smem,
                                      pdl, stream, a, maps[0], maps[1], maps[2], maps[3], maps[4]);
     if (e != cudaSuccess)
-        return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_wg_kernel<%d> (PDL)", int(VEC));
-    PF_LAUNCH_CHECK("gdn_chunk_state_wg_kernel<%d>", int(VEC));
+        return launch_fail(e, __FILE__, __LINE__, "gdn_chunk_state_wg_kernel<%d, %d> (PDL)", int(VEC), NWG);
+    PF_LAUNCH_CHECK("gdn_chunk_state_wg_kernel<%d, %d>", int(VEC), NWG);
     return PF_STATUS_OK;
 }
 
 }  // namespace
 
-pf_status launch_state_wg(const StateArgs &a, bool vec, bool pdl, cudaStream_t stream) {
-    return vec ? launch_state_wg_vec<true>(a, pdl, stream) : launch_state_wg_vec<false>(a, pdl, stream);
+pf_status launch_state_wg(const StateArgs &a, bool vec, bool pair, bool pdl, cudaStream_t stream) {
+    if (pair) return vec ? launch_state_wg_vec<true, 2>(a, pdl, stream) : launch_state_wg_vec<false, 2>(a, pdl, stream);
+    return vec ? launch_state_wg_vec<true, 1>(a, pdl, stream) : launch_state_wg_vec<false, 1>(a, pdl, stream);
 }
 
 bool state_wg_available() { return sm90a_kernels_available(current_device()); }
