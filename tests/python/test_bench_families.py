@@ -126,9 +126,12 @@ def test_family_on_a_fake_device(family, bench, monkeypatch):
         scans = [a for n, a in calls if n == "gdn_scan"]
         assert {a["rows"] for a in scans} == {64, 16}
         assert {a["path"] for a in scans} == {"sequential", "chunked"}
-        # --quick: the smallest of the varlen cases, 8 sequences of 1024 tokens
-        assert [(r["op"], r["T"], r["target_ms"]) for r in varlen] == \
-            [("delta-rule varlen 8x1024 Hk16/Hv32", 8192, 0.11)]
+        # --quick: the smallest of the varlen cases, 8 sequences of 1024 tokens, on the
+        # default path (with the target) and the warpgroup state kernel's two forms by name
+        assert [(r["op"], r["T"], r["impl"], r.get("target_ms")) for r in varlen] == \
+            [("delta-rule varlen 8x1024 Hk16/Hv32", 8192, "ours fp32", 0.11),
+             ("delta-rule varlen 8x1024 Hk16/Hv32", 8192, "ours wg-single fp32", None),
+             ("delta-rule varlen 8x1024 Hk16/Hv32", 8192, "ours wg-pair fp32", None)]
         v = [a for n, a in calls if n == "gdn_scan_varlen"]
         assert v and all(list(a["cu_seqlens"]) == [1024 * i for i in range(9)] and
                          a["n_states"] == 8 and a["path"] == "auto" for a in v)
