@@ -138,7 +138,7 @@ __device__ __forceinline__ void wg_state_to_a(const float (&S)[64], const float 
 }
 
 // The CTA's place: value head j, its key head jk (tiled pairing, qwen35 GGUF, spec.md G6) and
-// its 64 value columns from col0 (two CTAs per head).
+// its value columns from col0 (the single form: 64 of them, two CTAs per head; the pair: all 128).
 struct WgCta {
     int j, jk, col0;
 };
