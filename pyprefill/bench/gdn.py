@@ -121,8 +121,8 @@ def scan_inputs(b, rows: int, d):
 def fla_scan(b, fla, T: int, d, inputs, n: int, parts: int = 1, graph: bool = False):
     """Time FLA's chunk_gated_delta_rule on the same inputs (bf16; q/k expanded to the value
     heads, as the GGUF pairs value head j with key head j % Hk); `parts` calls of T/parts with
-    the state carried. graph: each set's calls captured once as a CUDA graph and replayed (as
-    fla_varlen: FLA without graphs is launch-bound at short lengths). Returns the timing."""
+    the state carried. graph: each set's calls captured once as a CUDA graph and replayed
+    (time_graphed). Returns the timing."""
     torch = b.torch
     idx = torch.arange(d.ssm_hv) % d.ssm_hk
     q, k, v, beta, g = (torch.from_numpy(a).cuda() for a in inputs)
@@ -142,9 +142,17 @@ def fla_scan(b, fla, T: int, d, inputs, n: int, parts: int = 1, graph: bool = Fa
             r = slice(p * step, (p + 1) * step)
             _, state = fla(qs[:, r], ks[:, r], vs[:, r], g=gs[:, r], beta=bs[:, r], scale=1.0,
                            initial_state=state, output_final_state=True)
-    if not graph:
-        return b.time_torch(call, warmup=3)
-    side = torch.cuda.Stream()        # Triton's autotuning and first launches before the captures
+    return time_graphed(b, call, n) if graph else b.time_torch(call, warmup=3)
+
+
+def time_graphed(b, call, n: int):
+    """The timing of call(i) over n input sets, each set's call captured once as a CUDA graph and
+    replayed (FlashQLA's benchmark form: FLA without graphs is launch-bound at short lengths).
+    Two calls a set run first on a side stream: Triton's autotuning, first launches and FLA's
+    tensor_cache (the chunk tables of a cu_seqlens tensor) before the captures, which then read
+    them without a host sync."""
+    torch = b.torch
+    side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for i in range(2 * n):
@@ -224,9 +232,8 @@ VARLEN_CASES = {"qwen35-4b": ((4, 8192, 0.40), (8, 4096, 0.40), (4, 2048, 0.11),
 
 def fla_varlen(b, fla, d, inputs, cu, states0):
     """FLA's chunk_gated_delta_rule over the sequences of cu (bf16, q/k expanded to the value
-    heads as in fla_scan; fp32 initial states [N][Hv][dk][dv]) as a replayed CUDA graph: two
-    calls on a side stream first (Triton autotuning, and FLA's tensor_cache of the chunk tables
-    of this cu_seqlens tensor, which the capture then reads without a host sync)."""
+    heads as in fla_scan; fp32 initial states [N][Hv][dk][dv]) as a replayed CUDA graph
+    (time_graphed)."""
     torch = b.torch
     idx = torch.arange(d.ssm_hv) % d.ssm_hk
     q, k, v, beta, g = (torch.from_numpy(a).cuda() for a in inputs)
@@ -236,19 +243,10 @@ def fla_varlen(b, fla, d, inputs, cu, states0):
     cu_t = torch.tensor(cu, dtype=torch.long, device="cuda")
     h0 = torch.from_numpy(states0).cuda()
 
-    def once():
+    def once(i):
         return fla(q, k, v, g=g, beta=beta, scale=1.0, initial_state=h0, output_final_state=True,
                    cu_seqlens=cu_t)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            once()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        once()
-    return b.time_torch(lambda i: graph.replay(), warmup=3)
+    return time_graphed(b, once, 1)
 
 
 def scan_varlen(b, d, n_seqs: int, L: int, target_ms: float) -> None:
