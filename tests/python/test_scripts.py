@@ -373,12 +373,17 @@ arch = sm_90a
 """
 
 
-def _sass_stats():
+def _load_script(name: str):
+    """scripts/NAME.py as a module (its main does not run)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("sass_stats", ROOT / "scripts" / "sass_stats.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _sass_stats():
+    return _load_script("sass_stats")
 
 
 def test_sass_stats_counts_kernels_and_local_memory():
@@ -407,3 +412,32 @@ def test_sass_stats_without_cuobjdump_says_how_to_get_it(tmp_path):
     r = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "sass_stats.py"), "x.o"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "pip install nvidia-cuda-cuobjdump" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_profile_model_sorts_kernels_into_families():
+    """scripts/profile_model.py: the names its run printed (session 48) land in their families,
+    and the summary's shares and top kernels follow the times given."""
+    m = _load_script("profile_model")
+    names = {
+        "void pf::(anonymous namespace)::wgmma_attn_kernel<256, 80>(pf::(anonymous namespace)::Wgmm": "attention",
+        "void pf::gdnc::(anonymous namespace)::gdn_chunk_state_wg_kernel<true, 1>(pf::gdnc::StateAr": "gdn",
+        "void pf::(anonymous namespace)::conv1d_silu_l2norm_kernel<4, 4>(pf::(anonymous namespace):": "gdn",
+        "nvjet_sm90_hss_256x128_64x4_1x2_h_bz_coopA_TNT": "gemm",
+        "void pf::(anonymous namespace)::swiglu_f16_reg_kernel<10>(pf::(anonymous namespace)::Swigl": "other",
+        "void pf::(anonymous namespace)::cast_rows_f16_kernel<true>(pf::(anonymous namespace)::Cast": "other",
+        "Memset (Unknown)": "copy",
+        "Memcpy DtoH (Device -> Pageable)": "copy",
+    }
+    for name, fam in names.items():
+        assert m.family(name) == fam, name
+    lines = m.summarize({"nvjet_a": (30.0, 3), "wgmma_attn_kernel<128, 176>": (10.0, 1), "rms": (60.0, 2)}, top=2)
+    assert lines[0] == "   kernel time 100.0 ms; families: other 60.0 ms (60%), gemm 30.0 ms (30%), attention 10.0 ms (10%)"
+    assert len(lines) == 3 and "60.00 ms" in lines[1] and "rms" in lines[1] and "nvjet_a" in lines[2]
+
+
+def test_profile_model_help_and_bad_arguments_need_no_gpu():
+    script = str(ROOT / "scripts" / "profile_model.py")
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--models" in r.stdout and "torch.profiler" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, script, "-T", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "-T must be >= 1 (got 0)" in r.stderr, r.stderr
