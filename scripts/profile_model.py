@@ -59,6 +59,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.tokens < 1:
         p.error(f"-T must be >= 1 (got {a.tokens})")
+    if a.chunk < 0:
+        p.error(f"--chunk must be >= 0 (got {a.chunk})")
+    from pyprefill.formats.synth import MIXES, PRESETS
+    unknown = [m for m in a.models if m.lower() not in PRESETS]
+    if unknown:
+        p.error(f"--models: no preset {', '.join(unknown)} (presets: {', '.join(PRESETS)})")
+    if a.mix.lower() not in MIXES:
+        p.error(f"--mix: no mix {a.mix} (mixes: {', '.join(MIXES)})")
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile

@@ -439,5 +439,10 @@ def test_profile_model_help_and_bad_arguments_need_no_gpu():
     script = str(ROOT / "scripts" / "profile_model.py")
     r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--models" in r.stdout and "torch.profiler" not in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, script, "-T", "0"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "-T must be >= 1 (got 0)" in r.stderr, r.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for argv, words in ((["-T", "0"], "-T must be >= 1 (got 0)"),
+                        (["--chunk", "-1"], "--chunk must be >= 0 (got -1)"),
+                        (["--models", "qwen35-4b", "qwen9-1b"], "--models: no preset qwen9-1b (presets: "),
+                        (["--mix", "q3_k"], "--mix: no mix q3_k (mixes: ")):
+        r = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 2 and words in r.stderr, (argv, r.stderr)
